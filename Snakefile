@@ -1,0 +1,38 @@
+# Kiln: download -> tokenizer -> pretokenize -> shard -> smoke -> train -> eval -> report
+# Thin by design: the config is validated here, before any job runs; each stage is one rule in
+# workflow/rules/<stage>.smk calling one script in workflow/scripts/ (the work lives in src/kiln/).
+
+from pathlib import Path
+
+from kiln import config as kiln_config
+
+
+configfile: Path(workflow.basedir) / "config" / "config.yaml"
+
+
+# Defaults filled in and cross-field rules checked now; an error names the key path.
+config.update(kiln_config.validate(config))
+
+RUN = f"results/{config['run_name']}"
+SCRIPTS = Path(workflow.basedir) / "workflow" / "scripts"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/download.smk"
+include: "workflow/rules/tokenizer.smk"
+include: "workflow/rules/pretokenize.smk"
+include: "workflow/rules/shard.smk"
+include: "workflow/rules/smoke.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/eval.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        f"{RUN}/report.md",
+    default_target: True
+
+
+onsuccess:
+    print(f"Kiln: run '{config['run_name']}' is complete; the report is {RUN}/report.md")

@@ -1,0 +1,48 @@
+"""What every stage script shares: how it learns its config sections and how it reports failure.
+
+Under Snakemake a script receives exactly its sections as JSON (`--params`, the rule's params); run
+by hand it reads and validates a whole config file (`--config config/config.yaml`) instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Callable
+
+from kiln import config as kiln_config
+from kiln.errors import KilnError
+
+
+def stage_parser(stage: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="a Kiln config file (YAML), validated before use")
+    source.add_argument(
+        "--params",
+        help=f"the config sections this stage reads ({', '.join(kiln_config.STAGE_SECTIONS[stage])}) "
+        "as JSON; this is how Snakemake calls the script",
+    )
+    return parser
+
+
+def stage_config(args: argparse.Namespace, stage: str) -> dict:
+    if args.config:
+        return kiln_config.stage_sections(kiln_config.load(args.config), stage)
+    return json.loads(args.params)
+
+
+def run_main(main: Callable[[], None]) -> None:
+    """Run a stage's main with console logging; expected failures end in one clear line and exit 1."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr
+    )
+    try:
+        main()
+    except KilnError as exc:
+        logging.getLogger("kiln").error("%s", exc)
+        sys.exit(1)

@@ -1,0 +1,158 @@
+"""The run configuration: one source of truth, validated up front, errors that name the key path.
+
+Structure and types come from workflow/schemas/config.schema.yaml (JSON Schema, which also supplies
+the defaults); the rules a schema cannot say (d_model divisible by n_head, FIM shares summing to one,
+...) are checked in `_check_relations`. Both run in the Snakefile before any job starts, and again in
+every stage script run by hand with --config.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from kiln.errors import KilnError
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<fim_prefix>",
+    "<fim_middle>",
+    "<fim_suffix>",
+    "<fim_pad>",
+    "<repo_name>",
+    "<file_sep>",
+)
+BYTE_ALPHABET = 256
+
+# The config sections each stage reads. Snakemake passes exactly these as the rule's params, so a
+# change to one section reruns the stages that read it (and what depends on their outputs) only.
+STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "download": ("download",),
+    "tokenizer": ("seed", "tokenizer"),
+    "pretokenize": ("seed", "pretokenize"),
+    "shard": ("shard",),
+    "smoke": ("seed", "model", "train", "smoke"),
+    "train": ("seed", "model", "train", "wandb"),
+    "eval": ("seed", "eval"),
+    "report": ("run_name",),
+}
+
+
+class ConfigError(KilnError):
+    """Raised with one line per problem, each starting with the dotted key path."""
+
+
+def _schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+def _validator_filling_defaults():
+    """A Draft 2020-12 validator that also sets missing keys to their schema default (the recipe in
+    the jsonschema FAQ, with defaults copied so no two configs share a mutable default)."""
+    base = jsonschema.Draft202012Validator
+    validate_properties = base.VALIDATORS["properties"]
+
+    def properties(validator, props, instance, schema):
+        if isinstance(instance, dict):
+            for key, sub in props.items():
+                if isinstance(sub, dict) and "default" in sub and key not in instance:
+                    instance[key] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, props, instance, schema)
+
+    return jsonschema.validators.extend(base, {"properties": properties})
+
+
+def _key_path(path) -> str:
+    return ".".join(str(p) for p in path) or "<root>"
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    where = _key_path(error.absolute_path)
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(allowed))
+        prefix = f"{where}." if error.absolute_path else ""
+        return "; ".join(f"{prefix}{k}: unknown key (allowed: {', '.join(allowed)})" for k in extra)
+    if error.validator == "required":
+        return f"{where}: {error.message}"
+    return f"{where}: {error.message}"
+
+
+def _check_relations(cfg: dict) -> list[str]:
+    problems = []
+    model = cfg["model"]
+    if model["d_model"] % model["n_head"]:
+        problems.append(
+            f"model.d_model: {model['d_model']} is not divisible by model.n_head={model['n_head']}"
+        )
+    floor = BYTE_ALPHABET + len(SPECIAL_TOKENS)
+    vocab = cfg["tokenizer"]["vocab_size"]
+    if vocab < floor:
+        problems.append(
+            f"tokenizer.vocab_size: {vocab} is smaller than the {floor} tokens every vocabulary holds "
+            f"({BYTE_ALPHABET} byte symbols + {len(SPECIAL_TOKENS)} special tokens)"
+        )
+    fim = cfg["pretokenize"]["fim"]
+    shares = fim["psm"] + fim["spm"] + fim["middle_only"]
+    if not math.isclose(shares, 1.0, abs_tol=1e-6):
+        problems.append(
+            f"pretokenize.fim: psm + spm + middle_only must sum to 1, got {shares:g}"
+        )
+    train = cfg["train"]
+    if train["min_lr"] > train["lr"]:
+        problems.append(f"train.min_lr: {train['min_lr']} is above train.lr={train['lr']}")
+    if train["warmup_steps"] >= train["max_steps"]:
+        problems.append(
+            f"train.warmup_steps: {train['warmup_steps']} must be below train.max_steps={train['max_steps']}"
+        )
+    names = [s["name"] for s in cfg["download"]["sources"]]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        problems.append(f"download.sources: names must be unique, repeated: {', '.join(dupes)}")
+    return problems
+
+
+def validate(raw: dict) -> dict:
+    """Return a validated copy of `raw` with every default filled in, or raise ConfigError."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"<root>: expected a mapping of config sections, got {type(raw).__name__}")
+    cfg = copy.deepcopy(raw)
+    validator = _validator_filling_defaults()(_schema())
+    errors = sorted(validator.iter_errors(cfg), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(_describe(e) for e in errors))
+    problems = _check_relations(cfg)
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    return cfg
+
+
+def load(path: str | Path) -> dict:
+    """Read a YAML config file and validate it."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return validate(raw)
+
+
+def stage_sections(cfg: dict, stage: str) -> dict[str, Any]:
+    """The part of a validated config that `stage` reads."""
+    return {name: cfg[name] for name in STAGE_SECTIONS[stage]}
+
+
+def stage_params(cfg: dict, stage: str) -> str:
+    """`stage_sections` as canonical JSON: stable across runs, so Snakemake's params comparison
+    reruns a stage exactly when its own sections change."""
+    return json.dumps(stage_sections(cfg, stage), sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,69 @@
+"""Checkpoints that continue a run exactly, found by a marker rather than by the highest number.
+
+A checkpoint is a folder step-NNNNNNN/ holding state.pt: model, optimizer, step, tokens seen, RNG
+states, the data loader's position and a fingerprint of what the run trains on. It is written under
+a temporary name and renamed when complete; only then does the LATEST marker (itself replaced
+atomically) point at it. A resume reads LATEST, so a half-written folder is never taken, and refuses
+a checkpoint whose fingerprint (model shape, data, seed, world size) differs from the run's.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kiln.errors import KilnError
+from kiln.io import atomic_dir, atomic_file
+
+log = logging.getLogger("kiln.checkpoint")
+MARKER = "LATEST"
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(root: Path, state: dict, keep: int) -> Path:
+    """Write state as root/step-NNNNNNN, point LATEST at it, keep the newest `keep` checkpoints."""
+    name = f"step-{state['step']:07d}"
+    with atomic_dir(root / name) as tmp:
+        torch.save(state, tmp / "state.pt")
+    with atomic_file(root / MARKER) as tmp:
+        tmp.write_text(name + "\n", encoding="utf-8")
+    for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
+        shutil.rmtree(old)
+    log.info("checkpoint %s saved", root / name)
+    return root / name
+
+
+def load_latest(root: Path, fingerprint: str) -> dict | None:
+    """The state LATEST points at, or None when there is none; errors if it belongs to another run."""
+    marker = root / MARKER
+    if not marker.exists():
+        return None
+    path = root / marker.read_text(encoding="utf-8").strip() / "state.pt"
+    if not path.exists():
+        raise KilnError(f"{marker} points at {path.parent.name}, which is missing; delete {root} to start over")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if state["fingerprint"] != fingerprint:
+        raise KilnError(
+            f"{path}: checkpoint fingerprint {state['fingerprint'][:12]} does not match this run's "
+            f"{fingerprint[:12]} (model, data, seed or world size changed); delete {root} to start over"
+        )
+    return state

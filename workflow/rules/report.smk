@@ -1,0 +1,21 @@
+rule report:
+    input:
+        f"{RUN}/tokenizer/stats.json",
+        f"{RUN}/shards",
+        f"{RUN}/smoke/report.json",
+        f"{RUN}/train/summary.json",
+        f"{RUN}/eval/metrics.json",
+        f"{RUN}/eval/samples.json",
+    output:
+        report=f"{RUN}/report.md",
+        plot=f"{RUN}/loss.png",
+    params:
+        cfg=stage_params("report"),
+        results=RUN,
+    log:
+        log_of("report"),
+    benchmark:
+        benchmark_of("report")
+    shell:
+        "python {SCRIPTS}/report.py --params {params.cfg:q} --results {params.results}"
+        " --report {output.report} --plot {output.plot} > {log} 2>&1"

@@ -1,0 +1,18 @@
+# Same launcher, model and parallelism as train: what passes here is what train will run.
+rule smoke:
+    input:
+        f"{RUN}/shards",
+    output:
+        f"{RUN}/smoke/report.json",
+    params:
+        cfg=stage_params("smoke"),
+        nproc=config["train"]["nproc_per_node"],
+        rank_threads=threads_per_rank,
+    threads: 64
+    log:
+        log_of("smoke"),
+    benchmark:
+        benchmark_of("smoke")
+    shell:
+        "torchrun --standalone --nproc_per_node={params.nproc} {SCRIPTS}/smoke.py --params {params.cfg:q}"
+        " --shards {input} --report {output} --threads {params.rank_threads} > {log} 2>&1"

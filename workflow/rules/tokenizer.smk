@@ -1,0 +1,16 @@
+rule tokenizer:
+    input:
+        raw=f"{RUN}/raw",
+    output:
+        tokenizer=f"{RUN}/tokenizer/tokenizer.json",
+        stats=f"{RUN}/tokenizer/stats.json",
+    params:
+        cfg=stage_params("tokenizer"),
+    threads: 64
+    log:
+        log_of("tokenizer"),
+    benchmark:
+        benchmark_of("tokenizer")
+    shell:
+        "RAYON_NUM_THREADS={threads} python {SCRIPTS}/tokenizer.py --params {params.cfg:q} --raw {input.raw}"
+        " --tokenizer {output.tokenizer} --stats {output.stats} > {log} 2>&1"

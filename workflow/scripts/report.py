@@ -1,0 +1,35 @@
+"""report stage: results/<run>/report.md with the loss curve (PNG), data and eval tables, samples."""
+
+from pathlib import Path
+
+from kiln.cli import run_main, stage_config, stage_parser
+from kiln.eval.report import plot_loss, read_metrics, render
+from kiln.io import atomic_file, read_json
+
+
+def main() -> None:
+    parser = stage_parser("report", __doc__)
+    parser.add_argument("--results", required=True, type=Path, help="results/<run> folder")
+    parser.add_argument("--report", required=True, type=Path, help="output report.md")
+    parser.add_argument("--plot", required=True, type=Path, help="output loss-curve PNG")
+    args = parser.parse_args()
+    run = stage_config(args, "report")["run_name"]
+    r = args.results
+    data = {
+        "tokenizer": read_json(r / "tokenizer" / "stats.json"),
+        "tokens": read_json(r / "tokens" / "meta.json"),
+        "shards": read_json(r / "shards" / "manifest.json"),
+        "smoke": read_json(r / "smoke" / "report.json"),
+        "train": read_json(r / "train" / "summary.json"),
+        "eval": read_json(r / "eval" / "metrics.json"),
+        "samples": read_json(r / "eval" / "samples.json"),
+    }
+    with atomic_file(args.plot) as tmp:
+        plot_loss(read_metrics(r / "train" / "metrics.jsonl"), tmp, data["eval"]["unigram_val_loss"])
+    with atomic_file(args.report) as tmp:
+        tmp.write_text(render(run, data, args.plot.name), encoding="utf-8")
+    print(f"report: {args.report.resolve()}")
+
+
+if __name__ == "__main__":
+    run_main(main)

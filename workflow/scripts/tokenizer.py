@@ -1,0 +1,29 @@
+"""tokenizer stage: train a byte-level BPE on the downloaded documents.
+
+Writes tokenizer.json (Hugging Face tokenizers format) and stats.json (vocab size and its padded
+size, special token ids, bytes per token on held-out documents).
+"""
+
+from pathlib import Path
+
+from kiln.cli import run_main, stage_config, stage_parser
+from kiln.data.tokenizer import train_from_raw
+from kiln.io import atomic_file, write_json
+
+
+def main() -> None:
+    parser = stage_parser("tokenizer", __doc__)
+    parser.add_argument("--raw", required=True, type=Path, help="download stage output folder")
+    parser.add_argument("--tokenizer", required=True, type=Path, help="output tokenizer.json")
+    parser.add_argument("--stats", required=True, type=Path, help="output stats.json")
+    args = parser.parse_args()
+    cfg = stage_config(args, "tokenizer")
+    tokenizer, stats = train_from_raw(args.raw, cfg["tokenizer"], cfg["seed"])
+    with atomic_file(args.tokenizer) as tmp:
+        tokenizer.save(str(tmp))
+    write_json(args.stats, stats)
+    print(f"tokenizer: {stats['vocab_size']} tokens, {stats['heldout_bytes_per_token']:.2f} bytes/token held out")
+
+
+if __name__ == "__main__":
+    run_main(main)

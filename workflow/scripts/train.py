@@ -1,0 +1,35 @@
+"""train stage: the full run. Launch under torchrun (one process per device; gloo on CPU).
+
+Writes into --out: metrics.jsonl (one JSON object per log step), checkpoints/ (resumable; a rerun
+continues from the newest complete one), and at the end model.safetensors + model_config.json and
+summary.json.
+"""
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from kiln.cli import run_main, stage_config, stage_parser
+from kiln.io import write_json
+from kiln.train.trainer import run
+
+
+def main() -> None:
+    parser = stage_parser("train", __doc__)
+    parser.add_argument("--shards", required=True, type=Path, help="shard stage output folder")
+    parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/train")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: torch default)")
+    args = parser.parse_args()
+    cfg = stage_config(args, "train")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = run(cfg, args.shards, args.out)
+    if result.is_main:
+        write_json(args.out / "summary.json", dataclasses.asdict(result))
+        print(f"train: {result.steps} steps, {result.tokens_seen} tokens, {result.tokens_per_s:.0f} tok/s -> {args.out}")
+
+
+if __name__ == "__main__":
+    run_main(main)
