@@ -1,5 +1,12 @@
 # Helpers shared by the stage rules.
 
+CONDA_ENV = "../../envs/kiln.yaml"  # relative to the .smk file that uses it
+
+
+def script(stage):
+    """The entry script of a stage (each also runs by hand: python workflow/scripts/<stage>.py --help)."""
+    return SCRIPTS / f"{stage}.py"
+
 
 def stage_params(stage):
     """The config sections `stage` reads, as canonical JSON: the rule's params, so a change to

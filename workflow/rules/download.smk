@@ -2,10 +2,13 @@ rule download:
     output:
         directory(f"{RUN}/raw"),
     params:
+        script=script("download"),
         cfg=stage_params("download"),
+    conda:
+        CONDA_ENV
     log:
         log_of("download"),
     benchmark:
         benchmark_of("download")
     shell:
-        "python {SCRIPTS}/download.py --params {params.cfg:q} --out {output} > {log} 2>&1"
+        "python {params.script} --params {params.cfg:q} --out {output} > {log} 2>&1"

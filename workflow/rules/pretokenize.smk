@@ -5,12 +5,15 @@ rule pretokenize:
     output:
         directory(f"{RUN}/tokens"),
     params:
+        script=script("pretokenize"),
         cfg=stage_params("pretokenize"),
     threads: 64
+    conda:
+        CONDA_ENV
     log:
         log_of("pretokenize"),
     benchmark:
         benchmark_of("pretokenize")
     shell:
-        "RAYON_NUM_THREADS={threads} python {SCRIPTS}/pretokenize.py --params {params.cfg:q}"
+        "RAYON_NUM_THREADS={threads} python {params.script} --params {params.cfg:q}"
         " --raw {input.raw} --tokenizer {input.tokenizer} --out {output} > {log} 2>&1"

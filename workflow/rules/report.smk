@@ -10,12 +10,15 @@ rule report:
         report=f"{RUN}/report.md",
         plot=f"{RUN}/loss.png",
     params:
+        script=script("report"),
         cfg=stage_params("report"),
-        results=RUN,
+        results=lambda w, output: Path(output.report).parent,
+    conda:
+        CONDA_ENV
     log:
         log_of("report"),
     benchmark:
         benchmark_of("report")
     shell:
-        "python {SCRIPTS}/report.py --params {params.cfg:q} --results {params.results}"
+        "python {params.script} --params {params.cfg:q} --results {params.results}"
         " --report {output.report} --plot {output.plot} > {log} 2>&1"

@@ -4,10 +4,13 @@ rule shard:
     output:
         directory(f"{RUN}/shards"),
     params:
+        script=script("shard"),
         cfg=stage_params("shard"),
+    conda:
+        CONDA_ENV
     log:
         log_of("shard"),
     benchmark:
         benchmark_of("shard")
     shell:
-        "python {SCRIPTS}/shard.py --params {params.cfg:q} --tokens {input} --out {output} > {log} 2>&1"
+        "python {params.script} --params {params.cfg:q} --tokens {input} --out {output} > {log} 2>&1"

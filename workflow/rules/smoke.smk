@@ -5,14 +5,17 @@ rule smoke:
     output:
         f"{RUN}/smoke/report.json",
     params:
+        script=script("smoke"),
         cfg=stage_params("smoke"),
         nproc=config["train"]["nproc_per_node"],
         rank_threads=threads_per_rank,
     threads: 64
+    conda:
+        CONDA_ENV
     log:
         log_of("smoke"),
     benchmark:
         benchmark_of("smoke")
     shell:
-        "torchrun --standalone --nproc_per_node={params.nproc} {SCRIPTS}/smoke.py --params {params.cfg:q}"
+        "torchrun --standalone --nproc_per_node={params.nproc} {params.script} --params {params.cfg:q}"
         " --shards {input} --report {output} --threads {params.rank_threads} > {log} 2>&1"

@@ -7,8 +7,8 @@ Writes <out>/<source>/part-NNNNN.parquet (id, text, metadata{path, source}) and 
 from pathlib import Path
 
 from kiln.cli import run_main, stage_config, stage_parser
-from kiln.data.sources import write_source
-from kiln.io import atomic_dir, write_json
+from kiln.data.sources import write_raw
+from kiln.io import atomic_dir
 
 
 def main() -> None:
@@ -17,16 +17,8 @@ def main() -> None:
     args = parser.parse_args()
     cfg = stage_config(args, "download")["download"]
     with atomic_dir(args.out) as tmp:
-        sources = {
-            spec["name"]: write_source(spec, tmp / spec["name"], cfg["rows_per_part"])
-            for spec in cfg["sources"]
-        }
-        write_json(tmp / "manifest.json", {
-            "sources": sources,
-            "rows": sum(s["rows"] for s in sources.values()),
-            "bytes": sum(s["bytes"] for s in sources.values()),
-        })
-    print(f"download: {sum(s['rows'] for s in sources.values())} documents -> {args.out}")
+        manifest = write_raw(cfg["sources"], tmp, cfg["rows_per_part"])
+    print(f"download: {manifest['rows']} documents, {manifest['bytes']} bytes -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.errors import KilnError
-from kiln.io import sha256_file
+from kiln.io import sha256_file, write_json
 
 log = logging.getLogger("kiln.download")
 
@@ -102,6 +102,13 @@ def _expand_local(patterns: list[str]) -> list[Path]:
     return files
 
 
+def _first_non_space(f) -> str:
+    """The first character after any leading whitespace ('' at end of file): a JSON list may be indented."""
+    while (char := f.read(1)).isspace():
+        pass
+    return char
+
+
 def _rows_of(path: Path, text_column: str) -> Iterator[tuple[int, object]]:
     """(row number, text value) for each row of a json/jsonl/parquet file."""
     if path.suffix == ".parquet":
@@ -118,7 +125,7 @@ def _rows_of(path: Path, text_column: str) -> Iterator[tuple[int, object]]:
                 row += 1
         return
     with open(path, encoding="utf-8") as f:
-        if path.suffix == ".json" and f.read(1) == "[":
+        if path.suffix == ".json" and _first_non_space(f) == "[":
             f.seek(0)
             records = json.load(f)
         else:
@@ -171,6 +178,11 @@ def _hf_documents(spec: dict, stats: SourceStats) -> Iterator[Document]:
             raise KilnError(
                 f"download: source {name!r}: dataset {spec['dataset']!r} has no text column "
                 f"{column!r}; columns present: {', '.join(record)}"
+            )
+        if not isinstance(record[column], str):
+            raise KilnError(
+                f"download: source {name!r}: dataset {spec['dataset']!r} row {row} column {column!r} "
+                f"holds {type(record[column]).__name__}, expected a string"
             )
         yield Document(f"{name}/{spec['dataset']}#{row}", record[column], spec["dataset"], name)
 
@@ -243,6 +255,18 @@ def write_source(spec: dict, out_dir: Path, rows_per_part: int) -> dict:
         "skipped_empty": stats.skipped_empty,
         "skipped_non_utf8": stats.skipped_non_utf8,
     }
+
+
+def write_raw(specs: list[dict], out_dir: Path, rows_per_part: int) -> dict:
+    """The download stage's output: one folder of parts per source, and manifest.json."""
+    sources = {spec["name"]: write_source(spec, out_dir / spec["name"], rows_per_part) for spec in specs}
+    manifest = {
+        "sources": sources,
+        "rows": sum(s["rows"] for s in sources.values()),
+        "bytes": sum(s["bytes"] for s in sources.values()),
+    }
+    write_json(out_dir / "manifest.json", manifest)
+    return manifest
 
 
 def iter_parts(raw_dir: Path, manifest: dict) -> Iterator[list[Document]]:

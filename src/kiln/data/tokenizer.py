@@ -86,10 +86,11 @@ def train_from_raw(raw_dir: Path, cfg: dict, seed: int) -> tuple[Tokenizer, dict
         for doc in read_documents(raw_dir, manifest):
             if doc.id in heldout:
                 continue
-            if used["bytes"] >= cfg["train_bytes"]:
-                return
+            size = len(doc.text.encode("utf-8"))
+            if used["docs"] and used["bytes"] + size > cfg["train_bytes"]:
+                return  # at most train_bytes (the first document always, so training is never empty)
             used["docs"] += 1
-            used["bytes"] += len(doc.text.encode("utf-8"))
+            used["bytes"] += size
             yield doc.text
 
     started = time.perf_counter()

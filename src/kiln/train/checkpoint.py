@@ -46,7 +46,11 @@ def save(root: Path, state: dict, keep: int) -> Path:
         torch.save(state, tmp / "state.pt")
     with atomic_file(root / MARKER) as tmp:
         tmp.write_text(name + "\n", encoding="utf-8")
-    for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
+    # Prune by position relative to this checkpoint, not by name alone: folders past it are left
+    # from a run killed before LATEST moved to them (this run redoes those steps), and counting them
+    # among the newest `keep` would delete the checkpoint LATEST has just been pointed at.
+    found = sorted(p for p in root.glob("step-*") if p.is_dir())
+    for old in [p for p in found if p.name > name] + [p for p in found if p.name <= name][:-keep]:
         shutil.rmtree(old)
     log.info("checkpoint %s saved", root / name)
     return root / name

@@ -190,7 +190,8 @@ def run(sections: dict, shard_dir: Path, out_dir: Path, *, max_steps: int | None
                 raise KilnError(f"train: step {done}: loss is {mean_loss}; lower train.lr, raise "
                                 "train.warmup_steps or check the data (see the smoke stage)")
             if d.is_main:
-                eta = (max_steps - done) * (timed_time / max(timed_tokens, 1)) * step_tokens if timed_tokens else 0
+                rate = timed_tokens / timed_time if timed_tokens else tok_s
+                eta = (max_steps - done) * step_tokens / rate
                 log.info("step %d/%d | loss %.4f | lr %.2e | grad %.3f | %.0f tok/s | ETA %s",
                          done, max_steps, mean_loss, lr, record["grad_norm"], tok_s, _format_eta(eta))
             if not smoke and (done % train["eval_every"] == 0 or done == max_steps):

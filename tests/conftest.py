@@ -1,0 +1,78 @@
+"""Shared fixtures: a small raw download folder and a small tokenizer trained on it, built once per
+session so the data tests stay fast (a few stdlib packages, a 512-token BPE)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+# Everything the tests read through `datasets` is local; never let it reach for the Hub.
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+
+from kiln.data.sources import write_raw
+from kiln.data.tokenizer import train_from_raw
+
+STDLIB_INCLUDE = ["json/*.py", "collections/*.py", "logging/*.py", "http/*.py"]
+TOKENIZER_CFG = {"vocab_size": 512, "train_bytes": 10**8, "heldout_docs": 3}
+SEED = 7
+
+# Documents that quote special-token spellings or are not ASCII: they must stay ordinary text.
+TRICKY_TEXTS = [
+    f"doc {i}: the stream ends at <|endoftext|> but this one does not\n"
+    f"an infill looks like <fim_prefix>a<fim_suffix>c<fim_middle>b and <fim_pad><file_sep>\n"
+    f"héllo wörld ✓ 漢字 🙂 {i}\n" + "x = 1\n" * 20
+    for i in range(12)
+]
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def raw_dir(tmp_path_factory) -> Path:
+    """A download folder: a stdlib source (several parts) and a local jsonl of tricky documents."""
+    base = tmp_path_factory.mktemp("raw-fixture")
+    write_jsonl(base / "inputs" / "tricky.jsonl", [{"text": t} for t in TRICKY_TEXTS])
+    out = base / "raw"
+    # A relative path keeps the document ids (and so the train/val split) the same on every run.
+    cwd = os.getcwd()
+    os.chdir(base)
+    try:
+        write_raw(
+            [
+                {"name": "stdlib", "kind": "stdlib", "include": STDLIB_INCLUDE},
+                {"name": "tricky", "kind": "local", "paths": ["inputs/tricky.jsonl"], "text_column": "text"},
+            ],
+            out,
+            rows_per_part=8,
+        )
+    finally:
+        os.chdir(cwd)
+    return out
+
+
+@pytest.fixture(scope="session")
+def trained(raw_dir):
+    """(tokenizer, stats) from train_from_raw on the raw fixture."""
+    return train_from_raw(raw_dir, TOKENIZER_CFG, SEED)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_path(trained, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+    trained[0].save(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_path):
+    from kiln.data.tokenizer import load_tokenizer
+
+    return load_tokenizer(tokenizer_path)

@@ -1,0 +1,128 @@
+"""Batches: training order is a pure function of (seed, epoch), ranks read disjoint rows, resume is
+exact, evaluation reads rows in stored order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kiln.data.loader import ShardRows, TrainBatches, eval_batches
+from kiln.data.shards import shard_split
+from kiln.errors import KilnError
+from kiln.io import write_json
+
+ROW_LEN = 5
+N_TRAIN, N_VAL = 53, 11
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tmp_path_factory):
+    """Row i of each split holds i*ROW_LEN .. i*ROW_LEN+ROW_LEN-1, so a row names its own index."""
+    out = tmp_path_factory.mktemp("shards")
+    splits = {
+        split: shard_split(np.arange(n * ROW_LEN + 3, dtype=np.uint16), out, split, ROW_LEN, 8, vocab_size=1024)
+        for split, n in (("train", N_TRAIN), ("val", N_VAL))
+    }
+    write_json(out / "manifest.json", {"seq_len": ROW_LEN - 1, "row_len": ROW_LEN, "dtype": "uint16",
+                                       "vocab_size": 1000, "padded_vocab_size": 1024, "splits": splits})
+    return out
+
+
+@pytest.fixture(scope="module")
+def train_rows(shard_dir):
+    return ShardRows(shard_dir, "train")
+
+
+def row_ids(batch: torch.Tensor) -> list[int]:
+    assert batch.dtype == torch.int64 and batch.shape[1] == ROW_LEN
+    first = batch[:, 0]
+    # Each row is a run of consecutive ids: a row was read whole, from one place.
+    assert torch.equal(batch, first[:, None] + torch.arange(ROW_LEN))
+    return (first // ROW_LEN).tolist()
+
+
+def take(loader: TrainBatches, n: int) -> list[list[int]]:
+    return [row_ids(loader.next()) for _ in range(n)]
+
+
+def test_shard_rows_spans_shards(train_rows):
+    assert len(train_rows) == N_TRAIN
+    assert len(train_rows.shards) == 7  # 53 rows in shards of 8
+    idx = np.array([0, 7, 8, 15, 16, 52, 3, 8])
+    assert row_ids(train_rows.take(idx)) == idx.tolist()
+
+
+def test_order_is_a_pure_function_of_seed(train_rows):
+    a = TrainBatches(train_rows, micro_batch=4, seed=3)
+    b = TrainBatches(train_rows, micro_batch=4, seed=3)
+    assert take(a, 40) == take(b, 40)
+    c = TrainBatches(train_rows, micro_batch=4, seed=4)
+    assert take(TrainBatches(train_rows, 4, seed=3), 13) != take(c, 13)
+
+
+def test_epoch_is_a_permutation_and_epochs_roll_over(train_rows):
+    loader = TrainBatches(train_rows, micro_batch=4, seed=1)
+    assert loader.per_epoch == N_TRAIN // 4 == 13
+    epoch0 = [r for b in take(loader, 13) for r in b]
+    assert loader.state_dict()["epoch"] == 0 and loader.state_dict()["batch"] == 13
+    assert len(set(epoch0)) == len(epoch0) == 52  # no row twice; one row left over this epoch
+    epoch1 = [r for b in take(loader, 13) for r in b]
+    assert loader.state_dict()["epoch"] == 1
+    assert len(set(epoch1)) == 52 and epoch1 != epoch0
+    assert epoch0 != sorted(epoch0)  # shuffled
+    take(loader, 1)
+    assert (loader.epoch, loader.batch) == (2, 1)
+
+
+def test_ranks_read_disjoint_rows_within_an_epoch(train_rows):
+    ranks = [TrainBatches(train_rows, micro_batch=3, seed=9, rank=r, world=2) for r in range(2)]
+    assert ranks[0].per_epoch == ranks[1].per_epoch == N_TRAIN // 2 // 3 == 8
+    for _ in range(3):  # three epochs
+        seen = [[r for b in take(loader, 8) for r in b] for loader in ranks]
+        assert len(seen[0]) == len(seen[1]) == 24
+        assert len(set(seen[0])) == 24 and len(set(seen[1])) == 24
+        assert not set(seen[0]) & set(seen[1])
+    # Rank r's share is the single-rank epoch permutation taken every other row.
+    perm = np.random.default_rng([9, 0]).permutation(N_TRAIN)
+    fresh = TrainBatches(train_rows, micro_batch=3, seed=9, rank=1, world=2)
+    assert [r for b in take(fresh, 8) for r in b] == perm[1::2][:24].tolist()
+
+
+@pytest.mark.parametrize("stop", [0, 5, 13, 14, 30])
+def test_state_dict_resumes_exact_batches(train_rows, stop):
+    uninterrupted = TrainBatches(train_rows, micro_batch=4, seed=5)
+    take(uninterrupted, stop)
+    state = uninterrupted.state_dict()
+    assert state == {"epoch": uninterrupted.epoch, "batch": uninterrupted.batch, "seed": 5, "world": 1}
+    expected = take(uninterrupted, 20)
+
+    resumed = TrainBatches(train_rows, micro_batch=4, seed=5)
+    take(resumed, 3)  # wherever it was, the state wins
+    resumed.load_state_dict(dict(state))
+    assert take(resumed, 20) == expected
+
+
+def test_load_state_dict_refuses_other_seed_or_world(train_rows):
+    state = TrainBatches(train_rows, micro_batch=2, seed=5, world=1).state_dict()
+    with pytest.raises(KilnError, match="seed 5 on 1 ranks.*seed 6 on 1 ranks"):
+        TrainBatches(train_rows, micro_batch=2, seed=6).load_state_dict(state)
+    with pytest.raises(KilnError, match="seed 5 on 1 ranks.*seed 5 on 2 ranks"):
+        TrainBatches(train_rows, micro_batch=2, seed=5, rank=0, world=2).load_state_dict(state)
+
+
+def test_too_few_rows_for_one_batch_raises(train_rows):
+    with pytest.raises(KilnError, match="53 training rows cannot fill one micro-batch of 30 on each of 2 ranks"):
+        TrainBatches(train_rows, micro_batch=30, seed=0, world=2)
+
+
+def test_eval_batches_cover_rows_in_order(shard_dir):
+    rows = ShardRows(shard_dir, "val")
+    assert len(rows) == N_VAL
+    batches = [row_ids(b) for b in eval_batches(rows, micro_batch=4, max_batches=100)]
+    assert [len(b) for b in batches] == [4, 4, 3]
+    assert [r for b in batches for r in b] == list(range(N_VAL))
+    assert [row_ids(b) for b in eval_batches(rows, micro_batch=4, max_batches=2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # Two ranks split the rows between them, each in stored order, together covering all.
+    shares = [[r for b in eval_batches(rows, 2, 100, rank=k, world=2) for r in row_ids(b)] for k in range(2)]
+    assert shares == [list(range(0, N_VAL, 2)), list(range(1, N_VAL, 2))]

@@ -1,0 +1,122 @@
+"""The whole DAG as a user runs it: subprocess Snakemake on the tiny config in a temporary folder."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "tests" / "configs" / "tiny.yaml"
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
+         "--cores", "2", *args],
+        capture_output=True, text=True, env=env, timeout=900,
+    )
+
+
+def planned_rules(result: subprocess.CompletedProcess) -> set[str]:
+    return set(re.findall(r"^(?:local)?rule (\w+):", result.stdout, flags=re.M)) - {"all"}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("run")
+    result = snakemake(workdir, "--configfile", str(TINY))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return workdir, workdir / "results" / "tiny", result
+
+
+def test_every_artifact_is_there(finished_run):
+    _, run, _ = finished_run
+    expected = [
+        "raw/manifest.json", "raw/stdlib/part-00000.parquet",
+        "tokenizer/tokenizer.json", "tokenizer/stats.json",
+        "tokens/train.bin", "tokens/val.bin", "tokens/val_ids.txt", "tokens/meta.json",
+        "shards/manifest.json", "shards/train-00000.bin", "shards/val-00000.bin",
+        "smoke/report.json",
+        "train/model.safetensors", "train/model_config.json", "train/metrics.jsonl", "train/summary.json",
+        "train/checkpoints/LATEST",
+        "eval/metrics.json", "eval/samples.json",
+        "report.md", "loss.png",
+    ]
+    missing = [p for p in expected if not (run / p).is_file()]
+    assert not missing
+    for stage in ("download", "tokenizer", "pretokenize", "shard", "smoke", "train", "eval", "report"):
+        assert (run / "logs" / f"{stage}.log").exists() and (run / "benchmarks" / f"{stage}.tsv").exists()
+    assert not list(run.rglob(".*.tmp-*")), "temporary files left behind"
+
+
+def test_model_beats_the_unigram_baseline(finished_run):
+    _, run, result = finished_run
+    metrics = json.loads((run / "eval" / "metrics.json").read_text())
+    assert metrics["val_loss"] < metrics["unigram_val_loss"] - 0.1
+    smoke = json.loads((run / "smoke" / "report.json").read_text())
+    assert smoke["passed"] and smoke["loss_last"] < smoke["loss_first"]
+    steps = [json.loads(line)["step"] for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)) and steps[-1] == 200
+    report = (run / "report.md").read_text()
+    assert "loss.png" in report and "unigram" in report
+    assert "results/tiny/report.md" in result.stdout + result.stderr
+
+
+def test_nothing_reruns_when_nothing_changed(finished_run):
+    workdir, _, _ = finished_run
+    result = snakemake(workdir, "--configfile", str(TINY), "-n")
+    assert result.returncode == 0 and planned_rules(result) == set(), result.stdout
+
+
+def test_a_training_change_reruns_training_stages_only(finished_run, tmp_path):
+    workdir, _, _ = finished_run
+    cfg = yaml.safe_load(TINY.read_text())
+    cfg["train"]["lr"] = 0.004
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(cfg))
+    result = snakemake(workdir, "--configfile", str(changed), "-n")
+    assert result.returncode == 0, result.stderr
+    assert planned_rules(result) == {"smoke", "train", "eval", "report"}
+
+
+def test_a_single_stage_can_be_targeted(finished_run):
+    workdir, _, _ = finished_run
+    by_rule = snakemake(workdir, "--configfile", str(TINY), "-n", "--forcerun", "shard", "--until", "shard")
+    assert planned_rules(by_rule) == {"shard"}, by_rule.stdout
+    by_file = snakemake(workdir, "--configfile", str(TINY), "-n", "-f", "results/tiny/tokenizer/stats.json")
+    assert planned_rules(by_file) == {"tokenizer"}, by_file.stdout
+
+
+def test_bad_config_fails_before_any_job(tmp_path):
+    cfg = yaml.safe_load(TINY.read_text())
+    cfg["train"]["lerning_rate"] = 0.1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
+    result = snakemake(tmp_path, "--configfile", str(bad))
+    assert result.returncode != 0
+    assert "train.lerning_rate: unknown key (allowed: beta1," in result.stdout + result.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_empty_corpus_fails_in_download(tmp_path):
+    cfg = yaml.safe_load(TINY.read_text())
+    cfg["download"]["sources"][0]["include"] = ["no_such_package/*.py"]
+    bad = tmp_path / "empty.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
+    result = snakemake(tmp_path, "--configfile", str(bad))
+    assert result.returncode != 0
+    log = (tmp_path / "results" / "tiny" / "logs" / "download.log").read_text()
+    assert "source 'stdlib' (stdlib) produced no documents" in log
+    assert not (tmp_path / "results" / "tiny" / "raw").exists()
+
+
+def test_lint_is_clean(tmp_path):
+    result = snakemake(tmp_path, "--configfile", str(TINY), "--lint")
+    assert result.returncode == 0, result.stdout + result.stderr

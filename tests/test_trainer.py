@@ -1,0 +1,421 @@
+"""The training loop, in-process on CPU: loss falls, outputs, determinism, exact resume, checkpoint
+safety, gradient-accumulation equivalence and the smoke stage's health check.
+
+Every run uses a tiny model (1 layer, d_model 32) on a synthetic shard folder whose token stream
+has learnable structure (a few fixed "words" separated by EOS), so a handful of steps lowers the loss.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from kiln import config as kiln_config
+from kiln.data.loader import ShardRows, TrainBatches
+from kiln.data.shards import shard_split
+from kiln.errors import KilnError
+from kiln.io import write_json
+from kiln.train import checkpoint
+from kiln.train.schedule import lr_at
+from kiln.train.trainer import load_model, run
+
+REPO = Path(__file__).resolve().parents[1]
+SEQ_LEN = 16
+VOCAB, PADDED_VOCAB = 60, 64
+TRAIN_ROWS, VAL_ROWS = 64, 16  # 64 rows: a whole number of micro-batches of 4 and of 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors run fastest on one thread (and do not stall when the CPUs are shared)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _stream(n_tokens: int, seed: int) -> np.ndarray:
+    """EOS-separated words drawn from a small fixed lexicon: within a word the next id is certain."""
+    lex_rng = np.random.default_rng(0)
+    words = [lex_rng.integers(1, VOCAB, size=int(lex_rng.integers(3, 7))) for _ in range(6)]
+    rng = np.random.default_rng(seed)
+    out: list[int] = []
+    while len(out) < n_tokens:
+        out.extend(words[int(rng.integers(len(words)))].tolist())
+        out.append(0)
+    return np.asarray(out[:n_tokens], dtype=np.uint16)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """A shard folder as workflow/scripts/shard.py writes it (train split over several shards)."""
+    out = tmp_path_factory.mktemp("shards")
+    row_len = SEQ_LEN + 1
+    splits = {
+        # a few extra tokens per split that do not fill a row and are dropped
+        "train": shard_split(_stream(TRAIN_ROWS * row_len + 5, seed=1), out, "train", row_len, 24, PADDED_VOCAB),
+        "val": shard_split(_stream(VAL_ROWS * row_len + 3, seed=2), out, "val", row_len, 24, PADDED_VOCAB),
+    }
+    write_json(out / "manifest.json", {
+        "seq_len": SEQ_LEN, "row_len": row_len, "dtype": "uint16", "vocab_size": VOCAB,
+        "padded_vocab_size": PADDED_VOCAB, "splits": splits,
+    })
+    assert splits["train"]["rows"] == TRAIN_ROWS and len(splits["train"]["shards"]) == 3
+    return out
+
+
+def _sections(model: dict | None = None, **train) -> dict:
+    """The train stage's sections from tests/configs/tiny.yaml with a tiny model and fp32, validated."""
+    raw = yaml.safe_load((REPO / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["model"] = model or {"n_layer": 1, "n_head": 2, "d_model": 32}
+    raw["train"] = {
+        "micro_batch": 8, "grad_accum": 1, "max_steps": 20, "lr": 1e-2, "min_lr": 1e-3,
+        "warmup_steps": 2, "weight_decay": 0.1, "grad_clip": 1.0, "precision": "fp32",
+        "compile": False, "log_every": 5, "eval_every": 10, "eval_batches": 2,
+        "checkpoint_every": 10, "keep_checkpoints": 2,
+    } | train
+    raw["wandb"] = {"mode": "disabled"}
+    return kiln_config.stage_sections(kiln_config.validate(raw), "train")
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def _state(out: Path, step: int) -> dict:
+    return torch.load(out / "checkpoints" / f"step-{step:07d}" / "state.pt", map_location="cpu", weights_only=False)
+
+
+def _assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=atol, msg=k)
+
+
+# ---------------------------------------------------------------------------------------------
+# (1) a short run
+
+
+def test_short_run_lowers_loss_and_writes_outputs(shards, tmp_path):
+    sections = _sections()
+    out = tmp_path / "run"
+    result = run(sections, shards, out)
+
+    records = _records(out)
+    assert [r["step"] for r in records] == [5, 10, 15, 20]
+    for r in records:
+        assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "tokens"} <= r.keys()
+        assert math.isfinite(r["loss"]) and r["grad_norm"] > 0 and r["tokens_per_s"] > 0
+        assert r["lr"] == pytest.approx(lr_at(r["step"] - 1, lr=1e-2, min_lr=1e-3, warmup_steps=2, max_steps=20))
+        assert r["tokens"] == r["step"] * 8 * SEQ_LEN
+    assert [r["step"] for r in records if "val_loss" in r] == [10, 20]
+    assert result.losses == [r["loss"] for r in records]
+    assert result.val_losses == [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    assert result.steps == 20 and result.tokens_seen == 20 * 8 * SEQ_LEN
+
+    # Starts near uniform over the padded vocabulary and falls well below it.
+    assert records[0]["loss"] < math.log(PADDED_VOCAB) + 0.3
+    assert records[-1]["loss"] < records[0]["loss"] - 0.5
+    assert records[-1]["val_loss"] < records[1]["val_loss"] < math.log(PADDED_VOCAB) - 0.5
+
+    assert (out / "model.safetensors").is_file()
+    assert json.loads((out / "model_config.json").read_text()) == {
+        "vocab_size": PADDED_VOCAB, "seq_len": SEQ_LEN, "n_layer": 1, "n_head": 2, "d_model": 32,
+        "dropout": 0.0, "bias": False,
+    }
+    model = load_model(out)
+    assert not model.training
+    assert model.lm_head.weight is model.wte.weight  # tying survives the save/load
+    _assert_same_weights(model.state_dict(), _state(out, 20)["model"])
+    assert (out / "checkpoints" / checkpoint.MARKER).read_text().strip() == "step-0000020"
+    assert not [p.name for p in out.rglob("*") if ".tmp" in p.name]
+
+
+# ---------------------------------------------------------------------------------------------
+# (2) determinism
+
+
+def test_identical_runs_give_identical_losses_and_weights(shards, tmp_path):
+    sections = _sections(max_steps=10, log_every=2)
+    run(sections, shards, tmp_path / "a")
+    run(copy.deepcopy(sections), shards, tmp_path / "b")
+    a, b = _records(tmp_path / "a"), _records(tmp_path / "b")
+    assert len(a) == 5
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    assert [r["grad_norm"] for r in a] == [r["grad_norm"] for r in b]
+    _assert_same_weights(load_model(tmp_path / "a").state_dict(), load_model(tmp_path / "b").state_dict())
+
+
+def test_different_seed_gives_different_run(shards, tmp_path):
+    run(_sections(max_steps=4, log_every=1), shards, tmp_path / "a")
+    other = _sections(max_steps=4, log_every=1)
+    other["seed"] += 1
+    run(other, shards, tmp_path / "b")
+    assert [r["loss"] for r in _records(tmp_path / "a")] != [r["loss"] for r in _records(tmp_path / "b")]
+
+
+# ---------------------------------------------------------------------------------------------
+# (3) resume
+
+
+N = 12
+_COMPARED = ("step", "loss", "lr", "grad_norm", "tokens", "val_loss")
+
+
+def _comparable(records: list[dict]) -> list[dict]:
+    return [{k: r[k] for k in _COMPARED if k in r} for r in records]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(shards, tmp_path_factory) -> tuple[dict, Path]:
+    """A run to N steps with a checkpoint at N/2 and at N, both kept."""
+    sections = _sections(max_steps=N, log_every=2, eval_every=4, checkpoint_every=N // 2, keep_checkpoints=2)
+    out = tmp_path_factory.mktemp("uninterrupted")
+    run(sections, shards, out)
+    return sections, out
+
+
+def _assert_resume_matches(full: Path, resumed: Path, result) -> None:
+    got, want = _records(resumed), _records(full)
+    steps = [r["step"] for r in got]
+    assert steps == sorted(set(steps)), f"duplicated or unordered steps: {steps}"
+    assert steps == list(range(2, N + 1, 2))
+    for g, w in zip(_comparable(got), _comparable(want)):
+        assert g.keys() == w.keys()
+        for k in g:
+            assert g[k] == pytest.approx(w[k], rel=1e-6, abs=1e-6), (g["step"], k)
+    after = [r["loss"] for r in want if r["step"] > N // 2]
+    assert result.losses == pytest.approx(after, rel=1e-6, abs=1e-6)
+    assert result.tokens_seen == N * 8 * SEQ_LEN
+    _assert_same_weights(load_model(resumed).state_dict(), load_model(full).state_dict(), atol=1e-6)
+    _assert_same_weights(_state(resumed, N)["optimizer"]["state"][0], _state(full, N)["optimizer"]["state"][0], atol=1e-6)
+
+
+def test_resume_from_copied_mid_checkpoint_matches_uninterrupted(shards, tmp_path, uninterrupted):
+    sections, full = uninterrupted
+    out = tmp_path / "resumed"
+    mid = f"step-{N // 2:07d}"
+    shutil.copytree(full / "checkpoints" / mid, out / "checkpoints" / mid)
+    (out / "checkpoints" / checkpoint.MARKER).write_text(mid + "\n")
+    # A run killed after its last checkpoint has logged steps that the resumed run redoes.
+    shutil.copy(full / "metrics.jsonl", out / "metrics.jsonl")
+    result = run(copy.deepcopy(sections), shards, out)
+    _assert_resume_matches(full, out, result)
+
+
+def test_resume_in_place_after_losing_the_final_checkpoint(shards, tmp_path, uninterrupted):
+    sections, full = uninterrupted
+    out = tmp_path / "inplace"
+    shutil.copytree(full, out)
+    shutil.rmtree(out / "checkpoints" / f"step-{N:07d}")
+    (out / "model.safetensors").unlink()
+    (out / "checkpoints" / checkpoint.MARKER).write_text(f"step-{N // 2:07d}\n")
+    result = run(copy.deepcopy(sections), shards, out)
+    _assert_resume_matches(full, out, result)
+
+
+def test_resume_when_a_newer_checkpoint_was_written_but_latest_not_moved(shards, tmp_path, uninterrupted):
+    """Killed between renaming step-N into place and moving LATEST: the resume starts from N/2, and
+    pruning must never delete the checkpoint it has just written and pointed LATEST at (else a
+    second kill leaves LATEST naming a missing folder)."""
+    sections, full = uninterrupted
+    sections = copy.deepcopy(sections)
+    # Neither the step count nor the checkpoint cadence is part of the fingerprint; stopping at
+    # N/2 + 2 stands in for a second kill there.
+    sections["train"].update(max_steps=N // 2 + 2, checkpoint_every=2, keep_checkpoints=1)
+    out = tmp_path / "stale-future"
+    shutil.copytree(full, out)
+    (out / "checkpoints" / checkpoint.MARKER).write_text(f"step-{N // 2:07d}\n")
+    run(sections, shards, out)
+    root = out / "checkpoints"
+    marker = (root / checkpoint.MARKER).read_text().strip()
+    assert marker == f"step-{N // 2 + 2:07d}"
+    assert (root / marker / "state.pt").is_file()
+    assert checkpoint.load_latest(root, _state(full, N)["fingerprint"])["step"] == N // 2 + 2
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == [marker]
+
+
+def test_rerun_of_a_finished_run_changes_nothing(shards, tmp_path, uninterrupted):
+    sections, full = uninterrupted
+    out = tmp_path / "again"
+    shutil.copytree(full, out)
+    result = run(copy.deepcopy(sections), shards, out)
+    assert result.losses == []
+    assert _records(out) == _records(full)
+    _assert_same_weights(load_model(out).state_dict(), load_model(full).state_dict())
+
+
+# ---------------------------------------------------------------------------------------------
+# (4) checkpoint safety and pruning
+
+
+def test_keep_checkpoints_prunes_old_ones(shards, tmp_path):
+    out = tmp_path / "run"
+    run(_sections(max_steps=8, log_every=2, checkpoint_every=2, keep_checkpoints=2), shards, out)
+    root = out / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == [checkpoint.MARKER, "step-0000006", "step-0000008"]
+    assert root.joinpath(checkpoint.MARKER).read_text().strip() == "step-0000008"
+
+
+def test_load_latest_refuses_another_runs_checkpoint(shards, tmp_path):
+    out = tmp_path / "run"
+    run(_sections(max_steps=4, log_every=2, checkpoint_every=2, keep_checkpoints=1), shards, out)
+    root = out / "checkpoints"
+    fingerprint = _state(out, 4)["fingerprint"]
+    assert checkpoint.load_latest(root, fingerprint)["step"] == 4
+    with pytest.raises(KilnError, match="fingerprint"):
+        checkpoint.load_latest(root, "0" * 64)
+    # The trainer refuses to resume a checkpoint made with another model shape or seed.
+    with pytest.raises(KilnError, match="fingerprint"):
+        run(_sections(model={"n_layer": 1, "n_head": 2, "d_model": 16}, max_steps=4), shards, out)
+    other_seed = _sections(max_steps=4)
+    other_seed["seed"] += 1
+    with pytest.raises(KilnError, match="fingerprint"):
+        run(other_seed, shards, out)
+    # ...but not one with a different LR or step count (not part of the fingerprint).
+    run(_sections(max_steps=6, log_every=2, lr=5e-3), shards, out)
+    assert checkpoint.load_latest(root, fingerprint)["step"] == 6
+
+
+def test_load_latest_ignores_half_written_checkpoint(shards, tmp_path):
+    out = tmp_path / "run"
+    run(_sections(max_steps=4, log_every=2, checkpoint_every=2, keep_checkpoints=2), shards, out)
+    root = out / "checkpoints"
+    fingerprint = _state(out, 4)["fingerprint"]
+    # What a crash mid-save leaves: a temp folder, or a complete-looking folder LATEST never named.
+    (root / ".step-0000006.tmp-99999").mkdir()
+    (root / ".step-0000006.tmp-99999" / "state.pt").write_bytes(b"\x00garbage")
+    (root / "step-0000099").mkdir()
+    (root / "step-0000099" / "state.pt").write_bytes(b"\x00garbage")
+    state = checkpoint.load_latest(root, fingerprint)
+    assert state["step"] == 4
+    # LATEST naming a missing folder is an error, not a silent fresh start.
+    (root / checkpoint.MARKER).write_text("step-0000077\n")
+    with pytest.raises(KilnError, match="missing"):
+        checkpoint.load_latest(root, fingerprint)
+
+
+def test_load_latest_without_marker_is_a_fresh_start(tmp_path):
+    assert checkpoint.load_latest(tmp_path / "nothing", "f") is None
+    (tmp_path / "ckpt" / "step-0000005").mkdir(parents=True)
+    assert checkpoint.load_latest(tmp_path / "ckpt", "f") is None
+
+
+def test_checkpoint_save_never_prunes_what_latest_points_at(tmp_path):
+    root = tmp_path / "ckpt"
+    for step in (2, 4, 8):
+        checkpoint.save(root, {"step": step, "fingerprint": "f"}, keep=5)
+    (root / checkpoint.MARKER).write_text("step-0000004\n")  # step-8 written, LATEST not yet moved
+    checkpoint.save(root, {"step": 5, "fingerprint": "f"}, keep=1)
+    assert checkpoint.load_latest(root, "f")["step"] == 5
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["step-0000005"]
+    checkpoint.save(root, {"step": 6, "fingerprint": "f"}, keep=2)
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["step-0000005", "step-0000006"]
+
+
+def test_checkpoint_save_is_atomic_and_rng_roundtrips(tmp_path):
+    root = tmp_path / "ckpt"
+    torch.manual_seed(3)
+    rng = checkpoint.rng_state()
+    expected = torch.rand(3)
+    checkpoint.save(root, {"step": 1, "fingerprint": "f", "rng": rng, "w": torch.ones(2)}, keep=3)
+    checkpoint.save(root, {"step": 2, "fingerprint": "f", "rng": rng, "w": torch.full((2,), 2.0)}, keep=3)
+    state = checkpoint.load_latest(root, "f")
+    assert state["step"] == 2 and torch.equal(state["w"], torch.full((2,), 2.0))
+    checkpoint.set_rng_state(state["rng"])
+    assert torch.equal(torch.rand(3), expected)
+    assert sorted(p.name for p in root.iterdir()) == [checkpoint.MARKER, "step-0000001", "step-0000002"]
+
+
+# ---------------------------------------------------------------------------------------------
+# (5) gradient accumulation
+
+
+def test_loader_two_micro_batches_of_4_are_one_batch_of_8(shards):
+    rows = ShardRows(shards, "train")
+    assert len(rows) == TRAIN_ROWS
+    small, big = TrainBatches(rows, 4, seed=7), TrainBatches(rows, 8, seed=7)
+    for _ in range(2 * TRAIN_ROWS // 8):  # two epochs
+        assert torch.equal(torch.cat([small.next(), small.next()]), big.next())
+    # An epoch is one permutation: every row exactly once; the next epoch takes another order.
+    loader = TrainBatches(rows, 8, seed=3)
+    epochs = [torch.cat([loader.next() for _ in range(TRAIN_ROWS // 8)]) for _ in range(2)]
+    every_row = sorted(map(tuple, rows.take(np.arange(TRAIN_ROWS)).tolist()))
+    for epoch in epochs:
+        assert sorted(map(tuple, epoch.tolist())) == every_row
+    assert not torch.equal(epochs[0], epochs[1])
+
+
+def test_grad_accum_matches_larger_micro_batch(shards, tmp_path):
+    common = dict(max_steps=10, log_every=1, eval_every=100, checkpoint_every=100)
+    run(_sections(micro_batch=8, grad_accum=1, **common), shards, tmp_path / "big")
+    run(_sections(micro_batch=4, grad_accum=2, **common), shards, tmp_path / "accum")
+    big, accum = _records(tmp_path / "big"), _records(tmp_path / "accum")
+    assert [r["tokens"] for r in big] == [r["tokens"] for r in accum]
+    big_loss, accum_loss = [r["loss"] for r in big], [r["loss"] for r in accum]
+    assert len(big_loss) == 10
+    assert accum_loss == pytest.approx(big_loss, abs=1e-5, rel=0)
+    assert [r["grad_norm"] for r in accum] == pytest.approx([r["grad_norm"] for r in big], rel=1e-4)
+    _assert_same_weights(load_model(tmp_path / "accum").state_dict(),
+                         load_model(tmp_path / "big").state_dict(), atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# (6) the smoke stage's health check
+
+
+@pytest.fixture(scope="module")
+def health():
+    spec = importlib.util.spec_from_file_location("kiln_smoke_script", REPO / "workflow" / "scripts" / "smoke.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.health
+
+
+def test_health_passes_finite_falling_loss(health):
+    ok, reason = health([4.0, 3.8, 3.5, 3.2, 3.0, 2.9, 2.8, 2.7], 0.1)
+    assert ok, reason
+    assert "fell" in reason
+
+
+def test_health_fails_nan_and_inf_and_empty(health):
+    for losses in ([4.0, 3.0, float("nan"), 2.0], [4.0, float("inf"), 2.0, 1.0], []):
+        ok, reason = health(losses, 0.1)
+        assert not ok
+        assert "not finite" in reason
+
+
+def test_health_fails_flat_or_rising_loss(health):
+    ok, reason = health([4.0] * 12, 0.05)
+    assert not ok and "did not fall" in reason
+    ok, reason = health([3.0, 3.1, 3.2, 3.3, 3.4, 3.5, 3.6, 3.7], 0.05)
+    assert not ok and "did not fall" in reason
+    # Falling, but by less than min_drop.
+    ok, reason = health([4.0, 4.0, 3.98, 3.98], 0.05)
+    assert not ok and "did not fall" in reason
+
+
+def test_smoke_run_passes_health_and_writes_nothing(shards, tmp_path, health):
+    out = tmp_path / "smoke"
+    result = run(_sections(log_every=5), shards, out, max_steps=12, smoke=True)
+    assert len(result.losses) == 12  # smoke logs every step
+    ok, reason = health(result.losses, 0.1)
+    assert ok, reason
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_smoke_run_with_tiny_lr_fails_health(shards, tmp_path, health):
+    result = run(_sections(lr=1e-12, min_lr=1e-13), shards, tmp_path / "smoke", max_steps=12, smoke=True)
+    assert len(result.losses) == 12 and all(math.isfinite(x) for x in result.losses)
+    ok, reason = health(result.losses, 0.1)
+    assert not ok
+    assert "did not fall" in reason
