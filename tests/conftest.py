@@ -13,11 +13,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
-from kiln.data.sources import write_raw
-from kiln.data.tokenizer import train_from_raw
+from kiln.data.raw import write_raw
+from kiln.data.tokenizer import build_tokenizer
 
 STDLIB_INCLUDE = ["json/*.py", "collections/*.py", "logging/*.py", "http/*.py"]
-TOKENIZER_CFG = {"vocab_size": 512, "train_bytes": 10**8, "heldout_docs": 3}
+TOKENIZER_CFG = {"kind": "train", "vocab_size": 512, "train_bytes": 10**8, "heldout_docs": 3}
 SEED = 7
 
 # Documents that quote special-token spellings or are not ASCII: they must stay ordinary text.
@@ -27,6 +27,13 @@ TRICKY_TEXTS = [
     f"héllo wörld ✓ 漢字 🙂 {i}\n" + "x = 1\n" * 20
     for i in range(12)
 ]
+
+
+def download_cfg(sources: list[dict], **settings) -> dict:
+    """A download section with the schema's defaults (retries without waiting)."""
+    cfg = {"sources": sources, "rows_per_part": 8, "dedup": True, "min_doc_bytes": 1, "invalid_utf8": "skip",
+           "retries": 2, "retry_backoff_s": 0.0}
+    return cfg | settings
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
@@ -46,12 +53,11 @@ def raw_dir(tmp_path_factory) -> Path:
     os.chdir(base)
     try:
         write_raw(
-            [
+            download_cfg([
                 {"name": "stdlib", "kind": "stdlib", "include": STDLIB_INCLUDE},
                 {"name": "tricky", "kind": "local", "paths": ["inputs/tricky.jsonl"], "text_column": "text"},
-            ],
+            ]),
             out,
-            rows_per_part=8,
         )
     finally:
         os.chdir(cwd)
@@ -60,8 +66,8 @@ def raw_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def trained(raw_dir):
-    """(tokenizer, stats) from train_from_raw on the raw fixture."""
-    return train_from_raw(raw_dir, TOKENIZER_CFG, SEED)
+    """(tokenizer, stats) from build_tokenizer on the raw fixture."""
+    return build_tokenizer(raw_dir, TOKENIZER_CFG, SEED)
 
 
 @pytest.fixture(scope="session")

@@ -101,15 +101,22 @@ def test_row_len_not_dividing_tokens_is_refused(shard):
         open_shard(shard)
 
 
-def test_shard_split_rejects_out_of_vocab_id_naming_position_and_id(tmp_path):
+def test_shard_split_rejects_out_of_vocab_id_naming_file_offset_and_values(tmp_path):
     tokens = np.arange(100, dtype=np.uint16) % 50
     tokens[77] = 50
     tokens[90] = 999
+    source = tmp_path / "train.bin"
+    tokens.tofile(source)
+    out = tmp_path / "out"
+    out.mkdir()
     with pytest.raises(KilnError) as info:
-        shard_split(tokens, tmp_path, "train", row_len=10, rows_per_shard=4, vocab_size=50)
+        shard_split(np.memmap(source, dtype=np.uint16, mode="r"), out, "train", row_len=10, rows_per_shard=4,
+                    vocab_size=50)
     message = str(info.value)
-    assert "train token 77 is id 50" in message and "50" in message
-    assert not list(tmp_path.iterdir())  # nothing written
+    assert str(source) in message
+    assert "token 77 (byte offset 154) is id 50, expected ids below the vocab size 50" in message
+    with pytest.raises(KilnError, match=r"train tokens: token 77 .* is id 50"):
+        shard_split(tokens, out, "train", row_len=10, rows_per_shard=8, vocab_size=50)
 
 
 def test_shard_split_rejects_stream_shorter_than_a_row(tmp_path):
@@ -144,15 +151,11 @@ def _sharded(tmp_path):
     return {"row_len": 11, "splits": splits}
 
 
-def test_verify_shards_passes_on_intact_output(tmp_path):
-    verify_shards(tmp_path, _sharded(tmp_path))
-
-
 def test_verify_shards_catches_flipped_byte(tmp_path):
     manifest = _sharded(tmp_path)
     path = tmp_path / "train-00002.bin"
     data = bytearray(path.read_bytes())
-    data[HEADER_BYTES + 5] ^= 0x01
+    data[HEADER_BYTES + 4] ^= 0x01  # the low byte of token 2: still a valid id
     path.write_bytes(bytes(data))
     open_shard(path)  # the header is intact: only the hash can tell
     with pytest.raises(KilnError) as info:
@@ -177,3 +180,22 @@ def test_verify_shards_catches_missing_or_truncated_shard(tmp_path):
     path.write_bytes(path.read_bytes()[:-2])
     with pytest.raises(KilnError, match="truncated"):
         verify_shards(tmp_path, manifest)
+
+
+def test_verify_shards_catches_an_id_beyond_the_vocab_naming_offset_and_values(tmp_path):
+    manifest = _sharded(tmp_path)
+    path = tmp_path / "train-00001.bin"
+    data = bytearray(path.read_bytes())
+    data[HEADER_BYTES + 2 * 5 : HEADER_BYTES + 2 * 6] = struct.pack("<H", 500)  # token 5 of the shard
+    path.write_bytes(bytes(data))
+    open_shard(path)  # header and size are fine
+    with pytest.raises(KilnError) as info:
+        verify_shards(tmp_path, manifest)
+    message = str(info.value)
+    assert str(path) in message and f"token 5 (byte offset {HEADER_BYTES + 10}) is id 500" in message
+    assert "below the vocab size 128" in message
+
+
+def test_verify_shards_reports_what_it_checked(tmp_path):
+    assert verify_shards(tmp_path, _sharded(tmp_path)) == {"train": {"shards": 6, "rows": 45},
+                                                           "val": {"shards": 2, "rows": 9}}

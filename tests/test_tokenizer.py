@@ -6,18 +6,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import TOKENIZER_CFG, TRICKY_TEXTS
+from conftest import TOKENIZER_CFG, TRICKY_TEXTS, download_cfg, write_jsonl
 from kiln.config import SPECIAL_TOKENS
-from kiln.data.sources import read_documents, stdlib_root, write_raw
+from kiln.data.encoders import tiktoken_encoding
+from kiln.data.raw import write_raw
+from kiln.data.sources import read_documents, stdlib_root
 from kiln.data.tokenizer import (
     EOS,
+    build_tokenizer,
     bytes_per_token,
     encode_batch,
     load_tokenizer,
     padded_vocab_size,
     special_ids,
     train_bpe,
-    train_from_raw,
 )
 from kiln.errors import KilnError
 from kiln.io import read_json, stable_hash
@@ -80,7 +82,7 @@ def test_bytes_per_token_above_one_on_code(tokenizer):
     assert bytes_per_token(bare, texts) <= 1.0
 
 
-def test_train_from_raw_holds_out_documents_and_reports_stats(raw_dir, trained):
+def test_build_tokenizer_holds_out_documents_and_reports_stats(raw_dir, trained):
     tokenizer, stats = trained
     manifest = read_json(raw_dir / "manifest.json")
     docs = list(read_documents(raw_dir, manifest))
@@ -98,27 +100,92 @@ def test_train_from_raw_holds_out_documents_and_reports_stats(raw_dir, trained):
     assert stats["heldout_bytes_per_token"] > 1.0
 
 
-def test_train_from_raw_is_deterministic_and_seed_changes_heldout(raw_dir, trained):
+def test_build_tokenizer_is_deterministic_and_seed_changes_heldout(raw_dir, trained):
     cfg = dict(TOKENIZER_CFG, heldout_docs=10)
-    a_tok, a = train_from_raw(raw_dir, cfg, seed=7)
-    b_tok, b = train_from_raw(raw_dir, cfg, seed=7)
+    a_tok, a = build_tokenizer(raw_dir, cfg, seed=7)
+    b_tok, b = build_tokenizer(raw_dir, cfg, seed=7)
     assert a == b and a_tok.to_str() == b_tok.to_str()
-    _, c = train_from_raw(raw_dir, cfg, seed=8)
+    _, c = build_tokenizer(raw_dir, cfg, seed=8)
     assert c["train_bytes"] != a["train_bytes"]  # another held-out set (sizes differ with ~certainty)
 
 
-def test_train_from_raw_respects_train_bytes(raw_dir):
+def test_build_tokenizer_respects_train_bytes(raw_dir):
     manifest = read_json(raw_dir / "manifest.json")
     sizes = [len(d.text.encode("utf-8")) for d in read_documents(raw_dir, manifest)]
     budget = sum(sizes) // 4
-    _, stats = train_from_raw(raw_dir, dict(TOKENIZER_CFG, train_bytes=budget), seed=7)
+    _, stats = build_tokenizer(raw_dir, dict(TOKENIZER_CFG, train_bytes=budget), seed=7)
     assert 0 < stats["train_bytes"] <= budget
     assert 0 < stats["train_docs"] < len(sizes) - TOKENIZER_CFG["heldout_docs"]
 
 
-def test_train_from_raw_refuses_to_hold_out_everything(tmp_path):
+def test_build_tokenizer_refuses_to_hold_out_everything(tmp_path):
     raw = tmp_path / "raw"
-    write_raw([{"name": "std", "kind": "stdlib", "include": ["json/*.py"]}], raw, rows_per_part=10)
+    write_raw(download_cfg([{"name": "std", "kind": "stdlib", "include": ["json/*.py"]}]), raw)
     n = read_json(raw / "manifest.json")["rows"]
     with pytest.raises(KilnError, match=rf"heldout_docs={n}\b.*{n} documents"):
-        train_from_raw(raw, dict(TOKENIZER_CFG, heldout_docs=n), seed=1)
+        build_tokenizer(raw, dict(TOKENIZER_CFG, heldout_docs=n), seed=1)
+
+
+def test_training_bytes_are_sampled_across_sources(tmp_path):
+    """A small budget draws from every source in proportion to its size, not the first source only."""
+    a = write_jsonl(tmp_path / "a.jsonl", [{"text": f"alpha {i} " * 40} for i in range(200)])
+    b = write_jsonl(tmp_path / "b.jsonl", [{"text": f"beta {i} " * 40} for i in range(100)])
+    raw = tmp_path / "raw"
+    sources = [{"name": n, "kind": "local", "paths": [str(p)], "text_column": "text"} for n, p in (("a", a), ("b", b))]
+    manifest = write_raw(download_cfg(sources, rows_per_part=50), raw)
+    budget = manifest["bytes"] // 4
+    cfg = {"kind": "train", "vocab_size": 300, "train_bytes": budget, "heldout_docs": 3}
+    _, stats = build_tokenizer(raw, cfg, seed=7)
+    assert 0 < stats["train_bytes"] <= budget
+    assert stats["train_bytes"] == sum(stats["train_bytes_by_source"].values())
+    share_b = stats["train_bytes_by_source"]["b"] / stats["train_bytes"]
+    assert 0.2 < share_b < 0.47  # b holds about a third of the bytes
+
+
+def test_pretrained_tokenizer_json_gets_the_missing_special_tokens(tmp_path, raw_dir):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    pretrained = Tokenizer(models.BPE())
+    pretrained.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    pretrained.decoder = decoders.ByteLevel()
+    pretrained.train_from_iterator(["def f(x):\n    return x\n"] * 50, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    path = tmp_path / "pretrained.json"
+    pretrained.save(str(path))
+    n = pretrained.get_vocab_size()
+    tokenizer, stats = build_tokenizer(raw_dir, {"kind": "file", "path": str(path), "heldout_docs": 3}, seed=7)
+    assert stats["kind"] == "file" and stats["train_docs"] == 0
+    assert stats["special_token_ids"] == {EOS: 0, **{t: n + i for i, t in enumerate(SPECIAL_TOKENS[1:])}}
+    assert stats["vocab_size"] == tokenizer.get_vocab_size() == n + 6
+    text = "x = '<fim_prefix>' + '<|endoftext|>'"
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    assert not set(ids) & set(stats["special_token_ids"].values()) and tokenizer.decode(ids) == text
+
+
+def test_unreadable_pretrained_tokenizer_names_the_key_and_file(tmp_path, raw_dir):
+    path = tmp_path / "broken.json"
+    path.write_text("{not json", encoding="utf-8")
+    with pytest.raises(KilnError, match=rf"tokenizer.path: cannot load '{path}' as a tokenizer.json"):
+        build_tokenizer(raw_dir, {"kind": "file", "path": str(path), "heldout_docs": 3}, seed=7)
+
+
+def test_a_local_tiktoken_encoding_becomes_the_same_tokenizer(tmp_path, raw_dir, tokenizer):
+    """Our trained vocabulary, saved as a .tiktoken ranks file, comes back as a tokenizer.json that
+    gives the same ids, with every special token at its id."""
+    import base64
+
+    path = tmp_path / "kiln.tiktoken"  # tiktoken's format: base64 of a token's bytes, its rank
+    ranks = tiktoken_encoding(tokenizer)._mergeable_ranks
+    path.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items()), encoding="ascii")
+    converted, stats = build_tokenizer(raw_dir, {"kind": "tiktoken", "path": str(path), "heldout_docs": 3}, seed=7)
+    texts = [d.text for d in read_documents(raw_dir, read_json(raw_dir / "manifest.json"))]
+    assert encode_batch(converted, texts) == encode_batch(tokenizer, texts)
+    appended = {t: converted.token_to_id(t) for t in SPECIAL_TOKENS}
+    assert sorted(appended.values()) == list(range(tokenizer.get_vocab_size(), tokenizer.get_vocab_size() + 7))
+    assert stats["heldout_bytes_per_token"] > 1.5
+
+
+def test_tiktoken_encoding_missing_offline_is_a_clear_error(raw_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty-cache"))
+    with pytest.raises(KilnError, match=r"tokenizer.encoding: tiktoken cannot load 'r50k_base' here"):
+        build_tokenizer(raw_dir, {"kind": "tiktoken", "encoding": "r50k_base", "heldout_docs": 3}, seed=7)

@@ -15,5 +15,5 @@ rule pretokenize:
     benchmark:
         benchmark_of("pretokenize")
     shell:
-        "RAYON_NUM_THREADS={threads} python {params.script} --params {params.cfg:q}"
-        " --raw {input.raw} --tokenizer {input.tokenizer} --out {output} > {log} 2>&1"
+        "python {params.script} --params {params.cfg:q} --raw {input.raw} --tokenizer {input.tokenizer}"
+        " --out {output} --workers {threads} > {log} 2>&1"

@@ -1,7 +1,8 @@
 """shard stage: pack each split's tokens into rows of seq_len + 1 and write checked binary shards.
 
 Writes <out>/{train,val}-NNNNN.bin and <out>/manifest.json (sha256 per shard). With --verify, checks
-an existing shard folder against its manifest instead.
+an existing shard folder (--out) against its manifest instead: headers, sizes, every id below the
+vocabulary size, checksums; --report then records the result.
 """
 
 from pathlib import Path
@@ -16,14 +17,20 @@ from kiln.io import atomic_dir, read_json, write_json
 
 def main() -> None:
     parser = stage_parser("shard", __doc__)
-    parser.add_argument("--tokens", required=True, type=Path, help="pretokenize stage output folder")
+    parser.add_argument("--tokens", type=Path, help="pretokenize stage output folder (not with --verify)")
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/shards")
     parser.add_argument("--verify", action="store_true", help="verify --out against its manifest and exit")
+    parser.add_argument("--report", type=Path, help="with --verify: write the result here as JSON")
     args = parser.parse_args()
     if args.verify:
-        verify_shards(args.out, read_json(args.out / "manifest.json"))
-        print(f"shard: {args.out} verified")
+        checked = verify_shards(args.out, read_json(args.out / "manifest.json"))
+        if args.report:
+            write_json(args.report, {"verified": str(args.out), "splits": checked})
+        summary = ", ".join(f"{split}: {c['shards']} shards" for split, c in checked.items())
+        print(f"shard: {args.out} verified ({summary})")
         return
+    if args.tokens is None:
+        parser.error("--tokens is required unless --verify")
     cfg = stage_config(args, "shard")["shard"]
     meta = read_json(args.tokens / "meta.json")
     row_len = cfg["seq_len"] + 1
@@ -36,7 +43,7 @@ def main() -> None:
         write_json(tmp / "manifest.json", {
             "seq_len": cfg["seq_len"], "row_len": row_len, "dtype": meta["dtype"],
             "vocab_size": meta["vocab_size"], "padded_vocab_size": meta["padded_vocab_size"],
-            "splits": splits,
+            "splits": splits, "sources": meta["sources"],
         })
     print(f"shard: train {splits['train']['rows']} rows, val {splits['val']['rows']} rows of {row_len} -> {args.out}")
 

@@ -1,4 +1,5 @@
-"""tokenizer stage: train a byte-level BPE on the downloaded documents.
+"""tokenizer stage: train a byte-level BPE on the downloaded documents, or adopt a pretrained
+tokenizer.json or a local tiktoken encoding (tokenizer.kind).
 
 Writes tokenizer.json (Hugging Face tokenizers format) and stats.json (vocab size and its padded
 size, special token ids, bytes per token on held-out documents).
@@ -7,7 +8,7 @@ size, special token ids, bytes per token on held-out documents).
 from pathlib import Path
 
 from kiln.cli import run_main, stage_config, stage_parser
-from kiln.data.tokenizer import train_from_raw
+from kiln.data.tokenizer import build_tokenizer
 from kiln.io import atomic_file, write_json
 
 
@@ -18,7 +19,7 @@ def main() -> None:
     parser.add_argument("--stats", required=True, type=Path, help="output stats.json")
     args = parser.parse_args()
     cfg = stage_config(args, "tokenizer")
-    tokenizer, stats = train_from_raw(args.raw, cfg["tokenizer"], cfg["seed"])
+    tokenizer, stats = build_tokenizer(args.raw, cfg["tokenizer"], cfg["seed"])
     with atomic_file(args.tokenizer) as tmp:
         tokenizer.save(str(tmp))
     write_json(args.stats, stats)

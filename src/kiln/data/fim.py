@@ -5,9 +5,11 @@ prefix P, middle M and suffix S, and each part is tokenized on its own. Formats,
   PSM          <fim_prefix> P <fim_suffix> S <fim_middle> M
   SPM          <fim_suffix> S <fim_prefix> P <fim_middle> M
   middle-only  <fim_middle> M
-The caller appends <|endoftext|>. The random draws come from a generator seeded by (seed, document
-id) alone, so the same document gets the same transform whatever the worker count, order or resume
-point: the flaw in Megatron's loader, whose RNG lived in the dataset object, does not arise.
+`rate` is the share of documents transformed; `psm`, `spm` and `middle_only` split that share
+(StarCoder2: 0.5/0.5/0; seed 000: 0.5/0.25/0.25). The caller appends <|endoftext|>. The random draws
+come from a generator seeded by (seed, document id) alone, so the same document gets the same
+transform whatever the worker count, order or resume point: the flaw in Megatron's loader, whose RNG
+lived in the dataset object, does not arise. Parts are spans (start, end) of the text, not copies.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from kiln.io import stable_hash
 PREFIX, MIDDLE, SUFFIX = "<fim_prefix>", "<fim_middle>", "<fim_suffix>"
 MODES = ("psm", "spm", "middle_only")
 
-# A piece is ("special", token) or ("text", string); text pieces are tokenized separately.
-Piece = tuple[str, str]
+# A piece is a sentinel's spelling (str) or the characters [start, end) of the document.
+Piece = str | tuple[int, int]
 
 
 def fim_rng(seed: int, doc_id: str) -> random.Random:
@@ -39,34 +41,34 @@ def choose_mode(rng: random.Random, fim: dict, n_chars: int) -> str:
     return "middle_only"
 
 
-def fim_pieces(text: str, seed: int, doc_id: str, fim: dict) -> tuple[str, list[Piece]]:
-    """The document's mode and its pieces in training order (EOS not included)."""
+def fim_pieces(n_chars: int, seed: int, doc_id: str, fim: dict) -> tuple[str, list[Piece]]:
+    """The mode drawn for a document of n_chars characters, and its pieces in training order
+    (sentinels and non-empty spans; EOS not included)."""
     rng = fim_rng(seed, doc_id)
-    mode = choose_mode(rng, fim, len(text))
+    mode = choose_mode(rng, fim, n_chars)
     if mode == "none":
-        return mode, [("text", text)]
-    lo, hi = sorted(rng.randrange(len(text) + 1) for _ in range(2))
-    prefix, middle, suffix = text[:lo], text[lo:hi], text[hi:]
+        return mode, [(0, n_chars)] if n_chars else []
+    lo, hi = sorted(rng.randrange(n_chars + 1) for _ in range(2))
+    prefix, middle, suffix = (0, lo), (lo, hi), (hi, n_chars)
     if mode == "psm":
         order = [PREFIX, prefix, SUFFIX, suffix, MIDDLE, middle]
     elif mode == "spm":
         order = [SUFFIX, suffix, PREFIX, prefix, MIDDLE, middle]
     else:
         order = [MIDDLE, middle]
-    pieces = [("special", p) if i % 2 == 0 else ("text", p) for i, p in enumerate(order)]
-    return mode, [p for p in pieces if p[0] == "special" or p[1]]
+    return mode, [p for p in order if isinstance(p, str) or p[1] > p[0]]
 
 
-def restore_document(pieces: list[Piece]) -> str:
-    """Inverse of a PSM/SPM/none transform: the original text (middle-only keeps just the middle)."""
-    parts: dict[str, str] = {}
-    current = None
-    for kind, value in pieces:
-        if kind == "special":
-            current = value
-            parts.setdefault(current, "")
+def restore_document(text: str, pieces: list[Piece]) -> str:
+    """Inverse of a PSM/SPM/none transform: each span is labelled by the sentinel before it; drop the
+    sentinels and join prefix, middle and suffix (middle-only gives back just the middle)."""
+    parts: dict[str | None, str] = {}
+    label = None
+    for piece in pieces:
+        if isinstance(piece, str):
+            label = piece
         else:
-            parts[current] = parts.get(current, "") + value
-    if not parts or list(parts) == [None]:
-        return parts.get(None, "")
+            parts[label] = text[piece[0] : piece[1]]
+    if None in parts:
+        return parts[None]
     return parts.get(PREFIX, "") + parts.get(MIDDLE, "") + parts.get(SUFFIX, "")

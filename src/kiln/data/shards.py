@@ -9,7 +9,8 @@ targets row[1:]. Rows are cut back to back, so no token is stored twice; the few
 last full row of a split are dropped (counted in the manifest).
 
 Opening a shard checks magic, version, dtype and that the file size matches the header (cheap);
-`verify_shards` also checks the sha256 of every shard against the manifest.
+`verify_shards` also checks every id against the vocabulary size and the sha256 of every shard
+against the manifest. Errors name the file, the byte offset, and the expected and actual values.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def open_shard(path: Path) -> np.ndarray:
     if size != expected:
         raise KilnError(
             f"{path}: size {size} bytes, expected {expected} "
-            f"({n_tokens} tokens x {itemsize} bytes + {HEADER_BYTES} header): truncated or padded"
+            f"({n_tokens} tokens x {itemsize} bytes + {HEADER_BYTES} header): truncated or padded at offset {size}"
         )
     if row_len == 0 or n_tokens % row_len:
         raise KilnError(f"{path}: offset 24: {n_tokens} tokens is not a whole number of rows of {row_len}")
@@ -67,41 +68,59 @@ def open_shard(path: Path) -> np.ndarray:
     return data.reshape(-1, row_len)
 
 
+def _check_ids(ids: np.ndarray, vocab_size: int, where: str, first: int, offset: int, itemsize: int) -> None:
+    """KilnError naming where, the token index and byte offset of the first id >= vocab_size."""
+    too_big = np.flatnonzero(ids >= vocab_size)
+    if len(too_big):
+        at = int(too_big[0])
+        raise KilnError(
+            f"{where}: token {first + at} (byte offset {offset + (first + at) * itemsize}) is id {int(ids[at])}, "
+            f"expected ids below the vocab size {vocab_size}"
+        )
+
+
 def shard_split(
     tokens: np.ndarray, out_dir: Path, split: str, row_len: int, rows_per_shard: int, vocab_size: int
 ) -> dict:
-    """Cut a split's token stream into rows and write them as shards; return its manifest entry."""
+    """Cut a split's token stream (a memmap of tokens/<split>.bin, say) into rows and write them as
+    shards, one shard in memory at a time; return its manifest entry."""
     n_rows = len(tokens) // row_len
     if n_rows == 0:
         raise KilnError(
             f"shard: the {split} split has {len(tokens)} tokens, fewer than one row of {row_len} "
             "(shard.seq_len + 1); lower shard.seq_len or add data"
         )
-    too_big = np.flatnonzero(tokens >= vocab_size)
-    if len(too_big):
-        at = int(too_big[0])
-        raise KilnError(
-            f"shard: {split} token {at} is id {int(tokens[at])}, expected ids below the vocab size {vocab_size}"
-        )
+    where = f"shard: {getattr(tokens, 'filename', None) or split + ' tokens'}"
     rows = tokens[: n_rows * row_len].reshape(n_rows, row_len)
     shards = []
     for index, start in enumerate(range(0, n_rows, rows_per_shard)):
+        chunk = np.asarray(rows[start : start + rows_per_shard])
+        _check_ids(chunk.reshape(-1), vocab_size, where, start * row_len, 0, tokens.dtype.itemsize)
         path = out_dir / f"{split}-{index:05d}.bin"
-        chunk = rows[start : start + rows_per_shard]
         write_shard(path, chunk, vocab_size)
         shards.append({"file": path.name, "rows": len(chunk), "sha256": sha256_file(path)})
     return {"rows": n_rows, "tokens": n_rows * row_len, "dropped_tokens": len(tokens) - n_rows * row_len,
             "shards": shards}
 
 
-def verify_shards(shard_dir: Path, manifest: dict) -> None:
-    """Check every shard's header, size and sha256 against the manifest."""
+def verify_shards(shard_dir: Path, manifest: dict) -> dict:
+    """Check every shard's header, size, ids (below the header's vocab size) and sha256 against the
+    manifest; return counts per split."""
+    checked = {}
     for split, entry in manifest["splits"].items():
         for shard in entry["shards"]:
-            path = shard_dir / shard["file"]
+            path = Path(shard_dir) / shard["file"]
             rows = open_shard(path)
             if len(rows) != shard["rows"]:
                 raise KilnError(f"{path}: {len(rows)} rows, manifest says {shard['rows']}")
+            with open(path, "rb") as f:
+                vocab_size = _HEADER.unpack_from(f.read(HEADER_BYTES))[5]
+            flat = rows.reshape(-1)
+            for first in range(0, len(flat), 1 << 24):
+                _check_ids(flat[first : first + (1 << 24)], vocab_size, str(path), first, HEADER_BYTES,
+                           rows.dtype.itemsize)
             actual = sha256_file(path)
             if actual != shard["sha256"]:
                 raise KilnError(f"{path}: sha256 {actual}, manifest says {shard['sha256']}")
+        checked[split] = {"shards": len(entry["shards"]), "rows": sum(s["rows"] for s in entry["shards"])}
+    return checked

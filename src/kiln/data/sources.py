@@ -1,76 +1,134 @@
-"""Where documents come from, and how they land on disk as parquet parts.
+"""Where documents come from: each source kind reads its records in one fixed order.
 
-A source yields `Document`s in a deterministic order. Kinds:
+Kinds:
 - `stdlib`: the .py files of the standard library of the interpreter running Kiln (the default corpus:
   real code, present on every machine, no network);
-- `local`: files, directories or globs; .jsonl/.json/.parquet rows (a text column), anything else one
-  document per file with its path kept;
-- `hf`: `datasets.load_dataset(..., streaming=True)`; also reads local files through builders such as
-  `json` or `parquet` with `data_files`, which is how the tests exercise this path offline.
+- `local`: files, directories or globs; .jsonl/.json/.parquet rows (a text column, optionally path and
+  repository columns), anything else one document per file with its path kept;
+- `hf`: `datasets.load_dataset(..., streaming=True)` (see kiln.data.hub); builders such as `json` or
+  `parquet` with `data_files` read local files through the same code, which is how the tests run it.
 
-`write_source` stores a source as raw/<name>/part-NNNNN.parquet (id, text, metadata{path, source})
-and returns its manifest entry (rows, bytes, sha256 per part).
+A `SourceReader` yields one item per record: a `Document`, or None for a record that is not valid
+UTF-8 and is skipped (or a KilnError naming it, when `invalid_utf8` is `fail`). A file above
+BIG_TEXT_BYTES is kept as its bytes (kiln.data.utf8text), never also as a Python string. Its `position()` after
+any item is a JSON-able point to resume reading from, so a download picks up after its last complete
+part. Cleaning (empty, too short or long, duplicates) and budgets are the download writer's business
+(kiln.data.raw); the helpers at the end read its parts back as documents, one part at a time.
 """
 
 from __future__ import annotations
 
+import bisect
 import glob
+import itertools
 import json
 import logging
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kiln.data.utf8text import BIG_TEXT_BYTES, Utf8Text, first_invalid_byte, texts_of
 from kiln.errors import KilnError
-from kiln.io import sha256_file, write_json
 
 log = logging.getLogger("kiln.download")
 
 ROW_FILE_SUFFIXES = {".jsonl", ".json", ".parquet"}
-PART_SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("text", pa.string()),
-        ("metadata", pa.struct([("path", pa.string()), ("source", pa.string())])),
-    ]
-)
 
 
 @dataclass(frozen=True)
 class Document:
     id: str
-    text: str
+    text: str | Utf8Text  # Utf8Text only for very long texts, and only where asked for
     path: str
     source: str
-
-
-@dataclass
-class SourceStats:
-    """Counts of what a source skipped, so a manifest says why it holds fewer documents than expected."""
-
-    skipped_non_utf8: int = 0
-    skipped_empty: int = 0
+    repo: str | None = None
 
 
 def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def _read_utf8(path: Path, stats: SourceStats) -> str | None:
-    try:
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError:
-        stats.skipped_non_utf8 += 1
-        log.warning("skipping %s: not valid UTF-8", path)
+class SourceReader:
+    """The records of one source, in order, from a resume position (None: the beginning)."""
+
+    def __init__(self, spec: dict, invalid_utf8: str = "skip"):
+        self.spec, self.invalid_utf8 = spec, invalid_utf8
+        self.records = 0
+        self._stream = None  # the datasets.IterableDataset of an hf source, for its resumable state
+
+    def position(self) -> dict:
+        state = {"records": self.records}
+        if self._stream is not None:
+            state["stream"] = self._stream.state_dict()
+        return state
+
+    def read(self, position: dict | None = None) -> Iterator[Document | None]:
+        self.records = 0
+        if self.spec["kind"] == "hf":
+            from kiln.data.hub import open_stream  # imports datasets: slow, and only this kind needs it
+
+            self._stream = open_stream(self.spec)
+            if position:
+                self._stream.load_state_dict(position["stream"])
+                self.records = position["records"]
+            items = self._hf_documents()
+        else:
+            self.records = position["records"] if position else 0
+            # Local files are cheap to read again: skip what was read; only a stream resumes in place.
+            items = itertools.islice(KINDS[self.spec["kind"]](self), self.records, None)
+        for item in items:
+            self.records += 1
+            yield item
+
+    def decode(self, data: bytes, where: str) -> str | None:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return self._invalid(where, exc.start, data)
+
+    def read_file(self, path: Path) -> str | Utf8Text | None:
+        """A whole file as text; above BIG_TEXT_BYTES kept as its bytes (Utf8Text), checked chunk-wise."""
+        data = path.read_bytes()
+        if len(data) <= BIG_TEXT_BYTES:
+            return self.decode(data, str(path))
+        bad = first_invalid_byte(data)
+        return Utf8Text(data) if bad is None else self._invalid(str(path), bad, data)
+
+    def _invalid(self, where: str, offset: int, data: bytes) -> None:
+        if self.invalid_utf8 == "fail":
+            raise KilnError(
+                f"{where}: not valid UTF-8 (byte {offset}: {data[offset:offset + 1]!r}); "
+                "set download.invalid_utf8: skip to skip such records"
+            )
+        log.warning("skipping %s: not valid UTF-8", where)
         return None
 
+    def document(self, doc_id: str, text: object, where: str, path: str, repo: object = None) -> Document:
+        column = self.spec.get("text_column", "text")
+        if not isinstance(text, str):
+            raise KilnError(f"{where}: column {column!r} holds {type(text).__name__}, expected a string")
+        if repo is not None and not isinstance(repo, str):
+            raise KilnError(f"{where}: column {self.spec['repo_column']!r} holds {type(repo).__name__}, "
+                            "expected a string")
+        return Document(doc_id, text, path, self.spec["name"], repo or None)
 
-def _stdlib_documents(spec: dict, stats: SourceStats) -> Iterator[Document]:
-    root = stdlib_root()
+    def _hf_documents(self) -> Iterator[Document]:
+        spec = self.spec
+        text_col, path_col, repo_col = spec["text_column"], spec.get("path_column"), spec.get("repo_column")
+        for row, record in enumerate(self._stream, start=self.records):
+            where = f"source {spec['name']!r}: dataset {spec['dataset']!r} row {row}"
+            if text_col not in record:
+                raise KilnError(f"{where}: no column {text_col!r}; columns present: {', '.join(record)}")
+            path = record.get(path_col) if path_col else spec["dataset"]
+            yield self.document(f"{spec['name']}/{spec['dataset']}#{row}", record.get(text_col), where,
+                                 str(path), record.get(repo_col) if repo_col else None)
+
+
+def _stdlib_documents(reader: SourceReader) -> Iterator[Document | None]:
+    spec, root = reader.spec, stdlib_root()
     files = sorted(
         {
             p
@@ -80,13 +138,13 @@ def _stdlib_documents(spec: dict, stats: SourceStats) -> Iterator[Document]:
         }
     )
     for path in files:
-        text = _read_utf8(path, stats)
-        if text is not None:
-            rel = path.relative_to(root).as_posix()
-            yield Document(id=f"{spec['name']}/{rel}", text=text, path=rel, source=spec["name"])
+        text = reader.read_file(path)
+        rel = path.relative_to(root).as_posix()
+        yield None if text is None else Document(f"{spec['name']}/{rel}", text, rel, spec["name"])
 
 
-def _expand_local(patterns: list[str]) -> list[Path]:
+def expand_paths(patterns: list[str]) -> list[Path]:
+    """Files named by paths, directories (every file below, sorted) or glob patterns, in order."""
     files: list[Path] = []
     for pattern in patterns:
         matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
@@ -102,184 +160,124 @@ def _expand_local(patterns: list[str]) -> list[Path]:
     return files
 
 
-def _first_non_space(f) -> str:
-    """The first character after any leading whitespace ('' at end of file): a JSON list may be indented."""
-    while (char := f.read(1)).isspace():
-        pass
-    return char
+def _missing_column(path: Path, row: object, column: str, present: list[str]) -> KilnError:
+    where = f"{path}: row {row}" if row is not None else str(path)
+    return KilnError(f"{where}: no column {column!r}; columns present: {', '.join(present) or '(none)'}")
 
 
-def _rows_of(path: Path, text_column: str) -> Iterator[tuple[int, object]]:
-    """(row number, text value) for each row of a json/jsonl/parquet file."""
+def _json_records(path: Path, reader: SourceReader) -> Iterator[dict | None]:
+    """The records of a .jsonl file (one per line) or a .json file holding a list."""
+    if path.suffix == ".json" and _first_non_space(path) == b"[":
+        text = reader.decode(path.read_bytes(), str(path))
+        yield from ([None] if text is None else _parse_json(text, str(path)))
+        return
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                text = reader.decode(line, f"{path}: line {number}")
+                yield None if text is None else _parse_json(text, f"{path}: line {number}")
+
+
+def _first_non_space(path: Path) -> bytes:
+    """The first byte after any leading whitespace (b"" for an empty file): a JSON list may be indented."""
+    with open(path, "rb") as f:
+        while (byte := f.read(1)).isspace():
+            pass
+    return byte
+
+
+def _parse_json(text: str, where: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise KilnError(f"{where}: not valid JSON: {exc}") from None
+
+
+def _row_documents(path: Path, reader: SourceReader) -> Iterator[Document | None]:
+    spec = reader.spec
+    columns = [spec["text_column"], *(c for c in (spec.get("path_column"), spec.get("repo_column")) if c)]
     if path.suffix == ".parquet":
         parquet = pq.ParquetFile(path)
-        columns = parquet.schema_arrow.names
-        if text_column not in columns:
-            raise KilnError(
-                f"{path}: no text column {text_column!r}; columns present: {', '.join(columns)}"
-            )
-        row = 0
-        for batch in parquet.iter_batches(columns=[text_column], batch_size=1024):
-            for value in batch.column(0).to_pylist():
-                yield row, value
-                row += 1
-        return
-    with open(path, encoding="utf-8") as f:
-        if path.suffix == ".json" and _first_non_space(f) == "[":
-            f.seek(0)
-            records = json.load(f)
-        else:
-            f.seek(0)
-            records = (json.loads(line) for line in f if line.strip())
-        for row, record in enumerate(records):
-            if not isinstance(record, dict) or text_column not in record:
-                present = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-                raise KilnError(
-                    f"{path}: row {row} has no text column {text_column!r}; present: {present}"
-                )
-            yield row, record[text_column]
-
-
-def _local_documents(spec: dict, stats: SourceStats) -> Iterator[Document]:
-    name = spec["name"]
-    for path in _expand_local(spec["paths"]):
-        if path.suffix in ROW_FILE_SUFFIXES:
-            for row, text in _rows_of(path, spec["text_column"]):
-                if not isinstance(text, str):
-                    raise KilnError(
-                        f"{path}: row {row} column {spec['text_column']!r} holds "
-                        f"{type(text).__name__}, expected a string"
-                    )
-                yield Document(f"{name}/{path.as_posix()}#{row}", text, path.as_posix(), name)
-        else:
-            text = _read_utf8(path, stats)
-            if text is not None:
-                yield Document(f"{name}/{path.as_posix()}", text, path.as_posix(), name)
-
-
-def _hf_documents(spec: dict, stats: SourceStats) -> Iterator[Document]:
-    import datasets  # imported here: it is slow to import and only this kind needs it
-
-    name, column = spec["name"], spec["text_column"]
-    try:
-        stream = datasets.load_dataset(
-            spec["dataset"],
-            name=spec.get("config"),
-            split=spec["split"],
-            data_files=spec.get("data_files"),
-            streaming=True,
-        )
-    except Exception as exc:  # datasets raises many types for "cannot reach / cannot find"
-        raise KilnError(f"download: source {name!r}: cannot open dataset {spec['dataset']!r}: {exc}") from exc
-    for row, record in enumerate(stream):
-        if spec.get("max_rows") is not None and row >= spec["max_rows"]:
-            return
-        if column not in record:
-            raise KilnError(
-                f"download: source {name!r}: dataset {spec['dataset']!r} has no text column "
-                f"{column!r}; columns present: {', '.join(record)}"
-            )
-        if not isinstance(record[column], str):
-            raise KilnError(
-                f"download: source {name!r}: dataset {spec['dataset']!r} row {row} column {column!r} "
-                f"holds {type(record[column]).__name__}, expected a string"
-            )
-        yield Document(f"{name}/{spec['dataset']}#{row}", record[column], spec["dataset"], name)
-
-
-SOURCE_KINDS = {"stdlib": _stdlib_documents, "local": _local_documents, "hf": _hf_documents}
-
-
-def iter_documents(spec: dict, stats: SourceStats) -> Iterator[Document]:
-    """Documents of one source in order, without empty ones, stopping at its byte budget."""
-    budget = spec.get("max_bytes")
-    used = 0
-    for doc in SOURCE_KINDS[spec["kind"]](spec, stats):
-        if not doc.text.strip():
-            stats.skipped_empty += 1
+        present = parquet.schema_arrow.names
+        for column in columns:
+            if column not in present:
+                raise _missing_column(path, None, column, present)
+        records = (r for batch in parquet.iter_batches(columns=columns, batch_size=256) for r in batch.to_pylist())
+    else:
+        records = _json_records(path, reader)
+    for row, record in enumerate(records):
+        if record is None:
+            yield None
             continue
-        size = len(doc.text.encode("utf-8"))
-        if budget is not None and used > 0 and used + size > budget:
-            return
-        used += size
-        yield doc
+        if not isinstance(record, dict) or any(c not in record for c in columns):
+            present = list(record) if isinstance(record, dict) else [type(record).__name__]
+            raise _missing_column(path, row, next(c for c in columns if c not in present), present)
+        doc_path = record[spec["path_column"]] if spec.get("path_column") else path.as_posix()
+        repo = record[spec["repo_column"]] if spec.get("repo_column") else None
+        yield reader.document(f"{spec['name']}/{path.as_posix()}#{row}", record[spec["text_column"]],
+                               f"{path}: row {row}", str(doc_path), repo)
 
 
-def _write_part(docs: list[Document], path: Path) -> dict:
-    table = pa.table(
-        {
-            "id": [d.id for d in docs],
-            "text": [d.text for d in docs],
-            "metadata": [{"path": d.path, "source": d.source} for d in docs],
-        },
-        schema=PART_SCHEMA,
-    )
-    pq.write_table(table, path, compression="zstd")
-    return {
-        "file": path.name,
-        "rows": len(docs),
-        "bytes": sum(len(d.text.encode("utf-8")) for d in docs),
-        "sha256": sha256_file(path),
-    }
+def _local_documents(reader: SourceReader) -> Iterator[Document | None]:
+    name = reader.spec["name"]
+    for path in expand_paths(reader.spec["paths"]):
+        if path.suffix in ROW_FILE_SUFFIXES:
+            yield from _row_documents(path, reader)
+        else:
+            text = reader.read_file(path)
+            yield None if text is None else Document(f"{name}/{path.as_posix()}", text, path.as_posix(), name)
 
 
-def write_source(spec: dict, out_dir: Path, rows_per_part: int) -> dict:
-    """Write one source's documents as parquet parts under out_dir; return its manifest entry."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stats = SourceStats()
-    parts: list[dict] = []
-    batch: list[Document] = []
-
-    def flush() -> None:
-        parts.append(_write_part(batch, out_dir / f"part-{len(parts):05d}.parquet"))
-        log.info("source %s: part %d written (%d documents)", spec["name"], len(parts) - 1, len(batch))
-        batch.clear()
-
-    for doc in iter_documents(spec, stats):
-        batch.append(doc)
-        if len(batch) == rows_per_part:
-            flush()
-    if batch:
-        flush()
-    if not parts:
-        raise KilnError(
-            f"download: source {spec['name']!r} ({spec['kind']}) produced no documents "
-            f"(skipped {stats.skipped_empty} empty, {stats.skipped_non_utf8} non-UTF-8); "
-            "check its paths, include patterns or dataset"
-        )
-    return {
-        "kind": spec["kind"],
-        "parts": parts,
-        "rows": sum(p["rows"] for p in parts),
-        "bytes": sum(p["bytes"] for p in parts),
-        "skipped_empty": stats.skipped_empty,
-        "skipped_non_utf8": stats.skipped_non_utf8,
-    }
+KINDS = {"stdlib": _stdlib_documents, "local": _local_documents}
 
 
-def write_raw(specs: list[dict], out_dir: Path, rows_per_part: int) -> dict:
-    """The download stage's output: one folder of parts per source, and manifest.json."""
-    sources = {spec["name"]: write_source(spec, out_dir / spec["name"], rows_per_part) for spec in specs}
-    manifest = {
-        "sources": sources,
-        "rows": sum(s["rows"] for s in sources.values()),
-        "bytes": sum(s["bytes"] for s in sources.values()),
-    }
-    write_json(out_dir / "manifest.json", manifest)
-    return manifest
+# --- the download stage's output, read back (written by kiln.data.raw) ---------------------------------
 
 
-def iter_parts(raw_dir: Path, manifest: dict) -> Iterator[list[Document]]:
+def part_paths(raw_dir: Path, manifest: dict) -> list[tuple[str, Path]]:
+    """(source name, path) of every part, in manifest order."""
+    return [(name, Path(raw_dir) / name / part["file"])
+            for name, source in manifest["sources"].items() for part in source["parts"]]
+
+
+def read_part(path: Path, big_bytes: int | None = None) -> list[Document]:
+    """The documents of one part; texts above big_bytes as Utf8Text over the Arrow buffer (held once)."""
+    table = pq.read_table(path)
+    ids, metas = table.column("id").to_pylist(), table.column("metadata").to_pylist()
+    texts = texts_of(table.column("text"), big_bytes)
+    del table  # from here each text is held once: a Python string, or the Arrow bytes a Utf8Text keeps
+    return [Document(i, t, m["path"], m["source"], m.get("repo")) for i, t, m in zip(ids, texts, metas)]
+
+
+def read_rows(path: Path, rows: set[int], big_bytes: int | None = None) -> dict[int, Document]:
+    """Some documents of a part by row, decoding only the row groups that hold them."""
+    parquet = pq.ParquetFile(path)
+    starts = [0]
+    for group in range(parquet.num_row_groups):
+        starts.append(starts[-1] + parquet.metadata.row_group(group).num_rows)
+    groups = sorted({bisect.bisect_right(starts, row) - 1 for row in rows})
+    docs = {}
+    for group in groups:
+        table = parquet.read_row_group(group)
+        ids, metas = table.column("id").to_pylist(), table.column("metadata").to_pylist()
+        texts = texts_of(table.column("text"), big_bytes)
+        for offset, (i, t, m) in enumerate(zip(ids, texts, metas)):
+            if starts[group] + offset in rows:
+                docs[starts[group] + offset] = Document(i, t, m["path"], m["source"], m.get("repo"))
+    return docs
+
+
+def read_part_column(path: Path, column: str) -> list:
+    return pq.read_table(path, columns=[column]).column(column).to_pylist()
+
+
+def iter_parts(raw_dir: Path, manifest: dict, big_bytes: int | None = None) -> Iterator[list[Document]]:
     """The download stage's parts back as lists of documents, in manifest order (one part in memory)."""
-    for name, source in manifest["sources"].items():
-        for part in source["parts"]:
-            table = pq.read_table(raw_dir / name / part["file"])
-            ids, texts = table.column("id").to_pylist(), table.column("text").to_pylist()
-            metas = table.column("metadata").to_pylist()
-            yield [Document(i, t, m["path"], m["source"]) for i, t, m in zip(ids, texts, metas)]
+    for _, path in part_paths(raw_dir, manifest):
+        yield read_part(path, big_bytes)
 
 
-def read_documents(raw_dir: Path, manifest: dict) -> Iterable[Document]:
-    """Every document of a download stage's output, in manifest order."""
-    for part in iter_parts(raw_dir, manifest):
+def read_documents(raw_dir: Path, manifest: dict, big_bytes: int | None = None) -> Iterator[Document]:
+    """Every document of a download stage's output, in manifest order (texts above big_bytes as Utf8Text)."""
+    for part in iter_parts(raw_dir, manifest, big_bytes):
         yield from part

@@ -1,23 +1,35 @@
-"""Byte-level BPE trained with Hugging Face `tokenizers`, with the StarCoder2 special tokens.
+"""The run's tokenizer, as a Hugging Face tokenizer.json, by one of three routes (`tokenizer.kind`):
 
-Byte-level means every string round-trips: the 256 byte symbols are always in the vocabulary, so
-decode(encode(x)) == x for any text. The special tokens take ids 0..6 in the StarCoder2 order, and
-text that merely *contains* a special token's spelling is encoded as ordinary text
-(`encode_special_tokens`), so a document quoting "<|endoftext|>" cannot end itself early; special
-ids enter a sequence only where Kiln puts them (EOS, FIM sentinels).
+- `train`: a byte-level BPE trained with `tokenizers` on a byte budget sampled evenly across the
+  downloaded documents of every source (documents over BIG_TEXT_BYTES left out);
+- `file`: a pretrained tokenizer.json;
+- `tiktoken`: a tiktoken encoding available locally, by name (tiktoken's cache) or as a .tiktoken
+  ranks file, converted to tokenizer.json (kiln.data.encoders).
+
+Whatever the route, the StarCoder2 special tokens are there (appended when a pretrained vocabulary
+lacks them); a trained BPE gives them ids 0..6 in order. Text that merely *contains* a special
+token's spelling is encoded as ordinary text (`encode_special_tokens`), so a document quoting
+"<|endoftext|>" cannot end itself early; special ids enter a sequence only where Kiln puts them. The
+vocabulary is padded to a multiple of 64 for the model, and bytes per token are measured on held-out
+documents (the smallest hashes of seed and id: never trained on).
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+import tiktoken
+from tiktoken.load import load_tiktoken_bpe
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from kiln.config import SPECIAL_TOKENS
-from kiln.data.sources import read_documents
+from kiln.data.encoders import GPT2_PATTERN, tokenizer_from_tiktoken
+from kiln.data.sources import part_paths, read_documents, read_part_column
+from kiln.data.utf8text import BIG_TEXT_BYTES, Utf8Text
 from kiln.errors import KilnError
 from kiln.io import read_json, stable_hash
 
@@ -54,6 +66,11 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     return tokenizer
 
 
+def id_space(tokenizer: Tokenizer) -> int:
+    """Ids in use, 0..n-1: the vocabulary size unless a pretrained one leaves gaps in its ids."""
+    return max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+
+
 def special_ids(tokenizer: Tokenizer) -> dict[str, int]:
     return {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
 
@@ -69,42 +86,93 @@ def bytes_per_token(tokenizer: Tokenizer, texts: list[str]) -> float:
     return n_bytes / max(n_tokens, 1)
 
 
-def train_from_raw(raw_dir: Path, cfg: dict, seed: int) -> tuple[Tokenizer, dict]:
-    """Train on the download stage's documents: hold out `heldout_docs` (chosen by a hash of seed
-    and id), train on the rest in stored order up to `train_bytes`, measure bytes/token held out."""
-    manifest = read_json(Path(raw_dir) / "manifest.json")
-    ids = [doc.id for doc in read_documents(raw_dir, manifest)]
-    heldout = set(sorted(ids, key=lambda i: stable_hash(seed, "tokenizer-heldout", i))[: cfg["heldout_docs"]])
-    if len(heldout) == len(ids):
+def with_special_tokens(tokenizer: Tokenizer) -> Tokenizer:
+    """The tokenizer with every Kiln special token, those it lacks appended as special tokens."""
+    missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
+    if missing:
+        log.info("adding special tokens the vocabulary lacks: %s", ", ".join(missing))
+        tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
+    tokenizer.encode_special_tokens = True
+    return tokenizer
+
+
+def _heldout_ids(raw_dir: Path, manifest: dict, n: int, seed: int) -> set[str]:
+    """The n documents with the smallest hash of (seed, id): read from the id column alone."""
+    ids = (i for _, path in part_paths(raw_dir, manifest) for i in read_part_column(path, "id"))
+    heldout = set(heapq.nsmallest(n, ids, key=lambda i: stable_hash(seed, "tokenizer-heldout", i)))
+    if len(heldout) == manifest["rows"]:
         raise KilnError(
-            f"tokenizer: tokenizer.heldout_docs={cfg['heldout_docs']} leaves none of the {len(ids)} "
+            f"tokenizer: tokenizer.heldout_docs={n} leaves none of the {manifest['rows']} "
             "documents to train on; lower it or add documents"
         )
-    used = {"docs": 0, "bytes": 0}
+    return heldout
 
-    def training_texts():
-        for doc in read_documents(raw_dir, manifest):
-            if doc.id in heldout:
-                continue
-            size = len(doc.text.encode("utf-8"))
-            if used["docs"] and used["bytes"] + size > cfg["train_bytes"]:
-                return  # at most train_bytes (the first document always, so training is never empty)
-            used["docs"] += 1
-            used["bytes"] += size
-            yield doc.text
 
-    started = time.perf_counter()
-    log.info("training a %d-token BPE on up to %d bytes", cfg["vocab_size"], cfg["train_bytes"])
-    tokenizer = train_bpe(training_texts(), cfg["vocab_size"])
-    log.info("trained in %.1f s on %d documents (%d bytes)", time.perf_counter() - started,
-             used["docs"], used["bytes"])
-    heldout_texts = [doc.text for doc in read_documents(raw_dir, manifest) if doc.id in heldout]
+def _sample(raw_dir: Path, manifest: dict, heldout: set[str], budget: int, seed: int, used: dict) -> Iterator[str]:
+    """Training texts: every non-held-out document with probability budget / corpus bytes (a hash of
+    seed and id decides), so each source is sampled in proportion to its size, stopping at budget."""
+    rate = min(1.0, budget / max(manifest["bytes"], 1))
+    for doc in read_documents(raw_dir, manifest, BIG_TEXT_BYTES):
+        if doc.id in heldout or stable_hash(seed, "tokenizer-sample", doc.id) >= rate * 2**64:
+            continue
+        if isinstance(doc.text, Utf8Text):  # one huge document would skew the merges and cost its size 4x
+            log.info("not training on %s: %d bytes", doc.id, doc.text.nbytes)
+            continue
+        size = len(doc.text.encode("utf-8"))
+        if used["docs"] and used["bytes"] + size > budget:
+            return  # at most budget bytes (the first document always, so training is never empty)
+        used["docs"] += 1
+        used["bytes"] += size
+        used["by_source"][doc.source] = used["by_source"].get(doc.source, 0) + size
+        yield doc.text
+
+
+def _pretrained(cfg: dict) -> Tokenizer:
+    if cfg["kind"] == "file":
+        try:
+            return load_tokenizer(cfg["path"])
+        except Exception as exc:  # tokenizers raises a bare Exception for unreadable files
+            raise KilnError(f"tokenizer.path: cannot load {cfg['path']!r} as a tokenizer.json: {exc}") from None
+    if "path" in cfg:
+        try:
+            ranks = load_tiktoken_bpe(cfg["path"])
+        except (OSError, ValueError) as exc:
+            raise KilnError(f"tokenizer.path: cannot read {cfg['path']!r} as a .tiktoken file: {exc}") from None
+        encoding = tiktoken.Encoding(Path(cfg["path"]).stem, pat_str=cfg.get("pattern", GPT2_PATTERN),
+                                     mergeable_ranks=ranks, special_tokens={})
+    else:
+        try:
+            encoding = tiktoken.get_encoding(cfg["encoding"])
+        except Exception as exc:  # unknown name, or not cached and no network
+            raise KilnError(f"tokenizer.encoding: tiktoken cannot load {cfg['encoding']!r} here (it must be "
+                            f"in tiktoken's local cache, TIKTOKEN_CACHE_DIR, when offline): {exc}") from None
+    return tokenizer_from_tiktoken(encoding, SPECIAL_TOKENS)
+
+
+def build_tokenizer(raw_dir: Path, cfg: dict, seed: int) -> tuple[Tokenizer, dict]:
+    """The tokenizer section's tokenizer and its stats (bytes/token measured on held-out documents)."""
+    raw_dir = Path(raw_dir)
+    manifest = read_json(raw_dir / "manifest.json")
+    heldout = _heldout_ids(raw_dir, manifest, cfg["heldout_docs"], seed)
+    used = {"docs": 0, "bytes": 0, "by_source": {}}
+    if cfg["kind"] == "train":
+        started = time.perf_counter()
+        log.info("training a %d-token BPE on up to %d bytes", cfg["vocab_size"], cfg["train_bytes"])
+        tokenizer = train_bpe(_sample(raw_dir, manifest, heldout, cfg["train_bytes"], seed, used), cfg["vocab_size"])
+        log.info("trained in %.1f s on %d documents (%d bytes)", time.perf_counter() - started,
+                 used["docs"], used["bytes"])
+    else:
+        tokenizer = with_special_tokens(_pretrained(cfg))
+    heldout_texts = [doc.text for doc in read_documents(raw_dir, manifest, BIG_TEXT_BYTES)
+                     if doc.id in heldout and isinstance(doc.text, str)]
     stats = {
-        "vocab_size": tokenizer.get_vocab_size(),
-        "padded_vocab_size": padded_vocab_size(tokenizer.get_vocab_size()),
+        "kind": cfg["kind"],
+        "vocab_size": id_space(tokenizer),
+        "padded_vocab_size": padded_vocab_size(id_space(tokenizer)),
         "special_token_ids": special_ids(tokenizer),
         "train_docs": used["docs"],
         "train_bytes": used["bytes"],
+        "train_bytes_by_source": used["by_source"],
         "heldout_docs": len(heldout_texts),
         "heldout_bytes_per_token": bytes_per_token(tokenizer, heldout_texts),
     }

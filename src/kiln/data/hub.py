@@ -1,0 +1,111 @@
+"""Hugging Face datasets as a source: a streaming dataset opened with errors that say what to do, and
+the line between failures worth retrying (the network) and failures that are the input's fault.
+
+`HF_HUB_OFFLINE=1` is read by huggingface_hub once, when it is imported: set it in the environment
+that starts Kiln. When it is set, a hub dataset missing from the local cache is a clear error at once
+(never retried); data files named by URL are still fetched.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from kiln.errors import KilnError
+
+# HTTP statuses that say "try again later" rather than "this does not exist".
+TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+def hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """Transport-level exception types of the HTTP clients that datasets and huggingface_hub use."""
+    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    try:
+        import aiohttp
+
+        errors.append(aiohttp.ClientError)
+    except ImportError:
+        pass
+    try:
+        import httpx
+
+        errors.append(httpx.TransportError)
+    except ImportError:
+        pass
+    try:
+        import requests
+
+        errors.extend([requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+                       requests.exceptions.ChunkedEncodingError])
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _status(exc: BaseException) -> int | None:
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        return status
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for a network failure that a later attempt may not meet; never for the hub refusing to
+    be reached because HF_HUB_OFFLINE=1."""
+    network = _network_errors()
+    for error in _chain(exc):
+        if "OfflineModeIsEnabled" in f"{type(error).__name__} {error}":
+            return False
+        status = _status(error)
+        if status is not None:
+            return status in TRANSIENT_STATUS
+        if isinstance(error, network):
+            return True
+    return False
+
+
+def describe(spec: dict) -> str:
+    config = f" (config {spec['config']!r})" if spec.get("config") else ""
+    return f"download: source {spec['name']!r}: dataset {spec['dataset']!r}{config}"
+
+
+def open_stream(spec: dict):
+    """The source's split as a `datasets.IterableDataset`, its columns checked against the spec."""
+    import datasets
+
+    try:
+        stream = datasets.load_dataset(
+            spec["dataset"],
+            name=spec.get("config"),
+            split=spec["split"],
+            data_files=spec.get("data_files"),
+            revision=spec.get("revision"),
+            streaming=True,
+        )
+    except Exception as exc:  # datasets raises many types for "cannot reach / cannot find"
+        if is_transient(exc):
+            raise  # the download writer retries with backoff
+        offline = " (HF_HUB_OFFLINE=1 and it is not in the local cache)" if hub_offline() else ""
+        raise KilnError(f"{describe(spec)}: cannot open it{offline}: {exc}") from exc
+    if stream.features is not None:  # known up front for most hub datasets; else checked per row
+        present = list(stream.features)
+        for key in ("text_column", "path_column", "repo_column"):
+            column = spec.get(key)
+            if column is not None and column not in present:
+                raise KilnError(f"{describe(spec)}: no column {column!r} (download.sources: {key}); "
+                                f"columns present: {', '.join(present)}")
+    return stream

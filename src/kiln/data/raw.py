@@ -1,0 +1,287 @@
+"""The download stage's output: every source's documents, cleaned, as parquet parts plus a manifest.
+
+Layout: raw/<source>/part-NNNNN.parquet (id, text, metadata{path, source, repo}) and raw/manifest.json
+(rows, bytes and sha256 per part; per source, what was skipped and why).
+
+Cleaning, in this order, each drop counted in the manifest: records that are not UTF-8 (or a clear
+error, by `invalid_utf8`), documents without a non-space character, documents outside
+[min_doc_bytes, max_doc_bytes] (UTF-8 bytes), and exact duplicates of an earlier document of any
+source (sha256 of the text). A source's budgets (max_rows, max_bytes) count the documents it keeps.
+
+Resumable: parts go to a staging folder beside the output (.<name>.partial) and a progress file
+records, after each complete part, where the source's reading stands. A network failure is retried
+from the last complete part with exponential backoff; a rerun after a kill resumes there too (when
+the download section is unchanged); the finished folder is renamed into place, so the output never
+exists half written. A part never splits the files of one repository (consecutive documents with
+the same repo) unless it has to, so grouping by repository can work one part at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kiln.data.hub import describe, is_transient
+from kiln.data.sources import Document, SourceReader
+from kiln.data.utf8text import BIG_TEXT_BYTES, Utf8Text, string_column, texts_of, utf8_size
+from kiln.errors import KilnError
+from kiln.io import atomic_file, read_json, sha256_file, write_json
+
+log = logging.getLogger("kiln.download")
+
+PART_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("text", pa.string()),
+        ("metadata", pa.struct([("path", pa.string()), ("source", pa.string()), ("repo", pa.string())])),
+    ]
+)
+PART_MAX_BYTES = 64 << 20  # a part is cut early when its text reaches this size
+REPO_PART_FACTOR = 8  # ... and inside a repository only past this many times rows_per_part
+ROW_GROUP_ROWS, ROW_GROUP_BYTES = 128, 8 << 20
+PROGRESS = "progress.json"
+FORMAT = 2  # staged parts of another format are never resumed
+_HASH_CHUNK = 1 << 20
+
+
+@dataclasses.dataclass
+class Counts:
+    rows: int = 0
+    bytes: int = 0
+    skipped_non_utf8: int = 0
+    skipped_empty: int = 0
+    skipped_short: int = 0
+    skipped_long: int = 0
+    skipped_duplicate: int = 0
+
+
+def digest_and_size(text: str | Utf8Text) -> tuple[int, int]:
+    """A 64-bit content hash and the UTF-8 size of a text, encoded a slice at a time (a long document
+    is not copied whole). Raises UnicodeEncodeError for lone surrogates."""
+    digest = hashlib.sha256()
+    if isinstance(text, Utf8Text):
+        digest.update(text.data)
+        return int.from_bytes(digest.digest()[:8], "little"), text.nbytes
+    size = 0
+    for start in range(0, len(text), _HASH_CHUNK):
+        data = text[start : start + _HASH_CHUNK].encode("utf-8")
+        digest.update(data)
+        size += len(data)
+    return int.from_bytes(digest.digest()[:8], "little"), size
+
+
+def _fingerprint(cfg: dict) -> str:
+    return hashlib.sha256(json.dumps([FORMAT, cfg], sort_keys=True).encode()).hexdigest()
+
+
+def _row_groups(sizes: list[int]) -> list[tuple[int, int]]:
+    """[start, end) row ranges of at most ROW_GROUP_ROWS rows and, unless one row is more,
+    ROW_GROUP_BYTES: a very long document gets a row group of its own, so a reader of its neighbours
+    never decodes it."""
+    groups, start, size = [], 0, 0
+    for row, n in enumerate(sizes):
+        if row > start and (row - start >= ROW_GROUP_ROWS or size + n > ROW_GROUP_BYTES):
+            groups.append((start, row))
+            start, size = row, 0
+        size += n
+    return groups + [(start, len(sizes))]
+
+
+def _write_part(docs: list[Document], path: Path) -> dict:
+    table = pa.table(
+        {
+            "id": [d.id for d in docs],
+            "text": string_column([d.text for d in docs]),
+            "metadata": [{"path": d.path, "source": d.source, "repo": d.repo} for d in docs],
+        },
+        schema=PART_SCHEMA,
+    )
+    sizes = [utf8_size(d.text) for d in docs]
+    with atomic_file(path) as tmp:
+        # No dictionary or statistics: for unique long texts they would put whole documents in the
+        # footer and cost another copy when read.
+        with pq.ParquetWriter(tmp, PART_SCHEMA, compression="zstd", use_dictionary=False,
+                              write_statistics=False) as writer:
+            for start, end in _row_groups(sizes):
+                writer.write_table(table.slice(start, end - start), row_group_size=end - start)
+    return {"file": path.name, "rows": len(docs), "bytes": sum(sizes), "sha256": sha256_file(path)}
+
+
+class _SourceWriter:
+    """Streams one source into staged parts, saving progress after each; resumes from the last one."""
+
+    def __init__(self, spec: dict, cfg: dict, staging: Path, progress: dict, seen: set[int] | None):
+        self.spec, self.cfg, self.staging, self.progress, self.seen = spec, cfg, staging, progress, seen
+        self.entry = progress["sources"][spec["name"]]
+        (staging / spec["name"]).mkdir(parents=True, exist_ok=True)
+
+    def run(self) -> None:
+        attempts = 0
+        while not self.entry["done"]:
+            parts_before = len(self.entry["parts"])
+            try:
+                self._stream()
+            except Exception as exc:
+                if self.spec["kind"] != "hf" or not is_transient(exc):
+                    raise
+                attempts = 1 if len(self.entry["parts"]) > parts_before else attempts + 1
+                if attempts > self.cfg["retries"]:
+                    raise KilnError(f"{describe(self.spec)}: network failure, gave up after {attempts} "
+                                    f"attempts (download.retries={self.cfg['retries']}): {exc}") from exc
+                delay = self.cfg["retry_backoff_s"] * 2 ** (attempts - 1)
+                log.warning("%s: %s; retrying from part %d in %.1f s (attempt %d of %d)", describe(self.spec),
+                            exc, len(self.entry["parts"]), delay, attempts + 1, self.cfg["retries"] + 1)
+                time.sleep(delay)
+
+    def _reject(self, doc: Document, counts: Counts) -> tuple[int, int] | None:
+        """(digest, size) of a document to keep, or None after counting why it is dropped."""
+        try:
+            digest, size = digest_and_size(doc.text)
+        except UnicodeEncodeError:  # a lone surrogate, e.g. from a JSON "\ud800" escape
+            if self.cfg["invalid_utf8"] == "fail":
+                raise KilnError(f"{doc.id}: text is not valid UTF-8 (a lone surrogate); set "
+                                "download.invalid_utf8: skip to skip such records") from None
+            counts.skipped_non_utf8 += 1
+            return None
+        cfg = self.cfg
+        if doc.text.is_blank() if isinstance(doc.text, Utf8Text) else not doc.text.strip():
+            counts.skipped_empty += 1
+        elif size < cfg["min_doc_bytes"]:
+            counts.skipped_short += 1
+        elif cfg.get("max_doc_bytes") is not None and size > cfg["max_doc_bytes"]:
+            counts.skipped_long += 1
+        elif self.seen is not None and digest in self.seen:
+            counts.skipped_duplicate += 1
+        else:
+            return digest, size
+        return None
+
+    def _stream(self) -> None:
+        spec, entry, rows_per_part = self.spec, self.entry, self.cfg["rows_per_part"]
+        counts = Counts(**entry["counts"])
+        last = (entry["position"], dataclasses.replace(counts))  # where reading stands after batch[-1]
+        batch: list[Document] = []
+        digests: list[int] = []
+        batch_bytes = 0
+
+        def flush() -> None:
+            nonlocal batch_bytes
+            path = self.staging / spec["name"] / f"part-{len(entry['parts']):05d}.parquet"
+            entry["parts"].append(_write_part(batch, path))
+            entry["position"], entry["counts"] = last[0], dataclasses.asdict(last[1])
+            write_json(self.staging / PROGRESS, self.progress)
+            log.info("source %s: part %d written (%d documents)", spec["name"], len(entry["parts"]) - 1, len(batch))
+            batch.clear()
+            digests.clear()
+            batch_bytes = 0
+
+        reader = SourceReader(spec, self.cfg["invalid_utf8"])
+        try:
+            for doc in reader.read(entry["position"]):
+                if doc is None:
+                    counts.skipped_non_utf8 += 1
+                    continue
+                kept = self._reject(doc, counts)
+                if kept is None:
+                    continue
+                digest, size = kept
+                if spec.get("max_bytes") is not None and counts.rows and counts.bytes + size > spec["max_bytes"]:
+                    break
+                full = len(batch) >= rows_per_part or batch_bytes >= PART_MAX_BYTES
+                same_repo = batch and doc.repo is not None and doc.repo == batch[-1].repo
+                if full and (not same_repo or len(batch) >= REPO_PART_FACTOR * rows_per_part):
+                    flush()
+                batch.append(doc)
+                digests.append(digest)
+                if self.seen is not None:
+                    self.seen.add(digest)
+                batch_bytes += size
+                counts.rows += 1
+                counts.bytes += size
+                last = (reader.position(), dataclasses.replace(counts))
+                if spec.get("max_rows") is not None and counts.rows >= spec["max_rows"]:
+                    break
+        except BaseException:
+            if self.seen is not None:
+                self.seen.difference_update(digests)  # they will be read again from the last part
+            raise
+        if batch:
+            flush()
+        entry["counts"] = dataclasses.asdict(counts)
+        entry["done"] = True
+        write_json(self.staging / PROGRESS, self.progress)
+        if not entry["parts"]:
+            raise KilnError(
+                f"download: source {spec['name']!r} ({spec['kind']}) produced no documents (skipped "
+                f"{counts.skipped_empty} empty, {counts.skipped_non_utf8} non-UTF-8, {counts.skipped_short} "
+                f"short, {counts.skipped_long} long, {counts.skipped_duplicate} duplicate); check its paths, "
+                "include patterns or dataset"
+            )
+
+
+def _start_progress(staging: Path, cfg: dict) -> dict:
+    """The staged progress of an earlier attempt at this same download section, or a fresh start."""
+    fingerprint = _fingerprint(cfg)
+    if (staging / PROGRESS).exists():
+        progress = read_json(staging / PROGRESS)
+        if progress.get("fingerprint") == fingerprint:
+            done = sum(len(s["parts"]) for s in progress["sources"].values())
+            log.info("resuming an interrupted download: %d complete parts kept in %s", done, staging)
+            return progress
+        log.info("the download section changed since %s was staged: starting over", staging)
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return {"fingerprint": fingerprint, "sources": {}}
+
+
+def _seen_digests(staging: Path, progress: dict) -> set[int]:
+    """Content hashes of every document already staged, for deduplication across a resume."""
+    seen: set[int] = set()
+    for name, entry in progress["sources"].items():
+        for part in entry["parts"]:
+            column = pq.read_table(staging / name / part["file"], columns=["text"]).column("text")
+            seen.update(digest_and_size(text)[0] for text in texts_of(column, BIG_TEXT_BYTES))
+    return seen
+
+
+def write_raw(cfg: dict, out_dir: Path) -> dict:
+    """Run the download section `cfg` into out_dir (replaced whole at the end); return the manifest."""
+    out_dir = Path(out_dir)
+    staging = out_dir.parent / f".{out_dir.name}.partial"
+    progress = _start_progress(staging, cfg)
+    seen = _seen_digests(staging, progress) if cfg["dedup"] else None
+    try:
+        for spec in cfg["sources"]:
+            progress["sources"].setdefault(
+                spec["name"], {"parts": [], "position": None, "counts": dataclasses.asdict(Counts()), "done": False}
+            )
+            _SourceWriter(spec, cfg, staging, progress, seen).run()
+    except BaseException:
+        if not any(s["parts"] for s in progress["sources"].values()):
+            shutil.rmtree(staging, ignore_errors=True)  # nothing worth resuming
+        raise
+    sources = {}
+    for spec in cfg["sources"]:
+        entry = progress["sources"][spec["name"]]
+        sources[spec["name"]] = {"kind": spec["kind"], "spec": spec, "parts": entry["parts"], **entry["counts"]}
+    manifest = {
+        "sources": sources,
+        "rows": sum(s["rows"] for s in sources.values()),
+        "bytes": sum(s["bytes"] for s in sources.values()),
+        "dedup": cfg["dedup"],
+    }
+    write_json(staging / "manifest.json", manifest)
+    (staging / PROGRESS).unlink()
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(staging, out_dir)
+    return manifest
