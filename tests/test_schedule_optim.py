@@ -1,11 +1,14 @@
-"""The LR schedule (linear warmup, cosine decay) and the AdamW parameter groups."""
+"""The LR schedules (warmup, then cosine, warmup-stable-decay or constant) and the AdamW parameter
+groups."""
 
 import pytest
 import torch
 
-from kiln.model.gpt import GPT, GPTConfig
+from kiln.model.gpt import GPT
+from kiln.model.llama import Llama
+from kiln.model.registry import ModelConfig
 from kiln.train.optim import build_adamw
-from kiln.train.schedule import lr_at
+from kiln.train.schedule import lr_at, schedule_from_config
 
 LR, MIN_LR, WARMUP, MAX = 1e-3, 1e-4, 10, 100
 
@@ -47,13 +50,60 @@ def test_no_warmup_starts_at_peak():
     assert _lr(MAX, warmup_steps=0) == pytest.approx(MIN_LR)
 
 
-TRAIN = {"lr": 1e-3, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95}
+def _wsd(step: int, **kw) -> float:
+    return _lr(step, kind="wsd", decay_fraction=0.2, **kw)
+
+
+def test_wsd_holds_the_peak_then_cools_down_over_the_last_fraction():
+    assert [_wsd(s) for s in range(WARMUP)] == [_lr(s) for s in range(WARMUP)]  # same warmup
+    assert all(_wsd(s) == LR for s in range(WARMUP, 80))  # stable until the last 20% of 100 steps
+    cooldown = [_wsd(s) for s in range(80, MAX)]
+    assert cooldown[0] == LR and all(b < a for a, b in zip(cooldown, cooldown[1:]))
+    assert _wsd(MAX) == MIN_LR and _wsd(MAX + 7) == MIN_LR
+    # Linear: equal steps down, reaching min_lr at max_steps.
+    assert _wsd(90) == pytest.approx(MIN_LR + 0.5 * (LR - MIN_LR))
+
+
+def test_wsd_one_minus_sqrt_cooldown_drops_faster_early():
+    linear, sqrt = _wsd(85), _wsd(85, cooldown="1-sqrt")
+    assert sqrt < linear
+    assert sqrt == pytest.approx(MIN_LR + (1 - (5 / 20) ** 0.5) * (LR - MIN_LR))
+    assert _wsd(80, cooldown="1-sqrt") == LR and _wsd(MAX, cooldown="1-sqrt") == MIN_LR
+
+
+def test_wsd_cooldown_never_starts_inside_warmup():
+    values = [_lr(s, kind="wsd", decay_fraction=1.0) for s in range(MAX + 1)]
+    assert values[:WARMUP] == [_lr(s) for s in range(WARMUP)]
+    assert values[WARMUP] == LR and values[-1] == MIN_LR
+
+
+def test_constant_after_warmup_ignores_min_lr():
+    assert [_lr(s, kind="constant") for s in range(WARMUP)] == [_lr(s) for s in range(WARMUP)]
+    assert {_lr(s, kind="constant") for s in range(WARMUP, MAX + 10)} == {LR}
+
+
+def test_unknown_schedule_is_an_error():
+    with pytest.raises(ValueError, match="unknown schedule 'linear'"):
+        _lr(WARMUP + 1, kind="linear")
+
+
+def test_schedule_from_config_reads_the_train_section():
+    train = {"lr": LR, "min_lr": MIN_LR, "warmup_steps": WARMUP, "schedule": "wsd", "decay_fraction": 0.5,
+             "cooldown": "1-sqrt"}
+    lr_of = schedule_from_config(train, MAX)
+    assert [lr_of(s) for s in range(MAX + 1)] == [
+        lr_at(s, lr=LR, min_lr=MIN_LR, warmup_steps=WARMUP, max_steps=MAX, kind="wsd", decay_fraction=0.5,
+              cooldown="1-sqrt") for s in range(MAX + 1)]
+    assert lr_of(49) == LR and lr_of(51) < LR
+
+
+TRAIN = {"lr": 1e-3, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-6}
 
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_adamw_decays_matrices_only_and_covers_every_parameter_once(bias):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=64, seq_len=8, n_layer=2, n_head=2, d_model=16, bias=bias))
+    model = GPT(ModelConfig(family="gpt2", vocab_size=64, seq_len=8, n_layer=2, n_head=2, d_model=16, bias=bias))
     opt = build_adamw(model, TRAIN, "cpu")
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1
@@ -73,4 +123,14 @@ def test_adamw_decays_matrices_only_and_covers_every_parameter_once(bias):
     assert "ln_f.weight" in undecayed and "blocks.0.ln_1.weight" in undecayed
     if bias:
         assert "blocks.0.attn.qkv.bias" in undecayed and "ln_f.bias" in undecayed
-    assert opt.defaults["betas"] == (0.9, 0.95)
+    assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["eps"] == 1e-6
+
+
+def test_adamw_on_llama_decays_projections_and_tied_embedding_not_norms():
+    torch.manual_seed(0)
+    model = Llama(ModelConfig(family="llama", vocab_size=64, seq_len=8, n_layer=1, n_head=2, d_model=16))
+    decay, no_decay = build_adamw(model, TRAIN, "cpu").param_groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert {names[id(p)] for p in no_decay["params"]} == {"blocks.0.attn_norm.weight", "blocks.0.mlp_norm.weight",
+                                                          "norm.weight"}
+    assert "wte.weight" in {names[id(p)] for p in decay["params"]}

@@ -2,7 +2,7 @@
 safety, gradient-accumulation equivalence and the smoke stage's health check.
 
 Every run uses a tiny model (1 layer, d_model 32) on a synthetic shard folder whose token stream
-has learnable structure (a few fixed "words" separated by EOS), so a handful of steps lowers the loss.
+has learnable structure (tests/synthetic.py), so a handful of steps lowers the loss.
 """
 
 from __future__ import annotations
@@ -17,21 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
+from synthetic import PADDED_VOCAB, REPO, SEQ_LEN, TRAIN_ROWS, train_sections, write_shards
 
-from kiln import config as kiln_config
 from kiln.data.loader import ShardRows, TrainBatches
-from kiln.data.shards import shard_split
 from kiln.errors import KilnError
-from kiln.io import write_json
+from kiln.model.build import load_model
 from kiln.train import checkpoint
 from kiln.train.schedule import lr_at
-from kiln.train.trainer import load_model, run
-
-REPO = Path(__file__).resolve().parents[1]
-SEQ_LEN = 16
-VOCAB, PADDED_VOCAB = 60, 64
-TRAIN_ROWS, VAL_ROWS = 64, 16  # 64 rows: a whole number of micro-batches of 4 and of 8
+from kiln.train.trainer import run
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,48 +36,12 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def _stream(n_tokens: int, seed: int) -> np.ndarray:
-    """EOS-separated words drawn from a small fixed lexicon: within a word the next id is certain."""
-    lex_rng = np.random.default_rng(0)
-    words = [lex_rng.integers(1, VOCAB, size=int(lex_rng.integers(3, 7))) for _ in range(6)]
-    rng = np.random.default_rng(seed)
-    out: list[int] = []
-    while len(out) < n_tokens:
-        out.extend(words[int(rng.integers(len(words)))].tolist())
-        out.append(0)
-    return np.asarray(out[:n_tokens], dtype=np.uint16)
-
-
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
-    """A shard folder as workflow/scripts/shard.py writes it (train split over several shards)."""
-    out = tmp_path_factory.mktemp("shards")
-    row_len = SEQ_LEN + 1
-    splits = {
-        # a few extra tokens per split that do not fill a row and are dropped
-        "train": shard_split(_stream(TRAIN_ROWS * row_len + 5, seed=1), out, "train", row_len, 24, PADDED_VOCAB),
-        "val": shard_split(_stream(VAL_ROWS * row_len + 3, seed=2), out, "val", row_len, 24, PADDED_VOCAB),
-    }
-    write_json(out / "manifest.json", {
-        "seq_len": SEQ_LEN, "row_len": row_len, "dtype": "uint16", "vocab_size": VOCAB,
-        "padded_vocab_size": PADDED_VOCAB, "splits": splits,
-    })
-    assert splits["train"]["rows"] == TRAIN_ROWS and len(splits["train"]["shards"]) == 3
+    out = write_shards(tmp_path_factory.mktemp("shards"))
+    assert ShardRows(out, "train").manifest["splits"]["train"]["rows"] == TRAIN_ROWS
+    assert len(ShardRows(out, "train").shards) == 3
     return out
-
-
-def _sections(model: dict | None = None, **train) -> dict:
-    """The train stage's sections from tests/configs/tiny.yaml with a tiny model and fp32, validated."""
-    raw = yaml.safe_load((REPO / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
-    raw["model"] = model or {"n_layer": 1, "n_head": 2, "d_model": 32}
-    raw["train"] = {
-        "micro_batch": 8, "grad_accum": 1, "max_steps": 20, "lr": 1e-2, "min_lr": 1e-3,
-        "warmup_steps": 2, "weight_decay": 0.1, "grad_clip": 1.0, "precision": "fp32",
-        "compile": False, "log_every": 5, "eval_every": 10, "eval_batches": 2,
-        "checkpoint_every": 10, "keep_checkpoints": 2,
-    } | train
-    raw["wandb"] = {"mode": "disabled"}
-    return kiln_config.stage_sections(kiln_config.validate(raw), "train")
 
 
 def _records(out: Path) -> list[dict]:
@@ -106,7 +63,7 @@ def _assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
 
 
 def test_short_run_lowers_loss_and_writes_outputs(shards, tmp_path):
-    sections = _sections()
+    sections = train_sections()
     out = tmp_path / "run"
     result = run(sections, shards, out)
 
@@ -129,8 +86,9 @@ def test_short_run_lowers_loss_and_writes_outputs(shards, tmp_path):
 
     assert (out / "model.safetensors").is_file()
     assert json.loads((out / "model_config.json").read_text()) == {
-        "vocab_size": PADDED_VOCAB, "seq_len": SEQ_LEN, "n_layer": 1, "n_head": 2, "d_model": 32,
-        "dropout": 0.0, "bias": False,
+        "family": "gpt2", "vocab_size": PADDED_VOCAB, "seq_len": SEQ_LEN, "n_layer": 1, "n_head": 2,
+        "d_model": 32, "n_kv_head": 2, "d_ff": 128, "max_positions": SEQ_LEN, "rope_theta": 10000.0,
+        "norm_eps": 1e-5, "bias": False, "dropout": 0.0, "tie_embeddings": True,
     }
     model = load_model(out)
     assert not model.training
@@ -145,7 +103,7 @@ def test_short_run_lowers_loss_and_writes_outputs(shards, tmp_path):
 
 
 def test_identical_runs_give_identical_losses_and_weights(shards, tmp_path):
-    sections = _sections(max_steps=10, log_every=2)
+    sections = train_sections(max_steps=10, log_every=2)
     run(sections, shards, tmp_path / "a")
     run(copy.deepcopy(sections), shards, tmp_path / "b")
     a, b = _records(tmp_path / "a"), _records(tmp_path / "b")
@@ -156,8 +114,8 @@ def test_identical_runs_give_identical_losses_and_weights(shards, tmp_path):
 
 
 def test_different_seed_gives_different_run(shards, tmp_path):
-    run(_sections(max_steps=4, log_every=1), shards, tmp_path / "a")
-    other = _sections(max_steps=4, log_every=1)
+    run(train_sections(max_steps=4, log_every=1), shards, tmp_path / "a")
+    other = train_sections(max_steps=4, log_every=1)
     other["seed"] += 1
     run(other, shards, tmp_path / "b")
     assert [r["loss"] for r in _records(tmp_path / "a")] != [r["loss"] for r in _records(tmp_path / "b")]
@@ -178,7 +136,7 @@ def _comparable(records: list[dict]) -> list[dict]:
 @pytest.fixture(scope="module")
 def uninterrupted(shards, tmp_path_factory) -> tuple[dict, Path]:
     """A run to N steps with a checkpoint at N/2 and at N, both kept."""
-    sections = _sections(max_steps=N, log_every=2, eval_every=4, checkpoint_every=N // 2, keep_checkpoints=2)
+    sections = train_sections(max_steps=N, log_every=2, eval_every=4, checkpoint_every=N // 2, keep_checkpoints=2)
     out = tmp_path_factory.mktemp("uninterrupted")
     run(sections, shards, out)
     return sections, out
@@ -197,7 +155,8 @@ def _assert_resume_matches(full: Path, resumed: Path, result) -> None:
     assert result.losses == pytest.approx(after, rel=1e-6, abs=1e-6)
     assert result.tokens_seen == N * 8 * SEQ_LEN
     _assert_same_weights(load_model(resumed).state_dict(), load_model(full).state_dict(), atol=1e-6)
-    _assert_same_weights(_state(resumed, N)["optimizer"]["state"][0], _state(full, N)["optimizer"]["state"][0], atol=1e-6)
+    _assert_same_weights(_state(resumed, N)["optimizer"]["state"]["wte.weight"],
+                         _state(full, N)["optimizer"]["state"]["wte.weight"], atol=1e-6)
 
 
 def test_resume_from_copied_mid_checkpoint_matches_uninterrupted(shards, tmp_path, uninterrupted):
@@ -260,7 +219,7 @@ def test_rerun_of_a_finished_run_changes_nothing(shards, tmp_path, uninterrupted
 
 def test_keep_checkpoints_prunes_old_ones(shards, tmp_path):
     out = tmp_path / "run"
-    run(_sections(max_steps=8, log_every=2, checkpoint_every=2, keep_checkpoints=2), shards, out)
+    run(train_sections(max_steps=8, log_every=2, checkpoint_every=2, keep_checkpoints=2), shards, out)
     root = out / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == [checkpoint.MARKER, "step-0000006", "step-0000008"]
     assert root.joinpath(checkpoint.MARKER).read_text().strip() == "step-0000008"
@@ -268,7 +227,7 @@ def test_keep_checkpoints_prunes_old_ones(shards, tmp_path):
 
 def test_load_latest_refuses_another_runs_checkpoint(shards, tmp_path):
     out = tmp_path / "run"
-    run(_sections(max_steps=4, log_every=2, checkpoint_every=2, keep_checkpoints=1), shards, out)
+    run(train_sections(max_steps=4, log_every=2, checkpoint_every=2, keep_checkpoints=1), shards, out)
     root = out / "checkpoints"
     fingerprint = _state(out, 4)["fingerprint"]
     assert checkpoint.load_latest(root, fingerprint)["step"] == 4
@@ -276,19 +235,19 @@ def test_load_latest_refuses_another_runs_checkpoint(shards, tmp_path):
         checkpoint.load_latest(root, "0" * 64)
     # The trainer refuses to resume a checkpoint made with another model shape or seed.
     with pytest.raises(KilnError, match="fingerprint"):
-        run(_sections(model={"n_layer": 1, "n_head": 2, "d_model": 16}, max_steps=4), shards, out)
-    other_seed = _sections(max_steps=4)
+        run(train_sections(model={"n_layer": 1, "n_head": 2, "d_model": 16}, max_steps=4), shards, out)
+    other_seed = train_sections(max_steps=4)
     other_seed["seed"] += 1
     with pytest.raises(KilnError, match="fingerprint"):
         run(other_seed, shards, out)
     # ...but not one with a different LR or step count (not part of the fingerprint).
-    run(_sections(max_steps=6, log_every=2, lr=5e-3), shards, out)
+    run(train_sections(max_steps=6, log_every=2, lr=5e-3), shards, out)
     assert checkpoint.load_latest(root, fingerprint)["step"] == 6
 
 
 def test_load_latest_ignores_half_written_checkpoint(shards, tmp_path):
     out = tmp_path / "run"
-    run(_sections(max_steps=4, log_every=2, checkpoint_every=2, keep_checkpoints=2), shards, out)
+    run(train_sections(max_steps=4, log_every=2, checkpoint_every=2, keep_checkpoints=2), shards, out)
     root = out / "checkpoints"
     fingerprint = _state(out, 4)["fingerprint"]
     # What a crash mid-save leaves: a temp folder, or a complete-looking folder LATEST never named.
@@ -357,8 +316,9 @@ def test_loader_two_micro_batches_of_4_are_one_batch_of_8(shards):
 
 def test_grad_accum_matches_larger_micro_batch(shards, tmp_path):
     common = dict(max_steps=10, log_every=1, eval_every=100, checkpoint_every=100)
-    run(_sections(micro_batch=8, grad_accum=1, **common), shards, tmp_path / "big")
-    run(_sections(micro_batch=4, grad_accum=2, **common), shards, tmp_path / "accum")
+    # The same global batch of 8 rows x 16 tokens: one micro-batch of 8, or two of 4 accumulated.
+    run(train_sections(micro_batch=8, batch_tokens=128, **common), shards, tmp_path / "big")
+    run(train_sections(micro_batch=4, batch_tokens=128, **common), shards, tmp_path / "accum")
     big, accum = _records(tmp_path / "big"), _records(tmp_path / "accum")
     assert [r["tokens"] for r in big] == [r["tokens"] for r in accum]
     big_loss, accum_loss = [r["loss"] for r in big], [r["loss"] for r in accum]
@@ -406,7 +366,7 @@ def test_health_fails_flat_or_rising_loss(health):
 
 def test_smoke_run_passes_health_and_writes_nothing(shards, tmp_path, health):
     out = tmp_path / "smoke"
-    result = run(_sections(log_every=5), shards, out, max_steps=12, smoke=True)
+    result = run(train_sections(log_every=5), shards, out, max_steps=12, smoke=True)
     assert len(result.losses) == 12  # smoke logs every step
     ok, reason = health(result.losses, 0.1)
     assert ok, reason
@@ -414,8 +374,64 @@ def test_smoke_run_passes_health_and_writes_nothing(shards, tmp_path, health):
 
 
 def test_smoke_run_with_tiny_lr_fails_health(shards, tmp_path, health):
-    result = run(_sections(lr=1e-12, min_lr=1e-13), shards, tmp_path / "smoke", max_steps=12, smoke=True)
+    result = run(train_sections(lr=1e-12, min_lr=1e-13), shards, tmp_path / "smoke", max_steps=12, smoke=True)
     assert len(result.losses) == 12 and all(math.isfinite(x) for x in result.losses)
     ok, reason = health(result.losses, 0.1)
     assert not ok
     assert "did not fall" in reason
+
+
+# ---------------------------------------------------------------------------------------------
+# (7) families, precision, schedules and what each log step records
+
+
+def test_llama_in_bf16_with_wsd_schedule_lowers_loss(shards, tmp_path):
+    model = {"flavour": "debug", "n_layer": 1, "n_head": 2, "d_model": 32}
+    sections = train_sections(model=model, precision="bf16", schedule="wsd", decay_fraction=0.5,
+                              cooldown="1-sqrt", max_steps=20, log_every=2)
+    result = run(sections, shards, tmp_path / "run")
+    records = _records(tmp_path / "run")
+    assert records[-1]["loss"] < records[0]["loss"] - 0.5
+    assert [r["lr"] for r in records] == pytest.approx([
+        lr_at(r["step"] - 1, lr=1e-2, min_lr=1e-3, warmup_steps=2, max_steps=20, kind="wsd",
+              decay_fraction=0.5, cooldown="1-sqrt") for r in records])
+    assert records[4]["lr"] == 1e-2 and records[-1]["lr"] < 2e-3  # stable, then cooled down
+    assert json.loads((tmp_path / "run" / "model_config.json").read_text())["family"] == "llama"
+    assert result.n_params == load_model(tmp_path / "run").num_params(non_embedding=False)
+
+
+def test_log_steps_record_throughput_memory_and_no_mfu_on_cpu(shards, tmp_path):
+    result = run(train_sections(max_steps=4, log_every=2), shards, tmp_path / "run")
+    for r in _records(tmp_path / "run"):
+        assert r["tokens_per_s"] > 0 and r["tflops"] > 0 and r["memory_mb"] > 0
+        assert r["mfu"] is None  # no peak FLOP/s is known for a CPU
+    assert result.tokens_per_s > 0 and result.tflops > 0 and result.mfu is None
+
+
+def test_batch_tokens_set_accumulation_and_must_divide(shards, tmp_path):
+    result = run(train_sections(micro_batch=2, batch_tokens=8 * SEQ_LEN, max_steps=3), shards, tmp_path / "run")
+    assert (result.grad_accum, result.tokens_per_step) == (4, 8 * SEQ_LEN)
+    with pytest.raises(KilnError, match=r"train.batch_tokens: 100 is not a multiple of 1 ranks x "
+                                        r"train.micro_batch 2 x shard.seq_len 16 = 32 tokens \(nearest that are: 96 or 128\)"):
+        train_sections(micro_batch=2, batch_tokens=100)
+
+
+def test_wandb_offline_writes_under_the_run_folder(shards, tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # the config alone decides
+    sections = train_sections(max_steps=3, log_every=1)
+    sections["wandb"] = {"mode": "offline", "project": "kiln-test"}
+    run(sections, shards, tmp_path / "run")
+    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inside inductor
+def test_compiled_run_matches_eager_and_saves_plain_names(shards, tmp_path):
+    """torch.compile (compiled in place) changes neither the losses nor the saved parameter names
+    (no "_orig_mod." prefix: nanoGPT #325)."""
+    run(train_sections(max_steps=4, log_every=1, compile=True), shards, tmp_path / "compiled")
+    run(train_sections(max_steps=4, log_every=1, compile=False), shards, tmp_path / "eager")
+    compiled, eager = _records(tmp_path / "compiled"), _records(tmp_path / "eager")
+    assert [r["loss"] for r in compiled] == pytest.approx([r["loss"] for r in eager], abs=1e-5, rel=0)
+    _assert_same_weights(load_model(tmp_path / "compiled").state_dict(), load_model(tmp_path / "eager").state_dict(),
+                         atol=1e-5)

@@ -1,3 +1,6 @@
+from kiln.train.launch import torchrun_command
+
+
 # Same launcher, model and parallelism as train: what passes here is what train will run.
 rule smoke:
     input:
@@ -7,7 +10,7 @@ rule smoke:
     params:
         script=script("smoke"),
         cfg=stage_params("smoke"),
-        nproc=config["train"]["nproc_per_node"],
+        launcher=torchrun_command(config["train"]),
         rank_threads=threads_per_rank,
     threads: 64
     conda:
@@ -17,5 +20,5 @@ rule smoke:
     benchmark:
         benchmark_of("smoke")
     shell:
-        "torchrun --standalone --nproc_per_node={params.nproc} {params.script} --params {params.cfg:q}"
+        "{params.launcher} {params.script} --params {params.cfg:q}"
         " --shards {input} --report {output} --threads {params.rank_threads} > {log} 2>&1"

@@ -1,16 +1,19 @@
-# Reads the smoke report so that train never starts unless the smoke gate passed.
+# Reads the smoke report so that train never starts unless the smoke gate passed. Ends with a
+# Hugging Face export (train/hf: weights, config, tokenizer) that transformers loads as it is.
 rule train:
     input:
         shards=f"{RUN}/shards",
         smoke=f"{RUN}/smoke/report.json",
+        tokenizer=f"{RUN}/tokenizer/tokenizer.json",
     output:
         model=f"{RUN}/train/model.safetensors",
         model_config=f"{RUN}/train/model_config.json",
         summary=f"{RUN}/train/summary.json",
+        hf=directory(f"{RUN}/train/hf"),
     params:
         script=script("train"),
         cfg=stage_params("train"),
-        nproc=config["train"]["nproc_per_node"],
+        launcher=torchrun_command(config["train"]),
         rank_threads=threads_per_rank,
         out=lambda w, output: Path(output.model).parent,
     threads: 64
@@ -21,5 +24,6 @@ rule train:
     benchmark:
         benchmark_of("train")
     shell:
-        "torchrun --standalone --nproc_per_node={params.nproc} {params.script} --params {params.cfg:q}"
-        " --shards {input.shards} --out {params.out} --threads {params.rank_threads} > {log} 2>&1"
+        "{params.launcher} {params.script} --params {params.cfg:q}"
+        " --shards {input.shards} --tokenizer {input.tokenizer} --out {params.out}"
+        " --threads {params.rank_threads} > {log} 2>&1"

@@ -1,8 +1,9 @@
 """smoke stage: a short run on the full run's code path, model and parallelism; a gate for train.
 
-Launch it the way train is launched (torchrun). Writes report.json with tokens/s, step time, peak
-memory, data-wait fraction and the loss at the first and last step, and exits non-zero (failing the
-DAG, so train never starts) when the loss is not finite or does not fall by smoke.min_loss_drop.
+Launch it the way train is launched (torchrun). Writes report.json with tokens/s, step time, MFU,
+peak memory, data-wait fraction, the loss at the first and last step and the time the full run will
+take at this speed, and exits non-zero (failing the DAG, so train never starts) when the loss is not
+finite or does not fall by smoke.min_loss_drop.
 """
 
 import json
@@ -47,7 +48,10 @@ def main() -> None:
         "loss_last": result.losses[-1] if result.losses else None,
         "losses": result.losses, "tokens_per_s": result.tokens_per_s, "step_time_s": result.step_time_s,
         "data_wait_fraction": result.data_wait_fraction, "peak_memory_mb": result.peak_memory_mb,
-        "mfu": result.mfu,
+        "mfu": result.mfu, "tflops": result.tflops, "tokens_per_step": result.tokens_per_step,
+        "grad_accum": result.grad_accum,
+        # The plan for train: its steps at the step time measured here.
+        "train_eta_s": cfg["train"]["max_steps"] * result.step_time_s,
     }
     print(json.dumps({k: v for k, v in report.items() if k != "losses"}, indent=2))
     if not passed:

@@ -1,8 +1,9 @@
 """train stage: the full run. Launch under torchrun (one process per device; gloo on CPU).
 
-Writes into --out: metrics.jsonl (one JSON object per log step), checkpoints/ (resumable; a rerun
-continues from the newest complete one), and at the end model.safetensors + model_config.json and
-summary.json.
+Writes into --out: metrics.jsonl (one JSON object per log step; wandb/ too unless wandb.mode is
+disabled), checkpoints/ (resumable; a rerun continues from the newest complete one), and at the end
+model.safetensors + model_config.json, summary.json, and hf/: the model in Hugging Face format
+(config.json, model.safetensors, tokenizer files) for `AutoModelForCausalLM.from_pretrained`.
 """
 
 import dataclasses
@@ -12,12 +13,15 @@ import torch
 
 from kiln.cli import run_main, stage_config, stage_parser
 from kiln.io import write_json
+from kiln.model import hf
+from kiln.model.build import load_model
 from kiln.train.trainer import run
 
 
 def main() -> None:
     parser = stage_parser("train", __doc__)
     parser.add_argument("--shards", required=True, type=Path, help="shard stage output folder")
+    parser.add_argument("--tokenizer", required=True, type=Path, help="tokenizer stage's tokenizer.json")
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/train")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: torch default)")
     args = parser.parse_args()
@@ -27,6 +31,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     result = run(cfg, args.shards, args.out)
     if result.is_main:
+        hf.export(load_model(args.out), args.out / "hf", args.tokenizer)
         write_json(args.out / "summary.json", dataclasses.asdict(result))
         print(f"train: {result.steps} steps, {result.tokens_seen} tokens, {result.tokens_per_s:.0f} tok/s -> {args.out}")
 

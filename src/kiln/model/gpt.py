@@ -1,6 +1,8 @@
-"""A GPT-2 style decoder in one file (nanoGPT's shape), with PyTorch SDPA attention.
+"""GPT-2 in one file (nanoGPT's shape): learned positions, pre-LayerNorm blocks, GELU MLP, tied head.
 
-Shapes: B batch, T sequence length, C = d_model, H heads, D = C // H head dim, V padded vocab.
+Shapes: B batch, T sequence length, C = d_model, H heads, D = C // H head dim, F = d_ff, V padded vocab.
+Weights map one to one onto Hugging Face's GPT2LMHeadModel (kiln.model.hf), whose Conv1D layers
+store the transpose of ours.
 
 Attention is causal over the whole packed row (`is_causal=True`), so a token may attend to the end
 of the previous document in the same row, as in GPT-2, nanoGPT and llm.c. The EOS token between
@@ -11,29 +13,17 @@ documents marks the boundary and the model learns to discount what precedes it; 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
-
-@dataclass(frozen=True)
-class GPTConfig:
-    vocab_size: int  # padded to a multiple of 64 (see kiln.data.tokenizer.padded_vocab_size)
-    seq_len: int
-    n_layer: int
-    n_head: int
-    d_model: int
-    dropout: float = 0.0
-    bias: bool = False
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from kiln.model.registry import ModelConfig
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_head, self.dropout = cfg.n_head, cfg.dropout
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
@@ -52,24 +42,25 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.up = nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=cfg.bias)
-        self.down = nn.Linear(4 * cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (B, T, C) -> (B, T, F) -> (B, T, C); tanh GELU is GPT-2's "gelu_new"
         return self.dropout(self.down(F.gelu(self.up(x), approximate="tanh")))
 
 
 class Block(nn.Module):
     """Pre-norm residual block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln_1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -78,16 +69,20 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
+        if cfg.family != "gpt2":
+            raise ValueError(f"GPT builds the gpt2 family, not {cfg.family}")
         self.cfg = cfg
+        self.checkpoint_blocks = False  # activation checkpointing: recompute each block in backward
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.max_positions, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # tied: saves V*C parameters, as in GPT-2
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight  # saves V*C parameters, as in GPT-2
         self.apply(self._init_weights)
         # GPT-2: scale the residual projections by 1/sqrt(2L) so the residual stream's variance
         # does not grow with depth.
@@ -103,20 +98,25 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameters counted once (tied weights once); without the position table if non_embedding,
-        the N of the 6N FLOPs-per-token estimate (the token table is shared with the head)."""
+        """Parameters counted once (tied weights once). non_embedding leaves out the tables that are
+        only looked up, never multiplied: the positions, and the token table unless it is the head.
+        That is the N of the 6N FLOPs-per-token estimate."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.wpe.weight.numel() if non_embedding else n
+        if non_embedding:
+            n -= self.wpe.weight.numel()
+            if not self.cfg.tie_embeddings:
+                n -= self.wte.weight.numel()
+        return n
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """idx (B, T) ids -> logits (B, T, V); with targets (B, T), also the mean cross-entropy."""
         B, T = idx.shape
-        if T > self.cfg.seq_len:
-            raise ValueError(f"sequence of {T} tokens exceeds the model's seq_len {self.cfg.seq_len}")
+        if T > self.cfg.max_positions:
+            raise ValueError(f"sequence of {T} tokens exceeds the model's {self.cfg.max_positions} positions")
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         for block in self.blocks:
-            x = block(x)
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpoint_blocks else block(x)
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits, None

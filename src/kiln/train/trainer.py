@@ -1,36 +1,40 @@
 """The training loop shared by the smoke and train stages (same code path, same parallelism).
 
-One optimizer step = grad_accum micro-batches of micro_batch rows on each of W ranks, so a step
-consumes W * grad_accum * micro_batch * seq_len tokens. Gradients sync only on the last micro-batch
-(DDP no_sync). Losses stay on the device between log steps: the host waits on the device only when
-it has something to print.
+A Trainer holds what a run is made of: the model (kiln.model), readied for the ranks
+(kiln.train.parallel), AdamW (kiln.train.optim), the LR schedule (kiln.train.schedule), the data
+stream (kiln.data.loader) and the batch plan (kiln.train.plan). `train_step` is one optimizer step:
+grad_accum micro-batches of micro_batch rows on each of W ranks, gradients synced on the last one
+only. `state_dict`/`load_state_dict` are what a checkpoint holds. `fit` runs the loop: logging,
+validation, checkpoints, resume.
+
+The host waits on the device only at log steps: losses and gradient norms stay device tensors in
+between, so on a GPU the host runs ahead queueing work.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import math
-import resource
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
-from safetensors.torch import save_model
-from torch.nn.parallel import DistributedDataParallel
 
 from kiln.data.loader import ShardRows, TrainBatches, eval_batches
 from kiln.errors import KilnError
-from kiln.io import write_json
-from kiln.model.gpt import GPT, GPTConfig
-from kiln.train import checkpoint
-from kiln.train.distributed import Dist, init_distributed, mean_across_ranks, shutdown
-from kiln.train.metrics import MetricsSink, flops_per_token, peak_flops
+from kiln.model.build import build_model, save_model
+from kiln.model.registry import resolve
+from kiln.train import checkpoint, device, parallel
+from kiln.train.distributed import init_distributed, mean_across_ranks, shutdown
+from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, format_eta, memory_mb, peak_flops
 from kiln.train.optim import build_adamw
-from kiln.train.schedule import lr_at
+from kiln.train.plan import plan_batch
+from kiln.train.schedule import schedule_from_config
 
 log = logging.getLogger("kiln.train")
 
@@ -42,196 +46,205 @@ class RunResult:
     losses: list[float] = field(default_factory=list)
     val_losses: list[tuple[int, float]] = field(default_factory=list)
     tokens_per_s: float = 0.0
+    tflops: float = 0.0  # achieved, per device
     step_time_s: float = 0.0
     data_wait_fraction: float = 0.0
     peak_memory_mb: float = 0.0
     mfu: float | None = None
     n_params: int = 0
+    tokens_per_step: int = 0
+    grad_accum: int = 1
     steps: int = 0
     tokens_seen: int = 0
     is_main: bool = True  # rank 0, the rank that writes reports
 
 
-def model_config(model_section: dict, shard_manifest: dict) -> GPTConfig:
-    return GPTConfig(
-        vocab_size=shard_manifest["padded_vocab_size"], seq_len=shard_manifest["seq_len"], **model_section
-    )
+def seed_everything(seed: int) -> None:
+    """One seed for Python, NumPy and torch (every device): initial weights, dropout, sampling."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
-def _fingerprint(cfg: GPTConfig, manifest: dict, seed: int, train: dict, world: int) -> str:
-    shards = [s["sha256"] for e in manifest["splits"].values() for s in e["shards"]]
-    key = {"model": cfg.to_dict(), "shards": shards, "seed": seed, "world": world,
-           "micro_batch": train["micro_batch"], "grad_accum": train["grad_accum"]}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+class Trainer:
+    """One run's parts, built from the stage sections (seed, model, train) and a shard folder."""
+
+    def __init__(self, sections: dict, shard_dir: Path, *, max_steps: int | None = None):
+        train, self.seed = sections["train"], sections["seed"]
+        self.sections, self.train_cfg = sections, train
+        self.max_steps = max_steps or train["max_steps"]
+        self.d = init_distributed()
+        device.configure(self.d.device)
+        seed_everything(self.seed)
+        self.rows, self.val_rows = ShardRows(shard_dir, "train"), ShardRows(shard_dir, "val")
+        manifest = self.rows.manifest
+        self.cfg = resolve(sections["model"], manifest["padded_vocab_size"], manifest["seq_len"])
+        self.plan = plan_batch(train["batch_tokens"], train["micro_batch"], self.cfg.seq_len, self.d.world)
+        with torch.device(self.d.device):  # initialised where it trains: no host copy of a 1B model
+            self.model = build_model(self.cfg)
+        self.bf16 = device.use_bf16(train["precision"], self.d.device)
+        self.autocast = device.autocast(self.d.device, self.bf16)
+        self.wrapped = parallel.parallelize(
+            self.model, self.d, strategy=train["parallel"], compile_model=device.use_compile(train["compile"], self.d.device),
+            activation_checkpointing=train["activation_checkpointing"], bf16=self.bf16)
+        self.optimizer = build_adamw(self.model, train, self.d.device.type)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.batches = TrainBatches(self.rows, train["micro_batch"], self.seed, self.d.rank, self.d.world)
+        self.lr_at = schedule_from_config(train, self.max_steps)
+        self.step, self.tokens_seen, self.data_wait_s = 0, 0, 0.0
+
+    @property
+    def fingerprint(self) -> str:
+        """What a checkpoint must share with the run resuming it: model, data, seed, batch layout."""
+        shards = [s["sha256"] for e in self.rows.manifest["splits"].values() for s in e["shards"]]
+        key = {"model": self.cfg.to_dict(), "shards": shards, "seed": self.seed, "world": self.d.world,
+               "micro_batch": self.plan.micro_batch, "grad_accum": self.plan.grad_accum}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly (on rank 0; collective under FSDP)."""
+        return {"step": self.step, "tokens_seen": self.tokens_seen,
+                "model": parallel.full_model_state(self.model),
+                "optimizer": parallel.full_optimizer_state(self.model, self.optimizer),
+                "data": self.batches.state_dict(), "rng": checkpoint.rng_state(), "fingerprint": self.fingerprint,
+                "config": self.sections}
+
+    def load_state_dict(self, state: dict) -> None:
+        parallel.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+        self.batches.load_state_dict(state["data"])
+        checkpoint.set_rng_state(state["rng"])
+        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """One optimizer step. Returns this rank's mean loss and the global gradient norm as device
+        tensors (no host sync), and the LR used."""
+        lr = self.lr_at(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        accum = self.plan.grad_accum
+        loss_sum = torch.zeros((), device=self.d.device)
+        for micro in range(accum):
+            t0 = time.perf_counter()
+            batch = device.to_device(self.batches.next(), self.d.device)  # (micro_batch, seq_len + 1)
+            self.data_wait_s += time.perf_counter() - t0
+            with parallel.grad_sync(self.wrapped, sync=micro == accum - 1):
+                with self.autocast():
+                    _, loss = self.wrapped(*_split(batch))
+                (loss / accum).backward()  # the mean over micro-batches: one batch of accum x rows
+            loss_sum += loss.detach()
+        grad_norm = parallel.clip_grad_norm(self.params, self.train_cfg["grad_clip"])
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens_seen += self.plan.tokens_per_step
+        return loss_sum / accum, grad_norm, lr
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean validation loss over the first eval_batches batches of every rank's share."""
+        self.model.eval()
+        total, count = torch.zeros((), device=self.d.device), 0
+        micro = self.train_cfg["micro_batch"]
+        # The same number of batches on every rank (FSDP's gathers are collective).
+        n = min(self.train_cfg["eval_batches"], -(-(len(self.val_rows) // self.d.world) // micro))
+        for batch in eval_batches(self.val_rows, micro, n, self.d.rank, self.d.world):
+            with self.autocast():
+                _, loss = self.model(*_split(device.to_device(batch, self.d.device)))
+            total += loss.float()
+            count += 1
+        self.model.train()
+        return mean_across_ranks(total / max(count, 1), self.d.world).item()
+
+    def fit(self, out_dir: Path, *, smoke: bool = False) -> RunResult:
+        """Train to max_steps. The full run (smoke=False) logs metrics.jsonl (and wandb), keeps
+        checkpoints under out_dir/checkpoints, resumes from the newest, validates every eval_every
+        steps and saves the final model.safetensors + model_config.json. The smoke run logs every
+        step and writes nothing: its caller reports from the result."""
+        train, d = self.train_cfg, self.d
+        ckpt_root = out_dir / "checkpoints"
+        if not smoke:
+            state = checkpoint.load_latest(ckpt_root, self.fingerprint)
+            if state is not None:
+                self.load_state_dict(state)
+                log.info("resumed from step %d (%d tokens seen)", self.step, self.tokens_seen)
+        result = RunResult(n_params=self.model.num_params(non_embedding=False), is_main=d.is_main,
+                           tokens_per_step=self.plan.tokens_per_step, grad_accum=self.plan.grad_accum)
+        if d.is_main:
+            log.info("model: %s, %s parameters; %d ranks (%s) x %d micro-batches x %d rows x %d tokens = %d tokens/step",
+                     self.cfg.to_dict(), f"{result.n_params:,}", d.world, train["parallel"], self.plan.grad_accum,
+                     self.plan.micro_batch, self.cfg.seq_len, self.plan.tokens_per_step)
+        sink = MetricsSink(out_dir / "metrics.jsonl", self.sections.get("wandb", {"mode": "disabled"}),
+                           self.sections, enabled=d.is_main and not smoke, resume_step=self.step)
+        meter = Throughput(flops_per_token(self.model), peak_flops(d.device), d.world)
+        log_every = 1 if smoke else train["log_every"]
+        loss_sum, window_steps, window_tokens = torch.zeros((), device=d.device), 0, 0
+        loop_start = time.perf_counter()
+        while self.step < self.max_steps:
+            loss, grad_norm, lr = self.train_step()
+            loss_sum += loss
+            window_steps += 1
+            window_tokens += self.plan.tokens_per_step
+            done = self.step
+            if done % log_every == 0 or done == self.max_steps:
+                mean_loss = mean_across_ranks(loss_sum, d.world).item() / window_steps  # host sync
+                rates = meter.window(window_tokens, last=done == self.max_steps)
+                record = {"step": done, "loss": mean_loss, "lr": lr, "grad_norm": grad_norm.item(),
+                          "tokens": self.tokens_seen, **rates, "memory_mb": memory_mb(d.device)}
+                loss_sum.zero_()
+                window_steps = window_tokens = 0
+                result.losses.append(mean_loss)
+                if not math.isfinite(mean_loss):
+                    sink.log(record)
+                    sink.close()
+                    raise KilnError(f"train: step {done}: loss is {mean_loss}; lower train.lr, raise "
+                                    "train.warmup_steps or check the data (see the smoke stage)")
+                if d.is_main:
+                    self._print_progress(record, meter)
+                if not smoke and (done % train["eval_every"] == 0 or done == self.max_steps):
+                    record["val_loss"] = self.evaluate()
+                    result.val_losses.append((done, record["val_loss"]))
+                    if d.is_main:
+                        log.info("step %d | val loss %.4f", done, record["val_loss"])
+                sink.log(record)
+                meter.restart()  # validation is not training time
+            if not smoke and (done % train["checkpoint_every"] == 0 or done == self.max_steps):
+                state = self.state_dict()
+                if d.is_main:
+                    checkpoint.save(ckpt_root, state, keep=train["keep_checkpoints"])
+        sink.close()
+        result.steps, result.tokens_seen = self.max_steps, self.tokens_seen
+        rates = meter.rates(meter.steady_tokens_per_s)
+        result.tokens_per_s, result.tflops, result.mfu = rates["tokens_per_s"], rates["tflops"], rates["mfu"]
+        result.step_time_s = self.plan.tokens_per_step / result.tokens_per_s if result.tokens_per_s else 0.0
+        result.data_wait_fraction = self.data_wait_s / (time.perf_counter() - loop_start)
+        result.peak_memory_mb = memory_mb(d.device)
+        if not smoke:
+            weights = parallel.full_model_state(self.model)
+            if d.is_main:
+                save_model(self.cfg, weights, out_dir)
+        return result
+
+    def _print_progress(self, record: dict, meter: Throughput) -> None:
+        rate = meter.steady_tokens_per_s or record["tokens_per_s"]
+        eta = (self.max_steps - record["step"]) * self.plan.tokens_per_step / rate
+        mfu = f" | MFU {record['mfu']:.1%}" if record["mfu"] is not None else ""
+        log.info("step %d/%d | loss %.4f | lr %.2e | grad %.3f | %s tok/s | %.2f TFLOP/s%s | %.0f MB | ETA %s",
+                 record["step"], self.max_steps, record["loss"], record["lr"], record["grad_norm"],
+                 f"{record['tokens_per_s']:,.0f}", record["tflops"], mfu, record["memory_mb"],
+                 format_eta(eta))
 
 
-def _peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def _format_eta(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-
-
-@torch.no_grad()
-def val_loss(model: torch.nn.Module, rows: ShardRows, micro_batch: int, max_batches: int, d: Dist,
-             autocast) -> float:
-    model.eval()
-    total = torch.zeros((), device=d.device)
-    count = 0
-    for batch in eval_batches(rows, micro_batch, max_batches, d.rank, d.world):
-        batch = batch.to(d.device)
-        with autocast():
-            _, loss = model(batch[:, :-1], batch[:, 1:])
-        total += loss.float()
-        count += 1
-    model.train()
-    return mean_across_ranks(total / max(count, 1), d.world).item()
+def _split(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A row of seq_len + 1 tokens -> inputs (the first seq_len) and targets (the last seq_len)."""
+    return batch[:, :-1], batch[:, 1:]
 
 
 def run(sections: dict, shard_dir: Path, out_dir: Path, *, max_steps: int | None = None,
         smoke: bool = False) -> RunResult:
-    """Train per `sections` (seed, model, train[, wandb]) on shard_dir; write into out_dir.
-
-    The full run (smoke=False) logs metrics.jsonl, keeps checkpoints under out_dir/checkpoints (and
-    resumes from the newest one) and saves the final model.safetensors + model_config.json. The smoke
-    run logs every step and writes nothing but what its caller writes from the result.
-    """
-    train, seed = sections["train"], sections["seed"]
-    d = init_distributed()
-    max_steps = max_steps or train["max_steps"]
-    torch.manual_seed(seed)
-    rows, val_rows = ShardRows(shard_dir, "train"), ShardRows(shard_dir, "val")
-    cfg = model_config(sections["model"], rows.manifest)
-    raw_model = GPT(cfg).to(d.device)
-    model = DistributedDataParallel(raw_model) if d.world > 1 else raw_model
-    if train["compile"]:
-        model = torch.compile(model)
-    optimizer = build_adamw(raw_model, train, d.device.type)
-    batches = TrainBatches(rows, train["micro_batch"], seed, d.rank, d.world)
-    use_bf16 = train["precision"] == "bf16" and (d.device.type == "cpu" or torch.cuda.is_bf16_supported())
-
-    def autocast():
-        return torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=use_bf16)
-
-    accum = train["grad_accum"]
-    step_tokens = d.world * accum * train["micro_batch"] * cfg.seq_len
-    log_every = 1 if smoke else train["log_every"]
-    fingerprint = _fingerprint(cfg, rows.manifest, seed, train, d.world)
-    ckpt_root = out_dir / "checkpoints"
-    start_step, tokens_seen = 0, 0
-    if not smoke:
-        state = checkpoint.load_latest(ckpt_root, fingerprint)
-        if state is not None:
-            raw_model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            batches.load_state_dict(state["data"])
-            checkpoint.set_rng_state(state["rng"])
-            start_step, tokens_seen = state["step"], state["tokens_seen"]
-            log.info("resumed from step %d (%d tokens seen)", start_step, tokens_seen)
-    result = RunResult(n_params=raw_model.num_params(non_embedding=False), is_main=d.is_main)
-    if d.is_main:
-        log.info("model: %s, %.2fM parameters; %d ranks x %d micro-batches x %d rows x %d tokens = %d tokens/step",
-                 cfg.to_dict(), result.n_params / 1e6, d.world, accum, train["micro_batch"], cfg.seq_len, step_tokens)
-    sink = MetricsSink(out_dir / "metrics.jsonl", sections.get("wandb", {"mode": "disabled"}),
-                       sections, enabled=d.is_main and not smoke, resume_step=start_step)
-    flops_token, peak = flops_per_token(raw_model), peak_flops(d.device)
-    params = [p for p in raw_model.parameters()]
-    clip = train["grad_clip"] if train["grad_clip"] > 0 else math.inf
-
-    # Throughput is timed per log window; the first window pays one-off costs (allocator warm-up,
-    # compilation) and is left out of the steady-state figure unless it is the only one.
-    loop_start = window_start = time.perf_counter()
-    window_tokens = window_steps = timed_tokens = 0
-    data_wait = timed_time = 0.0
-    first_window = True
-    loss_sum = torch.zeros((), device=d.device)
-    for step in range(start_step, max_steps):
-        lr = lr_at(step, lr=train["lr"], min_lr=train["min_lr"], warmup_steps=train["warmup_steps"],
-                   max_steps=max_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        for micro in range(accum):
-            t0 = time.perf_counter()
-            batch = batches.next().to(d.device, non_blocking=True)
-            data_wait += time.perf_counter() - t0
-            last = micro == accum - 1
-            sync = contextlib.nullcontext() if (last or d.world == 1) else model.no_sync()
-            with sync, autocast():
-                _, loss = model(batch[:, :-1], batch[:, 1:])
-            (loss / accum).backward()
-            loss_sum += loss.detach() / accum
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        tokens_seen += step_tokens
-        window_tokens += step_tokens
-        window_steps += 1
-        done = step + 1
-        if done % log_every == 0 or done == max_steps:
-            mean_loss = mean_across_ranks(loss_sum, d.world).item() / window_steps
-            loss_sum.zero_()
-            elapsed = time.perf_counter() - window_start
-            if not first_window or done == max_steps:
-                timed_time += elapsed
-                timed_tokens += window_tokens
-            first_window = False
-            tok_s = window_tokens / elapsed
-            record = {"step": done, "loss": mean_loss, "lr": lr, "grad_norm": grad_norm.item(),
-                      "tokens": tokens_seen, "tokens_per_s": tok_s,
-                      "mfu": flops_token * tok_s / (peak * d.world) if peak else None}
-            result.losses.append(mean_loss)
-            if not math.isfinite(mean_loss):
-                sink.log(record)
-                sink.close()
-                raise KilnError(f"train: step {done}: loss is {mean_loss}; lower train.lr, raise "
-                                "train.warmup_steps or check the data (see the smoke stage)")
-            if d.is_main:
-                rate = timed_tokens / timed_time if timed_tokens else tok_s
-                eta = (max_steps - done) * step_tokens / rate
-                log.info("step %d/%d | loss %.4f | lr %.2e | grad %.3f | %.0f tok/s | ETA %s",
-                         done, max_steps, mean_loss, lr, record["grad_norm"], tok_s, _format_eta(eta))
-            if not smoke and (done % train["eval_every"] == 0 or done == max_steps):
-                record["val_loss"] = val_loss(model, val_rows, train["micro_batch"], train["eval_batches"], d, autocast)
-                result.val_losses.append((done, record["val_loss"]))
-                if d.is_main:
-                    log.info("step %d | val loss %.4f", done, record["val_loss"])
-            sink.log(record)
-            window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
-        if not smoke and d.is_main and (done % train["checkpoint_every"] == 0 or done == max_steps):
-            checkpoint.save(ckpt_root, {
-                "step": done, "tokens_seen": tokens_seen, "model": raw_model.state_dict(),
-                "optimizer": optimizer.state_dict(), "data": batches.state_dict(),
-                "rng": checkpoint.rng_state(), "fingerprint": fingerprint, "config": sections,
-            }, keep=train["keep_checkpoints"])
-    sink.close()
-    result.steps, result.tokens_seen = max_steps, tokens_seen
-    result.tokens_per_s = timed_tokens / timed_time if timed_time else 0.0
-    result.step_time_s = step_tokens / result.tokens_per_s if result.tokens_per_s else 0.0
-    result.data_wait_fraction = data_wait / (time.perf_counter() - loop_start)
-    result.mfu = flops_token * result.tokens_per_s / (peak * d.world) if peak else None
-    result.peak_memory_mb = _peak_memory_mb(d.device)
-    if not smoke and d.is_main:
-        save_final(raw_model, out_dir)
-    shutdown(d.world)
-    return result
-
-
-def save_final(model: GPT, out_dir: Path) -> None:
-    write_json(out_dir / "model_config.json", model.cfg.to_dict())
-    tmp = out_dir / ".model.safetensors.tmp"
-    save_model(model, str(tmp))  # handles the tied embedding/head weight
-    tmp.replace(out_dir / "model.safetensors")
-
-
-def load_model(out_dir: Path, device: torch.device | str = "cpu") -> GPT:
-    """The final model a train stage saved."""
-    from safetensors.torch import load_model as load_into
-
-    cfg = GPTConfig(**json.loads((out_dir / "model_config.json").read_text()))
-    model = GPT(cfg)
-    load_into(model, str(out_dir / "model.safetensors"))
-    return model.to(device).eval()
+    """Train per `sections` (seed, model, train[, wandb]) on shard_dir, writing into out_dir (see
+    Trainer.fit); the process group, if any, is shut down at the end."""
+    trainer = Trainer(sections, shard_dir, max_steps=max_steps)
+    try:
+        return trainer.fit(out_dir, smoke=smoke)
+    finally:
+        shutdown(trainer.d.world)

@@ -1,0 +1,172 @@
+"""Tokens/s of Kiln's train step against a plain eager PyTorch loop (nanoGPT's recipe) on the same
+model, batch, precision and machine, in one run.
+
+    python bench/train_throughput.py                                    # CPU: the default config's model
+    python bench/train_throughput.py --compile true                     # ... with torch.compile
+    # one H100/H200 (compile on by default on CUDA):
+    python bench/train_throughput.py --flavour llama3.2-1b --vocab 32768 --seq-len 8192 --micro-batch 6 --steps 10 --rounds 3 --warmup 5
+    python bench/train_throughput.py --flavour gpt2-124m --vocab 50257 --seq-len 1024 --micro-batch 16 --steps 20 --rounds 3 --warmup 5
+
+Ours is kiln.train.trainer.Trainer.train_step, as the train stage runs it (data from memory-mapped
+shards, bf16 autocast, compile per train.compile, fused AdamW and pinned copies on CUDA, gradient
+clipping). The baseline is nanoGPT's train.py loop on a fresh model of the same class, shape and
+seed: random windows of a token memmap, autocast, loss.backward, clip_grad_norm_, AdamW (fused on
+CUDA, as nanoGPT does), eager. Both run the same number of steps in alternating rounds (so a noisy neighbour hits
+both alike; on CUDA, where two large models may not fit together, one loop after the other); the
+figure is the median round. The data is random tokens in a temporary shard folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kiln import config as kiln_config
+from kiln.data.shards import open_shard, shard_split
+from kiln.io import write_json
+from kiln.model.build import build_model
+from kiln.train import device
+from kiln.train.metrics import flops_per_token, memory_mb, peak_flops
+from kiln.train.trainer import Trainer
+
+DEFAULT_MODEL = {"n_layer": 4, "n_head": 4, "d_model": 256}  # config/config.yaml's model
+BASELINE, OURS = "nanoGPT eager loop", "kiln Trainer.train_step"
+
+
+def synthetic_shards(out: Path, vocab: int, seq_len: int, rows: int, seed: int) -> Path:
+    padded = -(-vocab // 64) * 64
+    tokens = np.random.default_rng(seed).integers(0, vocab, size=rows * (seq_len + 1), dtype=np.int64)
+    dtype = np.uint16 if padded <= 65536 else np.uint32
+    splits = {s: shard_split(tokens.astype(dtype), out, s, seq_len + 1, rows, padded) for s in ("train", "val")}
+    write_json(out / "manifest.json", {"seq_len": seq_len, "row_len": seq_len + 1, "dtype": np.dtype(dtype).name,
+                                       "vocab_size": vocab, "padded_vocab_size": padded, "splits": splits})
+    return out
+
+
+def train_sections(args) -> dict:
+    model = {"flavour": args.flavour} if args.flavour else DEFAULT_MODEL
+    raw = {"run_name": "bench", "seed": args.seed, "download": {"sources": [{"name": "x", "kind": "stdlib"}]},
+           "shard": {"seq_len": args.seq_len}, "model": model,
+           "train": {"micro_batch": args.micro_batch, "max_steps": 10**6, "warmup_steps": 10,
+                     "precision": args.precision, "compile": args.compile},
+           "wandb": {"mode": "disabled"}}
+    return kiln_config.stage_sections(kiln_config.validate(raw), "train")
+
+
+class NanoGPTLoop:
+    """nanoGPT's train.py inner loop, eager, on a fresh model of the same shape and seed."""
+
+    def __init__(self, trainer: Trainer, shard_dir: Path, train: dict, seed: int):
+        torch.manual_seed(seed)
+        self.device, self.B, self.T = trainer.d.device, train["micro_batch"], trainer.cfg.seq_len
+        with torch.device(self.device):
+            self.model = build_model(trainer.cfg)
+        self.model.train()
+        self.data = open_shard(shard_dir / "train-00000.bin").reshape(-1)  # one token stream
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=train["lr"], weight_decay=train["weight_decay"],
+                                           betas=(train["beta1"], train["beta2"]), fused=self.device.type == "cuda")
+        self.ctx = device.autocast(self.device, trainer.bf16)
+        self.clip = train["grad_clip"]
+
+    def get_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        ix = torch.randint(len(self.data) - self.T - 1, (self.B,))
+        x = torch.stack([torch.from_numpy(self.data[i : i + self.T].astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy(self.data[i + 1 : i + 1 + self.T].astype(np.int64)) for i in ix])
+        if self.device.type == "cuda":
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x, y
+
+    def train_step(self) -> torch.Tensor:
+        x, y = self.get_batch()
+        with self.ctx():
+            _, loss = self.model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+
+def timed_round(step, steps: int, dev: torch.device) -> float:
+    """Seconds for `steps` steps, from an idle device to the last loss read back."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    start = time.perf_counter()
+    for _ in range(steps - 1):
+        step()
+    step().item()
+    return time.perf_counter() - start
+
+
+def measure(loops: dict, args, dev: torch.device) -> dict[str, list[float]]:
+    """Warm each loop up, then time args.rounds rounds of each, alternating between the loops: a
+    neighbour's burst of load lands on both alike."""
+    for step in loops.values():
+        for _ in range(args.warmup):
+            step()
+    seconds = {name: [] for name in loops}
+    for _ in range(args.rounds):
+        for name, step in loops.items():
+            seconds[name].append(timed_round(step, args.steps, dev))
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--flavour", help="a registry flavour (default: the default config's 4x256 GPT)")
+    parser.add_argument("--vocab", type=int, default=8192, help="tokenizer vocabulary (padded to 64 for the model)")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--compile", choices=["auto", "true", "false"], default="auto", help="ours only")
+    parser.add_argument("--steps", type=int, default=2, help="steps per timed round")
+    parser.add_argument("--rounds", type=int, default=25, help="timed rounds per loop, alternating")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--seed", type=int, default=1337)
+    args = parser.parse_args()
+    args.compile = {"true": True, "false": False}.get(args.compile, "auto")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        shards = synthetic_shards(Path(tmp), args.vocab, args.seq_len, rows=max(64, 4 * args.micro_batch), seed=args.seed)
+        sections = train_sections(args)
+        ours = Trainer(sections, shards)
+        base = NanoGPTLoop(ours, shards, sections["train"], args.seed)
+
+        def ours_step() -> torch.Tensor:
+            return ours.train_step()[0]  # the loss; no host sync inside
+
+        if ours.d.device.type == "cuda":  # one model at a time: two 1B models and their activations do not fit
+            seconds = measure({BASELINE: base.train_step}, args, ours.d.device)
+            del base
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            seconds |= measure({OURS: ours_step}, args, ours.d.device)
+        else:
+            seconds = measure({BASELINE: base.train_step, OURS: ours_step}, args, ours.d.device)
+        tokens = args.steps * args.micro_batch * args.seq_len
+        flops, peak = flops_per_token(ours.model), peak_flops(ours.d.device)
+        name = torch.cuda.get_device_name() if ours.d.device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+        print(f"{name}; {args.flavour or 'default-config GPT'}: {ours.model.num_params(non_embedding=False):,} parameters, "
+              f"batch {args.micro_batch} x {args.seq_len}, {args.precision}, ours compiled: "
+              f"{device.use_compile(args.compile, ours.d.device)}; {args.rounds} rounds x {args.steps} steps\n")
+        print("| loop | tokens/s (median) | min-max | TFLOP/s | MFU |\n|---|---:|---:|---:|---:|")
+        rate = {}
+        for loop, times in seconds.items():
+            rate[loop] = tokens / statistics.median(times)
+            mfu = f"{flops * rate[loop] / peak:.1%}" if peak else "n/a"
+            print(f"| {loop} | {rate[loop]:,.0f} | {tokens / max(times):,.0f}-{tokens / min(times):,.0f} | "
+                  f"{flops * rate[loop] / 1e12:.2f} | {mfu} |")
+        ratio = rate[OURS] / rate[BASELINE]
+        print(f"\nours / baseline: {ratio:.2f}x; peak memory {memory_mb(ours.d.device):,.0f} MB")
+
+
+if __name__ == "__main__":
+    main()

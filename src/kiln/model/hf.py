@@ -1,0 +1,190 @@
+"""Hugging Face transformers interop: export to GPT2LMHeadModel / LlamaForCausalLM folders that
+`AutoModelForCausalLM.from_pretrained(dir)` loads, and import such folders back.
+
+An export holds config.json, model.safetensors (a tied head stored once, as transformers does) and,
+given the run's tokenizer.json, the tokenizer as a PreTrainedTokenizerFast with Kiln's special
+tokens. Weights are renamed, and for GPT-2 transposed (its Conv1D stores (in, out)); no model is
+instantiated on the way out, so exporting costs one copy of the weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from kiln.config import SPECIAL_TOKENS
+from kiln.data.tokenizer import EOS, load_tokenizer
+from kiln.errors import KilnError
+from kiln.io import atomic_dir
+from kiln.model.build import build_model
+from kiln.model.gpt import GPT
+from kiln.model.llama import Llama
+from kiln.model.registry import ModelConfig
+
+# Our parameter name -> Hugging Face's: *_BLOCK inside block i (blocks.i. on our side,
+# transformer.h.i. / model.layers.i. on theirs), *_TOP outside the blocks. True marks GPT-2's Conv1D
+# weights, stored transposed.
+GPT2_BLOCK = {
+    "ln_1.weight": ("ln_1.weight", False), "ln_1.bias": ("ln_1.bias", False),
+    "attn.qkv.weight": ("attn.c_attn.weight", True), "attn.qkv.bias": ("attn.c_attn.bias", False),
+    "attn.proj.weight": ("attn.c_proj.weight", True), "attn.proj.bias": ("attn.c_proj.bias", False),
+    "ln_2.weight": ("ln_2.weight", False), "ln_2.bias": ("ln_2.bias", False),
+    "mlp.up.weight": ("mlp.c_fc.weight", True), "mlp.up.bias": ("mlp.c_fc.bias", False),
+    "mlp.down.weight": ("mlp.c_proj.weight", True), "mlp.down.bias": ("mlp.c_proj.bias", False),
+}
+GPT2_TOP = {"wte.weight": "transformer.wte.weight", "wpe.weight": "transformer.wpe.weight",
+            "ln_f.weight": "transformer.ln_f.weight", "ln_f.bias": "transformer.ln_f.bias",
+            "lm_head.weight": "lm_head.weight"}
+LLAMA_BLOCK = {
+    "attn_norm.weight": "input_layernorm.weight", "mlp_norm.weight": "post_attention_layernorm.weight",
+    "attn.q.weight": "self_attn.q_proj.weight", "attn.k.weight": "self_attn.k_proj.weight",
+    "attn.v.weight": "self_attn.v_proj.weight", "attn.o.weight": "self_attn.o_proj.weight",
+    "mlp.gate.weight": "mlp.gate_proj.weight", "mlp.up.weight": "mlp.up_proj.weight",
+    "mlp.down.weight": "mlp.down_proj.weight",
+}
+LLAMA_TOP = {"wte.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+             "lm_head.weight": "lm_head.weight"}
+
+
+def _name_map(cfg: ModelConfig) -> dict[str, tuple[str, bool]]:
+    """Every Kiln parameter name -> (Hugging Face name, transposed)."""
+    if cfg.family == "gpt2":
+        top, block, prefix = GPT2_TOP, GPT2_BLOCK, "transformer.h"
+    else:
+        top, block, prefix = LLAMA_TOP, {k: (v, False) for k, v in LLAMA_BLOCK.items()}, "model.layers"
+    names = {ours: (theirs, False) for ours, theirs in top.items()}
+    for i in range(cfg.n_layer):
+        names.update({f"blocks.{i}.{ours}": (f"{prefix}.{i}.{theirs}", t) for ours, (theirs, t) in block.items()})
+    return names
+
+
+def hf_config(cfg: ModelConfig, eos_id: int = 0) -> dict:
+    """config.json for a Kiln model."""
+    common = {"vocab_size": cfg.vocab_size, "tie_word_embeddings": cfg.tie_embeddings,
+              "bos_token_id": eos_id, "eos_token_id": eos_id, "dtype": "float32"}
+    if cfg.family == "gpt2":
+        return common | {
+            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+            "n_positions": cfg.max_positions, "n_embd": cfg.d_model, "n_layer": cfg.n_layer,
+            "n_head": cfg.n_head, "n_inner": cfg.d_ff, "activation_function": "gelu_new",
+            "layer_norm_epsilon": cfg.norm_eps, "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
+            "attn_pdrop": cfg.dropout,
+        }
+    return common | {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_kv_head, "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.seq_len, "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu",
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "attention_bias": False, "mlp_bias": False, "attention_dropout": cfg.dropout,
+    }
+
+
+def export(model: GPT | Llama, out_dir: Path, tokenizer_json: Path | None = None) -> None:
+    """Write a transformers folder for `model` (and its tokenizer) to out_dir, atomically."""
+    cfg = model.cfg
+    ours = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if cfg.tie_embeddings:
+        ours.pop("lm_head.weight")  # transformers re-ties it from the embedding on load
+    hf_state = {}
+    for name, (theirs, transposed) in _name_map(cfg).items():
+        if name in ours:
+            hf_state[theirs] = (ours.pop(name).t() if transposed else ours.pop(name)).contiguous()
+        elif name.endswith(".bias") and cfg.family == "gpt2":
+            # GPT-2 in transformers always has biases: a bias-free Kiln GPT exports zeros.
+            weight = name[: -len("bias")] + "weight"
+            rows = model.get_parameter(weight).shape[0] if "ln_" not in name else cfg.d_model
+            hf_state[theirs] = torch.zeros(rows)
+    if ours:
+        raise KilnError(f"export: no Hugging Face name for {sorted(ours)}")
+    eos_id = 0 if tokenizer_json is None else load_tokenizer(tokenizer_json).token_to_id(EOS)
+    with atomic_dir(out_dir) as tmp:
+        (tmp / "config.json").write_text(json.dumps(hf_config(cfg, eos_id), indent=2) + "\n", encoding="utf-8")
+        save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if tokenizer_json is not None:
+            hf_tokenizer(tokenizer_json).save_pretrained(str(tmp))
+
+
+def hf_tokenizer(tokenizer_json: Path):
+    """Kiln's tokenizer as a PreTrainedTokenizerFast. split_special_tokens: text that spells a
+    special token encodes as ordinary text, as in Kiln (kiln.data.tokenizer)."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(tokenizer_json), bos_token=EOS, eos_token=EOS, unk_token=EOS, pad_token=EOS,
+        additional_special_tokens=list(SPECIAL_TOKENS[1:]), split_special_tokens=True,
+    )
+
+
+def _read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    index = model_dir / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    state = {}
+    for name in files:
+        path = model_dir / name
+        if not path.is_file():
+            raise KilnError(f"{path}: not found (only safetensors checkpoints are read)")
+        with safe_open(str(path), framework="pt") as f:
+            state.update({k: f.get_tensor(k) for k in f.keys()})
+    return state
+
+
+def config_from_hf(hf: dict, source: Path) -> ModelConfig:
+    """The ModelConfig a transformers config.json describes, or an error naming what Kiln lacks."""
+    kind = hf.get("model_type")
+    if kind == "gpt2":
+        if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise KilnError(f"{source}: activation_function {hf['activation_function']!r} is not supported")
+        return ModelConfig(
+            family="gpt2", vocab_size=hf["vocab_size"], seq_len=hf["n_positions"], n_layer=hf["n_layer"],
+            n_head=hf["n_head"], d_model=hf["n_embd"], d_ff=hf.get("n_inner"), max_positions=hf["n_positions"],
+            norm_eps=hf.get("layer_norm_epsilon", 1e-5), bias=True,
+            tie_embeddings=hf.get("tie_word_embeddings", True),
+        )
+    if kind == "llama":
+        # transformers 5 writes rope_parameters; older configs rope_theta and rope_scaling
+        rope = hf.get("rope_parameters") or {"rope_type": "default", "rope_theta": hf.get("rope_theta", 10000.0)}
+        rope_type = (hf.get("rope_scaling") or rope).get("rope_type", "default")
+        if rope_type != "default":
+            raise KilnError(f"{source}: rope type {rope_type!r} is not supported (Kiln implements plain RoPE)")
+        if hf.get("attention_bias") or hf.get("mlp_bias"):
+            raise KilnError(f"{source}: Llama with attention_bias/mlp_bias is not supported")
+        n_head = hf["num_attention_heads"]
+        if hf.get("head_dim") not in (None, hf["hidden_size"] // n_head):
+            raise KilnError(f"{source}: head_dim {hf['head_dim']} != hidden_size/num_attention_heads")
+        return ModelConfig(
+            family="llama", vocab_size=hf["vocab_size"], seq_len=hf["max_position_embeddings"],
+            n_layer=hf["num_hidden_layers"], n_head=n_head, n_kv_head=hf.get("num_key_value_heads"),
+            d_model=hf["hidden_size"], d_ff=hf["intermediate_size"], rope_theta=float(rope["rope_theta"]),
+            norm_eps=hf.get("rms_norm_eps", 1e-6), tie_embeddings=hf.get("tie_word_embeddings", False),
+        )
+    raise KilnError(f"{source}: model_type {kind!r} is not one Kiln imports (gpt2, llama)")
+
+
+def load(model_dir: Path) -> GPT | Llama:
+    """A Kiln model from a transformers folder (an export of ours, or a GPT-2/Llama checkpoint)."""
+    model_dir = Path(model_dir)
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise KilnError(f"{config_path}: not found; is {model_dir} a transformers model folder?")
+    cfg = config_from_hf(json.loads(config_path.read_text(encoding="utf-8")), config_path)
+    theirs = _read_hf_weights(model_dir)
+    if cfg.family == "gpt2":  # OpenAI's own files name the weights without the "transformer." prefix
+        theirs = {(k if k.startswith(("transformer.", "lm_head.")) else f"transformer.{k}"): v
+                  for k, v in theirs.items()}
+    state = {}
+    for ours, (name, transposed) in _name_map(cfg).items():
+        if ours == "lm_head.weight" and cfg.tie_embeddings:
+            continue
+        if name not in theirs:
+            raise KilnError(f"{model_dir}: weight {name} is missing")
+        state[ours] = (theirs[name].t() if transposed else theirs[name]).float()
+    if cfg.tie_embeddings:  # one tensor under both names, as a tied model's state_dict has it
+        state["lm_head.weight"] = state["wte.weight"]
+    model = build_model(cfg)
+    model.load_state_dict(state)
+    return model.eval()

@@ -1,0 +1,136 @@
+"""Llama 3 in one file: RMSNorm, rotary positions (RoPE), grouped-query attention, SwiGLU MLP.
+
+Shapes: B batch, T sequence length, C = d_model, H query heads, K key/value heads (H % K == 0),
+D = C // H head dim, F = d_ff, V padded vocab.
+
+RoPE here rotates the two halves of each head (Hugging Face's `rotate_half`), not interleaved pairs
+(Meta's reference code), so weights map onto LlamaForCausalLM without permuting q and k
+(kiln.model.hf). Attention is causal over the packed row, as in kiln.model.gpt.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from kiln.model.registry import ModelConfig
+
+
+def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (T, D) of position t times frequency theta^(-2i/D), each half of D repeated."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (D/2,)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (T, D/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (T, D)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, heads, T, D) by position: pairs (x_i, x_{i+D/2}) turn by angle t*freq_i."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.q = nn.Linear(cfg.d_model, cfg.n_head * cfg.head_dim, bias=False)
+        self.k = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.v = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.o = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=False)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q = self.q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, D)
+        v = self.v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # enable_gqa: each group of H/K query heads reads one key/value head without copying it
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.o(y.transpose(1, 2).reshape(B, T, C))  # (B, H, T, D) -> (B, T, C)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))  # (B, T, C) -> (B, T, F) -> (B, T, C)
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.family != "llama":
+            raise ValueError(f"Llama builds the llama family, not {cfg.family}")
+        self.cfg = cfg
+        self.checkpoint_blocks = False  # activation checkpointing: recompute each block in backward
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        # Derived from the config, so not saved (persistent=False) and rebuilt on every load.
+        cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2's scheme (normal 0.02; residual projections 0.02/sqrt(2L)); RMSNorm gains 1."""
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                nn.init.ones_(p)
+            elif name.endswith(("attn.o.weight", "mlp.down.weight")):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.cfg.n_layer))
+            else:
+                nn.init.normal_(p, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameters counted once (tied weights once); non_embedding leaves out the token table
+        when it is only looked up (untied), the N of the 6N FLOPs-per-token estimate."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and not self.cfg.tie_embeddings:
+            n -= self.wte.weight.numel()
+        return n
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """idx (B, T) ids -> logits (B, T, V); with targets (B, T), also the mean cross-entropy."""
+        B, T = idx.shape
+        if T > self.cfg.seq_len:
+            raise ValueError(f"sequence of {T} tokens exceeds the model's {self.cfg.seq_len} positions")
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, D)
+        x = self.wte(idx)  # (B, T, C)
+        for block in self.blocks:
+            x = checkpoint(block, x, cos, sin, use_reentrant=False) if self.checkpoint_blocks else block(x, cos, sin)
+        logits = self.lm_head(self.norm(x))  # (B, T, V)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss

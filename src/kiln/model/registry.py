@@ -1,0 +1,160 @@
+"""Named model flavours, each with the URL of the config it copies, and the one ModelConfig that both
+families (kiln.model.gpt, kiln.model.llama) build from.
+
+The config's `model` section names a flavour and may override any of its fields, or gives the fields
+itself (then `family` says which architecture, default gpt2). The vocabulary never comes from here:
+it is the tokenizer's, padded (the shard manifest's padded_vocab_size). The training context comes
+from the shards' seq_len. Torch-free, so validating a config stays cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kiln.errors import KilnError
+
+FAMILIES = ("gpt2", "llama")
+SWIGLU_MULTIPLE = 256  # Llama rounds its SwiGLU width up to a multiple of this (multiple_of)
+
+
+class ModelConfigError(KilnError):
+    """A model shape that cannot be built; one problem per line, each naming its model.<key>."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid model:\n  " + "\n  ".join(problems))
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One decoder's shape. Fields left None are derived in __post_init__, the only place that
+    derives anything, so a saved config (to_dict) always holds concrete values."""
+
+    family: str  # "gpt2": LayerNorm, GELU MLP, learned positions; "llama": RMSNorm, SwiGLU, RoPE, GQA
+    vocab_size: int  # embedding rows: the tokenizer's vocabulary padded (kiln.data.tokenizer)
+    seq_len: int  # training context (the shards' seq_len)
+    n_layer: int
+    n_head: int
+    d_model: int
+    n_kv_head: int | None = None  # key/value heads (grouped-query attention); None: n_head
+    d_ff: int | None = None  # MLP width; None: 4*d_model (gpt2) or Llama's 8/3*d_model rounded up
+    max_positions: int | None = None  # gpt2's learned position rows (GPT-2: 1024); None: seq_len
+    rope_theta: float = 10000.0  # llama only
+    norm_eps: float = 1e-5
+    bias: bool = False  # gpt2 only: biases in every Linear and LayerNorm (GPT-2 has them)
+    dropout: float = 0.0
+    tie_embeddings: bool = True  # output head shares the token embedding's weight
+
+    def __post_init__(self) -> None:
+        derived = {
+            "n_kv_head": self.n_head if self.n_kv_head is None else self.n_kv_head,
+            "d_ff": self.d_ff or _default_d_ff(self.family, self.d_model),
+            "max_positions": self.max_positions or (self.seq_len if self.family == "gpt2" else None),
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
+        problems = _problems(self)
+        if problems:
+            raise ModelConfigError(problems)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _default_d_ff(family: str, d_model: int) -> int:
+    if family == "gpt2":
+        return 4 * d_model
+    # SwiGLU has three matrices instead of two: 2/3 of 4*d keeps the parameter count of a 4*d MLP.
+    hidden = int(2 * 4 * d_model / 3)
+    return -(-hidden // SWIGLU_MULTIPLE) * SWIGLU_MULTIPLE
+
+
+def _problems(cfg: ModelConfig) -> list[str]:
+    """Every rule a shape must satisfy, each naming the config key (model.<field>) it concerns."""
+    out = []
+    if cfg.family not in FAMILIES:
+        return [f"model.family: {cfg.family!r} is not one of {', '.join(FAMILIES)}"]
+    for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model", "n_kv_head", "d_ff"):
+        if getattr(cfg, name) < 1:
+            out.append(f"model.{name}: must be at least 1, got {getattr(cfg, name)}")
+    if out:
+        return out
+    if cfg.d_model % cfg.n_head:
+        out.append(f"model.d_model: {cfg.d_model} is not divisible by model.n_head={cfg.n_head}")
+    if cfg.n_head % cfg.n_kv_head:
+        out.append(f"model.n_kv_head: model.n_head={cfg.n_head} is not a multiple of {cfg.n_kv_head}")
+    if cfg.family == "gpt2":
+        if cfg.n_kv_head != cfg.n_head:
+            out.append(f"model.n_kv_head: gpt2 has one key/value head per head ({cfg.n_head}), got {cfg.n_kv_head}")
+        if cfg.seq_len > cfg.max_positions:
+            out.append(f"model.max_positions: {cfg.max_positions} learned positions cannot cover "
+                       f"shard.seq_len={cfg.seq_len}")
+    else:
+        if cfg.head_dim % 2:
+            out.append(f"model.n_head: RoPE needs an even head dim, d_model/n_head = {cfg.head_dim}")
+        if cfg.bias:
+            out.append("model.bias: llama has no biases")
+        if cfg.max_positions is not None:
+            out.append("model.max_positions: llama has no learned positions (RoPE covers any seq_len)")
+    return out
+
+
+@dataclass(frozen=True)
+class Flavour:
+    family: str
+    source: str  # the config these numbers are read from
+    dims: dict[str, Any]
+
+
+GPT2_SOURCE = "https://huggingface.co/openai-community/{}/blob/main/config.json"
+GPT2 = dict(max_positions=1024, bias=True)  # every GPT-2 size: 1024 learned positions, biases
+
+FLAVOURS: dict[str, Flavour] = {
+    # torchtitan's llama3 debugmodel: a few million parameters besides the embedding.
+    "debug": Flavour("llama", "https://github.com/pytorch/torchtitan/blob/main/torchtitan/models/llama3/__init__.py",
+                     dict(n_layer=6, n_head=16, d_model=256, rope_theta=500000.0)),
+    "gpt2-124m": Flavour("gpt2", GPT2_SOURCE.format("gpt2"), dict(n_layer=12, n_head=12, d_model=768, **GPT2)),
+    "gpt2-350m": Flavour("gpt2", GPT2_SOURCE.format("gpt2-medium"), dict(n_layer=24, n_head=16, d_model=1024, **GPT2)),
+    "gpt2-774m": Flavour("gpt2", GPT2_SOURCE.format("gpt2-large"), dict(n_layer=36, n_head=20, d_model=1280, **GPT2)),
+    "gpt2-1.5b": Flavour("gpt2", GPT2_SOURCE.format("gpt2-xl"), dict(n_layer=48, n_head=25, d_model=1600, **GPT2)),
+    # Plain RoPE: the checkpoint's rope_scaling (llama3, factor 32) stretches a model already trained
+    # at 8k to 128k; a model pretrained from scratch at <= 8k tokens has nothing to stretch.
+    "llama3.2-1b": Flavour("llama", "https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json",
+                           dict(n_layer=16, n_head=32, n_kv_head=8, d_model=2048, d_ff=8192,
+                                rope_theta=500000.0, norm_eps=1e-5, tie_embeddings=True)),
+}
+
+
+def _section_fields(section: dict) -> dict[str, Any]:
+    """The model section resolved to ModelConfig fields (except vocab_size and seq_len): the
+    flavour's, then the section's own keys over them."""
+    section = dict(section)
+    name = section.pop("flavour", None)
+    if name is None:
+        return {"family": "gpt2", **section}
+    if name not in FLAVOURS:
+        raise ModelConfigError([f"model.flavour: {name!r} is not a known flavour (known: {', '.join(FLAVOURS)})"])
+    flavour = FLAVOURS[name]
+    if section.get("family", flavour.family) != flavour.family:
+        raise ModelConfigError([f"model.family: flavour {name!r} is {flavour.family}, not {section['family']}"])
+    return {"family": flavour.family, **flavour.dims, **section}
+
+
+def resolve(section: dict, vocab_size: int, seq_len: int) -> ModelConfig:
+    """The ModelConfig a config's model section means for a given (padded) vocab and seq_len."""
+    return ModelConfig(vocab_size=vocab_size, seq_len=seq_len, **_section_fields(section))
+
+
+def check_section(section: dict, seq_len: int) -> list[str]:
+    """Problems with a model section, for config validation (the vocab is not known yet: any
+    valid size stands in for it)."""
+    try:
+        resolve(section, vocab_size=64, seq_len=seq_len)
+    except ModelConfigError as exc:
+        return exc.problems
+    return []

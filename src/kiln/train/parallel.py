@@ -1,0 +1,108 @@
+"""Readying the model for the run's ranks: activation checkpointing, torch.compile, then DDP or FSDP2;
+gradient-sync control for accumulation; full (unsharded) state dicts for checkpoints.
+
+- ddp (default): every rank holds the whole model; gradients are all-reduced (averaged) in buckets
+  overlapping the backward pass. Fastest while the model, its gradients and AdamW's two moments
+  (16 bytes per parameter in fp32) fit on one device.
+- fsdp: FSDP2 `fully_shard` per block and at the root: parameters, gradients and optimizer state
+  are sharded across ranks and gathered block by block, for models that do not fit DDP. With bf16
+  the gathered parameters are bf16 and gradients are reduced in fp32.
+
+State dicts go through torch.distributed.checkpoint's helpers, which gather a sharded model onto
+rank 0 and key optimizer state by parameter name, so a checkpoint reads the same whichever
+strategy wrote it (and whichever reads it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from kiln.train.distributed import Dist
+
+STRATEGIES = ("ddp", "fsdp")
+GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU
+SCATTER = StateDictOptions(full_state_dict=True)  # every rank passes the whole state; each keeps its part
+
+
+def parallelize(model: nn.Module, d: Dist, *, strategy: str, compile_model: bool,
+                activation_checkpointing: bool, bf16: bool) -> nn.Module:
+    """The module the training step calls. `model` itself stays the one to read parameters and
+    state from (fully_shard changes it in place; DDP wraps it)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown parallel strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
+    model.checkpoint_blocks = activation_checkpointing
+    if compile_model:
+        _compile(model, per_block=d.world > 1)
+    if d.world == 1:  # nothing to replicate or shard across
+        return model
+    if strategy == "fsdp":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+        mesh = torch.distributed.device_mesh.init_device_mesh(d.device.type, (d.world,))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, mp_policy=policy)  # gathered for its forward, freed after
+        fully_shard(model, mesh=mesh, mp_policy=policy)  # embedding, final norm, head
+        return model
+    return DistributedDataParallel(model, device_ids=[d.local_rank] if d.device.type == "cuda" else None)
+
+
+def _compile(model: nn.Module, per_block: bool) -> None:
+    """torch.compile in place (parameter names keep no "_orig_mod." prefix). One rank: the whole
+    model, one graph, the most fusion. Several: each block on its own (torchtitan's choice), so the
+    backward hands out gradients block by block and the all-reduce / reduce-scatter overlaps it
+    (a whole-model graph would release every gradient at once, at the end)."""
+    if not per_block:
+        model.compile()
+        return
+    for block in model.blocks:
+        block.compile()
+
+
+def grad_sync(wrapped: nn.Module, sync: bool):
+    """Context for one micro-batch's forward and backward: on all but the last micro-batch of a
+    step gradients only accumulate locally (DDP no_sync; FSDP2's requires_gradient_sync)."""
+    if isinstance(wrapped, FSDPModule):
+        wrapped.set_requires_gradient_sync(sync)
+    elif isinstance(wrapped, DistributedDataParallel) and not sync:
+        return wrapped.no_sync()
+    return contextlib.nullcontext()
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """The global gradient norm (a device tensor: no host sync), clipping to max_norm if > 0."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    if isinstance(norm, DTensor):  # FSDP: the per-shard norms are combined here
+        norm = norm.full_tensor()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+    return norm
+
+
+def full_model_state(model: nn.Module) -> dict:
+    """Model state, whole and on CPU, on rank 0 (empty elsewhere). Collective under FSDP: every rank
+    must call it."""
+    return get_model_state_dict(model, options=GATHER)
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Optimizer state keyed by parameter name, whole and on CPU, on rank 0; collective under FSDP."""
+    return get_optimizer_state_dict(model, optimizer, options=GATHER)
+
+
+def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict,
+                    optimizer_state: dict) -> None:
+    set_model_state_dict(model, model_state, options=SCATTER)
+    set_optimizer_state_dict(model, optimizer, optimizer_state, options=SCATTER)

@@ -1,0 +1,65 @@
+"""A shard folder with learnable structure, and validated train-stage sections, for the training tests
+(test_trainer in-process, test_distributed under torchrun).
+
+The token stream is EOS-separated words drawn from a small fixed lexicon: within a word the next id
+is certain, so a handful of steps lowers the loss of a tiny model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from kiln import config as kiln_config
+from kiln.data.shards import shard_split
+from kiln.io import write_json
+
+REPO = Path(__file__).resolve().parents[1]
+SEQ_LEN = 16
+VOCAB, PADDED_VOCAB = 60, 64
+TRAIN_ROWS, VAL_ROWS = 64, 16  # 64 rows: a whole number of micro-batches of 2, 4 and 8
+TINY_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32}
+
+
+def _stream(n_tokens: int, seed: int) -> np.ndarray:
+    lex_rng = np.random.default_rng(0)
+    words = [lex_rng.integers(1, VOCAB, size=int(lex_rng.integers(3, 7))) for _ in range(6)]
+    rng = np.random.default_rng(seed)
+    out: list[int] = []
+    while len(out) < n_tokens:
+        out.extend(words[int(rng.integers(len(words)))].tolist())
+        out.append(0)
+    return np.asarray(out[:n_tokens], dtype=np.uint16)
+
+
+def write_shards(out: Path) -> Path:
+    """A shard folder as workflow/scripts/shard.py writes it (the train split over three shards)."""
+    row_len = SEQ_LEN + 1
+    out.mkdir(parents=True, exist_ok=True)
+    splits = {
+        # a few extra tokens per split that do not fill a row and are dropped
+        "train": shard_split(_stream(TRAIN_ROWS * row_len + 5, seed=1), out, "train", row_len, 24, PADDED_VOCAB),
+        "val": shard_split(_stream(VAL_ROWS * row_len + 3, seed=2), out, "val", row_len, 24, PADDED_VOCAB),
+    }
+    write_json(out / "manifest.json", {
+        "seq_len": SEQ_LEN, "row_len": row_len, "dtype": "uint16", "vocab_size": VOCAB,
+        "padded_vocab_size": PADDED_VOCAB, "splits": splits,
+    })
+    return out
+
+
+def train_sections(model: dict | None = None, nproc_per_node: int = 1, **train) -> dict:
+    """The train stage's sections from tests/configs/tiny.yaml with a tiny model and fp32, validated."""
+    raw = yaml.safe_load((REPO / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["model"] = model or TINY_MODEL
+    raw["shard"]["seq_len"] = SEQ_LEN  # what the synthetic shards hold
+    raw["train"] = {
+        "nproc_per_node": nproc_per_node, "micro_batch": 8, "max_steps": 20, "lr": 1e-2, "min_lr": 1e-3,
+        "warmup_steps": 2, "weight_decay": 0.1, "grad_clip": 1.0, "precision": "fp32",
+        "compile": False, "log_every": 5, "eval_every": 10, "eval_batches": 2,
+        "checkpoint_every": 10, "keep_checkpoints": 2,
+    } | train
+    raw["wandb"] = {"mode": "disabled"}
+    return kiln_config.stage_sections(kiln_config.validate(raw), "train")

@@ -1,0 +1,122 @@
+"""Data parallelism for real: `torchrun --nproc_per_node 2` with gloo on CPU (tests/dist_worker.py).
+
+2 ranks x micro-batch b give the loss sequence (and final weights) of 1 rank x 2b in fp32, with DDP
+and with FSDP2, with and without gradient accumulation; ranks read disjoint rows; accumulation
+skips the gradient all-reduce (no_sync) until the last micro-batch; a DDP checkpoint resumes under
+FSDP2. The launch goes through the multi-node form of the command (static rendezvous at an
+explicit endpoint, nnodes 1), the single-node form runs in test_pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from synthetic import TRAIN_ROWS, train_sections, write_shards
+
+from kiln.model.build import load_model
+from kiln.train.launch import torchrun_command
+from kiln.train.trainer import Trainer
+
+TESTS = Path(__file__).resolve().parent
+STEPS = 8
+COMMON = dict(max_steps=STEPS, log_every=1, eval_every=4, checkpoint_every=STEPS // 2, keep_checkpoints=2)
+GLOBAL_BATCH = 8 * 16  # tokens: 8 rows of seq_len 16 per optimizer step
+# name -> (parallel, micro_batch per rank, extra train keys); every run has the same global batch.
+RUNS = {
+    "ddp": ("ddp", 4, {}),  # 2 ranks x 4 rows
+    "ddp-accum": ("ddp", 2, {"activation_checkpointing": True}),  # 2 ranks x 2 micro-batches x 2 rows
+    "fsdp-accum": ("fsdp", 2, {}),
+    "ddp-compiled": ("ddp", 2, {"compile": True}),  # each block compiled; accumulation as ddp-accum
+    "fsdp-resumed": ("fsdp", 4, {}),  # resumes from ddp's mid-run checkpoint
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _losses(out: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """One torchrun launch of every run in RUNS, and the 1-rank x 2b reference run in-process."""
+    base = tmp_path_factory.mktemp("dist")
+    shards = write_shards(base / "shards")
+    runs = []
+    for name, (strategy, micro, extra) in RUNS.items():
+        sections = train_sections(nproc_per_node=2, parallel=strategy, micro_batch=micro,
+                                  batch_tokens=GLOBAL_BATCH, **COMMON, **extra)
+        spec = {"out": str(base / name), "sections": sections}
+        if name == "fsdp-resumed":
+            spec["resume_from"] = str(base / "ddp" / "checkpoints" / f"step-{STEPS // 2:07d}")
+        runs.append(spec)
+    plan = base / "plan.json"
+    plan.write_text(json.dumps({"shards": str(shards), "checks_out": str(base / "checks.json"), "runs": runs}))
+    launcher = torchrun_command({"nproc_per_node": 2, "nnodes": 1, "node_rank": 0,
+                                 "rdzv_endpoint": f"127.0.0.1:{_free_port()}"})
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
+               OMP_NUM_THREADS="1")
+    result = subprocess.run([*shlex.split(launcher), str(TESTS / "dist_worker.py"), str(plan)],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    reference = base / "reference"
+    Trainer(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **COMMON), shards).fit(reference)
+    torch.set_num_threads(before)
+    return base, json.loads((base / "checks.json").read_text()), reference
+
+
+def test_launch_ran_two_ranks_that_read_disjoint_rows(launched):
+    _, checks, _ = launched
+    assert checks["world"] == 2
+    assert checks["disjoint"] and checks["rows_covered"] == TRAIN_ROWS
+
+
+def test_accumulation_skips_the_all_reduce_until_the_last_micro_batch(launched):
+    _, checks, _ = launched
+    assert checks["local_differ"], "no_sync still averaged the gradients"
+    assert checks["synced_equal"] and checks["synced_is_mean"]
+
+
+@pytest.mark.parametrize("name", ["ddp", "ddp-accum", "fsdp-accum", "ddp-compiled"])
+def test_two_ranks_match_one_rank_with_twice_the_batch(launched, name):
+    base, _, reference = launched
+    wrapped = json.loads((base / name / "result.json").read_text())
+    assert (wrapped["ddp"], wrapped["sharded"]) == ((True, False) if name.startswith("ddp") else (False, True))
+    want = _losses(reference)
+    assert len(want) == STEPS
+    assert _losses(base / name) == pytest.approx(want, abs=1e-5, rel=0)
+    ours, theirs = load_model(base / name).state_dict(), load_model(reference).state_dict()
+    for key in theirs:
+        torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=1e-5, msg=key)
+
+
+def test_ddp_checkpoint_resumes_under_fsdp(launched):
+    base, _, reference = launched
+    resumed = json.loads((base / "fsdp-resumed" / "result.json").read_text())
+    assert resumed["losses"] == pytest.approx(_losses(reference)[STEPS // 2:], abs=1e-5, rel=0)
+    ours, theirs = load_model(base / "fsdp-resumed").state_dict(), load_model(reference).state_dict()
+    for key in theirs:
+        torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=1e-5, msg=key)
+
+
+def test_torchrun_command_forms():
+    single = {"nproc_per_node": 4, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": ""}
+    assert torchrun_command(single) == "torchrun --nproc_per_node=4 --standalone"
+    multi = single | {"nnodes": 2, "node_rank": 1, "rdzv_endpoint": "node0.cluster:29500"}
+    assert torchrun_command(multi) == ("torchrun --nproc_per_node=4 --nnodes=2 --node_rank=1 "
+                                       "--rdzv_backend=static --rdzv_endpoint=node0.cluster:29500")
