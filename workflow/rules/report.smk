@@ -7,8 +7,8 @@ rule report:
         f"{RUN}/eval/metrics.json",
         f"{RUN}/eval/samples.json",
     output:
-        report=f"{RUN}/report.md",
-        plot=f"{RUN}/loss.png",
+        report=report(f"{RUN}/report.md", caption="../report/report_md.rst", category="Report"),
+        plot=report(f"{RUN}/loss.png", caption="../report/loss.rst", category="Training"),
     params:
         script=script("report"),
         cfg=stage_params("report"),

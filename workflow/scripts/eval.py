@@ -1,41 +1,14 @@
-"""eval stage: held-out loss, perplexity, bits per byte (against a unigram baseline), completions of
-fixed prompts, and single-line FIM infilling exact match on held-out documents.
+"""eval stage: held-out loss, perplexity and bits per byte (against a unigram baseline), completions
+of fixed prompts, FIM infilling (single/multi-line, PSM/SPM), lm-eval tasks and 13-gram contamination.
 
-Writes eval/metrics.json and eval/samples.json.
+Writes eval/metrics.json and eval/samples.json (and lm-eval's local task files under eval/).
 """
 
-import math
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from kiln.cli import run_main, stage_config, stage_parser
-from kiln.data.loader import ShardRows
-from kiln.data.sources import read_documents
-from kiln.data.tokenizer import EOS, load_tokenizer
-from kiln.eval.generate import generate
-from kiln.eval.infill import make_problems, run_infill
-from kiln.eval.perplexity import bits_per_byte, unigram_loss, val_rows_loss
-from kiln.io import read_json, write_json
-from kiln.train.trainer import load_model
-
-BATCH = 16
-
-
-def completions(model, tokenizer, cfg: dict, seed: int) -> list[dict]:
-    generator = torch.Generator().manual_seed(seed)
-    eos = frozenset({tokenizer.token_to_id(EOS)})
-    out = []
-    for prompt in cfg["prompts"]:
-        ids = tokenizer.encode(prompt, add_special_tokens=False).ids
-        row = {"prompt": prompt}
-        for name, temperature in (("greedy", 0.0), ("sampled", cfg["temperature"])):
-            new = generate(model, ids, cfg["max_new_tokens"], temperature=temperature, top_k=cfg["top_k"],
-                           stop_ids=eos, vocab_size=tokenizer.get_vocab_size(), generator=generator)
-            row[name] = tokenizer.decode(new, skip_special_tokens=False)
-        out.append(row)
-    return out
+from kiln.eval.suite import RunPaths, evaluate
+from kiln.io import write_json
 
 
 def main() -> None:
@@ -48,32 +21,13 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/eval")
     args = parser.parse_args()
     cfg = stage_config(args, "eval")
-    seed, ecfg = cfg["seed"], cfg["eval"]
-    torch.manual_seed(seed)
-    model, tokenizer = load_model(args.model), load_tokenizer(args.tokenizer)
-    meta = read_json(args.tokens / "meta.json")
-    val_rows = ShardRows(args.shards, "val")
-    loss, n_tokens = val_rows_loss(model, val_rows, BATCH, ecfg["max_batches"])
-    train_tokens = np.memmap(args.tokens / "train.bin", dtype=meta["dtype"], mode="r")
-    unigram = unigram_loss(train_tokens, val_rows, meta["padded_vocab_size"], BATCH, ecfg["max_batches"])
-    val = meta["splits"]["val"]
-    val_ids = set((args.tokens / "val_ids.txt").read_text(encoding="utf-8").split("\n"))
-    val_docs = [d for d in read_documents(args.raw, read_json(args.raw / "manifest.json")) if d.id in val_ids]
-    infill = run_infill(model, tokenizer, make_problems(val_docs, ecfg["infill_docs"], seed))
-    metrics = {
-        "val_loss": loss, "val_perplexity": math.exp(loss),
-        "val_bits_per_byte": bits_per_byte(loss, val["tokens"], val["bytes"]),
-        "val_tokens_evaluated": n_tokens,
-        "unigram_val_loss": unigram,
-        "unigram_bits_per_byte": bits_per_byte(unigram, val["tokens"], val["bytes"]),
-        "infill_problems": infill["problems"], "infill_exact_match": infill["exact_match"],
-        "n_params": model.num_params(non_embedding=False),
-    }
-    write_json(args.out / "samples.json", {"completions": completions(model, tokenizer, ecfg, seed),
-                                           "infill": infill["examples"]})
+    paths = RunPaths(args.model, args.shards, args.tokens, args.raw, args.tokenizer)
+    metrics, samples = evaluate(paths, cfg["eval"], cfg["seed"], args.out)
+    write_json(args.out / "samples.json", samples)
     write_json(args.out / "metrics.json", metrics)
-    print(f"eval: val loss {loss:.4f} (unigram {unigram:.4f}), {metrics['val_bits_per_byte']:.3f} bits/byte, "
-          f"infill exact match {infill['exact_match']} -> {args.out}")
+    print(f"eval: val loss {metrics['val_loss']:.4f} (unigram {metrics['unigram_val_loss']:.4f}), "
+          f"{metrics['val_bits_per_byte']:.3f} bits/byte, infill exact match "
+          f"{metrics['infill']['all']['exact_match']} -> {args.out}")
 
 
 if __name__ == "__main__":

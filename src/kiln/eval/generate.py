@@ -14,9 +14,11 @@ from kiln.model.gpt import GPT
 @torch.no_grad()
 def generate(model: GPT, prompt: list[int], max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int | None = None, stop_ids: frozenset[int] = frozenset(),
-             vocab_size: int | None = None, generator: torch.Generator | None = None) -> list[int]:
-    """New token ids after `prompt` (stop token excluded). temperature 0 means greedy. vocab_size
-    restricts choices to the tokenizer's real ids (the embedding is padded past them)."""
+             vocab_size: int | None = None, generator: torch.Generator | None = None,
+             keep_stop: bool = False) -> list[int]:
+    """New token ids after `prompt`, up to a stop token (included only if keep_stop). temperature 0
+    means greedy. vocab_size restricts choices to the tokenizer's real ids (the embedding is padded
+    past them)."""
     device = next(model.parameters()).device
     ids = torch.tensor([prompt], dtype=torch.long, device=device)
     out: list[int] = []
@@ -33,6 +35,8 @@ def generate(model: GPT, prompt: list[int], max_new_tokens: int, *, temperature:
             probs = torch.softmax(logits, dim=-1)
             next_id = int(torch.multinomial(probs, 1, generator=generator))
         if next_id in stop_ids:
+            if keep_stop:
+                out.append(next_id)
             break
         out.append(next_id)
         ids = torch.cat([ids, torch.tensor([[next_id]], device=device)], dim=1)

@@ -1,51 +1,73 @@
-"""Fill-in-the-middle exact match on held-out code: can the model write back a line it never saw?
+"""Fill-in-the-middle on held-out code: can the model write back lines it never saw?
 
-Each problem hides one non-blank line of a validation document (never trained on, never FIM-ed) and
-prompts PSM: <fim_prefix> prefix <fim_suffix> suffix <fim_middle>; greedy decoding runs until
-<|endoftext|> or a limit. A problem counts as solved when the completion equals the hidden line up to
-trailing whitespace. Problems are chosen from (seed, document id), so every eval sees the same ones.
+From each validation document (never trained on, never FIM-ed) come two problems: one hidden
+non-blank line ("single") and a hidden run of 2-4 lines ("multi"). Each is prompted in both
+training layouts:
+  PSM  <fim_prefix> prefix <fim_suffix> suffix <fim_middle>
+  SPM  <fim_suffix> suffix <fim_prefix> prefix <fim_middle>
+and decoded greedily until <|endoftext|> or a limit. Scores: exact match (up to trailing whitespace)
+and edit similarity (difflib's ratio, 1.0 = identical), reported per span kind and layout. Problems
+are drawn from (seed, document id), so every eval of a run sees the same ones.
 """
 
 from __future__ import annotations
 
+import difflib
 import random
+from collections import defaultdict
 from dataclasses import dataclass
+
+import torch
 
 from kiln.data.fim import MIDDLE, PREFIX, SUFFIX
 from kiln.data.sources import Document
 from kiln.data.tokenizer import EOS
 from kiln.eval.generate import generate
 from kiln.io import stable_hash
-from kiln.model.gpt import GPT
 
-MAX_MIDDLE_TOKENS = 48
+MAX_MIDDLE_TOKENS = 64
+SPAN_LINES = {"single": (1, 1), "multi": (2, 4)}
+LAYOUTS = ("psm", "spm")
 
 
 @dataclass(frozen=True)
 class InfillProblem:
     doc_id: str
+    span: str  # "single" or "multi"
     prefix: str
     middle: str
     suffix: str
 
 
-def make_problems(docs: list[Document], n: int, seed: int) -> list[InfillProblem]:
-    """One single-line problem from each of up to n documents (those with 3+ non-blank lines)."""
+def _problem(doc: Document, span: str, seed: int) -> InfillProblem | None:
+    lines = doc.text.splitlines(keepends=True)
+    rng = random.Random(stable_hash(seed, "infill", span, doc.id))
+    lo, hi = SPAN_LINES[span]
+    n = rng.randint(lo, hi)
+    # the span starts on a non-blank line and leaves at least one line on each side
+    starts = [i for i in range(1, len(lines) - n) if lines[i].strip()]
+    if len(starts) < 3:
+        return None
+    i = rng.choice(starts)
+    return InfillProblem(doc.id, span, "".join(lines[:i]), "".join(lines[i : i + n]), "".join(lines[i + n :]))
+
+
+def make_problems(docs: list[Document], n_docs: int, seed: int) -> list[InfillProblem]:
+    """A single-line and a multi-line problem from each of up to n_docs documents."""
     problems = []
-    for doc in sorted(docs, key=lambda d: stable_hash(seed, "infill", d.id)):
-        lines = doc.text.splitlines(keepends=True)
-        candidates = [i for i, line in enumerate(lines) if line.strip() and 0 < i < len(lines) - 1]
-        if len(candidates) < 3:
-            continue
-        i = random.Random(stable_hash(seed, "infill-line", doc.id)).choice(candidates)
-        problems.append(InfillProblem(doc.id, "".join(lines[:i]), lines[i], "".join(lines[i + 1 :])))
-        if len(problems) == n:
+    used = 0
+    for doc in sorted(docs, key=lambda d: stable_hash(seed, "infill-docs", d.id)):
+        found = [p for span in SPAN_LINES if (p := _problem(doc, span, seed)) is not None]
+        if len(found) == len(SPAN_LINES):
+            problems += found
+            used += 1
+        if used == n_docs:
             break
     return problems
 
 
-def _prompt(problem: InfillProblem, tokenizer, budget: int) -> list[int]:
-    """PSM prompt ids, keeping the prefix's end and the suffix's start when the budget is short."""
+def _prompt(problem: InfillProblem, tokenizer, layout: str, budget: int) -> list[int]:
+    """Prompt ids, keeping the prefix's end and the suffix's start when the budget is short."""
     tid = tokenizer.token_to_id
     pre = tokenizer.encode(problem.prefix, add_special_tokens=False).ids
     suf = tokenizer.encode(problem.suffix, add_special_tokens=False).ids
@@ -53,18 +75,40 @@ def _prompt(problem: InfillProblem, tokenizer, budget: int) -> list[int]:
     keep_suf = min(len(suf), room // 2)
     keep_pre = min(len(pre), room - keep_suf)
     keep_suf = min(len(suf), room - keep_pre)
-    return ([tid(PREFIX)] + pre[len(pre) - keep_pre :] + [tid(SUFFIX)] + suf[:keep_suf] + [tid(MIDDLE)])
+    pre_part = [tid(PREFIX)] + pre[len(pre) - keep_pre :]
+    suf_part = [tid(SUFFIX)] + suf[:keep_suf]
+    body = pre_part + suf_part if layout == "psm" else suf_part + pre_part
+    return body + [tid(MIDDLE)]
 
 
-def run_infill(model: GPT, tokenizer, problems: list[InfillProblem]) -> dict:
+def edit_similarity(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+@torch.no_grad()
+def run_infill(model, tokenizer, problems: list[InfillProblem]) -> dict:
+    """Scores by "<span>/<layout>" and overall, plus every completion."""
     stop = frozenset({tokenizer.token_to_id(EOS), tokenizer.token_to_id("<file_sep>")})
-    results = []
+    examples = []
     for problem in problems:
-        prompt = _prompt(problem, tokenizer, model.cfg.seq_len - MAX_MIDDLE_TOKENS)
-        out = generate(model, prompt, MAX_MIDDLE_TOKENS, stop_ids=stop, vocab_size=tokenizer.get_vocab_size())
-        completion = tokenizer.decode(out, skip_special_tokens=False)
-        results.append({"doc_id": problem.doc_id, "expected": problem.middle, "completion": completion,
-                        "exact_match": completion.rstrip() == problem.middle.rstrip()})
-    solved = sum(r["exact_match"] for r in results)
-    return {"problems": len(results), "exact_match": solved / len(results) if results else None,
-            "examples": results}
+        for layout in LAYOUTS:
+            prompt = _prompt(problem, tokenizer, layout, model.cfg.seq_len - MAX_MIDDLE_TOKENS)
+            out = generate(model, prompt, MAX_MIDDLE_TOKENS, stop_ids=stop, vocab_size=tokenizer.get_vocab_size())
+            completion = tokenizer.decode(out, skip_special_tokens=False)
+            examples.append({
+                "doc_id": problem.doc_id, "span": problem.span, "layout": layout,
+                "expected": problem.middle, "completion": completion,
+                "exact_match": completion.rstrip() == problem.middle.rstrip(),
+                "edit_similarity": edit_similarity(completion.rstrip(), problem.middle.rstrip()),
+            })
+    groups: dict[str, list[dict]] = defaultdict(list, {"all": []})
+    for ex in examples:
+        groups[f"{ex['span']}/{ex['layout']}"].append(ex)
+        groups["all"].append(ex)
+    scores = {
+        name: {"problems": len(rows),
+               "exact_match": sum(r["exact_match"] for r in rows) / len(rows) if rows else None,
+               "edit_similarity": sum(r["edit_similarity"] for r in rows) / len(rows) if rows else None}
+        for name, rows in sorted(groups.items())
+    }
+    return {"scores": scores, "examples": examples}

@@ -16,14 +16,23 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def plot_loss(records: list[dict], png: Path, unigram: float | None = None) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    ax.plot([r["step"] for r in records], [r["loss"] for r in records], label="train loss", lw=1.2)
+    """The loss curves, with the learning rate and throughput of the same log steps beneath."""
+    fig, (ax, ax_lr, ax_speed) = plt.subplots(3, 1, figsize=(7, 7), dpi=120, sharex=True,
+                                              gridspec_kw={"height_ratios": [3, 1, 1]})
+    steps = [r["step"] for r in records]
+    ax_lr.plot(steps, [r["lr"] for r in records], lw=1.2, color="tab:green")
+    ax_lr.set_ylabel("learning rate")
+    ax_speed.plot(steps, [r["tokens_per_s"] for r in records], lw=1.2, color="tab:purple")
+    ax_speed.set_ylabel("tokens/s")
+    for a in (ax_lr, ax_speed):
+        a.grid(alpha=0.3)
+    ax.plot(steps, [r["loss"] for r in records], label="train loss", lw=1.2)
     val = [r for r in records if "val_loss" in r]
     if val:
         ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="val loss", lw=1.2)
     if unigram is not None:
         ax.axhline(unigram, color="grey", ls="--", lw=1, label="unigram baseline (val)")
-    ax.set_xlabel("optimizer step")
+    ax_speed.set_xlabel("optimizer step")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -64,16 +73,37 @@ def render(run: str, data: dict, png_name: str) -> str:
         "| metric | model | unigram baseline |", "|---|---:|---:|",
         f"| loss (nats/token) | {ev['val_loss']:.4f} | {ev['unigram_val_loss']:.4f} |",
         f"| bits per byte | {ev['val_bits_per_byte']:.4f} | {ev['unigram_bits_per_byte']:.4f} |",
-        f"| perplexity | {ev['val_perplexity']:.2f} | |",
-        f"| FIM single-line exact match | {ev['infill_exact_match'] if ev['infill_exact_match'] is not None else 'n/a'} "
-        f"({ev['infill_problems']} problems) | |", "",
+        f"| perplexity | {ev['val_perplexity']:.2f} | |", "",
+        *_eval_tables(ev),
         "## Samples", "",
     ]
     for row in data["samples"]["completions"]:
         lines += [f"Prompt `{row['prompt']!r}`, greedy:", "", _fence(row["prompt"] + row["greedy"]), "",
                   "sampled:", "", _fence(row["prompt"] + row["sampled"]), ""]
     lines += ["## Infilling examples", ""]
-    for ex in data["samples"]["infill"][:5]:
-        mark = "exact" if ex["exact_match"] else "miss"
-        lines += [f"`{ex['doc_id']}` ({mark}): expected {ex['expected'].rstrip()!r}, got {ex['completion'].rstrip()!r}", ""]
+    for ex in data["samples"]["infill"][:6]:
+        mark = "exact" if ex["exact_match"] else f"similarity {ex['edit_similarity']:.2f}"
+        lines += [f"`{ex['doc_id']}` ({ex['span']}, {ex['layout']}, {mark}):", "",
+                  "expected:", "", _fence(ex["expected"].rstrip()), "", "got:", "", _fence(ex["completion"].rstrip()), ""]
     return "\n".join(lines) + "\n"
+
+
+def _number(value) -> str:
+    return "n/a" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def _eval_tables(ev: dict) -> list[str]:
+    """Infilling, lm-eval and contamination tables of the eval stage's metrics."""
+    lines = ["### Fill-in-the-middle (held-out code)", "",
+             "| span / layout | problems | exact match | edit similarity |", "|---|---:|---:|---:|"]
+    lines += [f"| {name} | {row['problems']} | {_number(row['exact_match'])} | {_number(row['edit_similarity'])} |"
+              for name, row in ev["infill"].items()]
+    lines += ["", "### lm-evaluation-harness", "", "| task | metric | value |", "|---|---|---:|"]
+    for task, metrics in ev["lm_eval"].items():
+        lines += [f"| {task} | {metric.split(',')[0]} | {_number(value) if not isinstance(value, str) else value} |"
+                  for metric, value in metrics.items() if "stderr" not in metric]
+    lines += ["", "### Contamination (13-gram overlap with the training tokens)", "",
+              "| eval set | items | items with overlap | 13-grams found |", "|---|---:|---:|---:|"]
+    lines += [f"| {name} | {row['items']} | {row['contaminated_items']} | {_number(row['ngram_overlap'])} |"
+              for name, row in ev["contamination"].items()]
+    return lines + [""]

@@ -1,0 +1,123 @@
+"""lm-evaluation-harness adapter: a Kiln checkpoint as an lm-eval model named "kiln".
+
+    lm_eval --model kiln --model_args pretrained=results/<run>/train,tokenizer=results/<run>/tokenizer/tokenizer.json \
+            --tasks kiln_code_perplexity --include_path <tasks dir>
+
+`TemplateLM` turns loglikelihood requests into token pairs; this class scores them in batches
+(right-padded, one forward per batch; causal attention means padding after a sequence cannot change
+its logits). Rolling loglikelihood uses lm-eval's own disjoint windows of the model's context length.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from lm_eval import utils as lm_utils
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+
+from kiln.data.tokenizer import EOS, load_tokenizer
+from kiln.eval.generate import generate
+
+
+@register_model("kiln")
+class KilnLM(TemplateLM):
+    def __init__(self, pretrained: str, tokenizer: str, batch_size: int | str = 8,
+                 max_batch_size: int | None = None, device: str | None = None, max_gen_toks: int = 128,
+                 **kwargs):
+        super().__init__()
+        from kiln.model.build import load_model
+
+        self._device = torch.device(device or "cpu")
+        self.model = load_model(Path(pretrained), self._device)
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
+        if max_batch_size is not None:
+            self.batch_size = min(self.batch_size, int(max_batch_size))
+        self.max_gen_toks = int(max_gen_toks)
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer.token_to_id(EOS)
+
+    @property
+    def max_length(self) -> int:
+        return self.model.cfg.seq_len
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        return self.tokenizer.encode(string, add_special_tokens=False).ids
+
+    def tok_decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    @torch.no_grad()
+    def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """(sum of log p(continuation | context), whether greedy decoding gives the continuation)
+        for each (context ids, continuation ids), the context cut from the left to fit."""
+        out: list[tuple[float, bool] | None] = [None] * len(pairs)
+        order = sorted(range(len(pairs)), key=lambda i: -len(pairs[i][0]) - len(pairs[i][1]))
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start : start + self.batch_size]
+            rows = [(pairs[i][0] + pairs[i][1])[-(self.max_length + 1) :][:-1] for i in batch]
+            width = max(len(r) for r in rows)
+            ids = torch.full((len(rows), width), self.eot_token_id, dtype=torch.long, device=self.device)
+            for j, row in enumerate(rows):
+                ids[j, : len(row)] = torch.tensor(row)
+            logits, _ = self.model(ids)
+            log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+            for j, i in enumerate(batch):
+                cont = pairs[i][1]
+                end = len(rows[j])
+                scores = log_probs[j, end - len(cont) : end]  # (len(cont), V)
+                target = torch.tensor(cont, device=self.device)
+                total = scores.gather(1, target[:, None]).sum().item()
+                out[i] = (total, bool((scores.argmax(-1) == target).all()))
+        return out  # type: ignore[return-value]
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
+        return self._score([(context, continuation) for _, context, continuation in requests])
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        results = []
+        for (text,) in (r.args for r in requests):
+            windows = [
+                lm_utils.make_disjoint_window(w)
+                for w in lm_utils.get_rolling_token_windows(
+                    token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length, context_len=1,
+                )
+            ]
+            results.append(sum(score for score, _ in self._score(windows)))
+        return results
+
+    def _stop_ids(self, until: tuple[str, ...]) -> frozenset[int]:
+        """EOS and every token whose text contains a stop string: decoding can end on the token
+        that completes a line instead of running to max_gen_toks (the text is cut afterwards)."""
+        vocab = range(self.tokenizer.get_vocab_size())
+        return frozenset({self.eot_token_id} | {i for i in vocab if any(s in self.tok_decode([i]) for s in until)})
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        results = []
+        stop_cache: dict[tuple[str, ...], frozenset[int]] = {}
+        for context, gen_kwargs in (r.args for r in requests):
+            until = gen_kwargs.get("until", [])
+            until = (until,) if isinstance(until, str) else tuple(until)
+            if until not in stop_cache:
+                stop_cache[until] = self._stop_ids(until)
+            new = generate(
+                self.model, self.tok_encode(context)[-self.max_length :],
+                int(gen_kwargs.get("max_gen_toks", self.max_gen_toks)),
+                temperature=float(gen_kwargs.get("temperature", 0.0)) if gen_kwargs.get("do_sample") else 0.0,
+                stop_ids=stop_cache[until], vocab_size=self.tokenizer.get_vocab_size(), keep_stop=True,
+            )
+            text = self.tokenizer.decode(new, skip_special_tokens=True)  # drops a final EOS
+            for stop in until:
+                text = text.split(stop)[0]
+            results.append(text)
+        return results

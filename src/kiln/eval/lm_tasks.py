@@ -1,0 +1,69 @@
+"""Local lm-eval tasks built from a run's held-out documents, and the call that runs lm-eval.
+
+The task definitions ship in kiln/eval/tasks/*.yaml; their data files are written per run from the
+validation split (which training never sees), with the files' folder filled into the YAML, so the
+same tasks run offline on any corpus:
+- kiln_code_perplexity: whole held-out documents, rolling loglikelihood (bits per byte, perplexity);
+- kiln_next_line: context lines -> the next non-blank line, greedy, exact match.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from kiln.data.sources import Document
+from kiln.io import stable_hash
+
+TASKS_DIR = Path(__file__).with_name("tasks")
+LOCAL_TASKS = tuple(sorted(p.stem for p in TASKS_DIR.glob("*.yaml")))
+CONTEXT_LINES = 24
+
+
+def _next_line_example(doc: Document, seed: int) -> dict | None:
+    lines = doc.text.splitlines()
+    candidates = [i for i, line in enumerate(lines) if line.strip() and i >= 3]
+    if not candidates:
+        return None
+    i = random.Random(stable_hash(seed, "next-line", doc.id)).choice(candidates)
+    context = "\n".join(lines[max(0, i - CONTEXT_LINES) : i]) + "\n"
+    return {"id": doc.id, "context": context, "target": lines[i]}
+
+
+def write_local_tasks(docs: list[Document], out_dir: Path, seed: int, max_docs: int) -> Path:
+    """Write the task YAMLs and their data files under out_dir; return the folder for include_path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    chosen = sorted(docs, key=lambda d: stable_hash(seed, "lm-eval", d.id))[:max_docs]
+    with open(out_dir / "code_documents.jsonl", "w", encoding="utf-8") as f:
+        for doc in chosen:
+            f.write(json.dumps({"id": doc.id, "text": doc.text}) + "\n")
+    with open(out_dir / "next_line.jsonl", "w", encoding="utf-8") as f:
+        for doc in chosen:
+            if (example := _next_line_example(doc, seed)) is not None:
+                f.write(json.dumps(example) + "\n")
+    for name in LOCAL_TASKS:
+        template = (TASKS_DIR / f"{name}.yaml").read_text(encoding="utf-8")
+        (out_dir / f"{name}.yaml").write_text(template.replace("{data_dir}", str(out_dir.resolve())),
+                                              encoding="utf-8")
+    return out_dir
+
+
+def run_lm_eval(model: str, model_args: dict, tasks: list[str], include_path: Path,
+                limit: int | None = None, batch_size: int = 8) -> dict:
+    """lm_eval.simple_evaluate on `tasks` (local ones found through include_path); returns
+    {task: {metric: value}} with lm-eval's metric names (e.g. 'bits_per_byte,none')."""
+    import lm_eval
+    import lm_eval.models  # noqa: F401  registers lm-eval's own models ("hf", ...)
+    from lm_eval.tasks import TaskManager
+
+    import kiln.eval.harness  # noqa: F401  registers the "kiln" model with lm-eval
+
+    results = lm_eval.simple_evaluate(
+        model=model, model_args=model_args, tasks=tasks, limit=limit, batch_size=batch_size,
+        task_manager=TaskManager(include_path=str(include_path)), log_samples=False,
+        random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0,
+    )
+    # lm-eval names metrics "<metric>,<filter>" and adds bookkeeping keys (alias, name, sample_len)
+    return {task: {k: v for k, v in metrics.items() if "," in k}
+            for task, metrics in results["results"].items()}

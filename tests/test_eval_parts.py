@@ -1,0 +1,73 @@
+"""Infilling problems and prompts, edit similarity, 13-gram contamination, perplexity helpers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kiln.data.fim import MIDDLE, PREFIX, SUFFIX
+from kiln.data.sources import Document
+from kiln.eval import contamination
+from kiln.eval.infill import _prompt, edit_similarity, make_problems
+from kiln.eval.perplexity import bits_per_byte
+
+CODE = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(12))
+DOCS = [Document(f"d/{i}", CODE.replace("x", f"v{i}"), f"{i}.py", "d") for i in range(6)]
+
+
+def test_problems_are_deterministic_and_rebuild_the_document():
+    problems = make_problems(DOCS, 4, seed=3)
+    assert problems == make_problems(DOCS, 4, seed=3)
+    assert problems != make_problems(DOCS, 4, seed=4)
+    assert len(problems) == 8 and {p.span for p in problems} == {"single", "multi"}
+    by_id = {d.id: d.text for d in DOCS}
+    for p in problems:
+        assert p.prefix + p.middle + p.suffix == by_id[p.doc_id]
+        assert p.middle.strip() and p.prefix and p.suffix
+        n_lines = p.middle.count("\n")
+        assert n_lines == 1 if p.span == "single" else 2 <= n_lines <= 4
+
+
+def test_prompt_layouts(tokenizer):
+    problem = make_problems(DOCS, 1, seed=0)[0]
+    tid = tokenizer.token_to_id
+    psm = _prompt(problem, tokenizer, "psm", budget=10_000)
+    spm = _prompt(problem, tokenizer, "spm", budget=10_000)
+    assert psm[0] == tid(PREFIX) and psm[-1] == tid(MIDDLE) and tid(SUFFIX) in psm
+    assert spm[0] == tid(SUFFIX) and spm[-1] == tid(MIDDLE) and tid(PREFIX) in spm
+    assert sorted(psm) == sorted(spm)
+    decoded = tokenizer.decode(psm, skip_special_tokens=True)
+    assert decoded == problem.prefix + problem.suffix
+
+
+def test_prompt_keeps_the_nearest_context_when_short(tokenizer):
+    problem = make_problems(DOCS, 1, seed=0)[0]
+    prompt = _prompt(problem, tokenizer, "psm", budget=23)
+    assert len(prompt) <= 23
+    cut = prompt.index(tokenizer.token_to_id(SUFFIX))
+    kept_prefix = tokenizer.decode(prompt[1:cut])
+    assert problem.prefix.endswith(kept_prefix) and kept_prefix
+
+
+def test_edit_similarity():
+    assert edit_similarity("return x", "return x") == 1.0
+    assert edit_similarity("", "return x") == 0.0
+    assert 0 < edit_similarity("return y", "return x") < 1
+
+
+def test_ngram_hashes_and_overlap():
+    train = np.arange(1000) % 97
+    index = contamination.train_index(train, chunk=50)  # chunks overlap, no window lost
+    assert np.array_equal(index, np.unique(contamination.ngram_hashes(train)))
+    seen, unseen = list(train[100:140]), [1000 + i for i in range(40)]
+    result = contamination.overlap(index, [seen, unseen, [1, 2]])
+    assert result["items"] == 3 and result["contaminated_items"] == 1
+    assert result["ngram_overlap"] == pytest.approx(28 / 56)
+
+
+def test_bits_per_byte():
+    # ln 2 nats per token, one token per byte: exactly one bit per byte
+    assert bits_per_byte(math.log(2), 100, 100) == pytest.approx(1.0)
+    assert bits_per_byte(math.log(2), 100, 400) == pytest.approx(0.25)
