@@ -14,6 +14,9 @@ configfile: Path(workflow.basedir) / "config" / "config.yaml"
 config.update(kiln_config.validate(config))
 
 RUN = f"results/{config['run_name']}"
+
+# `snakemake --report report.html` gathers the outputs marked with report() in the rules.
+report: "workflow/report/workflow.rst"
 SCRIPTS = Path(workflow.basedir) / "workflow" / "scripts"
 
 
@@ -22,6 +25,7 @@ include: "workflow/rules/download.smk"
 include: "workflow/rules/tokenizer.smk"
 include: "workflow/rules/pretokenize.smk"
 include: "workflow/rules/shard.smk"
+include: "workflow/rules/verify.smk"
 include: "workflow/rules/smoke.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/eval.smk"

@@ -45,7 +45,7 @@ def test_every_artifact_is_there(finished_run):
         "shards/manifest.json", "shards/train-00000.bin", "shards/val-00000.bin",
         "smoke/report.json",
         "train/model.safetensors", "train/model_config.json", "train/metrics.jsonl", "train/summary.json",
-        "train/checkpoints/LATEST",
+        "train/checkpoints/LATEST", "train/hf/config.json", "train/hf/model.safetensors", "train/hf/tokenizer.json",
         "eval/metrics.json", "eval/samples.json",
         "report.md", "loss.png",
     ]
@@ -101,7 +101,7 @@ def test_bad_config_fails_before_any_job(tmp_path):
     bad.write_text(yaml.safe_dump(cfg))
     result = snakemake(tmp_path, "--configfile", str(bad))
     assert result.returncode != 0
-    assert "train.lerning_rate: unknown key (allowed: beta1," in result.stdout + result.stderr
+    assert "train.lerning_rate: unknown key (allowed: activation_checkpointing, batch_tokens, beta1," in result.stdout + result.stderr
     assert not (tmp_path / "results").exists()
 
 
@@ -120,3 +120,11 @@ def test_empty_corpus_fails_in_download(tmp_path):
 def test_lint_is_clean(tmp_path):
     result = snakemake(tmp_path, "--configfile", str(TINY), "--lint")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_snakemake_html_report(finished_run):
+    workdir, _, _ = finished_run
+    result = snakemake(workdir, "--configfile", str(TINY), "--report", "report.html")
+    assert result.returncode == 0, result.stderr[-2000:]
+    html = (workdir / "report.html").read_text(errors="replace")
+    assert "loss.png" in html and "report.md" in html

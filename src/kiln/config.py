@@ -18,6 +18,8 @@ import jsonschema
 import yaml
 
 from kiln.errors import KilnError
+from kiln.model.registry import check_section as check_model_section
+from kiln.train.plan import plan_batch
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -87,14 +89,9 @@ def _describe(error: jsonschema.ValidationError) -> str:
 
 
 def _check_relations(cfg: dict) -> list[str]:
-    problems = []
-    model = cfg["model"]
-    if model["d_model"] % model["n_head"]:
-        problems.append(
-            f"model.d_model: {model['d_model']} is not divisible by model.n_head={model['n_head']}"
-        )
+    problems = check_model_section(cfg["model"], cfg["shard"]["seq_len"])
     floor = BYTE_ALPHABET + len(SPECIAL_TOKENS)
-    vocab = cfg["tokenizer"]["vocab_size"]
+    vocab = cfg["tokenizer"].get("vocab_size", floor)  # only a trained tokenizer has one
     if vocab < floor:
         problems.append(
             f"tokenizer.vocab_size: {vocab} is smaller than the {floor} tokens every vocabulary holds "
@@ -113,10 +110,25 @@ def _check_relations(cfg: dict) -> list[str]:
         problems.append(
             f"train.warmup_steps: {train['warmup_steps']} must be below train.max_steps={train['max_steps']}"
         )
+    try:
+        world = train["nproc_per_node"] * train["nnodes"]
+        plan_batch(train["batch_tokens"], train["micro_batch"], cfg["shard"]["seq_len"], world)
+    except KilnError as exc:
+        problems.append(str(exc))
+    if train["node_rank"] >= train["nnodes"]:
+        problems.append(f"train.node_rank: {train['node_rank']} must be below train.nnodes={train['nnodes']}")
+    if train["nnodes"] > 1 and not train["rdzv_endpoint"]:
+        problems.append(f"train.rdzv_endpoint: train.nnodes={train['nnodes']} needs node 0's host:port")
     names = [s["name"] for s in cfg["download"]["sources"]]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         problems.append(f"download.sources: names must be unique, repeated: {', '.join(dupes)}")
+    mixture = cfg["pretokenize"]["mixture"]
+    unknown = sorted(set(mixture) - set(names))
+    if unknown:
+        problems.append(f"pretokenize.mixture: {', '.join(unknown)} not among download.sources ({', '.join(names)})")
+    if mixture and cfg["pretokenize"].get("train_tokens") is None:
+        problems.append("pretokenize.mixture: weights need pretokenize.train_tokens, the train tokens to share")
     return problems
 
 
