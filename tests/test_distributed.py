@@ -2,8 +2,9 @@
 
 2 ranks x micro-batch b give the loss sequence (and final weights) of 1 rank x 2b in fp32, with DDP
 and with FSDP2, with and without gradient accumulation; ranks read disjoint rows; accumulation
-skips the gradient all-reduce (no_sync) until the last micro-batch; a DDP checkpoint resumes under
-FSDP2. The launch goes through the multi-node form of the command (static rendezvous at an
+skips the gradient all-reduce (no_sync) until the last micro-batch; per-block compilation under
+DDP changes nothing; FSDP2 in bf16 (bf16 gathers, fp32 reduction) learns; a DDP checkpoint resumes
+under FSDP2. The launch goes through the multi-node form of the command (static rendezvous at an
 explicit endpoint, nnodes 1), the single-node form runs in test_pipeline.
 """
 
@@ -35,6 +36,7 @@ RUNS = {
     "ddp-accum": ("ddp", 2, {"activation_checkpointing": True}),  # 2 ranks x 2 micro-batches x 2 rows
     "fsdp-accum": ("fsdp", 2, {}),
     "ddp-compiled": ("ddp", 2, {"compile": True}),  # each block compiled; accumulation as ddp-accum
+    "fsdp-bf16": ("fsdp", 4, {"precision": "bf16"}),  # bf16 gathers and fp32 reduction: runs, learns
     "fsdp-resumed": ("fsdp", 4, {}),  # resumes from ddp's mid-run checkpoint
 }
 
@@ -103,6 +105,13 @@ def test_two_ranks_match_one_rank_with_twice_the_batch(launched, name):
     ours, theirs = load_model(base / name).state_dict(), load_model(reference).state_dict()
     for key in theirs:
         torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=1e-5, msg=key)
+
+
+def test_fsdp_in_bf16_learns(launched):
+    base, _, reference = launched
+    losses = _losses(base / "fsdp-bf16")
+    assert losses[-1] < losses[0] - 0.5
+    assert losses == pytest.approx(_losses(reference), abs=0.1)  # bf16 rounding, not another run
 
 
 def test_ddp_checkpoint_resumes_under_fsdp(launched):

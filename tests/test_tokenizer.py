@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -126,12 +128,13 @@ def test_build_tokenizer_refuses_to_hold_out_everything(tmp_path):
         build_tokenizer(raw, dict(TOKENIZER_CFG, heldout_docs=n), seed=1)
 
 
-def test_training_bytes_are_sampled_across_sources(tmp_path):
+def test_training_bytes_are_sampled_across_sources(tmp_path, monkeypatch):
     """A small budget draws from every source in proportion to its size, not the first source only."""
-    a = write_jsonl(tmp_path / "a.jsonl", [{"text": f"alpha {i} " * 40} for i in range(200)])
-    b = write_jsonl(tmp_path / "b.jsonl", [{"text": f"beta {i} " * 40} for i in range(100)])
+    monkeypatch.chdir(tmp_path)  # relative paths: document ids, and so the sample, are the same every run
+    write_jsonl(Path("a.jsonl"), [{"text": f"alpha {i} " * 40} for i in range(200)])
+    write_jsonl(Path("b.jsonl"), [{"text": f"beta {i} " * 40} for i in range(100)])
     raw = tmp_path / "raw"
-    sources = [{"name": n, "kind": "local", "paths": [str(p)], "text_column": "text"} for n, p in (("a", a), ("b", b))]
+    sources = [{"name": n, "kind": "local", "paths": [f"{n}.jsonl"], "text_column": "text"} for n in ("a", "b")]
     manifest = write_raw(download_cfg(sources, rows_per_part=50), raw)
     budget = manifest["bytes"] // 4
     cfg = {"kind": "train", "vocab_size": 300, "train_bytes": budget, "heldout_docs": 3}
