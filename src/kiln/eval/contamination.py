@@ -39,7 +39,9 @@ def overlap(index: np.ndarray, items: list[list[int]]) -> dict:
     hit_items = total = found = 0
     for ids in items:
         hashes = ngram_hashes(np.asarray(ids))
-        present = np.isin(hashes, index, assume_unique=False)
+        # binary search in the sorted index (np.isin would re-sort the whole index for every item)
+        at = np.searchsorted(index, hashes).clip(max=max(len(index) - 1, 0))
+        present = index[at] == hashes if len(index) else np.zeros(len(hashes), dtype=bool)
         total += len(hashes)
         found += int(present.sum())
         hit_items += bool(present.any())
