@@ -12,6 +12,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
+import torch
 
 from kiln.data.raw import write_raw
 from kiln.data.tokenizer import build_tokenizer
@@ -82,3 +83,13 @@ def tokenizer(tokenizer_path):
     from kiln.data.tokenizer import load_tokenizer
 
     return load_tokenizer(tokenizer_path)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors run fastest on one thread, and do not stall when the CPUs are shared (a module
+    opts in with `pytestmark = pytest.mark.usefixtures("one_thread")`)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -25,12 +25,7 @@ SMALL = {  # registry flavours shrunk by overrides: the same code paths as the f
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
 
 
 def _trained_looking(section: dict):

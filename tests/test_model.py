@@ -16,12 +16,7 @@ LLAMA_CFG = ModelConfig(family="llama", vocab_size=128, seq_len=16, n_layer=2, n
 CONFIGS = pytest.mark.parametrize("cfg", [GPT_CFG, LLAMA_CFG], ids=["gpt2", "llama"])
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
 
 
 def _model(cfg: ModelConfig, seed: int = 0):

@@ -252,3 +252,32 @@ def few_docs_raw(tmp_path_factory):
 def test_val_tokens_beyond_the_corpus_leave_an_empty_train_split(few_docs_raw, tokenizer_path, tmp_path):
     with pytest.raises(KilnError, match=r"the train split is empty \(\d+ documents in all\).*val_tokens"):
         run(few_docs_raw, tokenizer_path, tmp_path / "out", dict(CFG, val_tokens=10**9))
+
+
+def test_val_sources_place_each_source_in_val_bin(tokens, tokenizer):
+    """val.bin holds the sources one after another; val_sources gives each its token range and counts."""
+    out, meta, docs, streams = tokens
+    ranges, at = meta["val_sources"], 0
+    assert list(ranges) == list(meta["sources"])  # manifest order
+    val_ids = (out / "val_ids.txt").read_text(encoding="utf-8").splitlines()
+    by_id = {d.id: d for d in docs}
+    first_doc = 0
+    for name, r in ranges.items():
+        assert r["start"] == at <= r["end"]
+        at = r["end"]
+        assert {k: r[k] for k in ("docs", "tokens", "bytes")} == meta["sources"][name]["val"]
+        chunks = per_doc(streams["val"][r["start"] : r["end"]])
+        mine = [by_id[i] for i in val_ids[first_doc : first_doc + r["docs"]]]
+        first_doc += r["docs"]
+        assert len(chunks) == r["docs"] > 0 and {d.source for d in mine} == {name}
+        assert [tokenizer.decode(c[:-1]) for c in chunks] == [d.text for d in mine]
+        assert r["bytes"] == sum(len(d.text.encode("utf-8")) for d in mine)
+    assert at == len(streams["val"]) and first_doc == len(val_ids)
+
+
+def test_val_sources_list_a_source_without_validation_tokens_as_empty(two_sources, tokenizer_path, tmp_path):
+    meta = run(two_sources, tokenizer_path, tmp_path / "only-a", dict(CFG, val_tokens=400, train_tokens=3000,
+                                                                      mixture={"a": 1}))
+    a, b = meta["val_sources"]["a"], meta["val_sources"]["b"]
+    assert a["start"] == 0 and a["end"] == a["tokens"] == meta["splits"]["val"]["tokens"] > 0
+    assert b["start"] == b["end"] == a["end"] and b["docs"] == b["tokens"] == b["bytes"] == 0

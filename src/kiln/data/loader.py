@@ -82,7 +82,13 @@ class TrainBatches:
 
 
 def eval_batches(rows: ShardRows, micro_batch: int, max_batches: int, rank: int = 0, world: int = 1):
-    """The first max_batches batches of this rank's share of a split, in stored order."""
+    """At most max_batches batches of this rank's share of a split, in stored order. When they
+    cannot hold the whole share, the rows are spread evenly over it rather than taken from its
+    start: the val split is stored source by source, so its first rows would stand for the first
+    source only."""
     mine = np.arange(rank, len(rows), world)
-    for b in range(min(max_batches, -(-len(mine) // micro_batch))):
+    wanted = max_batches * micro_batch
+    if wanted < len(mine):
+        mine = mine[np.arange(wanted) * len(mine) // wanted]
+    for b in range(-(-len(mine) // micro_batch)):
         yield rows.take(mine[b * micro_batch : (b + 1) * micro_batch])

@@ -6,7 +6,9 @@ Output (one directory): train.bin and val.bin, the concatenated ids of each spli
 (uint32 when the padded vocabulary exceeds 65,536), with <|endoftext|> after every sample;
 val_ids.txt (the documents held out) and meta.json (counts per split and source, dtype, encoder,
 FIM modes). The validation side is never FIM-transformed, so its loss, perplexity and bits per byte
-measure plain language modelling.
+measure plain language modelling. val.bin holds the sources one after another (in manifest order,
+each in stored order), and meta.json's `val_sources` gives each source's [start, end) token range
+in it with its docs, tokens and bytes, so that loss and bits per byte can be measured per source.
 
 Validation: each source gives the samples with the smallest split hash (a hash of the sample's id
 alone: stable across seeds, order and worker count) until it reaches its share of `val_tokens` (its
@@ -173,12 +175,26 @@ def _write_train(pool: WorkerPool, parts: list, skip: dict[int, set[int]], targe
     return counts
 
 
-def _write_val(val: list[dict], out_dir: Path, itemsize: int) -> None:
-    """val.bin (the selected samples' ids, from the scratch files) and val_ids.txt, in stored order."""
+def _write_val(val: list[dict], parts: list, names: list[str], out_dir: Path, itemsize: int) -> dict[str, dict]:
+    """val.bin (the selected samples' ids, from the scratch files) and val_ids.txt: source after source
+    in manifest order, each in stored order. Returns each source's place in val.bin: {source: {start,
+    end (token offsets, end exclusive), docs, tokens, bytes}}, every source listed (empty ones with
+    start == end), in the order of `names` (the manifest's)."""
+    source_of = {i: s for i, s, _ in parts}
+    ranges = {}
+    at = 0
     with open(out_dir / "val.bin", "wb") as f, open(out_dir / "val_ids.txt", "w", encoding="utf-8") as ids:
-        for sample in val:
-            _copy_range(f, Path(sample["file"]), sample["offset"] * itemsize, sample["tokens"] * itemsize)
-            ids.writelines(doc_id + "\n" for doc_id in sample["doc_ids"])
+        for s in names:
+            entry = ranges[s] = {"start": at, "end": at, "docs": 0, "tokens": 0, "bytes": 0}
+            for sample in (v for v in val if source_of[v["part"]] == s):  # val is in (part, row) order
+                _copy_range(f, Path(sample["file"]), sample["offset"] * itemsize, sample["tokens"] * itemsize)
+                ids.writelines(doc_id + "\n" for doc_id in sample["doc_ids"])
+                entry["docs"] += len(sample["doc_ids"])
+                entry["tokens"] += sample["tokens"]
+                entry["bytes"] += sample["bytes"]
+                at += sample["tokens"]
+            entry["end"] = at
+    return ranges
 
 
 def _per_source(manifest: dict, parts: list, val: list[dict], train: dict[str, Counter], shares: dict[str, float],
@@ -225,7 +241,7 @@ def pretokenize(raw_dir: Path, tokenizer_path: Path, out_dir: Path, seed: int, c
     scratch.mkdir()
     with WorkerPool(workers, settings) as pool:
         val = _select_val(pool, parts, quotas, expected, scratch)
-        _write_val(val, out_dir, dtype.itemsize)
+        val_sources = _write_val(val, parts, list(manifest["sources"]), out_dir, dtype.itemsize)
         for leftover in scratch.iterdir():
             leftover.unlink()
         skip: dict[int, set[int]] = {}
@@ -250,6 +266,7 @@ def pretokenize(raw_dir: Path, tokenizer_path: Path, out_dir: Path, seed: int, c
         "encoder": {"name": local.backend, **encoder_info},
         "splits": splits,
         "sources": sources,
+        "val_sources": val_sources,
         "fim_modes": {m: sum(train[s][m] for s in train) for m in COUNT_COLUMNS[3:]},
         "repo_context": cfg["repo_context"],
     }

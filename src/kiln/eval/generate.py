@@ -1,43 +1,103 @@
-"""Autoregressive decoding: greedy or sampled (temperature, top-k), stopping at a stop token.
+"""Batched autoregressive decoding over a KV cache: greedy or sampled (temperature, top-k, top-p),
+each row stopping at its own stop token or after max_new_tokens.
 
-Each step reruns the model on the last seq_len tokens (no KV cache yet): simple and exact, and cheap
-at the sizes the eval stage decodes.
+A batch of prompts is left-padded to one width, prefilled in one forward, then decoded one token
+per forward over the cache (kiln.model.kv_cache says why the padding cannot change a row's result).
+A row that has stopped keeps being fed until every row has (its extra tokens are dropped): a batch
+of one shape is simpler than removing rows from the cache, and eval batches stop close together.
+
+The context is the model's training seq_len, which the cache never outgrows (no learned position
+or RoPE entry lies past it): a prompt is cropped from the left so that prompt + max_new_tokens
+fits, keeping its most recent tokens, and max_new_tokens is capped at seq_len - 1 so that at least
+one prompt token remains.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kiln.model.gpt import GPT
+from kiln.model.kv_cache import KVCache
 
 
 @torch.no_grad()
-def generate(model: GPT, prompt: list[int], max_new_tokens: int, *, temperature: float = 0.0,
-             top_k: int | None = None, stop_ids: frozenset[int] = frozenset(),
-             vocab_size: int | None = None, generator: torch.Generator | None = None,
-             keep_stop: bool = False) -> list[int]:
-    """New token ids after `prompt`, up to a stop token (included only if keep_stop). temperature 0
-    means greedy. vocab_size restricts choices to the tokenizer's real ids (the embedding is padded
-    past them)."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([prompt], dtype=torch.long, device=device)
-    out: list[int] = []
-    for _ in range(max_new_tokens):
-        logits, _ = model(ids[:, -model.cfg.seq_len :])
-        logits = logits[0, -1, :vocab_size].float()  # (V,)
-        if temperature == 0.0:
-            next_id = int(logits.argmax())
-        else:
-            logits = logits / temperature
-            if top_k is not None:
-                kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            probs = torch.softmax(logits, dim=-1)
-            next_id = int(torch.multinomial(probs, 1, generator=generator))
-        if next_id in stop_ids:
-            if keep_stop:
-                out.append(next_id)
-            break
-        out.append(next_id)
-        ids = torch.cat([ids, torch.tensor([[next_id]], device=device)], dim=1)
+def generate(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, *,
+             temperature: float = 0.0, top_k: int | None = None, top_p: float = 1.0,
+             stop_ids: frozenset[int] = frozenset(), vocab_size: int | None = None,
+             generator: torch.Generator | None = None, keep_stop: bool = False,
+             batch_size: int | None = None) -> list[list[int]]:
+    """New token ids after each prompt, each list ending before its first stop token (or with it,
+    if keep_stop). temperature 0 means greedy; otherwise sampling from the temperature-scaled
+    distribution cut to its top_k ids, then to the fewest ids holding top_p of the mass.
+    vocab_size restricts choices to the tokenizer's real ids (the embedding is padded past them).
+    Prompts are decoded batch_size at a time (all at once when None), grouped by length so a
+    batch holds little padding; the results are in the prompts' order."""
+    if max_new_tokens < 1 or any(not p for p in prompts):
+        raise ValueError("generate needs max_new_tokens >= 1 and at least one token in every prompt")
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    size = batch_size or max(len(prompts), 1)
+    out: list[list[int]] = [[] for _ in prompts]
+    for start in range(0, len(order), size):
+        chunk = order[start : start + size]
+        rows = _decode(model, [prompts[i] for i in chunk], max_new_tokens, temperature=temperature, top_k=top_k,
+                       top_p=top_p, stop_ids=stop_ids, vocab_size=vocab_size, generator=generator)
+        for i, row in zip(chunk, rows):
+            out[i] = _until_stop(row, stop_ids, keep_stop)
     return out
+
+
+def _decode(model, prompts: list[list[int]], max_new_tokens: int, *, temperature: float, top_k: int | None,
+            top_p: float, stop_ids: frozenset[int], vocab_size: int | None,
+            generator: torch.Generator | None) -> list[list[int]]:
+    """max_new_tokens ids per prompt, or fewer once every row has produced a stop id."""
+    device = next(model.parameters()).device
+    context = model.cfg.seq_len
+    max_new = min(max_new_tokens, context - 1)
+    prompts = [p[-(context - max_new) :] for p in prompts]
+    width = max(len(p) for p in prompts)
+    idx = torch.zeros(len(prompts), width, dtype=torch.long)  # pad id 0: masked out, any id would do
+    for b, p in enumerate(prompts):
+        idx[b, width - len(p) :] = torch.tensor(p)
+    pad = torch.tensor([width - len(p) for p in prompts], device=device)
+    # The last new token is never fed back, so the cache needs one slot fewer than the full rows.
+    cache = KVCache.for_model(model, pad, width + max_new - 1)
+    stops = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
+    stopped = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    logits, _ = model(idx.to(device), cache=cache)  # (B, 1, V)
+    new = []
+    for step in range(max_new):
+        next_id = pick(logits[:, -1, :vocab_size].float(), temperature, top_k, top_p, generator)  # (B,)
+        new.append(next_id)
+        stopped |= torch.isin(next_id, stops)
+        if step == max_new - 1 or bool(stopped.all()):
+            break
+        logits, _ = model(next_id[:, None], cache=cache)
+    return torch.stack(new, dim=1).tolist()
+
+
+def pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float,
+         generator: torch.Generator | None) -> torch.Tensor:
+    """Next id (B,) from logits (B, V): the argmax when temperature is 0, else a sample, drawn on
+    the generator's device so that a seeded CPU generator gives the same ids whatever the model's
+    device."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)  # (B, V)
+    if top_p < 1.0:
+        # Nucleus: drop an id once the ids ranked above it already hold top_p of the mass; the most
+        # likely id always stays. (At top_p 1 nothing is dropped, and rounding could drop the tail.)
+        sorted_probs, ranked = probs.sort(dim=-1, descending=True)
+        drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p  # (B, V) by rank
+        probs = probs.masked_fill(drop.scatter(-1, ranked, drop), 0.0)  # multinomial renormalises
+    on = generator.device if generator is not None else probs.device
+    return torch.multinomial(probs.to(on), 1, generator=generator).squeeze(-1).to(logits.device)
+
+
+def _until_stop(row: list[int], stop_ids: frozenset[int], keep_stop: bool) -> list[int]:
+    for i, token in enumerate(row):
+        if token in stop_ids:
+            return row[: i + 1] if keep_stop else row[:i]
+    return row

@@ -102,22 +102,34 @@ class KilnLM(TemplateLM):
         vocab = range(self.tokenizer.get_vocab_size())
         return frozenset({self.eot_token_id} | {i for i in vocab if any(s in self.tok_decode([i]) for s in until)})
 
+    def _settings(self, gen_kwargs: dict) -> tuple:
+        """(until, max_gen_toks, temperature, top_k, top_p) of a request: requests that share them
+        decode in one batch. Sampling settings count only with do_sample (greedy otherwise)."""
+        until = gen_kwargs.get("until", [])
+        until = (until,) if isinstance(until, str) else tuple(until)
+        sample = bool(gen_kwargs.get("do_sample"))
+        top_k = gen_kwargs.get("top_k") if sample else None
+        return (until, int(gen_kwargs.get("max_gen_toks", self.max_gen_toks)),
+                float(gen_kwargs.get("temperature", 0.0)) if sample else 0.0,
+                None if top_k is None else int(top_k), float(gen_kwargs.get("top_p", 1.0)) if sample else 1.0)
+
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        results = []
-        stop_cache: dict[tuple[str, ...], frozenset[int]] = {}
-        for context, gen_kwargs in (r.args for r in requests):
-            until = gen_kwargs.get("until", [])
-            until = (until,) if isinstance(until, str) else tuple(until)
-            if until not in stop_cache:
-                stop_cache[until] = self._stop_ids(until)
+        """Continuations, each cut at its first stop string. Requests with the same settings are
+        decoded together, batch_size at a time (generate crops each context from the left)."""
+        args = [r.args for r in requests]
+        groups: dict[tuple, list[int]] = {}
+        for i, (_, gen_kwargs) in enumerate(args):
+            groups.setdefault(self._settings(gen_kwargs), []).append(i)
+        results: list[str] = [""] * len(args)
+        for (until, max_new, temperature, top_k, top_p), members in groups.items():
             new = generate(
-                self.model, self.tok_encode(context)[-self.max_length :],
-                int(gen_kwargs.get("max_gen_toks", self.max_gen_toks)),
-                temperature=float(gen_kwargs.get("temperature", 0.0)) if gen_kwargs.get("do_sample") else 0.0,
-                stop_ids=stop_cache[until], vocab_size=self.tokenizer.get_vocab_size(), keep_stop=True,
+                self.model, [self.tok_encode(args[i][0]) for i in members], max_new,
+                temperature=temperature, top_k=top_k, top_p=top_p, stop_ids=self._stop_ids(until),
+                vocab_size=self.tokenizer.get_vocab_size(), keep_stop=True, batch_size=self.batch_size,
             )
-            text = self.tokenizer.decode(new, skip_special_tokens=True)  # drops a final EOS
-            for stop in until:
-                text = text.split(stop)[0]
-            results.append(text)
+            for i, ids in zip(members, new):
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)  # drops a final EOS
+                for stop in until:
+                    text = text.split(stop)[0]
+                results[i] = text
         return results

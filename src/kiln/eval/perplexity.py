@@ -3,11 +3,17 @@
 Loss is the mean next-token cross-entropy (nats) over validation rows. Bits per byte divides the
 total bits by the UTF-8 bytes the tokens stand for, which makes models with different tokenizers
 comparable: bpb = loss / ln 2 * tokens / bytes.
+
+Per source (`range_loss`, `source_ranges`): the pretokenize stage writes val.bin source after source
+and records each source's [start, end) token range, docs, tokens and bytes (meta.json `val_sources`);
+a source's loss is measured on rows of seq_len + 1 tokens cut back to back from its own range, as
+the shard stage cuts the whole split, and its bits per byte use its own tokens/bytes ratio.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -46,3 +52,60 @@ def unigram_loss(train_tokens: np.ndarray, rows: ShardRows, vocab_size: int, mic
 
 def bits_per_byte(loss: float, tokens: int, n_bytes: int) -> float:
     return loss / math.log(2) * tokens / n_bytes
+
+
+def source_ranges(meta: dict) -> dict[str, dict]:
+    """{source: {start, end, docs, tokens, bytes}} of the val split, for the sources that hold
+    validation tokens, in val.bin order. From meta.json's `val_sources`; for a token folder written
+    before it existed, derived from the per-source val counts (val.bin then already held the sources
+    one after another, in the same order)."""
+    if "val_sources" in meta:
+        ranges = meta["val_sources"]
+    else:
+        ranges, at = {}, 0
+        for name, src in meta["sources"].items():
+            ranges[name] = {"start": at, "end": at + src["val"]["tokens"], **src["val"]}
+            at += src["val"]["tokens"]
+    return {name: dict(r) for name, r in ranges.items() if r["end"] > r["start"]}
+
+
+def range_rows(tokens: np.ndarray, start: int, end: int, row_len: int, max_rows: int) -> Iterator[np.ndarray]:
+    """Rows of row_len tokens cut back to back from tokens[start:end], at most max_rows of them. The
+    tokens after the last full row make one shorter row when the cap leaves room for it (so a range
+    shorter than a row is still measured); fewer than 2 tokens hold no target and are left out."""
+    n_full = (end - start) // row_len
+    for r in range(min(n_full, max_rows)):
+        yield tokens[start + r * row_len : start + (r + 1) * row_len]
+    tail = start + n_full * row_len
+    if n_full < max_rows and end - tail >= 2:
+        yield tokens[tail:end]
+
+
+@torch.no_grad()
+def range_loss(model: torch.nn.Module, tokens: np.ndarray, start: int, end: int, seq_len: int, micro_batch: int,
+               max_batches: int) -> tuple[float, int]:
+    """(mean loss, number of target tokens) of model on tokens[start:end] (val.bin as a memmap, say),
+    in non-overlapping rows of seq_len + 1 tokens (inputs row[:-1], targets row[1:]) batched by
+    micro_batch, at most max_batches batches' worth of rows."""
+    if end - start < 2:
+        raise ValueError(f"range [{start}, {end}) holds no target token")
+    device = next(model.parameters()).device
+    total, n = 0.0, 0
+    batch: list[np.ndarray] = []
+
+    def flush() -> None:
+        nonlocal total, n
+        rows = torch.from_numpy(np.stack(batch).astype(np.int64)).to(device)
+        logits, _ = model(rows[:, :-1])
+        total += torch.nn.functional.cross_entropy(
+            logits.float().flatten(0, 1), rows[:, 1:].flatten(), reduction="sum"
+        ).item()
+        n += rows[:, 1:].numel()
+        batch.clear()
+
+    for row in range_rows(tokens, start, end, seq_len + 1, max_batches * micro_batch):
+        if batch and (len(batch) == micro_batch or len(row) != len(batch[0])):
+            flush()
+        batch.append(np.asarray(row))
+    flush()
+    return total / n, n

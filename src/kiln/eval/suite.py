@@ -1,6 +1,9 @@
 """Everything the eval stage measures on a trained model, in one call.
 
-- held-out loss, perplexity and bits per byte, next to a unigram model of the same data;
+- held-out loss, perplexity and bits per byte, next to a unigram model of the same data; the same
+  per source of a mixture (`val_by_source`), and for every checkpoint the train stage kept
+  (`checkpoints`: a curve over training, read from the train folder's checkpoints/, which is optional:
+  without it the curve is the final model alone);
 - completions of fixed prompts (greedy and sampled);
 - FIM infilling (single/multi-line, PSM/SPM): exact match and edit similarity;
 - lm-eval tasks through the "kiln" model (local ones built from the held-out split);
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,9 +28,11 @@ from kiln.eval import contamination
 from kiln.eval.generate import generate
 from kiln.eval.infill import make_problems, run_infill
 from kiln.eval.lm_tasks import LOCAL_TASKS, run_lm_eval, write_local_tasks
-from kiln.eval.perplexity import bits_per_byte, unigram_loss, val_rows_loss
+from kiln.eval.perplexity import bits_per_byte, range_loss, source_ranges, unigram_loss, val_rows_loss
 from kiln.io import read_json
-from kiln.model.build import load_model
+from kiln.model.build import CONFIG_FILE, build_model, load_model
+from kiln.model.registry import ModelConfig
+from kiln.train import checkpoint
 
 log = logging.getLogger("kiln.eval")
 BATCH = 16
@@ -42,18 +48,117 @@ class RunPaths:
 
 
 def completions(model, tokenizer, cfg: dict, seed: int) -> list[dict]:
+    """Each prompt continued greedily and sampled (every prompt in one batch per mode)."""
     generator = torch.Generator().manual_seed(seed)
     eos = frozenset({tokenizer.token_to_id(EOS)})
-    out = []
-    for prompt in cfg["prompts"]:
-        ids = tokenizer.encode(prompt, add_special_tokens=False).ids
-        row = {"prompt": prompt}
-        for name, temperature in (("greedy", 0.0), ("sampled", cfg["temperature"])):
-            new = generate(model, ids, cfg["max_new_tokens"], temperature=temperature, top_k=cfg["top_k"],
-                           stop_ids=eos, vocab_size=tokenizer.get_vocab_size(), generator=generator)
-            row[name] = tokenizer.decode(new, skip_special_tokens=False)
-        out.append(row)
+    ids = [tokenizer.encode(prompt, add_special_tokens=False).ids for prompt in cfg["prompts"]]
+    out = [{"prompt": prompt} for prompt in cfg["prompts"]]
+    for name, temperature in (("greedy", 0.0), ("sampled", cfg["temperature"])):
+        new = generate(model, ids, cfg["max_new_tokens"], temperature=temperature, top_k=cfg["top_k"],
+                       top_p=cfg["top_p"], stop_ids=eos, vocab_size=tokenizer.get_vocab_size(), generator=generator)
+        for row, row_ids in zip(out, new):
+            row[name] = tokenizer.decode(row_ids, skip_special_tokens=False)
     return out
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """The validation data every model of a run is measured on: the val shard rows (the first
+    max_batches batches of BATCH rows) for the overall loss, and val.bin with each source's token range
+    for the per-source losses; those share max_batches between the sources, so measuring a model
+    costs about 2 x max_batches batches whatever the number of sources."""
+
+    rows: ShardRows
+    tokens: np.ndarray  # val.bin
+    ranges: dict  # source -> {start, end, docs, tokens, bytes} (source_ranges)
+    split: dict  # meta.json splits.val: docs, tokens, bytes
+    seq_len: int
+    max_batches: int
+
+    @classmethod
+    def open(cls, shards: Path, tokens: Path, meta: dict, max_batches: int) -> "HeldOut":
+        rows = ShardRows(shards, "val")
+        return cls(rows, np.memmap(tokens / "val.bin", dtype=meta["dtype"], mode="r"), source_ranges(meta),
+                   meta["splits"]["val"], int(rows.manifest["seq_len"]), max_batches)
+
+    def overall(self, model) -> dict:
+        """val_loss, val_bits_per_byte (the split's tokens/bytes) and val_tokens_evaluated."""
+        loss, n = val_rows_loss(model, self.rows, BATCH, self.max_batches)
+        return {"val_loss": loss, "val_bits_per_byte": bits_per_byte(loss, self.split["tokens"], self.split["bytes"]),
+                "val_tokens_evaluated": n}
+
+    def by_source(self, model, overall: dict) -> dict[str, dict]:
+        """{source: {loss, perplexity, bits_per_byte, tokens_evaluated}}, each on its own tokens, its
+        bits per byte from its own tokens/bytes ratio; every source with validation tokens. A lone
+        source is the whole split: its figures are `overall`'s (that model's), not measured again."""
+        if len(self.ranges) == 1:
+            name = next(iter(self.ranges))
+            loss = overall["val_loss"]
+            return {name: {"loss": loss, "perplexity": math.exp(loss), "bits_per_byte": overall["val_bits_per_byte"],
+                           "tokens_evaluated": overall["val_tokens_evaluated"]}}
+        batches = max(1, -(-self.max_batches // max(len(self.ranges), 1)))
+        out = {}
+        for name, r in self.ranges.items():
+            if r["end"] - r["start"] < 2:
+                continue
+            loss, n = range_loss(model, self.tokens, r["start"], r["end"], self.seq_len, BATCH, batches)
+            out[name] = {"loss": loss, "perplexity": math.exp(loss),
+                         "bits_per_byte": bits_per_byte(loss, r["tokens"], r["bytes"]), "tokens_evaluated": n}
+        return out
+
+
+def kept_checkpoints(model_dir: Path) -> list[tuple[int, Path]]:
+    """(step, state.pt) of the complete checkpoints under model_dir/checkpoints, by step; none when the
+    folder is absent. Folders past the one LATEST names (left by a killed run) are not counted."""
+    root = Path(model_dir) / "checkpoints"
+    marker = root / checkpoint.MARKER
+    latest = marker.read_text(encoding="utf-8").strip() if marker.exists() else None
+    found = []
+    for path in root.glob("step-*/state.pt"):
+        match = re.fullmatch(r"step-(\d+)", path.parent.name)
+        if match and (latest is None or path.parent.name <= latest):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def load_checkpoint(path: Path, model_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict]:
+    """(model in eval mode, {step, tokens}) from a train checkpoint's state.pt, shaped by the train
+    folder's model_config.json (the checkpoints of a run share its model: their fingerprint says so)."""
+    state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)  # mmap: optimizer left on disk
+    cfg = ModelConfig(**read_json(Path(model_dir) / CONFIG_FILE))
+    weights = dict(state["model"])
+    if cfg.tie_embeddings and "lm_head.weight" not in weights:
+        weights["lm_head.weight"] = weights["wte.weight"]
+    model = build_model(cfg)
+    model.load_state_dict(weights)
+    return model.to(device).eval(), {"step": int(state["step"]), "tokens": int(state["tokens_seen"])}
+
+
+def checkpoint_curve(model_dir: Path, held_out: HeldOut, final: dict, device: torch.device | str = "cpu") -> list[dict]:
+    """[{step, tokens, val_loss, val_bits_per_byte, final[, by_source]}] for every checkpoint kept in
+    model_dir/checkpoints and the final model (`final`: its entry, already measured), by step; a
+    checkpoint at the final model's step is that model and is not measured twice. by_source ({source:
+    {loss, bits_per_byte}}) only for mixtures. A checkpoint that does not load into the run's model
+    (left from another run) is skipped with a warning."""
+    mixture = len(held_out.ranges) > 1
+    curve = [final]
+    for step, path in kept_checkpoints(model_dir):
+        if step == final.get("step"):
+            continue
+        try:
+            model, at = load_checkpoint(path, model_dir, device)
+        except (RuntimeError, KeyError) as exc:
+            log.warning("checkpoint %s skipped: it does not load into this run's model: %s", path.parent, exc)
+            continue
+        log.info("held-out loss of checkpoint %s", path.parent.name)
+        point = held_out.overall(model)
+        entry = {**at, "val_loss": point["val_loss"], "val_bits_per_byte": point["val_bits_per_byte"], "final": False}
+        if mixture:
+            entry["by_source"] = {s: {"loss": m["loss"], "bits_per_byte": m["bits_per_byte"]}
+                                  for s, m in held_out.by_source(model, point).items()}
+        curve.append(entry)
+        del model
+    return sorted(curve, key=lambda e: (e["step"] is None, e["step"] or 0))
 
 
 def _lm_eval(paths: RunPaths, cfg: dict, val_docs, tasks_dir: Path, seed: int) -> dict:
@@ -77,9 +182,20 @@ def evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path) -> tuple[dic
     torch.manual_seed(seed)
     model, tokenizer = load_model(paths.model), load_tokenizer(paths.tokenizer)
     meta = read_json(paths.tokens / "meta.json")
-    val_rows = ShardRows(paths.shards, "val")
+    held_out = HeldOut.open(paths.shards, paths.tokens, meta, cfg["max_batches"])
+    val_rows = held_out.rows
     log.info("held-out loss on up to %d batches", cfg["max_batches"])
-    loss, n_tokens = val_rows_loss(model, val_rows, BATCH, cfg["max_batches"])
+    overall = held_out.overall(model)
+    loss, n_tokens = overall["val_loss"], overall["val_tokens_evaluated"]
+    log.info("held-out loss per source: %s", ", ".join(held_out.ranges))
+    by_source = held_out.by_source(model, overall)
+    summary_path = paths.model / "summary.json"  # the train stage's: steps, tokens_seen
+    summary = read_json(summary_path) if summary_path.exists() else {}
+    final = {"step": summary.get("steps"), "tokens": summary.get("tokens_seen"), "val_loss": loss,
+             "val_bits_per_byte": overall["val_bits_per_byte"], "final": True}
+    if len(held_out.ranges) > 1:
+        final["by_source"] = {s: {"loss": m["loss"], "bits_per_byte": m["bits_per_byte"]} for s, m in by_source.items()}
+    curve = checkpoint_curve(paths.model, held_out, final, next(model.parameters()).device)
     train_ids = np.memmap(paths.tokens / "train.bin", dtype=meta["dtype"], mode="r")
     unigram = unigram_loss(train_ids, val_rows, meta["padded_vocab_size"], BATCH, cfg["max_batches"])
     val = meta["splits"]["val"]
@@ -104,6 +220,8 @@ def evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path) -> tuple[dic
         "val_loss": loss, "val_perplexity": math.exp(loss),
         "val_bits_per_byte": bits_per_byte(loss, val["tokens"], val["bytes"]),
         "val_tokens_evaluated": n_tokens,
+        "val_by_source": by_source,
+        "checkpoints": curve,
         "unigram_val_loss": unigram,
         "unigram_bits_per_byte": bits_per_byte(unigram, val["tokens"], val["bytes"]),
         "infill": infill["scores"],

@@ -8,6 +8,10 @@ Attention is causal over the whole packed row (`is_causal=True`), so a token may
 of the previous document in the same row, as in GPT-2, nanoGPT and llm.c. The EOS token between
 documents marks the boundary and the model learns to discount what precedes it; block-causal masks
 (torchtitan) are a later option.
+
+Decoding passes a KVCache (kiln.model.kv_cache): each forward then feeds only the new tokens, which
+read their positions and attention mask from the cache and attend over its keys and values.
+Without one (training, scoring) the forward is the plain causal one.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from kiln.model.kv_cache import KVCache
 from kiln.model.registry import ModelConfig
 
 
@@ -30,13 +35,17 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         # (B, T, 3C) -> 3 x (B, H, T, D)
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
+        if cache is None:
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            )
+        else:
+            k, v = cache.update(layer, k, v)  # (B, H, S, D): every slot so far, these T included
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask, is_causal=cache.is_causal)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
         return self.resid_dropout(self.proj(y))
 
@@ -63,8 +72,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache, layer)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -108,16 +117,25 @@ class GPT(nn.Module):
                 n -= self.wte.weight.numel()
         return n
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """idx (B, T) ids -> logits (B, T, V); with targets (B, T), also the mean cross-entropy."""
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
+        """idx (B, T) ids -> logits (B, T, V); with targets (B, T), also the mean cross-entropy.
+        With a cache, idx holds only the tokens after those cached, and the logits are the last
+        position's (B, 1, V): decoding needs no others, and a long batched prefill would otherwise
+        hold B*T*V of them."""
         B, T = idx.shape
         if T > self.cfg.max_positions:
             raise ValueError(f"sequence of {T} tokens exceeds the model's {self.cfg.max_positions} positions")
-        pos = torch.arange(T, device=idx.device)
+        pos = torch.arange(T, device=idx.device) if cache is None else cache.begin(T)  # (T,) or (B, T)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
-        for block in self.blocks:
-            x = checkpoint(block, x, use_reentrant=False) if self.checkpoint_blocks else block(x)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        if cache is None:
+            for block in self.blocks:
+                x = checkpoint(block, x, use_reentrant=False) if self.checkpoint_blocks else block(x)
+        else:
+            for layer, block in enumerate(self.blocks):
+                x = block(x, cache, layer)
+            cache.commit(T)
+            x = x[:, -1:]  # (B, 1, C)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V); (B, 1, V) with a cache
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))

@@ -5,7 +5,9 @@ D = C // H head dim, F = d_ff, V padded vocab.
 
 RoPE here rotates the two halves of each head (Hugging Face's `rotate_half`), not interleaved pairs
 (Meta's reference code), so weights map onto LlamaForCausalLM without permuting q and k
-(kiln.model.hf). Attention is causal over the packed row, as in kiln.model.gpt.
+(kiln.model.hf). Attention is causal over the packed row, as in kiln.model.gpt; decoding with a
+KVCache works as there too, RoPE rotating each new query and key at its absolute position before
+the key is cached.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from kiln.model.kv_cache import KVCache
 from kiln.model.registry import ModelConfig
 
 
@@ -29,7 +32,8 @@ def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (B, heads, T, D) by position: pairs (x_i, x_{i+D/2}) turn by angle t*freq_i."""
+    """Rotate (B, heads, T, D) by position: pairs (x_i, x_{i+D/2}) turn by angle t*freq_i. cos and
+    sin are (T, D), or (B, 1, T, D) when each row has its own positions."""
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
@@ -45,15 +49,22 @@ class Attention(nn.Module):
         self.o = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None,
+                layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         q = self.q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, D)
         v = self.v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # enable_gqa: each group of H/K query heads reads one key/value head without copying it
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        gqa = self.n_kv_head != self.n_head
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa,
+                                               dropout_p=self.dropout if self.training else 0.0)
+        else:
+            k, v = cache.update(layer, k, v)  # (B, K, S, D): every slot so far, these T included
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask, is_causal=cache.is_causal,
+                                               enable_gqa=gqa)
         return self.o(y.transpose(1, 2).reshape(B, T, C))  # (B, H, T, D) -> (B, T, C)
 
 
@@ -78,8 +89,9 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None,
+                layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -120,16 +132,26 @@ class Llama(nn.Module):
             n -= self.wte.weight.numel()
         return n
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """idx (B, T) ids -> logits (B, T, V); with targets (B, T), also the mean cross-entropy."""
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
+        """idx (B, T) ids -> logits (B, T, V); with targets (B, T), also the mean cross-entropy.
+        With a cache, idx holds only the tokens after those cached, and the logits are the last
+        position's (B, 1, V), as in GPT.forward."""
         B, T = idx.shape
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence of {T} tokens exceeds the model's {self.cfg.seq_len} positions")
-        cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, D)
         x = self.wte(idx)  # (B, T, C)
-        for block in self.blocks:
-            x = checkpoint(block, x, cos, sin, use_reentrant=False) if self.checkpoint_blocks else block(x, cos, sin)
-        logits = self.lm_head(self.norm(x))  # (B, T, V)
+        if cache is None:
+            cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, D)
+            for block in self.blocks:
+                x = checkpoint(block, x, cos, sin, use_reentrant=False) if self.checkpoint_blocks else block(x, cos, sin)
+        else:
+            pos = cache.begin(T)  # (B, T)
+            cos, sin = self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]  # (B, 1, T, D)
+            for layer, block in enumerate(self.blocks):
+                x = block(x, cos, sin, cache, layer)
+            cache.commit(T)
+            x = x[:, -1:]  # (B, 1, C)
+        logits = self.lm_head(self.norm(x))  # (B, T, V); (B, 1, V) with a cache
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
