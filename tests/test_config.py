@@ -103,5 +103,9 @@ def test_stage_params_carry_only_their_sections(tiny):
     changed["train"]["lr"] = cfg["train"]["lr"] / 2
     rerun = {s for s in kiln_config.STAGE_SECTIONS
              if kiln_config.stage_params(cfg, s) != kiln_config.stage_params(changed, s)}
-    assert rerun == {"smoke", "train"}  # eval and report rerun through train's new outputs
+    # eval reruns through train's new outputs; the report summarises the whole config
+    assert rerun == {"smoke", "train", "report"}
+    changed["eval"]["max_batches"] += 1
+    assert {s for s in kiln_config.STAGE_SECTIONS
+            if kiln_config.stage_params(cfg, s) != kiln_config.stage_params(changed, s)} == {"smoke", "train", "eval", "report"}
     assert json.loads(kiln_config.stage_params(cfg, "shard")) == {"shard": cfg["shard"]}

@@ -43,7 +43,7 @@ def test_every_artifact_is_there(finished_run):
         "tokenizer/tokenizer.json", "tokenizer/stats.json",
         "tokens/train.bin", "tokens/val.bin", "tokens/val_ids.txt", "tokens/meta.json",
         "shards/manifest.json", "shards/train-00000.bin", "shards/val-00000.bin",
-        "smoke/report.json",
+        "smoke/report.json", "smoke/plan.json", "smoke/plan.md", "train/samples.jsonl",
         "train/model.safetensors", "train/model_config.json", "train/metrics.jsonl", "train/summary.json",
         "train/checkpoints/LATEST", "train/hf/config.json", "train/hf/model.safetensors", "train/hf/tokenizer.json",
         "eval/metrics.json", "eval/samples.json",
@@ -61,11 +61,19 @@ def test_model_beats_the_unigram_baseline(finished_run):
     metrics = json.loads((run / "eval" / "metrics.json").read_text())
     assert metrics["val_loss"] < metrics["unigram_val_loss"] - 0.1
     smoke = json.loads((run / "smoke" / "report.json").read_text())
-    assert smoke["passed"] and smoke["loss_last"] < smoke["loss_first"]
+    assert smoke["gate"] == "passed" and [c["name"] for c in smoke["checks"] if c["passed"]] == [
+        "preflight", "causality", "init loss", "health", "generalisation", "data", "overfit"]
+    plan = json.loads((run / "smoke" / "plan.json").read_text())
+    assert plan["total_tokens"] == 200 * 16 * 64 and plan["eta_s"] > 0 and plan["grad_accum"] == 1
     steps = [json.loads(line)["step"] for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(set(steps)) and steps[-1] == 200
+    samples = [json.loads(line) for line in (run / "train" / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [50, 100, 150, 200] and {s["prompt"] for s in samples} == {"import json\n"}
+    assert {"stdlib"} == set(metrics["val_by_source"]) and [c["step"] for c in metrics["checkpoints"]] == [100, 200]
     report = (run / "report.md").read_text()
-    assert "loss.png" in report and "unigram" in report
+    for section in ("loss.png", "unigram", "## Smoke gate", "Plan against the full run", "Samples during training",
+                    "### Per source", "### Checkpoints kept"):
+        assert section in report, section
     assert "results/tiny/report.md" in result.stdout + result.stderr
 
 

@@ -1,5 +1,5 @@
 """The training loop, in-process on CPU: loss falls, outputs, determinism, exact resume, checkpoint
-safety, gradient-accumulation equivalence and the smoke stage's health check.
+safety, gradient-accumulation equivalence, in-training samples.
 
 Every run uses a tiny model (1 layer, d_model 32) on a synthetic shard folder whose token stream
 has learnable structure (tests/synthetic.py), so a handful of steps lowers the loss.
@@ -8,7 +8,6 @@ has learnable structure (tests/synthetic.py), so a handful of steps lowers the l
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
 import shutil
@@ -21,19 +20,14 @@ from synthetic import PADDED_VOCAB, REPO, SEQ_LEN, TRAIN_ROWS, train_sections, w
 
 from kiln.data.loader import ShardRows, TrainBatches
 from kiln.errors import KilnError
+from kiln.eval.generate import generate
 from kiln.model.build import load_model
 from kiln.train import checkpoint
 from kiln.train.schedule import lr_at
 from kiln.train.trainer import run
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors run fastest on one thread (and do not stall when the CPUs are shared)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +113,25 @@ def test_different_seed_gives_different_run(shards, tmp_path):
     other["seed"] += 1
     run(other, shards, tmp_path / "b")
     assert [r["loss"] for r in _records(tmp_path / "a")] != [r["loss"] for r in _records(tmp_path / "b")]
+
+
+def test_samples_at_each_validation_leave_the_run_unchanged(shards, tmp_path):
+    modes = []
+
+    def sampler(model):
+        modes.append(model.training)
+        new = generate(model, [[1, 2, 3], [4, 5]], 4)
+        return [{"prompt": str(p), "completion": str(n)} for p, n in zip(([1, 2, 3], [4, 5]), new)]
+
+    sections = train_sections(max_steps=20)
+    run(sections, shards, tmp_path / "plain")
+    run(copy.deepcopy(sections), shards, tmp_path / "sampled", sampler=sampler)
+    assert modes == [False, False]  # sampled in eval mode, at steps 10 and 20
+    assert [r["loss"] for r in _records(tmp_path / "plain")] == [r["loss"] for r in _records(tmp_path / "sampled")]
+    rows = [json.loads(line) for line in (tmp_path / "sampled" / "samples.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["prompt"]) for r in rows] == [(10, "[1, 2, 3]"), (10, "[4, 5]"), (20, "[1, 2, 3]"), (20, "[4, 5]")]
+    assert all(len(json.loads(r["completion"])) == 4 for r in rows)
+    assert (tmp_path / "plain" / "samples.jsonl").read_text() == ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,59 +343,7 @@ def test_grad_accum_matches_larger_micro_batch(shards, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# (6) the smoke stage's health check
-
-
-@pytest.fixture(scope="module")
-def health():
-    spec = importlib.util.spec_from_file_location("kiln_smoke_script", REPO / "workflow" / "scripts" / "smoke.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.health
-
-
-def test_health_passes_finite_falling_loss(health):
-    ok, reason = health([4.0, 3.8, 3.5, 3.2, 3.0, 2.9, 2.8, 2.7], 0.1)
-    assert ok, reason
-    assert "fell" in reason
-
-
-def test_health_fails_nan_and_inf_and_empty(health):
-    for losses in ([4.0, 3.0, float("nan"), 2.0], [4.0, float("inf"), 2.0, 1.0], []):
-        ok, reason = health(losses, 0.1)
-        assert not ok
-        assert "not finite" in reason
-
-
-def test_health_fails_flat_or_rising_loss(health):
-    ok, reason = health([4.0] * 12, 0.05)
-    assert not ok and "did not fall" in reason
-    ok, reason = health([3.0, 3.1, 3.2, 3.3, 3.4, 3.5, 3.6, 3.7], 0.05)
-    assert not ok and "did not fall" in reason
-    # Falling, but by less than min_drop.
-    ok, reason = health([4.0, 4.0, 3.98, 3.98], 0.05)
-    assert not ok and "did not fall" in reason
-
-
-def test_smoke_run_passes_health_and_writes_nothing(shards, tmp_path, health):
-    out = tmp_path / "smoke"
-    result = run(train_sections(log_every=5), shards, out, max_steps=12, smoke=True)
-    assert len(result.losses) == 12  # smoke logs every step
-    ok, reason = health(result.losses, 0.1)
-    assert ok, reason
-    assert not out.exists() or not any(out.iterdir())
-
-
-def test_smoke_run_with_tiny_lr_fails_health(shards, tmp_path, health):
-    result = run(train_sections(lr=1e-12, min_lr=1e-13), shards, tmp_path / "smoke", max_steps=12, smoke=True)
-    assert len(result.losses) == 12 and all(math.isfinite(x) for x in result.losses)
-    ok, reason = health(result.losses, 0.1)
-    assert not ok
-    assert "did not fall" in reason
-
-
-# ---------------------------------------------------------------------------------------------
-# (7) families, precision, schedules and what each log step records
+# (6) families, precision, schedules and what each log step records
 
 
 def test_llama_in_bf16_with_wsd_schedule_lowers_loss(shards, tmp_path):

@@ -44,7 +44,8 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "smoke": ("seed", "model", "train", "smoke"),
     "train": ("seed", "model", "train", "wandb"),
     "eval": ("seed", "eval"),
-    "report": ("run_name",),
+    # The report summarises the whole config; every section already reruns a stage upstream of it.
+    "report": ("run_name", "seed", "download", "tokenizer", "pretokenize", "shard", "model", "smoke", "train", "eval"),
 }
 
 
@@ -119,6 +120,11 @@ def _check_relations(cfg: dict) -> list[str]:
         problems.append(f"train.node_rank: {train['node_rank']} must be below train.nnodes={train['nnodes']}")
     if train["nnodes"] > 1 and not train["rdzv_endpoint"]:
         problems.append(f"train.rdzv_endpoint: train.nnodes={train['nnodes']} needs node 0's host:port")
+    smoke = cfg["smoke"]
+    if smoke["warmup_steps"] >= smoke["steps"]:
+        problems.append(f"smoke.warmup_steps: {smoke['warmup_steps']} must be below smoke.steps={smoke['steps']}")
+    if smoke["profile_step"] is not None and smoke["profile_step"] > smoke["steps"]:
+        problems.append(f"smoke.profile_step: {smoke['profile_step']} is past smoke.steps={smoke['steps']}")
     names = [s["name"] for s in cfg["download"]["sources"]]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

@@ -3,6 +3,7 @@ rule report:
         f"{RUN}/tokenizer/stats.json",
         f"{RUN}/shards",
         f"{RUN}/smoke/report.json",
+        f"{RUN}/smoke/plan.json",
         f"{RUN}/train/summary.json",
         f"{RUN}/eval/metrics.json",
         f"{RUN}/eval/samples.json",

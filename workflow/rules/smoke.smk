@@ -2,16 +2,21 @@ from kiln.train.launch import torchrun_command
 
 
 # Same launcher, model and parallelism as train: what passes here is what train will run.
+# report.json is written only when the gate passes (or smoke.gate is false).
 rule smoke:
     input:
-        f"{RUN}/shards",
+        shards=f"{RUN}/shards",
+        tokenizer=f"{RUN}/tokenizer/tokenizer.json",
     output:
-        f"{RUN}/smoke/report.json",
+        report=f"{RUN}/smoke/report.json",
+        plan=f"{RUN}/smoke/plan.json",
+        plan_md=report(f"{RUN}/smoke/plan.md", caption="../report/plan.rst", category="Smoke"),
     params:
         script=script("smoke"),
         cfg=stage_params("smoke"),
         launcher=torchrun_command(config["train"]),
         rank_threads=threads_per_rank,
+        out=lambda w, output: Path(output.report).parent,
     threads: 64
     conda:
         CONDA_ENV
@@ -20,5 +25,5 @@ rule smoke:
     benchmark:
         benchmark_of("smoke")
     shell:
-        "{params.launcher} {params.script} --params {params.cfg:q}"
-        " --shards {input} --report {output} --threads {params.rank_threads} > {log} 2>&1"
+        "{params.launcher} {params.script} --params {params.cfg:q} --shards {input.shards}"
+        " --tokenizer {input.tokenizer} --out {params.out} --threads {params.rank_threads} > {log} 2>&1"

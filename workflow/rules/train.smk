@@ -1,5 +1,7 @@
 # Reads the smoke report so that train never starts unless the smoke gate passed. Ends with a
 # Hugging Face export (train/hf: weights, config, tokenizer) that transformers loads as it is.
+# metrics.jsonl, samples.jsonl and checkpoints/ are not declared outputs on purpose: Snakemake
+# deletes a job's outputs before rerunning it, and a killed run resumes from them.
 rule train:
     input:
         shards=f"{RUN}/shards",
@@ -25,5 +27,5 @@ rule train:
         benchmark_of("train")
     shell:
         "{params.launcher} {params.script} --params {params.cfg:q}"
-        " --shards {input.shards} --tokenizer {input.tokenizer} --out {params.out}"
+        " --shards {input.shards} --smoke {input.smoke} --tokenizer {input.tokenizer} --out {params.out}"
         " --threads {params.rank_threads} > {log} 2>&1"

@@ -13,21 +13,24 @@ def main() -> None:
     parser.add_argument("--report", required=True, type=Path, help="output report.md")
     parser.add_argument("--plot", required=True, type=Path, help="output loss-curve PNG")
     args = parser.parse_args()
-    run = stage_config(args, "report")["run_name"]
+    cfg = stage_config(args, "report")
     r = args.results
     data = {
+        "config": cfg,
         "tokenizer": read_json(r / "tokenizer" / "stats.json"),
         "tokens": read_json(r / "tokens" / "meta.json"),
         "shards": read_json(r / "shards" / "manifest.json"),
         "smoke": read_json(r / "smoke" / "report.json"),
+        "plan": read_json(r / "smoke" / "plan.json"),
         "train": read_json(r / "train" / "summary.json"),
+        "train_samples": read_metrics(r / "train" / "samples.jsonl"),
         "eval": read_json(r / "eval" / "metrics.json"),
         "samples": read_json(r / "eval" / "samples.json"),
     }
     with atomic_file(args.plot) as tmp:
         plot_loss(read_metrics(r / "train" / "metrics.jsonl"), tmp, data["eval"]["unigram_val_loss"])
     with atomic_file(args.report) as tmp:
-        tmp.write_text(render(run, data, args.plot.name), encoding="utf-8")
+        tmp.write_text(render(cfg["run_name"], data, args.plot.name), encoding="utf-8")
     print(f"report: {args.report.resolve()}")
 
 

@@ -1,63 +1,82 @@
-"""smoke stage: a short run on the full run's code path, model and parallelism; a gate for train.
+"""smoke stage: the gate before the full run, and its plan. Launch it the way train is launched
+(torchrun): same model, batch and parallelism.
 
-Launch it the way train is launched (torchrun). Writes report.json with tokens/s, step time, MFU,
-peak memory, data-wait fraction, the loss at the first and last step and the time the full run will
-take at this speed, and exits non-zero (failing the DAG, so train never starts) when the loss is not
-finite or does not fall by smoke.min_loss_drop.
+Runs the checks of kiln.train.smoke (preflight, causality, init loss, health, generalisation, data,
+overfit), each against its threshold in the `smoke` section, and prints them as a table. When all
+pass (or smoke.gate is false) it writes report.json (checks and measurements), plan.json and plan.md
+(tokens, time, cost, tokens per parameter and disk of the full run at the measured speed). When one
+fails and the gate is on, it writes nothing the train rule would take and exits non-zero, naming the
+checks that failed.
 """
 
-import json
+import dataclasses
 import math
+import os
 from pathlib import Path
 
 import torch
 
 from kiln.cli import run_main, stage_config, stage_parser
-from kiln.io import write_json
-from kiln.train.trainer import run
+from kiln.data.tokenizer import load_tokenizer
+from kiln.errors import KilnError
+from kiln.io import atomic_file, write_json
+from kiln.train.distributed import shutdown
+from kiln.train.plan import BatchPlan, full_run_plan, render_plan
+from kiln.train.smoke import run_checks
 
 
-def health(losses: list[float], min_drop: float) -> tuple[bool, str]:
-    """Loss finite at every step, and the last quarter's mean below the first quarter's by min_drop."""
-    if not losses or not all(math.isfinite(x) for x in losses):
-        return False, f"loss not finite: {losses[-5:]}"
-    q = max(1, len(losses) // 4)
-    first, last = sum(losses[:q]) / q, sum(losses[-q:]) / q
-    drop = first - last
-    if drop < min_drop:
-        return False, f"loss did not fall: first-quarter mean {first:.4f}, last-quarter mean {last:.4f} (drop {drop:.4f} < {min_drop})"
-    return True, f"loss fell by {drop:.4f} nats ({first:.4f} -> {last:.4f})"
+def checks_table(checks: list[dict]) -> str:
+    lines = ["| check | result | measured | threshold | note |", "|---|---|---|---|---|"]
+    for c in checks:
+        lines.append(f"| {c['name']} | {'pass' if c['passed'] else 'FAIL'} | {c['figure']} | {c['threshold']} | {c['detail']} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = stage_parser("smoke", __doc__)
     parser.add_argument("--shards", required=True, type=Path, help="shard stage output folder")
-    parser.add_argument("--report", required=True, type=Path, help="output report.json")
+    parser.add_argument("--tokenizer", type=Path,
+                        help="tokenizer stage's tokenizer.json: the overfit check then takes FIM rows first")
+    parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/smoke")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: torch default)")
     args = parser.parse_args()
     cfg = stage_config(args, "smoke")
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = run(cfg, args.shards, args.report.parent, max_steps=cfg["smoke"]["steps"], smoke=True)
-    if not result.is_main:
+    marker = load_tokenizer(args.tokenizer).token_to_id("<fim_middle>") if args.tokenizer else None
+    try:
+        report = run_checks(cfg, args.shards, args.out, marker_id=marker)
+    finally:
+        shutdown(int(os.environ.get("WORLD_SIZE", "1")))
+    if int(os.environ.get("RANK", "0")) != 0:  # rank 0 reports for all
         return
-    passed, reason = health(result.losses, cfg["smoke"]["min_loss_drop"])
-    report = {
-        "passed": passed, "reason": reason, "steps": result.steps, "n_params": result.n_params,
-        "loss_first": result.losses[0] if result.losses else None,
-        "loss_last": result.losses[-1] if result.losses else None,
-        "losses": result.losses, "tokens_per_s": result.tokens_per_s, "step_time_s": result.step_time_s,
-        "data_wait_fraction": result.data_wait_fraction, "peak_memory_mb": result.peak_memory_mb,
-        "mfu": result.mfu, "tflops": result.tflops, "tokens_per_step": result.tokens_per_step,
-        "grad_accum": result.grad_accum,
-        # The plan for train: its steps at the step time measured here.
-        "train_eta_s": cfg["train"]["max_steps"] * result.step_time_s,
-    }
-    print(json.dumps({k: v for k, v in report.items() if k != "losses"}, indent=2))
-    if not passed:
-        raise SystemExit(f"smoke: FAILED: {reason}")
-    write_json(args.report, report)
-    print(f"smoke: passed: {reason}")
+    checks = [dataclasses.asdict(c) for c in report["checks"]]
+    failed = [c["name"] for c in checks if not c["passed"]]
+    gate = cfg["smoke"]["gate"]
+    print(checks_table(checks))
+    if failed and gate:
+        raise KilnError(f"smoke: FAILED: {', '.join(failed)} (see the table above; thresholds are in the "
+                        "smoke section, and smoke.gate: false lets train start anyway)")
+    report["checks"] = checks
+    report["gate"] = "passed" if not failed else f"skipped (smoke.gate is false; failed: {', '.join(failed)})"
+    plan = None
+    if "probe" in report:
+        plan = full_run_plan(batch=BatchPlan(**report["batch"]), max_steps=cfg["train"]["max_steps"],
+                             tokens_per_s=report["probe"]["tokens_per_s"], n_params=report["n_params"],
+                             train_tokens=report["train_tokens"], checkpoint_bytes=report["checkpoint_bytes"],
+                             keep_checkpoints=cfg["train"]["keep_checkpoints"], model_bytes=report["model_bytes"],
+                             price_per_gpu_hour=cfg["smoke"]["price_per_gpu_hour"])
+    if plan is not None and math.isfinite(plan["eta_s"]):
+        write_json(args.out / "plan.json", plan)
+        markdown = render_plan(plan)
+    else:
+        write_json(args.out / "plan.json", {"unavailable": "the probe did not run"})
+        markdown = "# Plan for the full run\n\nUnavailable: the probe did not run.\n"
+    with atomic_file(args.out / "plan.md") as tmp:
+        tmp.write_text(markdown, encoding="utf-8")
+    print(markdown)
+    write_json(args.out / "report.json", report)  # last: train waits on this file
+    print(f"smoke: {report['gate']} -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """train stage: the full run. Launch under torchrun (one process per device; gloo on CPU).
 
 Writes into --out: metrics.jsonl (one JSON object per log step; wandb/ too unless wandb.mode is
-disabled), checkpoints/ (resumable; a rerun continues from the newest complete one), and at the end
+disabled), samples.jsonl (greedy completions of train.samples.prompts at every validation), checkpoints/ (resumable; a rerun continues from the newest complete one), and at the end
 model.safetensors + model_config.json, summary.json, and hf/: the model in Hugging Face format
 (config.json, model.safetensors, tokenizer files) for `AutoModelForCausalLM.from_pretrained`.
 """
@@ -12,24 +12,33 @@ from pathlib import Path
 import torch
 
 from kiln.cli import run_main, stage_config, stage_parser
-from kiln.io import write_json
+from kiln.errors import KilnError
+from kiln.io import read_json, write_json
 from kiln.model import hf
 from kiln.model.build import load_model
+from kiln.train.samples import make_sampler
 from kiln.train.trainer import run
 
 
 def main() -> None:
     parser = stage_parser("train", __doc__)
     parser.add_argument("--shards", required=True, type=Path, help="shard stage output folder")
+    parser.add_argument("--smoke", type=Path, help="smoke stage's report.json: train refuses to start unless it passed")
     parser.add_argument("--tokenizer", required=True, type=Path, help="tokenizer stage's tokenizer.json")
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/train")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: torch default)")
     args = parser.parse_args()
     cfg = stage_config(args, "train")
+    if args.smoke is not None:
+        gate = read_json(args.smoke).get("gate", "")
+        if not (gate == "passed" or gate.startswith("skipped")):
+            raise KilnError(f"{args.smoke}: the smoke gate did not pass (gate: {gate!r}); rerun the smoke stage")
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    result = run(cfg, args.shards, args.out)
+    samples = cfg["train"]["samples"]
+    result = run(cfg, args.shards, args.out,
+                 sampler=make_sampler(args.tokenizer, samples["prompts"], samples["max_new_tokens"]))
     if result.is_main:
         hf.export(load_model(args.out), args.out / "hf", args.tokenizer)
         write_json(args.out / "summary.json", dataclasses.asdict(result))

@@ -16,15 +16,22 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def plot_loss(records: list[dict], png: Path, unigram: float | None = None) -> None:
-    """The loss curves, with the learning rate and throughput of the same log steps beneath."""
-    fig, (ax, ax_lr, ax_speed) = plt.subplots(3, 1, figsize=(7, 7), dpi=120, sharex=True,
-                                              gridspec_kw={"height_ratios": [3, 1, 1]})
+    """The loss curves, with the learning rate, throughput and MFU (TFLOP/s where no peak is known,
+    as on a CPU) of the same log steps beneath."""
+    fig, (ax, ax_lr, ax_speed, ax_mfu) = plt.subplots(4, 1, figsize=(7, 8.5), dpi=120, sharex=True,
+                                                      gridspec_kw={"height_ratios": [3, 1, 1, 1]})
     steps = [r["step"] for r in records]
     ax_lr.plot(steps, [r["lr"] for r in records], lw=1.2, color="tab:green")
     ax_lr.set_ylabel("learning rate")
     ax_speed.plot(steps, [r["tokens_per_s"] for r in records], lw=1.2, color="tab:purple")
     ax_speed.set_ylabel("tokens/s")
-    for a in (ax_lr, ax_speed):
+    if records and all(r.get("mfu") is not None for r in records):
+        ax_mfu.plot(steps, [100 * r["mfu"] for r in records], lw=1.2, color="tab:red")
+        ax_mfu.set_ylabel("MFU (%)")
+    else:
+        ax_mfu.plot(steps, [r["tflops"] for r in records], lw=1.2, color="tab:red")
+        ax_mfu.set_ylabel("TFLOP/s per device")
+    for a in (ax_lr, ax_speed, ax_mfu):
         a.grid(alpha=0.3)
     ax.plot(steps, [r["loss"] for r in records], label="train loss", lw=1.2)
     val = [r for r in records if "val_loss" in r]
@@ -32,7 +39,7 @@ def plot_loss(records: list[dict], png: Path, unigram: float | None = None) -> N
         ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="val loss", lw=1.2)
     if unigram is not None:
         ax.axhline(unigram, color="grey", ls="--", lw=1, label="unigram baseline (val)")
-    ax_speed.set_xlabel("optimizer step")
+    ax_mfu.set_xlabel("optimizer step")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -46,11 +53,12 @@ def _fence(text: str) -> str:
 
 
 def render(run: str, data: dict, png_name: str) -> str:
-    """The report's markdown from the stages' JSON outputs (`data` keys: raw, tokenizer, tokens,
-    shards, smoke, train, eval, samples)."""
-    ev, tok, split, smoke, train = data["eval"], data["tokenizer"], data["tokens"]["splits"], data["smoke"], data["train"]
+    """The report's markdown from the stages' JSON outputs (`data` keys: config, tokenizer, tokens,
+    shards, smoke, plan, train, train_samples, eval, samples)."""
+    ev, tok, split, train = data["eval"], data["tokenizer"], data["tokens"]["splits"], data["train"]
     lines = [
         f"# Kiln run `{run}`", "",
+        *_config_summary(data["config"], train), "",
         "## Data", "",
         "| | documents | tokens | bytes |", "|---|---:|---:|---:|",
         *(f"| {s} | {split[s]['docs']:,} | {split[s]['tokens']:,} | {split[s]['bytes']:,} |" for s in ("train", "val")),
@@ -60,15 +68,15 @@ def render(run: str, data: dict, png_name: str) -> str:
         f"FIM modes on the train split: {data['tokens']['fim_modes']}.", "",
         f"Shards: {data['shards']['splits']['train']['rows']:,} train and {data['shards']['splits']['val']['rows']:,} "
         f"val rows of {data['shards']['row_len']} tokens.", "",
+        *_smoke_section(data["smoke"], data["plan"], train), "",
         "## Training", "",
         f"![loss curve]({png_name})", "",
         "| | value |", "|---|---:|",
         f"| parameters | {train['n_params']:,} |",
         f"| steps | {train['steps']:,} |",
         f"| tokens seen | {train['tokens_seen']:,} |",
-        f"| tokens/s (steady state) | {train['tokens_per_s']:,.0f} |",
-        f"| smoke check | {'passed' if smoke['passed'] else 'FAILED'}: {smoke['reason']} |",
-        f"| smoke tokens/s | {smoke['tokens_per_s']:,.0f} |", "",
+        f"| tokens/s (steady state) | {train['tokens_per_s']:,.0f} |", "",
+        *_training_samples(data["train_samples"]),
         "## Evaluation (held-out split)", "",
         "| metric | model | unigram baseline |", "|---|---:|---:|",
         f"| loss (nats/token) | {ev['val_loss']:.4f} | {ev['unigram_val_loss']:.4f} |",
@@ -88,13 +96,75 @@ def render(run: str, data: dict, png_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _config_summary(cfg: dict, train_result: dict) -> list[str]:
+    model, train, sources = cfg["model"], cfg["train"], cfg["download"]["sources"]
+    shape = model.get("flavour") or f"{model.get('family', 'gpt2')} {model['n_layer']} layers x {model['d_model']}, {model['n_head']} heads"
+    batch = train["batch_tokens"] or "one micro-batch per rank"
+    data = ", ".join(f"{source['name']} ({source['kind']})" for source in sources)
+    return [
+        "## Configuration", "",
+        "| | |", "|---|---|",
+        f"| data | {data} |",
+        f"| model | {shape}; {train_result['n_params']:,} parameters; context {cfg['shard']['seq_len']} |",
+        f"| batch | {batch} tokens per step, micro-batch {train['micro_batch']} x {train['nproc_per_node'] * train['nnodes']} ranks ({train['parallel']}) |",
+        f"| optimisation | {train['max_steps']:,} steps, lr {train['lr']:g} -> {train['min_lr']:g} ({train['schedule']}, "
+        f"{train['warmup_steps']} warmup), weight decay {train['weight_decay']:g}, clip {train['grad_clip']:g}, {train['precision']} |",
+        f"| seed | {cfg['seed']} |",
+    ]
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def _smoke_section(smoke: dict, plan: dict, train: dict) -> list[str]:
+    """The gate's checks, and what the smoke stage planned against what the full run took."""
+    lines = ["## Smoke gate", "", f"Gate: **{smoke['gate']}**.", "",
+             "| check | result | measured | threshold |", "|---|---|---|---|"]
+    lines += [f"| {c['name']} | {'pass' if c['passed'] else 'FAIL'} | {c['figure']} | {c['threshold']} |"
+              for c in smoke["checks"]]
+    if "eta_s" not in plan:
+        return lines
+    mfu = lambda v: "n/a" if v is None else f"{v:.1%}"  # noqa: E731
+    lines += ["", "### Plan against the full run", "",
+              "| | planned (smoke) | actual (train) |", "|---|---:|---:|",
+              f"| tokens | {plan['total_tokens']:,} | {train['tokens_seen']:,} |",
+              f"| tokens/s | {plan['tokens_per_s']:,.0f} | {train['tokens_per_s']:,.0f} |",
+              f"| MFU | {mfu(smoke['probe']['mfu'])} | {mfu(train['mfu'])} |",
+              f"| time | {_duration(plan['eta_s'])} | {_duration(train['wall_s'])} (with validation and checkpoints) |",
+              f"| tokens per parameter | {plan['tokens_per_param']:.2f} | |"]
+    if plan["cost"] is not None:
+        lines.append(f"| cost | ${plan['cost']:,.2f} | ${plan['cost'] * train['wall_s'] / plan['eta_s']:,.2f} |")
+    return lines
+
+
+def _training_samples(rows: list[dict]) -> list[str]:
+    """Greedy completions logged during training, first and last validation step side by side."""
+    if not rows:
+        return []
+    steps = sorted({r["step"] for r in rows})
+    shown = [steps[0], steps[-1]] if len(steps) > 1 else steps
+    lines = ["### Samples during training", "", "| step | prompt | greedy completion |", "|---:|---|---|"]
+    for step in shown:
+        lines += [f"| {step} | `{r['prompt']!r}` | `{r['completion']!r}` |" for r in rows if r["step"] == step]
+    return lines + [""]
+
+
 def _number(value) -> str:
     return "n/a" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 def _eval_tables(ev: dict) -> list[str]:
-    """Infilling, lm-eval and contamination tables of the eval stage's metrics."""
-    lines = ["### Fill-in-the-middle (held-out code)", "",
+    """Per-source, per-checkpoint, infilling, lm-eval and contamination tables of the eval stage's metrics."""
+    lines = ["### Per source", "", "| source | loss | perplexity | bits per byte | tokens evaluated |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {name} | {m['loss']:.4f} | {m['perplexity']:.2f} | {m['bits_per_byte']:.4f} | {m['tokens_evaluated']:,} |"
+              for name, m in ev["val_by_source"].items()]
+    lines += ["", "### Checkpoints kept", "", "| step | tokens | val loss | bits per byte |", "|---:|---:|---:|---:|"]
+    lines += [f"| {_number(c['step'])}{' (final)' if c['final'] else ''} | {_number(c['tokens'])} | "
+              f"{c['val_loss']:.4f} | {c['val_bits_per_byte']:.4f} |" for c in ev["checkpoints"]]
+    lines += ["", "### Fill-in-the-middle (held-out code)", "",
              "| span / layout | problems | exact match | edit similarity |", "|---|---:|---:|---:|"]
     lines += [f"| {name} | {row['problems']} | {_number(row['exact_match'])} | {_number(row['edit_similarity'])} |"
               for name, row in ev["infill"].items()]

@@ -105,7 +105,8 @@ def format_eta(seconds: float) -> str:
 
 
 class MetricsSink:
-    """One JSON object per line in metrics.jsonl, mirrored to wandb when enabled (rank 0 only).
+    """One JSON object per line in metrics.jsonl, and one per generated sample in samples.jsonl
+    beside it, mirrored to wandb when enabled (rank 0 only).
 
     wandb's mode is decided before wandb.init: online without a network stalls for ~90 s, offline
     writes the run under the metrics folder (wandb/offline-run-*, `wandb sync` uploads it later)."""
@@ -114,6 +115,7 @@ class MetricsSink:
                  resume_step: int = 0):
         self.enabled = enabled
         self.file = self._open(path, resume_step) if enabled else None
+        self.samples_file = self._open(path.with_name("samples.jsonl"), resume_step) if enabled else None
         self.wandb = None
         if enabled and wandb_cfg["mode"] != "disabled":
             import wandb
@@ -143,8 +145,23 @@ class MetricsSink:
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None}, step=record["step"])
 
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        """Generated text at `step`: rows of {"prompt", "completion"}."""
+        if not self.enabled or not rows:
+            return
+        for row in rows:
+            self.samples_file.write(json.dumps({"step": step, **row}) + "\n")
+        self.samples_file.flush()
+        if self.wandb is not None:
+            import wandb
+
+            table = wandb.Table(columns=["step", "prompt", "completion"],
+                                data=[[step, r["prompt"], r["completion"]] for r in rows])
+            self.wandb.log({"samples": table}, step=step)
+
     def close(self) -> None:
         if self.file:
             self.file.close()
+            self.samples_file.close()
         if self.wandb is not None:
             self.wandb.finish()

@@ -38,3 +38,65 @@ def plan_batch(batch_tokens: int | None, micro_batch: int, seq_len: int, world: 
             f"(nearest that are: {' or '.join(map(str, nearest))})"
         )
     return BatchPlan(world, micro_batch, seq_len, batch_tokens // per_pass)
+
+
+CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal at ~20 tokens per parameter
+
+
+def full_run_plan(*, batch: BatchPlan, max_steps: int, tokens_per_s: float, n_params: int,
+                  train_tokens: int, checkpoint_bytes: int, keep_checkpoints: int, model_bytes: int,
+                  price_per_gpu_hour: float | None = None) -> dict:
+    """What the full run will take, from the smoke stage's steady-state tokens/s (all ranks together).
+
+    Total tokens are max_steps x the global batch; time is that over tokens/s; cost is the
+    device-hours (time x ranks) at price_per_gpu_hour. Disk counts the checkpoints kept at the same
+    time plus the final weights twice (model.safetensors and the Hugging Face export)."""
+    total_tokens = max_steps * batch.tokens_per_step
+    eta_s = total_tokens / tokens_per_s if tokens_per_s > 0 else float("inf")
+    device_hours = eta_s / 3600 * batch.world
+    return {
+        "ranks": batch.world, "micro_batch": batch.micro_batch, "seq_len": batch.seq_len,
+        "grad_accum": batch.grad_accum, "tokens_per_step": batch.tokens_per_step, "max_steps": max_steps,
+        "total_tokens": total_tokens,
+        "tokens_per_s": tokens_per_s, "tokens_per_s_per_rank": tokens_per_s / batch.world,
+        "eta_s": eta_s, "eta_h": eta_s / 3600, "device_hours": device_hours,
+        "price_per_gpu_hour": price_per_gpu_hour,
+        "cost": device_hours * price_per_gpu_hour if price_per_gpu_hour is not None else None,
+        "n_params": n_params, "tokens_per_param": total_tokens / n_params,
+        "chinchilla_tokens": CHINCHILLA_TOKENS_PER_PARAM * n_params,
+        "train_tokens": train_tokens, "epochs": total_tokens / train_tokens if train_tokens else None,
+        "checkpoint_bytes": checkpoint_bytes, "keep_checkpoints": keep_checkpoints,
+        "disk_bytes": keep_checkpoints * checkpoint_bytes + 2 * model_bytes,
+    }
+
+
+def _size(n_bytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n_bytes < 1024 or unit == "TiB":
+            return f"{n_bytes:.1f} {unit}" if unit != "B" else f"{int(n_bytes)} B"
+        n_bytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def render_plan(plan: dict) -> str:
+    """plan.md: the plan as a table a person reads before paying for the run."""
+    cost = (f"${plan['cost']:,.2f} at ${plan['price_per_gpu_hour']:g} per device-hour"
+            if plan["cost"] is not None else "no price set (smoke.price_per_gpu_hour)")
+    ratio = plan["tokens_per_param"] / CHINCHILLA_TOKENS_PER_PARAM
+    epochs = f"{plan['epochs']:.2f}" if plan["epochs"] is not None else "n/a"
+    repeat = " (the train split repeats: more epochs than one)" if plan["epochs"] and plan["epochs"] > 1 else ""
+    rows = [
+        ("global batch", f"{plan['ranks']} ranks x {plan['grad_accum']} micro-batches x {plan['micro_batch']} rows "
+                         f"x {plan['seq_len']} tokens = {plan['tokens_per_step']:,} tokens/step"),
+        ("total tokens", f"{plan['max_steps']:,} steps x {plan['tokens_per_step']:,} = {plan['total_tokens']:,}"),
+        ("throughput", f"{plan['tokens_per_s']:,.0f} tokens/s ({plan['tokens_per_s_per_rank']:,.0f} per rank)"),
+        ("time", f"{plan['eta_h']:.2f} h ({plan['device_hours']:.1f} device-hours)"),
+        ("cost", cost),
+        ("tokens per parameter", f"{plan['tokens_per_param']:.2f} for {plan['n_params']:,} parameters "
+                                 f"({ratio:.2f}x Chinchilla's {CHINCHILLA_TOKENS_PER_PARAM})"),
+        ("epochs of the train split", f"{epochs} of {plan['train_tokens']:,} tokens{repeat}"),
+        ("disk", f"{_size(plan['disk_bytes'])}: {plan['keep_checkpoints']} checkpoints of "
+                 f"{_size(plan['checkpoint_bytes'])} + the final weights twice (safetensors, HF export)"),
+    ]
+    return "\n".join(["# Plan for the full run", "", "| | |", "|---|---|",
+                      *(f"| {k} | {v} |" for k, v in rows), ""])

@@ -21,6 +21,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ from kiln.train.plan import plan_batch
 from kiln.train.schedule import schedule_from_config
 
 log = logging.getLogger("kiln.train")
+Sampler = Callable[[torch.nn.Module], list[dict]]  # model -> [{"prompt", "completion"}] (kiln.train.samples)
 
 
 @dataclass
@@ -56,6 +58,7 @@ class RunResult:
     grad_accum: int = 1
     steps: int = 0
     tokens_seen: int = 0
+    wall_s: float = 0.0  # the loop's wall time in this process, validation and checkpoints included
     is_main: bool = True  # rank 0, the rank that writes reports
 
 
@@ -155,18 +158,18 @@ class Trainer:
         self.model.train()
         return mean_across_ranks(total / max(count, 1), self.d.world).item()
 
-    def fit(self, out_dir: Path, *, smoke: bool = False) -> RunResult:
-        """Train to max_steps. The full run (smoke=False) logs metrics.jsonl (and wandb), keeps
-        checkpoints under out_dir/checkpoints, resumes from the newest, validates every eval_every
-        steps and saves the final model.safetensors + model_config.json. The smoke run logs every
-        step and writes nothing: its caller reports from the result."""
+    def fit(self, out_dir: Path, *, sampler: Sampler | None = None) -> RunResult:
+        """Train to max_steps: log metrics.jsonl (and wandb), keep checkpoints under
+        out_dir/checkpoints and resume from the newest, validate every eval_every steps (with
+        `sampler`'s greedy completions, logged to samples.jsonl), and save the final
+        model.safetensors + model_config.json. (The smoke stage drives train_step itself:
+        kiln.train.smoke.)"""
         train, d = self.train_cfg, self.d
         ckpt_root = out_dir / "checkpoints"
-        if not smoke:
-            state = checkpoint.load_latest(ckpt_root, self.fingerprint)
-            if state is not None:
-                self.load_state_dict(state)
-                log.info("resumed from step %d (%d tokens seen)", self.step, self.tokens_seen)
+        state = checkpoint.load_latest(ckpt_root, self.fingerprint)
+        if state is not None:
+            self.load_state_dict(state)
+            log.info("resumed from step %d (%d tokens seen)", self.step, self.tokens_seen)
         result = RunResult(n_params=self.model.num_params(non_embedding=False), is_main=d.is_main,
                            tokens_per_step=self.plan.tokens_per_step, grad_accum=self.plan.grad_accum)
         if d.is_main:
@@ -174,9 +177,9 @@ class Trainer:
                      self.cfg.to_dict(), f"{result.n_params:,}", d.world, train["parallel"], self.plan.grad_accum,
                      self.plan.micro_batch, self.cfg.seq_len, self.plan.tokens_per_step)
         sink = MetricsSink(out_dir / "metrics.jsonl", self.sections.get("wandb", {"mode": "disabled"}),
-                           self.sections, enabled=d.is_main and not smoke, resume_step=self.step)
+                           self.sections, enabled=d.is_main, resume_step=self.step)
         meter = Throughput(flops_per_token(self.model), peak_flops(d.device), d.world)
-        log_every = 1 if smoke else train["log_every"]
+        log_every = train["log_every"]
         loss_sum, window_steps, window_tokens = torch.zeros((), device=d.device), 0, 0
         loop_start = time.perf_counter()
         while self.step < self.max_steps:
@@ -200,29 +203,45 @@ class Trainer:
                                     "train.warmup_steps or check the data (see the smoke stage)")
                 if d.is_main:
                     self._print_progress(record, meter)
-                if not smoke and (done % train["eval_every"] == 0 or done == self.max_steps):
+                if (done % train["eval_every"] == 0 or done == self.max_steps):
                     record["val_loss"] = self.evaluate()
                     result.val_losses.append((done, record["val_loss"]))
+                    samples = self._sample(sampler)
                     if d.is_main:
                         log.info("step %d | val loss %.4f", done, record["val_loss"])
+                        for row in samples:
+                            log.info("step %d | sample %r -> %r", done, row["prompt"], row["completion"])
+                        sink.log_samples(done, samples)
                 sink.log(record)
                 meter.restart()  # validation is not training time
-            if not smoke and (done % train["checkpoint_every"] == 0 or done == self.max_steps):
+            if (done % train["checkpoint_every"] == 0 or done == self.max_steps):
                 state = self.state_dict()
                 if d.is_main:
                     checkpoint.save(ckpt_root, state, keep=train["keep_checkpoints"])
         sink.close()
+        result.wall_s = time.perf_counter() - loop_start
         result.steps, result.tokens_seen = self.max_steps, self.tokens_seen
         rates = meter.rates(meter.steady_tokens_per_s)
         result.tokens_per_s, result.tflops, result.mfu = rates["tokens_per_s"], rates["tflops"], rates["mfu"]
         result.step_time_s = self.plan.tokens_per_step / result.tokens_per_s if result.tokens_per_s else 0.0
         result.data_wait_fraction = self.data_wait_s / (time.perf_counter() - loop_start)
         result.peak_memory_mb = memory_mb(d.device)
-        if not smoke:
-            weights = parallel.full_model_state(self.model)
-            if d.is_main:
-                save_model(self.cfg, weights, out_dir)
+        weights = parallel.full_model_state(self.model)
+        if d.is_main:
+            save_model(self.cfg, weights, out_dir)
         return result
+
+    def _sample(self, sampler: Sampler | None) -> list[dict]:
+        """Completions of the sampler's prompts by the model as it is now, on every rank (an FSDP
+        forward is collective; greedy decoding gives every rank the same tokens). Eager, so a
+        compiled model is not recompiled for the decoding shapes."""
+        if sampler is None:
+            return []
+        self.model.eval()
+        with torch.compiler.set_stance("force_eager"):
+            rows = sampler(self.model)
+        self.model.train()
+        return rows
 
     def _print_progress(self, record: dict, meter: Throughput) -> None:
         rate = meter.steady_tokens_per_s or record["tokens_per_s"]
@@ -240,11 +259,11 @@ def _split(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def run(sections: dict, shard_dir: Path, out_dir: Path, *, max_steps: int | None = None,
-        smoke: bool = False) -> RunResult:
+        sampler: Sampler | None = None) -> RunResult:
     """Train per `sections` (seed, model, train[, wandb]) on shard_dir, writing into out_dir (see
     Trainer.fit); the process group, if any, is shut down at the end."""
     trainer = Trainer(sections, shard_dir, max_steps=max_steps)
     try:
-        return trainer.fit(out_dir, smoke=smoke)
+        return trainer.fit(out_dir, sampler=sampler)
     finally:
         shutdown(trainer.d.world)

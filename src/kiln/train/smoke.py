@@ -1,0 +1,329 @@
+"""The smoke stage: a short probe on the full run's code path that stops a broken run before it
+costs money, and measures what the full run will take.
+
+Seed 000 spent $150 on a run whose model produced noise; its lesson was to overfit a tiny set and
+check the model before any long run. The checks, each against a threshold in the `smoke` section:
+
+  preflight       building the model and one optimizer step at the full run's micro-batch and
+                  sequence length fit in memory (an OOM is caught and answered with what to change)
+  causality       logits before position p do not change when the tokens from p on do (a wrong
+                  attention mask lets the model read the token it predicts)
+  init loss       the held-out loss of the untrained model is near ln(vocab), as a uniform guess is
+  health          the probe's loss and gradient norm are finite and the loss falls
+  generalisation  the held-out loss falls too, with targets shifted here, apart from the training
+                  code: labels equal to the inputs make the training loss fall and this one rise
+  overfit         a fresh model memorises a handful of rows (FIM rows first) within a step budget:
+                  lr 0, a broken schedule or broken data fail here
+  data            the loader's share of step time stays below a bound
+
+The probe's steady-state figures (warm-up and compile steps left out) feed the plan
+(kiln.train.plan.full_run_plan).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kiln.data.loader import eval_batches
+from kiln.io import read_json
+from kiln.train import device as device_util
+from kiln.train.distributed import mean_across_ranks
+from kiln.train.metrics import flops_per_token, memory_mb, peak_flops
+from kiln.train.trainer import Trainer
+
+log = logging.getLogger("kiln.smoke")
+OOM_MESSAGES = ("out of memory", "can't allocate memory")
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    figure: str  # what was measured
+    threshold: str  # what it had to meet
+    detail: str = ""
+
+
+@dataclass
+class Probe:
+    """Steady-state measurements of the probe run."""
+
+    tokens_per_s: float
+    step_time_s: float
+    data_wait_fraction: float
+    peak_memory_mb: float
+    mfu: float | None
+    tflops: float
+    measured_steps: int
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """A CUDA OOM, or the CPU allocator refusing a request."""
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MESSAGES))
+
+
+def oom_advice(train: dict, seq_len: int) -> str:
+    """What to change when the full run's step does not fit."""
+    micro = train["micro_batch"]
+    tips = []
+    if micro > 1:
+        tips.append(f"train.micro_batch: {micro // 2} (train.batch_tokens unchanged doubles the gradient accumulation)")
+    if not train["activation_checkpointing"]:
+        tips.append("train.activation_checkpointing: true (recompute activations: ~1/3 more compute, far less memory)")
+    if train["parallel"] == "ddp":
+        tips.append("train.parallel: fsdp (shard weights, gradients and optimizer state across ranks)")
+    tips.append(f"a shorter shard.seq_len than {seq_len}")
+    return "out of memory at micro-batch %d x %d tokens; try: %s" % (micro, seq_len, "; ".join(tips))
+
+
+def causality_leak(model: torch.nn.Module, vocab: int, seq_len: int, dev: torch.device, seed: int) -> float:
+    """Largest change of any logit before position p when every token from p on is replaced (fp32,
+    eval mode, no autocast). A causal model gives 0 up to rounding."""
+    gen = torch.Generator().manual_seed(seed)
+    t = min(seq_len, 64)
+    p = t // 2
+    x = torch.randint(0, vocab, (2, t), generator=gen)
+    y = x.clone()
+    y[:, p:] = (x[:, p:] + 1 + torch.randint(0, vocab - 1, (2, t - p), generator=gen)) % vocab
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        a, _ = model(x.to(dev))
+        b, _ = model(y.to(dev))
+    model.train(was_training)
+    return (a[:, :p].float() - b[:, :p].float()).abs().max().item()
+
+
+@torch.no_grad()
+def heldout_loss(trainer: Trainer, n_batches: int) -> float:
+    """Next-token cross-entropy on the first n_batches of the val split, the targets shifted here
+    rather than by the training code, so a shift bug there cannot hide from this figure."""
+    model, d = trainer.model, trainer.d
+    model.eval()
+    total, count = torch.zeros((), device=d.device), 0
+    micro = trainer.train_cfg["micro_batch"]
+    n = min(n_batches, -(-(len(trainer.val_rows) // d.world) // micro))
+    for batch in eval_batches(trainer.val_rows, micro, n, d.rank, d.world):
+        batch = device_util.to_device(batch, d.device)  # (B, T + 1)
+        with trainer.autocast():
+            logits, _ = model(batch[:, :-1])  # (B, T, V)
+        total += F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+        count += 1
+    model.train()
+    return mean_across_ranks(total / max(count, 1), d.world).item()
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def probe(trainer: Trainer, steps: int, warmup: int, trace_dir: Path | None = None,
+          profile_step: int | None = None) -> tuple[list[float], list[float], Probe]:
+    """Run `steps` optimizer steps; return per-step losses and gradient norms (mean over ranks) and
+    the throughput of the steps after `warmup`. The host waits on the device only at the start and
+    end of the timed span, as in the full run. With profile_step, that step (1-based) is traced
+    (trace.json for Perfetto / chrome://tracing; on CUDA also memory_snapshot.pickle for
+    pytorch.org/memory_viz) and left out of the timing."""
+    d = trainer.d
+    losses, norms = [], []
+    timed_s, timed_steps, wait_start, t0 = 0.0, 0, 0.0, None
+    for i in range(1, steps + 1):
+        if i == warmup + 1:
+            _sync(d.device)
+            t0, wait_start = time.perf_counter(), trainer.data_wait_s
+        if i == profile_step:
+            _sync(d.device)
+            if t0 is not None:
+                timed_s += time.perf_counter() - t0
+            loss, norm = _traced_step(trainer, trace_dir if d.is_main else None)
+            t0 = time.perf_counter() if i > warmup else None
+        else:
+            loss, norm, _ = trainer.train_step()
+            timed_steps += i > warmup
+        losses.append(loss.detach())
+        norms.append(norm.detach())
+        if d.is_main and (i % 10 == 0 or i == steps):
+            log.info("probe step %d/%d", i, steps)
+    _sync(d.device)
+    if t0 is not None:
+        timed_s += time.perf_counter() - t0
+    loss_list = mean_across_ranks(torch.stack(losses), d.world).tolist()
+    norm_list = torch.stack(norms).float().tolist()
+    tokens_per_s = timed_steps * trainer.plan.tokens_per_step / timed_s if timed_s else 0.0
+    flops = flops_per_token(trainer.model) * tokens_per_s / d.world
+    peak = peak_flops(d.device)
+    wait = trainer.data_wait_s - wait_start
+    return loss_list, norm_list, Probe(
+        tokens_per_s=tokens_per_s, step_time_s=timed_s / timed_steps if timed_steps else 0.0,
+        data_wait_fraction=wait / timed_s if timed_s else 0.0, peak_memory_mb=memory_mb(d.device),
+        mfu=flops / peak if peak else None, tflops=flops / 1e12, measured_steps=timed_steps)
+
+
+def _traced_step(trainer: Trainer, trace_dir: Path | None):
+    if trace_dir is None:
+        loss, norm, _ = trainer.train_step()
+        return loss, norm
+    cuda = trainer.d.device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.memory._record_memory_history(max_entries=100_000)
+    with torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
+        loss, norm, _ = trainer.train_step()
+        _sync(trainer.d.device)
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(trace_dir / "trace.json"))
+    if cuda:
+        torch.cuda.memory._dump_snapshot(str(trace_dir / "memory_snapshot.pickle"))
+        torch.cuda.memory._record_memory_history(enabled=None)
+    log.info("traced one step -> %s", trace_dir / "trace.json")
+    return loss, norm
+
+
+def pick_overfit_rows(trainer: Trainer, n: int, marker_id: int | None, scan: int = 4096) -> torch.Tensor:
+    """n train rows in stored order, those holding marker_id (a FIM sentinel) first."""
+    rows = trainer.rows
+    idx = np.arange(min(len(rows), scan))
+    if marker_id is not None:
+        first = rows.take(idx)
+        has = (first == marker_id).any(dim=1).numpy()
+        idx = np.concatenate([idx[has], idx[~has]])
+    return rows.take(idx[:n])
+
+
+class FixedRows:
+    """The loader interface (next, state_dict) over the same rows every step."""
+
+    def __init__(self, rows: torch.Tensor):
+        self.rows = rows
+
+    def next(self) -> torch.Tensor:
+        return self.rows
+
+    def state_dict(self) -> dict:
+        return {}
+
+
+def overfit(sections: dict, shard_dir: Path, cfg: dict, marker_id: int | None) -> tuple[float, int, float]:
+    """Train a fresh model on cfg["rows"] fixed rows, at train.lr held constant after a short warmup,
+    until its loss is below cfg["max_loss"] or cfg["max_steps"] run out. Returns (loss at the
+    start, steps taken, final loss)."""
+    # A correctness check, not a speed one: eager, one micro-batch of the chosen rows per step.
+    train = dict(sections["train"], micro_batch=cfg["rows"], batch_tokens=None, schedule="constant",
+                 warmup_steps=max(1, cfg["max_steps"] // 10), compile=False)
+    trainer = Trainer(dict(sections, train=train), shard_dir, max_steps=cfg["max_steps"])
+    trainer.batches = FixedRows(pick_overfit_rows(trainer, cfg["rows"], marker_id))
+    first = last = float("nan")
+    for step in range(1, cfg["max_steps"] + 1):
+        loss, _, _ = trainer.train_step()
+        last = mean_across_ranks(loss, trainer.d.world).item()
+        first = last if step == 1 else first
+        if last < cfg["max_loss"] or not math.isfinite(last):
+            break
+    return first, step, last
+
+
+def _health(losses: list[float], norms: list[float], min_drop: float) -> Check:
+    threshold = f"finite; last-quarter mean loss >= {min_drop} nats below the first quarter's"
+    if not all(math.isfinite(x) for x in losses + norms):
+        bad = next(i for i, (a, b) in enumerate(zip(losses, norms), 1) if not (math.isfinite(a) and math.isfinite(b)))
+        return Check("health", False, f"step {bad}: loss {losses[bad - 1]}, grad norm {norms[bad - 1]}", threshold,
+                     "not finite: lower train.lr, raise train.warmup_steps, check the data")
+    q = max(1, len(losses) // 4)
+    first, last = sum(losses[:q]) / q, sum(losses[-q:]) / q
+    drop = first - last
+    return Check("health", drop >= min_drop, f"loss {first:.4f} -> {last:.4f} (drop {drop:.4f})", threshold,
+                 "" if drop >= min_drop else "the loss did not fall: is the learning rate 0 or the data constant?")
+
+
+def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | None = None) -> dict:
+    """Every check and measurement, in the order that fails fastest. Returns the report (on every
+    rank; rank 0 writes it): checks, probe figures, losses, and the facts the plan needs."""
+    cfg, train = sections["smoke"], sections["train"]
+    checks: list[Check] = []
+    report: dict = {"checks": checks}
+    trainer = None
+    try:
+        # The probe reaches the full run's peak lr (warmup at most a third of the probe) and holds
+        # it: an lr that diverges is caught here, not hours into the run.
+        probe_train = dict(train, schedule="constant", warmup_steps=min(train["warmup_steps"], cfg["steps"] // 3))
+        trainer = Trainer(dict(sections, train=probe_train), shard_dir, max_steps=cfg["steps"])
+        seq_len, vocab = trainer.cfg.seq_len, trainer.cfg.vocab_size
+        leak = causality_leak(trainer.model, vocab, seq_len, trainer.d.device, trainer.seed)
+        checks.append(Check("causality", leak <= cfg["causal_tolerance"], f"max logit change {leak:.2e}",
+                            f"<= {cfg['causal_tolerance']:g}",
+                            "" if leak <= cfg["causal_tolerance"] else "the attention mask lets positions see later tokens"))
+        init = heldout_loss(trainer, cfg["val_batches"])
+        uniform = math.log(vocab)
+        checks.append(Check("init loss", abs(init - uniform) <= cfg["init_loss_tolerance"],
+                            f"{init:.4f} nats", f"within {cfg['init_loss_tolerance']:g} of ln({vocab}) = {uniform:.4f}",
+                            "" if abs(init - uniform) <= cfg["init_loss_tolerance"] else "check the initialisation scale"))
+        losses, norms, measured = probe(trainer, cfg["steps"], cfg["warmup_steps"], out_dir,
+                                        cfg["profile_step"])
+    except Exception as exc:  # noqa: BLE001 -- only an out-of-memory error is turned into a check
+        if not is_out_of_memory(exc):
+            raise
+        where = "building the model" if trainer is None else "the probe steps"
+        advice = oom_advice(train, read_json(Path(shard_dir) / "manifest.json")["seq_len"])
+        checks.insert(0, Check("preflight", False, f"out of memory in {where}", "fits in memory",
+                               f"{advice}. ({str(exc).splitlines()[0][:200]})"))
+        return report
+    checks.insert(0, Check("preflight", True, f"peak memory {measured.peak_memory_mb:,.0f} MB",
+                           "fits in memory"))
+    checks.append(_health(losses, norms, cfg["min_loss_drop"]))
+    after = heldout_loss(trainer, cfg["val_batches"])
+    val_drop = init - after
+    train_drop = losses[0] - losses[-1]
+    checks.append(Check("generalisation", val_drop >= cfg["min_val_drop"],
+                        f"held-out loss {init:.4f} -> {after:.4f} (drop {val_drop:.4f}; train loss drop {train_drop:.4f})",
+                        f"drop >= {cfg['min_val_drop']:g}",
+                        "" if val_drop >= cfg["min_val_drop"] else
+                        "the held-out next-token loss did not fall: are the targets the inputs shifted by one?"))
+    checks.append(Check("data", measured.data_wait_fraction <= cfg["max_data_wait"],
+                        f"data wait {measured.data_wait_fraction:.1%} of step time",
+                        f"<= {cfg['max_data_wait']:.0%}",
+                        "" if measured.data_wait_fraction <= cfg["max_data_wait"] else
+                        "the loader is a bottleneck: faster disk, or fewer ranks per node reading"))
+    report.update(
+        probe=asdict(measured), losses=losses, grad_norms=norms, val_loss_init=init, val_loss_after=after,
+        n_params=trainer.model.num_params(non_embedding=False),
+        checkpoint_bytes=_checkpoint_bytes(trainer), model_bytes=_param_bytes(trainer.model),
+        train_tokens=trainer.rows.manifest["splits"]["train"]["tokens"], batch=asdict(trainer.plan),
+        device=str(trainer.d.device), world=trainer.d.world)
+    del trainer
+    _free_memory()
+    start, steps, final = overfit(sections, shard_dir, cfg["overfit"], marker_id)
+    ok = final < cfg["overfit"]["max_loss"]
+    checks.append(Check("overfit", ok, f"loss {start:.4f} -> {final:.4f} in {steps} steps on {cfg['overfit']['rows']} rows",
+                        f"< {cfg['overfit']['max_loss']:g} within {cfg['overfit']['max_steps']} steps",
+                        "" if ok else "a fresh model could not memorise a few rows: check lr, schedule, labels and data"))
+    return report
+
+
+def _param_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the weights, a tied one once. Under FSDP a parameter is a DTensor whose numel is the
+    whole tensor's, not this rank's shard."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _checkpoint_bytes(trainer: Trainer) -> int:
+    """Bytes of a checkpoint: the weights and the optimizer state (AdamW: two moments per weight)."""
+    opt = sum(t.numel() * t.element_size() for state in trainer.optimizer.state.values()
+              for t in state.values() if torch.is_tensor(t) and t.dim() > 0)
+    return _param_bytes(trainer.model) + opt
+
+
+def _free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,177 @@
+"""The smoke gate: a healthy run passes every check; deliberately broken ones (lr 0, labels equal to
+the inputs, a mask that sees the future, a model that cannot fit in memory) fail the check that
+names the fault; the plan reproduces seed 000's arithmetic; the stage script gates train.
+
+Runs in-process on the synthetic shards of tests/synthetic.py (learnable structure, 64-token vocab).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from synthetic import REPO, SEQ_LEN, TINY_MODEL, write_shards
+
+import kiln.train.trainer as trainer_module
+from kiln import config as kiln_config
+from kiln.errors import KilnError
+from kiln.train.plan import BatchPlan, full_run_plan, render_plan
+from kiln.train.smoke import run_checks
+
+SMOKE_SCRIPT = REPO / "workflow" / "scripts" / "smoke.py"
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    return write_shards(tmp_path_factory.mktemp("shards"))
+
+
+def smoke_sections(model: dict | None = None, train: dict | None = None, **smoke) -> dict:
+    """The smoke stage's sections: tests/configs/tiny.yaml with a tiny model on the synthetic shards."""
+    raw = yaml.safe_load((REPO / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["model"] = model or TINY_MODEL
+    raw["shard"]["seq_len"] = SEQ_LEN
+    raw["train"] = {"micro_batch": 8, "max_steps": 1000, "lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 2,
+                    "precision": "fp32", "compile": False} | (train or {})
+    raw["smoke"] = {"steps": 12, "warmup_steps": 2, "min_loss_drop": 0.1, "val_batches": 2,
+                    "overfit": {"rows": 4, "max_steps": 150, "max_loss": 1.0}} | smoke
+    return kiln_config.stage_sections(kiln_config.validate(raw), "smoke")
+
+
+def by_name(report: dict) -> dict:
+    return {c.name: c for c in report["checks"]}
+
+
+def failed(report: dict) -> set[str]:
+    return {c.name for c in report["checks"] if not c.passed}
+
+
+def test_healthy_tiny_run_passes_every_check(shards, tmp_path):
+    report = run_checks(smoke_sections(), shards, tmp_path)
+    checks = by_name(report)
+    assert list(checks) == ["preflight", "causality", "init loss", "health", "generalisation", "data", "overfit"]
+    assert failed(report) == set(), [(c.name, c.figure, c.detail) for c in report["checks"]]
+    assert report["val_loss_after"] < report["val_loss_init"]
+    assert len(report["losses"]) == len(report["grad_norms"]) == 12
+    probe = report["probe"]
+    assert probe["measured_steps"] == 10 and probe["tokens_per_s"] > 0 and 0 <= probe["data_wait_fraction"] < 1
+    assert probe["mfu"] is None  # no peak FLOP/s is known for a CPU
+    # AdamW's two fp32 moments: a checkpoint is about three times the fp32 weights.
+    assert 2.9 * report["model_bytes"] < report["checkpoint_bytes"] < 3.1 * report["model_bytes"]
+    assert not (tmp_path / "trace.json").exists()
+
+
+def test_lr_zero_fails_health_and_overfit(shards, tmp_path, monkeypatch):
+    # A schedule bug that never leaves 0 (the "warmup never ends" kind).
+    monkeypatch.setattr(trainer_module, "schedule_from_config", lambda train, max_steps: lambda step: 0.0)
+    checks = by_name(run_checks(smoke_sections(), shards, tmp_path))
+    assert {"health", "overfit", "generalisation"} <= {n for n, c in checks.items() if not c.passed}
+    assert "did not fall" in checks["health"].detail
+    assert "memorise" in checks["overfit"].detail
+    assert checks["causality"].passed and checks["init loss"].passed
+
+
+def test_labels_equal_to_inputs_fail_generalisation(shards, tmp_path, monkeypatch):
+    # The classic shift bug: the model is taught to copy its input, which it learns at once.
+    monkeypatch.setattr(trainer_module, "_split", lambda batch: (batch[:, :-1], batch[:, :-1]))
+    report = run_checks(smoke_sections(), shards, tmp_path)
+    checks = by_name(report)
+    assert not checks["generalisation"].passed
+    assert "shifted by one" in checks["generalisation"].detail
+    assert report["val_loss_after"] > report["val_loss_init"]  # copying makes next-token prediction worse
+    assert checks["health"].passed  # the training loss alone would have looked fine
+
+
+def test_attention_that_sees_the_future_fails_causality(shards, tmp_path, monkeypatch):
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def unmasked(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kw):
+        return sdpa(q, k, v, dropout_p=dropout_p, is_causal=False, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", unmasked)
+    checks = by_name(run_checks(smoke_sections(), shards, tmp_path))
+    assert not checks["causality"].passed
+    assert "later tokens" in checks["causality"].detail
+
+
+def test_model_too_big_for_memory_fails_preflight_with_advice(shards, tmp_path):
+    # ~200 GB of attention weights: the allocator refuses at once (no swap to thrash).
+    huge = {"n_layer": 1, "n_head": 1, "d_model": 2**17}
+    report = run_checks(smoke_sections(model=huge), shards, tmp_path)
+    assert [(c.name, c.passed) for c in report["checks"]] == [("preflight", False)]
+    detail = report["checks"][0].detail
+    assert "train.micro_batch: 4" in detail and "activation_checkpointing" in detail and "fsdp" in detail
+    assert "probe" not in report
+
+
+def test_profile_step_writes_a_chrome_trace(shards, tmp_path):
+    report = run_checks(smoke_sections(profile_step=4), shards, tmp_path)
+    trace = json.loads((tmp_path / "trace.json").read_text(encoding="utf-8"))
+    assert any(e.get("name") == "aten::mm" for e in trace["traceEvents"])
+    assert report["probe"]["measured_steps"] == 9  # the traced step is not timed
+
+
+def test_plan_reproduces_seed_000():
+    # Seed 000: Llama-3.2-1B (1,040,254,976 parameters), local batch 6 on 4 H100s at seq 8192, 50k
+    # steps, 55.8k tokens/s per GPU, $12.36/hour for the 4-GPU node ($3.09 per GPU-hour).
+    plan = full_run_plan(batch=BatchPlan(world=4, micro_batch=6, seq_len=8192, grad_accum=1), max_steps=50_000,
+                         tokens_per_s=4 * 55_800, n_params=1_040_254_976, train_tokens=10_000_000_000,
+                         checkpoint_bytes=12 * 1_040_254_976, keep_checkpoints=2, model_bytes=4 * 1_040_254_976,
+                         price_per_gpu_hour=12.36 / 4)
+    assert plan["total_tokens"] == 9_830_400_000
+    assert plan["eta_h"] == pytest.approx(12.2, abs=0.05)
+    assert plan["cost"] == pytest.approx(151, abs=1)
+    assert plan["tokens_per_param"] == pytest.approx(9.45, abs=0.01)
+    assert plan["epochs"] == pytest.approx(0.98304)
+    assert plan["disk_bytes"] == (2 * 12 + 2 * 4) * 1_040_254_976
+    text = render_plan(plan)
+    assert "9,830,400,000" in text and "$151." in text and "0.47x Chinchilla" in text
+
+
+def test_plan_without_price_has_no_cost():
+    plan = full_run_plan(batch=BatchPlan(1, 16, 256, 1), max_steps=500, tokens_per_s=4096.0, n_params=10**6,
+                         train_tokens=10**6, checkpoint_bytes=10, keep_checkpoints=1, model_bytes=4)
+    assert plan["cost"] is None and plan["eta_s"] == pytest.approx(500.0)
+    assert "no price set" in render_plan(plan) and "the train split repeats" in render_plan(plan)
+
+
+def test_config_rejects_warmup_not_below_probe_steps():
+    with pytest.raises(KilnError, match=r"smoke.warmup_steps: 12 must be below smoke.steps=12"):
+        smoke_sections(warmup_steps=12)
+
+
+def _run_script(shards: Path, out: Path, sections: dict) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "tests"), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, str(SMOKE_SCRIPT), "--params", json.dumps(sections), "--shards",
+                           str(shards), "--out", str(out), "--threads", "1"],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_script_gate_fails_naming_the_check_and_writes_no_report(shards, tmp_path):
+    unreachable = {"rows": 4, "max_steps": 3, "max_loss": 1e-6}
+    proc = _run_script(shards, tmp_path / "smoke", smoke_sections(overfit=unreachable))
+    assert proc.returncode == 1
+    assert "smoke: FAILED: overfit" in proc.stderr
+    assert "| overfit | FAIL |" in proc.stdout
+    assert not (tmp_path / "smoke" / "report.json").exists()
+
+
+def test_script_with_gate_off_reports_the_skip_and_writes_the_plan(shards, tmp_path):
+    unreachable = {"rows": 4, "max_steps": 3, "max_loss": 1e-6}
+    proc = _run_script(shards, tmp_path / "smoke", smoke_sections(overfit=unreachable, gate=False,
+                                                                  price_per_gpu_hour=2.0))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "smoke" / "report.json").read_text())
+    assert report["gate"] == "skipped (smoke.gate is false; failed: overfit)"
+    plan = json.loads((tmp_path / "smoke" / "plan.json").read_text())
+    assert plan["total_tokens"] == 1000 * 8 * SEQ_LEN and plan["cost"] > 0
+    assert (tmp_path / "smoke" / "plan.md").read_text().startswith("# Plan for the full run")
