@@ -49,6 +49,16 @@ def write_local_tasks(docs: list[Document], out_dir: Path, seed: int, max_docs: 
     return out_dir
 
 
+def local_task_texts(tasks_dir: Path) -> dict[str, list[str]]:
+    """The text of every example of each local task written by write_local_tasks (what the model is
+    shown and scored on), for the contamination check."""
+    def rows(name: str) -> list[dict]:
+        return [json.loads(line) for line in (tasks_dir / name).read_text(encoding="utf-8").splitlines() if line]
+
+    return {"kiln_code_perplexity": [r["text"] for r in rows("code_documents.jsonl")],
+            "kiln_next_line": [r["context"] + r["target"] for r in rows("next_line.jsonl")]}
+
+
 def run_lm_eval(model: str, model_args: dict, tasks: list[str], include_path: Path,
                 limit: int | None = None, batch_size: int = 8) -> dict:
     """lm_eval.simple_evaluate on `tasks` (local ones found through include_path); returns

@@ -27,7 +27,7 @@ from kiln.data.tokenizer import EOS, load_tokenizer
 from kiln.eval import contamination
 from kiln.eval.generate import generate
 from kiln.eval.infill import make_problems, run_infill
-from kiln.eval.lm_tasks import LOCAL_TASKS, run_lm_eval, write_local_tasks
+from kiln.eval.lm_tasks import LOCAL_TASKS, local_task_texts, run_lm_eval, write_local_tasks
 from kiln.eval.perplexity import bits_per_byte, range_loss, source_ranges, unigram_loss, val_rows_loss
 from kiln.io import read_json
 from kiln.model.build import CONFIG_FILE, build_model, load_model
@@ -216,6 +216,9 @@ def evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path) -> tuple[dic
         "infill_problems": contamination.overlap(index, [encode(p.prefix[-2000:] + p.middle + p.suffix[:2000])
                                                          for p in problems]),
     }
+    for task, texts in local_task_texts(work_dir / "lm_eval_tasks").items():
+        if task in cfg["lm_eval"]["tasks"]:
+            contaminated[f"lm_eval {task}"] = contamination.overlap(index, [encode(t) for t in texts])
     metrics = {
         "val_loss": loss, "val_perplexity": math.exp(loss),
         "val_bits_per_byte": bits_per_byte(loss, val["tokens"], val["bytes"]),
