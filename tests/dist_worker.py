@@ -4,11 +4,14 @@ training runs in one launch (one process group, so the launch cost is paid once)
     torchrun --nproc_per_node 2 tests/dist_worker.py PLAN.json
 
 PLAN.json: {"shards": DIR, "checks_out": FILE, "runs": [{"out": DIR, "sections": {...},
-"resume_from": DIR/checkpoints/step-N (optional: copied in and named by LATEST before the run)}]}.
+"resume_from": DIR/checkpoints/step-N (optional: copied in and named by LATEST before the run)}],
+"smoke": [{"out": DIR, "sections": {...}}]}. Training runs log greedy samples (synthetic.greedy_sampler);
+smoke runs write report.json (the checks, the probe's figures and batch plan) from rank 0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -23,7 +26,9 @@ from kiln.data.loader import ShardRows, TrainBatches
 from kiln.train import checkpoint
 from kiln.train.distributed import init_distributed, shutdown
 from kiln.train.parallel import grad_sync
+from kiln.train.smoke import run_checks
 from kiln.train.trainer import Trainer
+from synthetic import greedy_sampler
 
 
 def gathered(t: torch.Tensor) -> list[torch.Tensor]:
@@ -73,11 +78,17 @@ def main() -> None:
             (out / "checkpoints" / checkpoint.MARKER).write_text(source.name + "\n")
         dist.barrier()
         trainer = Trainer(spec["sections"], Path(plan["shards"]))
-        result = trainer.fit(out)
+        result = trainer.fit(out, sampler=greedy_sampler)
         if d.is_main:
             (out / "result.json").write_text(json.dumps({
                 "losses": result.losses, "sharded": isinstance(trainer.model, FSDPModule),
                 "ddp": isinstance(trainer.wrapped, DistributedDataParallel)}))
+    for spec in plan.get("smoke", []):
+        report = run_checks(spec["sections"], Path(plan["shards"]), Path(spec["out"]))
+        if d.is_main:
+            report["checks"] = [dataclasses.asdict(c) for c in report["checks"]]
+            Path(spec["out"]).mkdir(parents=True, exist_ok=True)
+            (Path(spec["out"]) / "report.json").write_text(json.dumps(report))
     if d.is_main:
         Path(plan["checks_out"]).write_text(json.dumps(checks))
     shutdown(d.world)

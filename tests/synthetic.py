@@ -1,5 +1,5 @@
-"""A shard folder with learnable structure, and validated train-stage sections, for the training tests
-(test_trainer in-process, test_distributed under torchrun).
+"""A shard folder with learnable structure, and validated train- and smoke-stage sections, for the
+training tests (test_trainer and test_smoke in-process, test_distributed under torchrun).
 
 The token stream is EOS-separated words drawn from a small fixed lexicon: within a word the next id
 is certain, so a handful of steps lowers the loss of a tiny model.
@@ -63,3 +63,26 @@ def train_sections(model: dict | None = None, nproc_per_node: int = 1, **train) 
     } | train
     raw["wandb"] = {"mode": "disabled"}
     return kiln_config.stage_sections(kiln_config.validate(raw), "train")
+
+
+def smoke_sections(model: dict | None = None, train: dict | None = None, **smoke) -> dict:
+    """The smoke stage's sections: tests/configs/tiny.yaml with a tiny model on the synthetic shards."""
+    raw = yaml.safe_load((REPO / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["model"] = model or TINY_MODEL
+    raw["shard"]["seq_len"] = SEQ_LEN
+    raw["train"] = {"micro_batch": 8, "max_steps": 1000, "lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 2,
+                    "precision": "fp32", "compile": False} | (train or {})
+    raw["smoke"] = {"steps": 12, "warmup_steps": 2, "min_loss_drop": 0.1, "val_batches": 2,
+                    "overfit": {"rows": 4, "max_steps": 150, "max_loss": 1.0}} | smoke
+    return kiln_config.stage_sections(kiln_config.validate(raw), "smoke")
+
+
+SAMPLE_PROMPTS = [[1, 2, 3], [4, 5, 6, 7]]
+
+
+def greedy_sampler(model) -> list[dict]:
+    """A Trainer.fit sampler on token ids (the synthetic data has no tokenizer)."""
+    from kiln.eval.generate import generate
+
+    new = generate(model, SAMPLE_PROMPTS, 6)
+    return [{"prompt": str(p), "completion": str(n)} for p, n in zip(SAMPLE_PROMPTS, new)]

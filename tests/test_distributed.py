@@ -4,7 +4,8 @@
 and with FSDP2, with and without gradient accumulation; ranks read disjoint rows; accumulation
 skips the gradient all-reduce (no_sync) until the last micro-batch; per-block compilation under
 DDP changes nothing; FSDP2 in bf16 (bf16 gathers, fp32 reduction) learns; a DDP checkpoint resumes
-under FSDP2. The launch goes through the multi-node form of the command (static rendezvous at an
+under FSDP2; greedy samples logged during training match one rank's; the smoke gate's checks pass on
+2 ranks under DDP and FSDP2 (no collective left waiting). The launch goes through the multi-node form of the command (static rendezvous at an
 explicit endpoint, nnodes 1), the single-node form runs in test_pipeline.
 """
 
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from synthetic import TRAIN_ROWS, train_sections, write_shards
+from synthetic import TRAIN_ROWS, greedy_sampler, smoke_sections, train_sections, write_shards
 
 from kiln.model.build import load_model
 from kiln.train.launch import torchrun_command
@@ -65,7 +66,11 @@ def launched(tmp_path_factory):
             spec["resume_from"] = str(base / "ddp" / "checkpoints" / f"step-{STEPS // 2:07d}")
         runs.append(spec)
     plan = base / "plan.json"
-    plan.write_text(json.dumps({"shards": str(shards), "checks_out": str(base / "checks.json"), "runs": runs}))
+    smoke = [{"out": str(base / f"smoke-{strategy}"), "sections": smoke_sections(train={"nproc_per_node": 2, "parallel": strategy,
+                                                                                        "micro_batch": 4})}
+             for strategy in ("ddp", "fsdp")]
+    plan.write_text(json.dumps({"shards": str(shards), "checks_out": str(base / "checks.json"), "runs": runs,
+                                "smoke": smoke}))
     launcher = torchrun_command({"nproc_per_node": 2, "nnodes": 1, "node_rank": 0,
                                  "rdzv_endpoint": f"127.0.0.1:{_free_port()}"})
     env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
@@ -77,7 +82,8 @@ def launched(tmp_path_factory):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     reference = base / "reference"
-    Trainer(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **COMMON), shards).fit(reference)
+    Trainer(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **COMMON), shards).fit(reference,
+                                                                                             sampler=greedy_sampler)
     torch.set_num_threads(before)
     return base, json.loads((base / "checks.json").read_text()), reference
 
@@ -105,6 +111,23 @@ def test_two_ranks_match_one_rank_with_twice_the_batch(launched, name):
     ours, theirs = load_model(base / name).state_dict(), load_model(reference).state_dict()
     for key in theirs:
         torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp-accum"])
+def test_samples_during_training_match_one_rank(launched, name):
+    # Every rank decodes (an FSDP forward is collective); rank 0 logs what one rank would have.
+    base, _, reference = launched
+    samples = (base / name / "samples.jsonl").read_text()
+    assert samples == (reference / "samples.jsonl").read_text()
+    assert [json.loads(line)["step"] for line in samples.splitlines()] == [4, 4, 8, 8]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_smoke_gate_under_two_ranks(launched, strategy):
+    base, _, _ = launched
+    report = json.loads((base / f"smoke-{strategy}" / "report.json").read_text())
+    assert [c["name"] for c in report["checks"] if not c["passed"]] == []
+    assert report["world"] == 2 and report["batch"]["world"] == 2 and report["probe"]["tokens_per_s"] > 0
 
 
 def test_fsdp_in_bf16_learns(launched):

@@ -15,11 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from synthetic import REPO, SEQ_LEN, TINY_MODEL, write_shards
+from synthetic import REPO, SEQ_LEN, smoke_sections, write_shards
 
 import kiln.train.trainer as trainer_module
-from kiln import config as kiln_config
 from kiln.errors import KilnError
 from kiln.train.plan import BatchPlan, full_run_plan, render_plan
 from kiln.train.smoke import run_checks
@@ -33,18 +31,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
     return write_shards(tmp_path_factory.mktemp("shards"))
-
-
-def smoke_sections(model: dict | None = None, train: dict | None = None, **smoke) -> dict:
-    """The smoke stage's sections: tests/configs/tiny.yaml with a tiny model on the synthetic shards."""
-    raw = yaml.safe_load((REPO / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
-    raw["model"] = model or TINY_MODEL
-    raw["shard"]["seq_len"] = SEQ_LEN
-    raw["train"] = {"micro_batch": 8, "max_steps": 1000, "lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 2,
-                    "precision": "fp32", "compile": False} | (train or {})
-    raw["smoke"] = {"steps": 12, "warmup_steps": 2, "min_loss_drop": 0.1, "val_batches": 2,
-                    "overfit": {"rows": 4, "max_steps": 150, "max_loss": 1.0}} | smoke
-    return kiln_config.stage_sections(kiln_config.validate(raw), "smoke")
 
 
 def by_name(report: dict) -> dict:
