@@ -11,6 +11,7 @@ from kiln.data.sources import Document
 from kiln.data.tokenizer import EOS
 from kiln.eval.generate import generate, pick
 from kiln.eval.infill import _prompt, make_problems, run_infill
+from kiln.eval.healing import heal
 from kiln.eval.suite import completions
 from kiln.model.build import build_model
 from kiln.model.kv_cache import KVCache
@@ -191,7 +192,9 @@ def test_completions_greedy_and_sampled_per_prompt(tokenizer):
     rows = completions(model, tokenizer, cfg, seed=0)
     assert [r["prompt"] for r in rows] == cfg["prompts"]
     assert rows == completions(model, tokenizer, cfg, seed=0)
-    ids = tokenizer.encode("def f(x):\n", add_special_tokens=False).ids
+    # greedy is generate() on the healed prompt, the healed text taken off the front
+    ids, allowed, cut = heal(tokenizer, tokenizer.encode("def f(x):\n", add_special_tokens=False).ids)
     [greedy] = generate(model, [ids], 5, stop_ids=frozenset({tokenizer.token_to_id(EOS)}),
-                        vocab_size=tokenizer.get_vocab_size())
-    assert rows[1]["greedy"] == tokenizer.decode(greedy, skip_special_tokens=False)
+                        vocab_size=tokenizer.get_vocab_size(), first_allowed=[allowed])
+    text = tokenizer.decode(greedy, skip_special_tokens=False)
+    assert cut == "\n" and text.startswith(cut) and rows[1]["greedy"] == text[len(cut):]

@@ -24,11 +24,13 @@ def generate(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: i
              temperature: float = 0.0, top_k: int | None = None, top_p: float = 1.0,
              stop_ids: frozenset[int] = frozenset(), vocab_size: int | None = None,
              generator: torch.Generator | None = None, keep_stop: bool = False,
-             batch_size: int | None = None) -> list[list[int]]:
+             batch_size: int | None = None, first_allowed: list[list[int] | None] | None = None) -> list[list[int]]:
     """New token ids after each prompt, each list ending before its first stop token (or with it,
     if keep_stop). temperature 0 means greedy; otherwise sampling from the temperature-scaled
     distribution cut to its top_k ids, then to the fewest ids holding top_p of the mass.
     vocab_size restricts choices to the tokenizer's real ids (the embedding is padded past them).
+    first_allowed (one entry per prompt, None for no limit) restricts each row's first new token
+    to the ids listed, as token healing needs (kiln.eval.healing).
     Prompts are decoded batch_size at a time (all at once when None), grouped by length so a
     batch holds little padding; the results are in the prompts' order."""
     if max_new_tokens < 1 or any(not p for p in prompts):
@@ -38,8 +40,10 @@ def generate(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: i
     out: list[list[int]] = [[] for _ in prompts]
     for start in range(0, len(order), size):
         chunk = order[start : start + size]
+        allowed = [first_allowed[i] for i in chunk] if first_allowed is not None else None
         rows = _decode(model, [prompts[i] for i in chunk], max_new_tokens, temperature=temperature, top_k=top_k,
-                       top_p=top_p, stop_ids=stop_ids, vocab_size=vocab_size, generator=generator)
+                       top_p=top_p, stop_ids=stop_ids, vocab_size=vocab_size, generator=generator,
+                       first_allowed=allowed)
         for i, row in zip(chunk, rows):
             out[i] = _until_stop(row, stop_ids, keep_stop)
     return out
@@ -47,7 +51,7 @@ def generate(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: i
 
 def _decode(model, prompts: list[list[int]], max_new_tokens: int, *, temperature: float, top_k: int | None,
             top_p: float, stop_ids: frozenset[int], vocab_size: int | None,
-            generator: torch.Generator | None) -> list[list[int]]:
+            generator: torch.Generator | None, first_allowed: list[list[int] | None] | None) -> list[list[int]]:
     """max_new_tokens ids per prompt, or fewer once every row has produced a stop id."""
     device = next(model.parameters()).device
     context = model.cfg.seq_len
@@ -65,13 +69,26 @@ def _decode(model, prompts: list[list[int]], max_new_tokens: int, *, temperature
     logits, _ = model(idx.to(device), cache=cache)  # (B, 1, V)
     new = []
     for step in range(max_new):
-        next_id = pick(logits[:, -1, :vocab_size].float(), temperature, top_k, top_p, generator)  # (B,)
+        scores = logits[:, -1, :vocab_size].float()  # (B, V)
+        if step == 0 and first_allowed is not None:
+            scores = _restrict(scores, first_allowed)
+        next_id = pick(scores, temperature, top_k, top_p, generator)  # (B,)
         new.append(next_id)
         stopped |= torch.isin(next_id, stops)
         if step == max_new - 1 or bool(stopped.all()):
             break
         logits, _ = model(next_id[:, None], cache=cache)
     return torch.stack(new, dim=1).tolist()
+
+
+def _restrict(scores: torch.Tensor, allowed: list[list[int] | None]) -> torch.Tensor:
+    """scores (B, V) with every id outside row b's allowed list set to -inf (rows with None kept)."""
+    keep = torch.ones_like(scores, dtype=torch.bool)
+    for b, ids in enumerate(allowed):
+        if ids is not None:
+            keep[b] = False
+            keep[b, torch.tensor(ids, dtype=torch.long, device=scores.device)] = True
+    return scores.masked_fill(~keep, float("-inf"))
 
 
 def pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float,

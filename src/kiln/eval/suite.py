@@ -23,9 +23,9 @@ import torch
 
 from kiln.data.loader import ShardRows
 from kiln.data.sources import read_documents
-from kiln.data.tokenizer import EOS, load_tokenizer
+from kiln.data.tokenizer import load_tokenizer
 from kiln.eval import contamination
-from kiln.eval.generate import generate
+from kiln.eval.healing import complete
 from kiln.eval.infill import make_problems, run_infill
 from kiln.eval.lm_tasks import LOCAL_TASKS, local_task_texts, run_lm_eval, write_local_tasks
 from kiln.eval.perplexity import bits_per_byte, range_loss, source_ranges, unigram_loss, val_rows_loss
@@ -48,16 +48,15 @@ class RunPaths:
 
 
 def completions(model, tokenizer, cfg: dict, seed: int) -> list[dict]:
-    """Each prompt continued greedily and sampled (every prompt in one batch per mode)."""
+    """Each prompt continued greedily and sampled (every prompt in one batch per mode), with token
+    healing (kiln.eval.healing)."""
     generator = torch.Generator().manual_seed(seed)
-    eos = frozenset({tokenizer.token_to_id(EOS)})
-    ids = [tokenizer.encode(prompt, add_special_tokens=False).ids for prompt in cfg["prompts"]]
     out = [{"prompt": prompt} for prompt in cfg["prompts"]]
     for name, temperature in (("greedy", 0.0), ("sampled", cfg["temperature"])):
-        new = generate(model, ids, cfg["max_new_tokens"], temperature=temperature, top_k=cfg["top_k"],
-                       top_p=cfg["top_p"], stop_ids=eos, vocab_size=tokenizer.get_vocab_size(), generator=generator)
-        for row, row_ids in zip(out, new):
-            row[name] = tokenizer.decode(row_ids, skip_special_tokens=False)
+        texts = complete(model, tokenizer, cfg["prompts"], cfg["max_new_tokens"], temperature=temperature,
+                         top_k=cfg["top_k"], top_p=cfg["top_p"], generator=generator)
+        for row, text in zip(out, texts):
+            row[name] = text
     return out
 
 
