@@ -74,10 +74,22 @@ def test_generate_until_stops_at_the_stop_string(lm):
     assert "\n" not in out
 
 
-def test_local_tasks_run_through_simple_evaluate(docs, checkpoint, tokenizer_path, tmp_path):
-    tasks_dir = write_local_tasks(docs, tmp_path / "tasks", seed=1, max_docs=4)
+def test_next_line_context_ends_at_a_token_boundary(docs, tokenizer, tmp_path):
+    tasks_dir = write_local_tasks(docs, tmp_path / "tasks", seed=1, max_docs=len(docs), tokenizer=tokenizer)
     rows = [json.loads(line) for line in (tasks_dir / "next_line.jsonl").read_text().splitlines()]
-    assert rows and all(r["target"].strip() and r["context"].endswith("\n") for r in rows)
+    assert rows and all(r["target"].strip() and "\n" not in r["target"] for r in rows)
+    for r in rows:
+        whole = tokenizer.encode(r["context"] + r["target"], add_special_tokens=False).ids
+        context = tokenizer.encode(r["context"], add_special_tokens=False).ids
+        assert whole[: len(context)] == context  # the context's tokens are the text's own
+        # and the target starts at the piece holding the line's first visible character
+        assert len(r["target"]) - len(r["target"].lstrip()) <= 1
+    # indented lines: the newline and indentation go with the target's first token, not the context
+    assert any(not r["context"].endswith("\n") for r in rows)
+
+
+def test_local_tasks_run_through_simple_evaluate(docs, checkpoint, tokenizer, tokenizer_path, tmp_path):
+    tasks_dir = write_local_tasks(docs, tmp_path / "tasks", seed=1, max_docs=4, tokenizer=tokenizer)
     results = run_lm_eval("kiln", {"pretrained": str(checkpoint), "tokenizer": str(tokenizer_path)},
                           list(LOCAL_TASKS), tasks_dir, limit=2)
     assert set(results) == {"kiln_code_perplexity", "kiln_next_line"}
@@ -86,14 +98,14 @@ def test_local_tasks_run_through_simple_evaluate(docs, checkpoint, tokenizer_pat
     assert results["kiln_next_line"]["exact_match,none"] == 0.0  # an untrained model
 
 
-def test_hf_export_through_lm_eval_hf_agrees(docs, checkpoint, tokenizer_path, tmp_path):
+def test_hf_export_through_lm_eval_hf_agrees(docs, checkpoint, tokenizer, tokenizer_path, tmp_path):
     """The same weights scored by lm-eval's own `hf` model (transformers) and by `kiln` agree."""
     from kiln.model.build import load_model
     from kiln.model.hf import export
 
     hf_dir = tmp_path / "hf"
     export(load_model(checkpoint), hf_dir, tokenizer_path)
-    tasks_dir = write_local_tasks(docs, tmp_path / "tasks", seed=1, max_docs=3)
+    tasks_dir = write_local_tasks(docs, tmp_path / "tasks", seed=1, max_docs=3, tokenizer=tokenizer)
     task = ["kiln_code_perplexity"]
     ours = run_lm_eval("kiln", {"pretrained": str(checkpoint), "tokenizer": str(tokenizer_path)}, task, tasks_dir)
     theirs = run_lm_eval("hf", {"pretrained": str(hf_dir), "dtype": "float32", "device": "cpu"}, task, tasks_dir)

@@ -4,7 +4,8 @@ The task definitions ship in kiln/eval/tasks/*.yaml; their data files are writte
 validation split (which training never sees), with the files' folder filled into the YAML, so the
 same tasks run offline on any corpus:
 - kiln_code_perplexity: whole held-out documents, rolling loglikelihood (bits per byte, perplexity);
-- kiln_next_line: context lines -> the next non-blank line, greedy, exact match.
+- kiln_next_line: context lines -> the next non-blank line, greedy, exact match (the context cut at
+  a token boundary of the whole text, see _next_line_example).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+
+from tokenizers import Tokenizer
 
 from kiln.data.sources import Document
 from kiln.io import stable_hash
@@ -21,17 +24,29 @@ LOCAL_TASKS = tuple(sorted(p.stem for p in TASKS_DIR.glob("*.yaml")))
 CONTEXT_LINES = 24
 
 
-def _next_line_example(doc: Document, seed: int) -> dict | None:
+def _next_line_example(doc: Document, seed: int, tokenizer: Tokenizer) -> dict | None:
+    """Context lines -> the next non-blank line. The context ends where the tokenizer's
+    pre-tokenizer starts the piece holding the line's first visible character, not at the newline:
+    BPE merges a newline with the indentation after it ("\\n   "), so a context ending in "\\n"
+    would end in a lone newline token that training text almost never has there, and every model
+    would look worse than it is. BPE never merges across pieces, so the context's tokens are the
+    whole text's own."""
     lines = doc.text.splitlines()
     candidates = [i for i, line in enumerate(lines) if line.strip() and i >= 3]
     if not candidates:
         return None
     i = random.Random(stable_hash(seed, "next-line", doc.id)).choice(candidates)
-    context = "\n".join(lines[max(0, i - CONTEXT_LINES) : i]) + "\n"
-    return {"id": doc.id, "context": context, "target": lines[i]}
+    text = "\n".join(lines[max(0, i - CONTEXT_LINES) : i]) + "\n" + lines[i]
+    first_visible = len(text) - len(lines[i].lstrip())
+    if tokenizer.pre_tokenizer is not None:
+        starts = [start for _, (start, _) in tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+    else:
+        starts = [start for start, _ in tokenizer.encode(text, add_special_tokens=False).offsets]
+    cut = max(start for start in starts if start <= first_visible)
+    return {"id": doc.id, "context": text[:cut], "target": text[cut:]}
 
 
-def write_local_tasks(docs: list[Document], out_dir: Path, seed: int, max_docs: int) -> Path:
+def write_local_tasks(docs: list[Document], out_dir: Path, seed: int, max_docs: int, tokenizer: Tokenizer) -> Path:
     """Write the task YAMLs and their data files under out_dir; return the folder for include_path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     chosen = sorted(docs, key=lambda d: stable_hash(seed, "lm-eval", d.id))[:max_docs]
@@ -40,7 +55,7 @@ def write_local_tasks(docs: list[Document], out_dir: Path, seed: int, max_docs: 
             f.write(json.dumps({"id": doc.id, "text": doc.text}) + "\n")
     with open(out_dir / "next_line.jsonl", "w", encoding="utf-8") as f:
         for doc in chosen:
-            if (example := _next_line_example(doc, seed)) is not None:
+            if (example := _next_line_example(doc, seed, tokenizer)) is not None:
                 f.write(json.dumps(example) + "\n")
     for name in LOCAL_TASKS:
         template = (TASKS_DIR / f"{name}.yaml").read_text(encoding="utf-8")

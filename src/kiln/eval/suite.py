@@ -160,9 +160,9 @@ def checkpoint_curve(model_dir: Path, held_out: HeldOut, final: dict, device: to
     return sorted(curve, key=lambda e: (e["step"] is None, e["step"] or 0))
 
 
-def _lm_eval(paths: RunPaths, cfg: dict, val_docs, tasks_dir: Path, seed: int) -> dict:
+def _lm_eval(paths: RunPaths, cfg: dict, val_docs, tokenizer, tasks_dir: Path, seed: int) -> dict:
     """lm-eval results by task; tasks that cannot be loaded (a hub task offline) are reported, not fatal."""
-    write_local_tasks(val_docs, tasks_dir, seed, cfg["max_docs"])
+    write_local_tasks(val_docs, tasks_dir, seed, cfg["max_docs"], tokenizer)
     model_args = {"pretrained": str(paths.model), "tokenizer": str(paths.tokenizer)}
     results = {}
     for task in cfg["tasks"]:
@@ -205,7 +205,7 @@ def evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path) -> tuple[dic
     problems = make_problems(val_docs, cfg["infill_docs"], seed)
     infill = run_infill(model, tokenizer, problems)
     log.info("lm-eval tasks: %s", ", ".join(cfg["lm_eval"]["tasks"]))
-    harness = _lm_eval(paths, cfg["lm_eval"], val_docs, work_dir / "lm_eval_tasks", seed)
+    harness = _lm_eval(paths, cfg["lm_eval"], val_docs, tokenizer, work_dir / "lm_eval_tasks", seed)
 
     log.info("13-gram contamination against %d training tokens", len(train_ids))
     index = contamination.train_index(train_ids)
