@@ -34,13 +34,15 @@ def _stream(n_tokens: int, seed: int) -> np.ndarray:
     return np.asarray(out[:n_tokens], dtype=np.uint16)
 
 
-def write_shards(out: Path) -> Path:
-    """A shard folder as workflow/scripts/shard.py writes it (the train split over three shards)."""
+def write_shards(out: Path, train_tokens: np.ndarray | None = None) -> Path:
+    """A shard folder as workflow/scripts/shard.py writes it (the train split over three shards);
+    train_tokens replaces the train split's stream."""
     row_len = SEQ_LEN + 1
     out.mkdir(parents=True, exist_ok=True)
+    train = _stream(TRAIN_ROWS * row_len + 5, seed=1) if train_tokens is None else train_tokens
     splits = {
         # a few extra tokens per split that do not fill a row and are dropped
-        "train": shard_split(_stream(TRAIN_ROWS * row_len + 5, seed=1), out, "train", row_len, 24, PADDED_VOCAB),
+        "train": shard_split(train, out, "train", row_len, 24, PADDED_VOCAB),
         "val": shard_split(_stream(VAL_ROWS * row_len + 3, seed=2), out, "val", row_len, 24, PADDED_VOCAB),
     }
     write_json(out / "manifest.json", {

@@ -62,7 +62,7 @@ def test_model_beats_the_unigram_baseline(finished_run):
     assert metrics["val_loss"] < metrics["unigram_val_loss"] - 0.1
     smoke = json.loads((run / "smoke" / "report.json").read_text())
     assert smoke["gate"] == "passed" and [c["name"] for c in smoke["checks"] if c["passed"]] == [
-        "preflight", "causality", "init loss", "health", "generalisation", "data", "overfit"]
+        "preflight", "causality", "init loss", "health", "generalisation", "data", "tokens", "overfit"]
     plan = json.loads((run / "smoke" / "plan.json").read_text())
     assert plan["total_tokens"] == 200 * 16 * 64 and plan["eta_s"] > 0 and plan["grad_accum"] == 1
     steps = [json.loads(line)["step"] for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]

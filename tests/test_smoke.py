@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from synthetic import REPO, SEQ_LEN, smoke_sections, write_shards
@@ -44,7 +45,8 @@ def failed(report: dict) -> set[str]:
 def test_healthy_tiny_run_passes_every_check(shards, tmp_path):
     report = run_checks(smoke_sections(), shards, tmp_path)
     checks = by_name(report)
-    assert list(checks) == ["preflight", "causality", "init loss", "health", "generalisation", "data", "overfit"]
+    assert list(checks) == ["preflight", "causality", "init loss", "health", "generalisation", "data", "tokens",
+                            "overfit"]
     assert failed(report) == set(), [(c.name, c.figure, c.detail) for c in report["checks"]]
     assert report["val_loss_after"] < report["val_loss_init"]
     assert len(report["losses"]) == len(report["grad_norms"]) == 12
@@ -87,6 +89,16 @@ def test_attention_that_sees_the_future_fails_causality(shards, tmp_path, monkey
     checks = by_name(run_checks(smoke_sections(), shards, tmp_path))
     assert not checks["causality"].passed
     assert "later tokens" in checks["causality"].detail
+
+
+def test_degenerate_tokens_fail_the_tokens_check(tmp_path):
+    # What a tokenizer that maps most text to one id (an unknown-token id, say) leaves in the shards.
+    stream = np.full(64 * (SEQ_LEN + 1), 3, dtype=np.uint16)
+    stream[::50] = 0
+    shards = write_shards(tmp_path / "shards", train_tokens=stream)
+    checks = by_name(run_checks(smoke_sections(), shards, tmp_path / "smoke"))
+    assert not checks["tokens"].passed and "nearly constant" in checks["tokens"].detail
+    assert checks["overfit"].passed  # constant rows are trivially memorised: only the tokens check sees it
 
 
 def test_model_too_big_for_memory_fails_preflight_with_advice(shards, tmp_path):

@@ -15,6 +15,8 @@ check the model before any long run. The checks, each against a threshold in the
   overfit         a fresh model memorises a handful of rows (FIM rows first) within a step budget:
                   lr 0, a broken schedule or broken data fail here
   data            the loader's share of step time stays below a bound
+  tokens          the training tokens are not degenerate: their unigram entropy is above a floor
+                  (a broken tokenizer that maps most text to a few ids passes every other check)
 
 The probe's steady-state figures (warm-up and compile steps left out) feed the plan
 (kiln.train.plan.full_run_plan).
@@ -201,6 +203,15 @@ def pick_overfit_rows(trainer: Trainer, n: int, marker_id: int | None, scan: int
     return rows.take(idx[:n])
 
 
+def token_entropy_bits(trainer: Trainer, scan: int = 4096) -> float:
+    """Unigram entropy (bits per token) of the first `scan` train rows: ~9-11 for BPE on text or
+    code, ~5 for raw bytes, near 0 when a tokenizer maps most text to one id."""
+    rows = trainer.rows.take(np.arange(min(len(trainer.rows), scan))).numpy().ravel()
+    counts = np.bincount(rows)
+    p = counts[counts > 0] / rows.size
+    return float(-(p * np.log2(p)).sum())
+
+
 class FixedRows:
     """The loader interface (next, state_dict) over the same rows every step."""
 
@@ -294,6 +305,11 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
                         f"<= {cfg['max_data_wait']:.0%}",
                         "" if measured.data_wait_fraction <= cfg["max_data_wait"] else
                         "the loader is a bottleneck: faster disk, or fewer ranks per node reading"))
+    entropy = token_entropy_bits(trainer)
+    checks.append(Check("tokens", entropy >= cfg["min_token_entropy"], f"unigram entropy {entropy:.2f} bits/token",
+                        f">= {cfg['min_token_entropy']:g}",
+                        "" if entropy >= cfg["min_token_entropy"] else
+                        "the training tokens are nearly constant: check the tokenizer (unknown-token ids?) and the data"))
     report.update(
         probe=asdict(measured), losses=losses, grad_norms=norms, val_loss_init=init, val_loss_after=after,
         n_params=trainer.model.num_params(non_embedding=False),
