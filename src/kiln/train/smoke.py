@@ -12,11 +12,11 @@ check the model before any long run. The checks, each against a threshold in the
   health          the probe's loss and gradient norm are finite and the loss falls
   generalisation  the held-out loss falls too, with targets shifted here, apart from the training
                   code: labels equal to the inputs make the training loss fall and this one rise
-  overfit         a fresh model memorises a handful of rows (FIM rows first) within a step budget:
-                  lr 0, a broken schedule or broken data fail here
   data            the loader's share of step time stays below a bound
   tokens          the training tokens are not degenerate: their unigram entropy is above a floor
                   (a broken tokenizer that maps most text to a few ids passes every other check)
+  overfit         a fresh model memorises a handful of rows (FIM rows first) within a step budget:
+                  lr 0, a broken schedule or broken data fail here
 
 The probe's steady-state figures (warm-up and compile steps left out) feed the plan
 (kiln.train.plan.full_run_plan).
