@@ -1,4 +1,6 @@
-"""Per-device settings: what compile "auto" means, autocast on and off, copies on CPU."""
+"""Per-device settings: what compile "auto" means, autocast on and off, copies on CPU, the CPU allocator."""
+
+import platform
 
 import torch
 
@@ -26,3 +28,8 @@ def test_bf16_autocast_runs_matmuls_in_bf16_over_fp32_weights():
 def test_cpu_batches_stay_where_they_are():
     batch = torch.arange(6).view(2, 3)
     assert device.to_device(batch, CPU) is batch
+
+
+def test_cpu_allocator_is_tuned_where_the_c_library_is_glibc():
+    # mallopt answers 1 for each setting it took; elsewhere nothing is attempted or changed.
+    assert device.tune_cpu_allocator() == (platform.libc_ver()[0] == "glibc")

@@ -9,6 +9,7 @@ from pathlib import Path
 from kiln.cli import run_main, stage_config, stage_parser
 from kiln.eval.suite import RunPaths, evaluate
 from kiln.io import write_json
+from kiln.train.device import tune_cpu_allocator
 
 
 def main() -> None:
@@ -21,6 +22,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/eval")
     args = parser.parse_args()
     cfg = stage_config(args, "eval")
+    tune_cpu_allocator()  # the model runs on CPU here
     paths = RunPaths(args.model, args.shards, args.tokens, args.raw, args.tokenizer)
     metrics, samples = evaluate(paths, cfg["eval"], cfg["seed"], args.out)
     write_json(args.out / "samples.json", samples)
