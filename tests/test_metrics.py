@@ -7,7 +7,8 @@ import torch
 
 from kiln.model.build import build_model
 from kiln.model.registry import resolve
-from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, format_eta, peak_flops, peak_flops_of
+from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, peak_flops, peak_flops_of
+from kiln.train.plan import format_eta
 
 
 def _meta_model(flavour: str, vocab: int, seq_len: int):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from synthetic import PADDED_VOCAB, REPO, SEQ_LEN, TRAIN_ROWS, train_sections, write_shards
+from synthetic import PADDED_VOCAB, SEQ_LEN, TRAIN_ROWS, train_sections, write_shards
 
 from kiln.data.loader import ShardRows, TrainBatches
 from kiln.errors import KilnError

@@ -21,15 +21,8 @@ from kiln.data.tokenizer import load_tokenizer
 from kiln.errors import KilnError
 from kiln.io import atomic_file, write_json
 from kiln.train.distributed import shutdown
-from kiln.train.plan import BatchPlan, full_run_plan, render_plan
+from kiln.train.plan import BatchPlan, checks_table, full_run_plan, render_plan
 from kiln.train.smoke import run_checks
-
-
-def checks_table(checks: list[dict]) -> str:
-    lines = ["| check | result | measured | threshold | note |", "|---|---|---|---|---|"]
-    for c in checks:
-        lines.append(f"| {c['name']} | {'pass' if c['passed'] else 'FAIL'} | {c['figure']} | {c['threshold']} | {c['detail']} |")
-    return "\n".join(lines)
 
 
 def main() -> None:

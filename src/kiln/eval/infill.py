@@ -5,9 +5,10 @@ non-blank line ("single") and a hidden run of 2-4 lines ("multi"). Each is promp
 training layouts:
   PSM  <fim_prefix> prefix <fim_suffix> suffix <fim_middle>
   SPM  <fim_suffix> suffix <fim_prefix> prefix <fim_middle>
-and decoded greedily until <|endoftext|> or a limit, BATCH prompts at a time. Scores: exact match (up to trailing whitespace)
-and edit similarity (difflib's ratio, 1.0 = identical), reported per span kind and layout. Problems
-are drawn from (seed, document id), so every eval of a run sees the same ones.
+and decoded greedily until <|endoftext|> or a limit, BATCH prompts at a time. Scores: exact match
+(up to trailing whitespace) and edit similarity (difflib's ratio, 1.0 = identical), reported per
+span kind and layout. Problems are drawn from (seed, document id), so every eval of a run sees the
+same ones.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ the shard stage cuts the whole split, and its bits per byte use its own tokens/b
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -22,11 +22,12 @@ from kiln.data.loader import ShardRows, eval_batches
 
 
 @torch.no_grad()
-def val_rows_loss(model: torch.nn.Module, rows: ShardRows, micro_batch: int, max_batches: int) -> tuple[float, int]:
-    """(mean loss, number of target tokens) over the first max_batches batches of the val split."""
+def batches_loss(model: torch.nn.Module, batches: Iterable[torch.Tensor]) -> tuple[float, int]:
+    """(mean loss, number of target tokens) over batches of rows (B, T + 1): inputs row[:-1],
+    targets row[1:]."""
     device = next(model.parameters()).device
     total, n = 0.0, 0
-    for batch in eval_batches(rows, micro_batch, max_batches):
+    for batch in batches:
         batch = batch.to(device)
         logits, _ = model(batch[:, :-1])
         total += torch.nn.functional.cross_entropy(
@@ -34,6 +35,11 @@ def val_rows_loss(model: torch.nn.Module, rows: ShardRows, micro_batch: int, max
         ).item()
         n += batch[:, 1:].numel()
     return total / n, n
+
+
+def val_rows_loss(model: torch.nn.Module, rows: ShardRows, micro_batch: int, max_batches: int) -> tuple[float, int]:
+    """(mean loss, number of target tokens) over at most max_batches batches of the val split."""
+    return batches_loss(model, eval_batches(rows, micro_batch, max_batches))
 
 
 def unigram_loss(train_tokens: np.ndarray, rows: ShardRows, vocab_size: int, micro_batch: int,
@@ -81,31 +87,24 @@ def range_rows(tokens: np.ndarray, start: int, end: int, row_len: int, max_rows:
         yield tokens[tail:end]
 
 
-@torch.no_grad()
 def range_loss(model: torch.nn.Module, tokens: np.ndarray, start: int, end: int, seq_len: int, micro_batch: int,
                max_batches: int) -> tuple[float, int]:
     """(mean loss, number of target tokens) of model on tokens[start:end] (val.bin as a memmap, say),
-    in non-overlapping rows of seq_len + 1 tokens (inputs row[:-1], targets row[1:]) batched by
-    micro_batch, at most max_batches batches' worth of rows."""
+    in non-overlapping rows of seq_len + 1 tokens batched by micro_batch, at most max_batches
+    batches' worth of rows."""
     if end - start < 2:
         raise ValueError(f"range [{start}, {end}) holds no target token")
-    device = next(model.parameters()).device
-    total, n = 0.0, 0
+    return batches_loss(model, _range_batches(tokens, start, end, seq_len, micro_batch, max_batches))
+
+
+def _range_batches(tokens: np.ndarray, start: int, end: int, seq_len: int, micro_batch: int,
+                   max_batches: int) -> Iterator[torch.Tensor]:
+    """range_rows stacked micro_batch at a time (the shorter tail row in a batch of its own)."""
     batch: list[np.ndarray] = []
-
-    def flush() -> None:
-        nonlocal total, n
-        rows = torch.from_numpy(np.stack(batch).astype(np.int64)).to(device)
-        logits, _ = model(rows[:, :-1])
-        total += torch.nn.functional.cross_entropy(
-            logits.float().flatten(0, 1), rows[:, 1:].flatten(), reduction="sum"
-        ).item()
-        n += rows[:, 1:].numel()
-        batch.clear()
-
     for row in range_rows(tokens, start, end, seq_len + 1, max_batches * micro_batch):
         if batch and (len(batch) == micro_batch or len(row) != len(batch[0])):
-            flush()
+            yield torch.from_numpy(np.stack(batch).astype(np.int64))
+            batch = []
         batch.append(np.asarray(row))
-    flush()
-    return total / n, n
+    if batch:
+        yield torch.from_numpy(np.stack(batch).astype(np.int64))

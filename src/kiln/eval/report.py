@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
+from kiln.train.plan import checks_table, format_eta  # noqa: E402
+
 
 def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -113,17 +115,9 @@ def _config_summary(cfg: dict, train_result: dict) -> list[str]:
     ]
 
 
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-
-
 def _smoke_section(smoke: dict, plan: dict, train: dict) -> list[str]:
     """The gate's checks, and what the smoke stage planned against what the full run took."""
-    lines = ["## Smoke gate", "", f"Gate: **{smoke['gate']}**.", "",
-             "| check | result | measured | threshold |", "|---|---|---|---|"]
-    lines += [f"| {c['name']} | {'pass' if c['passed'] else 'FAIL'} | {c['figure']} | {c['threshold']} |"
-              for c in smoke["checks"]]
+    lines = ["## Smoke gate", "", f"Gate: **{smoke['gate']}**.", "", checks_table(smoke["checks"])]
     if "eta_s" not in plan:
         return lines
     mfu = lambda v: "n/a" if v is None else f"{v:.1%}"  # noqa: E731
@@ -132,7 +126,7 @@ def _smoke_section(smoke: dict, plan: dict, train: dict) -> list[str]:
               f"| tokens | {plan['total_tokens']:,} | {train['tokens_seen']:,} |",
               f"| tokens/s | {plan['tokens_per_s']:,.0f} | {train['tokens_per_s']:,.0f} |",
               f"| MFU | {mfu(smoke['probe']['mfu'])} | {mfu(train['mfu'])} |",
-              f"| time | {_duration(plan['eta_s'])} | {_duration(train['wall_s'])} (with validation and checkpoints) |",
+              f"| time | {format_eta(plan['eta_s'])} | {format_eta(train['wall_s'])} (with validation and checkpoints) |",
               f"| tokens per parameter | {plan['tokens_per_param']:.2f} | |"]
     if plan["cost"] is not None:
         lines.append(f"| cost | ${plan['cost']:,.2f} | ${plan['cost'] * train['wall_s'] / plan['eta_s']:,.2f} |")

@@ -99,11 +99,6 @@ class Throughput:
         return self.timed_tokens / self.timed_s if self.timed_s else 0.0
 
 
-def format_eta(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-
-
 class MetricsSink:
     """One JSON object per line in metrics.jsonl, and one per generated sample in samples.jsonl
     beside it, mirrored to wandb when enabled (rank 0 only).

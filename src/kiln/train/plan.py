@@ -1,5 +1,6 @@
 """How one optimizer step's tokens split across ranks and micro-batches (torch-free, so config
-validation can check it before any job starts).
+validation can check it before any job starts), and the smoke stage's plan of the full run: its
+arithmetic and how it reads (plan.md, the checks table, ETAs), also torch-free for the report.
 
 The global batch is given in tokens (train.batch_tokens); each of W ranks runs micro-batches of
 micro_batch rows of seq_len tokens, so gradient accumulation is
@@ -100,3 +101,16 @@ def render_plan(plan: dict) -> str:
     ]
     return "\n".join(["# Plan for the full run", "", "| | |", "|---|---|",
                       *(f"| {k} | {v} |" for k, v in rows), ""])
+
+
+def checks_table(checks: list[dict]) -> str:
+    """The checks (as report.json holds them) as a markdown table: the stage log and the report."""
+    lines = ["| check | result | measured | threshold | note |", "|---|---|---|---|---|"]
+    lines += [f"| {c['name']} | {'pass' if c['passed'] else 'FAIL'} | {c['figure']} | {c['threshold']} | {c['detail']} |"
+              for c in checks]
+    return "\n".join(lines)
+
+
+def format_eta(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"

@@ -10,8 +10,8 @@ check the model before any long run. The checks, each against a threshold in the
                   attention mask lets the model read the token it predicts)
   init loss       the held-out loss of the untrained model is near ln(vocab), as a uniform guess is
   health          the probe's loss and gradient norm are finite and the loss falls
-  generalisation  the held-out loss falls too, with targets shifted here, apart from the training
-                  code: labels equal to the inputs make the training loss fall and this one rise
+  generalisation  the held-out loss falls too (Trainer.evaluate shifts its targets apart from the
+                  training path): labels equal to the inputs make the training loss fall and this one rise
   data            the loader's share of step time stays below a bound
   tokens          the training tokens are not degenerate: their unigram entropy is above a floor
                   (a broken tokenizer that maps most text to a few ids passes every other check)
@@ -33,11 +33,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from kiln.data.loader import eval_batches
 from kiln.io import read_json
-from kiln.train import device as device_util
 from kiln.train.distributed import mean_across_ranks
 from kiln.train.metrics import flops_per_token, memory_mb, peak_flops
 from kiln.train.trainer import Trainer
@@ -104,25 +101,6 @@ def causality_leak(model: torch.nn.Module, vocab: int, seq_len: int, dev: torch.
         b, _ = model(y.to(dev))
     model.train(was_training)
     return (a[:, :p].float() - b[:, :p].float()).abs().max().item()
-
-
-@torch.no_grad()
-def heldout_loss(trainer: Trainer, n_batches: int) -> float:
-    """Next-token cross-entropy on the first n_batches of the val split, the targets shifted here
-    rather than by the training code, so a shift bug there cannot hide from this figure."""
-    model, d = trainer.model, trainer.d
-    model.eval()
-    total, count = torch.zeros((), device=d.device), 0
-    micro = trainer.train_cfg["micro_batch"]
-    n = min(n_batches, -(-(len(trainer.val_rows) // d.world) // micro))
-    for batch in eval_batches(trainer.val_rows, micro, n, d.rank, d.world):
-        batch = device_util.to_device(batch, d.device)  # (B, T + 1)
-        with trainer.autocast():
-            logits, _ = model(batch[:, :-1])  # (B, T, V)
-        total += F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
-        count += 1
-    model.train()
-    return mean_across_ranks(total / max(count, 1), d.world).item()
 
 
 def _sync(dev: torch.device) -> None:
@@ -274,7 +252,7 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         checks.append(Check("causality", leak <= cfg["causal_tolerance"], f"max logit change {leak:.2e}",
                             f"<= {cfg['causal_tolerance']:g}",
                             "" if leak <= cfg["causal_tolerance"] else "the attention mask lets positions see later tokens"))
-        init = heldout_loss(trainer, cfg["val_batches"])
+        init = trainer.evaluate(cfg["val_batches"])
         uniform = math.log(vocab)
         checks.append(Check("init loss", abs(init - uniform) <= cfg["init_loss_tolerance"],
                             f"{init:.4f} nats", f"within {cfg['init_loss_tolerance']:g} of ln({vocab}) = {uniform:.4f}",
@@ -292,7 +270,7 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
     checks.insert(0, Check("preflight", True, f"peak memory {measured.peak_memory_mb:,.0f} MB",
                            "fits in memory"))
     checks.append(_health(losses, norms, cfg["min_loss_drop"]))
-    after = heldout_loss(trainer, cfg["val_batches"])
+    after = trainer.evaluate(cfg["val_batches"])
     val_drop = init - after
     train_drop = losses[0] - losses[-1]
     checks.append(Check("generalisation", val_drop >= cfg["min_val_drop"],

@@ -25,6 +25,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from kiln.data.loader import ShardRows, TrainBatches, eval_batches
 from kiln.errors import KilnError
@@ -32,9 +33,9 @@ from kiln.model.build import build_model, save_model
 from kiln.model.registry import resolve
 from kiln.train import checkpoint, device, parallel
 from kiln.train.distributed import init_distributed, mean_across_ranks, shutdown
-from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, format_eta, memory_mb, peak_flops
+from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, memory_mb, peak_flops
 from kiln.train.optim import build_adamw
-from kiln.train.plan import plan_batch
+from kiln.train.plan import format_eta, plan_batch
 from kiln.train.schedule import schedule_from_config
 
 log = logging.getLogger("kiln.train")
@@ -143,17 +144,20 @@ class Trainer:
         return loss_sum / accum, grad_norm, lr
 
     @torch.no_grad()
-    def evaluate(self) -> float:
-        """Mean validation loss over the first eval_batches batches of every rank's share."""
+    def evaluate(self, n_batches: int | None = None) -> float:
+        """Mean validation loss over the first n_batches (default train.eval_batches) batches of
+        every rank's share. The targets are shifted here, not by _split, so a shift bug in the
+        training path cannot hide from this figure (the smoke gate relies on it)."""
         self.model.eval()
         total, count = torch.zeros((), device=self.d.device), 0
         micro = self.train_cfg["micro_batch"]
         # The same number of batches on every rank (FSDP's gathers are collective).
-        n = min(self.train_cfg["eval_batches"], -(-(len(self.val_rows) // self.d.world) // micro))
+        n = min(n_batches or self.train_cfg["eval_batches"], -(-(len(self.val_rows) // self.d.world) // micro))
         for batch in eval_batches(self.val_rows, micro, n, self.d.rank, self.d.world):
+            batch = device.to_device(batch, self.d.device)  # (B, T + 1)
             with self.autocast():
-                _, loss = self.model(*_split(device.to_device(batch, self.d.device)))
-            total += loss.float()
+                logits, _ = self.model(batch[:, :-1])  # (B, T, V)
+            total += F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
             count += 1
         self.model.train()
         return mean_across_ranks(total / max(count, 1), self.d.world).item()
