@@ -5,13 +5,16 @@
 from pathlib import Path
 
 from kiln import config as kiln_config
+from kiln import run_config
 
 
-configfile: Path(workflow.basedir) / "config" / "config.yaml"
-
-
-# Defaults filled in and cross-field rules checked now; an error names the key path.
-config.update(kiln_config.validate(config))
+# Which run: the files given with --configfile, exactly as written (no `configfile:` directive here,
+# so a run file is never merged over the embedded default), or config/config.yaml when none is
+# given; --config key=value overrides on top. Defaults are filled in and every cross-field rule is
+# checked now, before any job starts; an error names the key path (kiln.config, kiln.run_config).
+_raw = dict(config) if workflow.overwrite_configfiles else kiln_config.with_default(config)
+config.clear()
+config.update(run_config.validate(_raw))
 
 RUN = f"results/{config['run_name']}"
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln import config as kiln_config
+from kiln import run_config
 from kiln.data.encoders import tiktoken_encoding
 from kiln.data.pretokenize import SPLITS, pretokenize
 from kiln.data.raw import write_raw
@@ -168,7 +168,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="rounds; the best time of each is reported")
     parser.add_argument("--big-doc-mb", type=int, default=200)
     args = parser.parse_args()
-    cfg = kiln_config.load(args.config)
+    cfg = run_config.load(args.config)
     scratch = Path(tempfile.mkdtemp(prefix="kiln-dataprep-"))
     try:
         raw = args.raw or scratch / "raw"

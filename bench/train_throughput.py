@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from kiln import config as kiln_config
+from kiln import run_config
 from kiln.data.shards import open_shard, shard_split
 from kiln.io import write_json
 from kiln.model.build import build_model
@@ -56,7 +57,7 @@ def train_sections(args) -> dict:
            "train": {"micro_batch": args.micro_batch, "max_steps": 10**6, "warmup_steps": 10,
                      "precision": args.precision, "compile": args.compile},
            "wandb": {"mode": "disabled"}}
-    return kiln_config.stage_sections(kiln_config.validate(raw), "train")
+    return kiln_config.stage_sections(run_config.validate(raw), "train")
 
 
 class NanoGPTLoop:

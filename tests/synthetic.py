@@ -13,6 +13,7 @@ import numpy as np
 import yaml
 
 from kiln import config as kiln_config
+from kiln import run_config
 from kiln.data.shards import shard_split
 from kiln.io import write_json
 
@@ -64,7 +65,7 @@ def train_sections(model: dict | None = None, nproc_per_node: int = 1, **train) 
         "checkpoint_every": 10, "keep_checkpoints": 2,
     } | train
     raw["wandb"] = {"mode": "disabled"}
-    return kiln_config.stage_sections(kiln_config.validate(raw), "train")
+    return kiln_config.stage_sections(run_config.validate(raw), "train")
 
 
 def smoke_sections(model: dict | None = None, train: dict | None = None, **smoke) -> dict:
@@ -76,7 +77,7 @@ def smoke_sections(model: dict | None = None, train: dict | None = None, **smoke
                     "precision": "fp32", "compile": False} | (train or {})
     raw["smoke"] = {"steps": 12, "warmup_steps": 2, "min_loss_drop": 0.1, "val_batches": 2,
                     "overfit": {"rows": 4, "max_steps": 150, "max_loss": 1.0}} | smoke
-    return kiln_config.stage_sections(kiln_config.validate(raw), "smoke")
+    return kiln_config.stage_sections(run_config.validate(raw), "smoke")
 
 
 SAMPLE_PROMPTS = [[1, 2, 3], [4, 5, 6, 7]]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import socket
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import torch
 from synthetic import TRAIN_ROWS, greedy_sampler, smoke_sections, train_sections, write_shards
 
 from kiln.model.build import load_model
-from kiln.train.launch import torchrun_command
+from kiln.train import launch
 from kiln.train.trainer import Trainer
 
 TESTS = Path(__file__).resolve().parent
@@ -71,11 +70,11 @@ def launched(tmp_path_factory):
              for strategy in ("ddp", "fsdp")]
     plan.write_text(json.dumps({"shards": str(shards), "checks_out": str(base / "checks.json"), "runs": runs,
                                 "smoke": smoke}))
-    launcher = torchrun_command({"nproc_per_node": 2, "nnodes": 1, "node_rank": 0,
-                                 "rdzv_endpoint": f"127.0.0.1:{_free_port()}"})
+    argv = launch.command({"nproc_per_node": 2, "nnodes": 1, "node_rank": 0,
+                           "rdzv_endpoint": f"127.0.0.1:{_free_port()}"}, [str(TESTS / "dist_worker.py"), str(plan)])
     env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
                OMP_NUM_THREADS="1")
-    result = subprocess.run([*shlex.split(launcher), str(TESTS / "dist_worker.py"), str(plan)],
+    result = subprocess.run(argv,
                             capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 

@@ -7,8 +7,9 @@ import torch
 
 from kiln.model.build import build_model
 from kiln.model.registry import resolve
-from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, peak_flops, peak_flops_of
-from kiln.train.plan import format_eta
+from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, peak_flops
+from kiln.train.peaks import peak_flops_of
+from kiln.train.tables import format_eta
 
 
 def _meta_model(flavour: str, vocab: int, seq_len: int):
@@ -27,7 +28,8 @@ def test_flops_per_token_is_6n_plus_the_attention_term():
 
 @pytest.mark.parametrize("name,tflops", [
     ("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756), ("NVIDIA H100 NVL", 835),
-    ("NVIDIA H200", 989), ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA B200", 2250), ("NVIDIA GeForce RTX 4090", None),
+    ("NVIDIA H200", 989), ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA B200", 2250), ("NVIDIA GeForce RTX 4090", 165.2),
+    ("NVIDIA GeForce RTX 3080 Ti", 68.2), ("NVIDIA GeForce RTX 3080", None), ("Tesla V100-SXM2-16GB", None),
 ])
 def test_peak_table(name, tflops):
     assert peak_flops_of(name) == (tflops * 1e12 if tflops else None)

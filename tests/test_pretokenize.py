@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import download_cfg, write_jsonl
-from kiln.config import SPECIAL_TOKENS
+from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.fim import fim_pieces, restore_document
 from kiln.data.pretokenize import SPLITS, _select_val, pretokenize, token_dtype
 from kiln.data.raw import write_raw

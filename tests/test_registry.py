@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kiln import config as kiln_config
+from kiln import run_config
 from kiln.model.build import build_model
 from kiln.model.registry import FLAVOURS, ModelConfig, ModelConfigError, check_section, resolve
 
@@ -80,11 +81,26 @@ def test_bad_shapes_name_the_key(section, seq_len, message):
 
 
 def test_config_validation_reports_model_problems_and_accepts_flavours():
-    base = kiln_config.load(Path(__file__).parent / "configs" / "tiny.yaml")
+    base = run_config.load(Path(__file__).parent / "configs" / "tiny.yaml")
     base.pop("model")
-    ok = kiln_config.validate(base | {"model": {"flavour": "debug", "n_layer": 2}})
+    ok = run_config.validate(base | {"model": {"flavour": "debug", "n_layer": 2}})
     assert ok["model"] == {"flavour": "debug", "n_layer": 2}  # no defaults filled over the flavour's
     with pytest.raises(kiln_config.ConfigError, match="model.flavour: 'nope' is not a known flavour"):
-        kiln_config.validate(base | {"model": {"flavour": "nope"}})
+        run_config.validate(base | {"model": {"flavour": "nope"}})
     with pytest.raises(kiln_config.ConfigError, match="model: 'n_layer' is a required property"):
-        kiln_config.validate(base | {"model": {"n_head": 2, "d_model": 64}})
+        run_config.validate(base | {"model": {"n_head": 2, "d_model": 64}})
+
+
+@pytest.mark.parametrize("section", [
+    {"flavour": "gpt2-124m"}, {"flavour": "llama3.2-1b"}, {"flavour": "debug"},
+    {"flavour": "gpt2-124m", "tie_embeddings": False, "max_positions": 2048},
+    {"family": "gpt2", "n_layer": 2, "n_head": 2, "d_model": 64, "bias": True, "tie_embeddings": False},
+    {"family": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "d_model": 64, "tie_embeddings": False},
+])
+def test_parameter_count_from_the_shape_equals_the_built_model(section):
+    """`kiln plan` counts parameters without building the model; the count must be the model's."""
+    cfg = resolve(section, vocab_size=50304, seq_len=2048 if section.get("max_positions") else 1024)
+    with torch.device("meta"):
+        model = build_model(cfg)
+    assert cfg.num_params(non_embedding=False) == model.num_params(non_embedding=False)
+    assert cfg.num_params(non_embedding=True) == model.num_params(non_embedding=True)

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import TOKENIZER_CFG, TRICKY_TEXTS, download_cfg, write_jsonl
-from kiln.config import SPECIAL_TOKENS
+from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.encoders import tiktoken_encoding
 from kiln.data.raw import write_raw
 from kiln.data.sources import read_documents, stdlib_root

@@ -13,6 +13,7 @@ import sys
 from typing import Callable
 
 from kiln import config as kiln_config
+from kiln import run_config
 from kiln.errors import KilnError
 
 
@@ -32,7 +33,7 @@ def stage_parser(stage: str, description: str) -> argparse.ArgumentParser:
 
 def stage_config(args: argparse.Namespace, stage: str) -> dict:
     if args.config:
-        return kiln_config.stage_sections(kiln_config.load(args.config), stage)
+        return kiln_config.stage_sections(run_config.load(args.config), stage)
     return json.loads(args.params)
 
 

@@ -1,9 +1,15 @@
-"""The run configuration: one source of truth, validated up front, errors that name the key path.
+"""The run configuration: which files make a run, the schema they must meet, errors that name the key path.
+
+Which files: the files given with --configfile, merged in order as Snakemake merges them (nested
+mappings merged key by key, anything else replaced), then --config key=value overrides; the embedded
+default (config/config.yaml) only when no file is given. A run file is never merged over the
+embedded default, so a run gets exactly its own settings plus the schema's defaults (`resolve`).
 
 Structure and types come from workflow/schemas/config.schema.yaml (JSON Schema, which also supplies
-the defaults); the rules a schema cannot say (d_model divisible by n_head, FIM shares summing to one,
-...) are checked in `_check_relations`. Both run in the Snakefile before any job starts, and again in
-every stage script run by hand with --config.
+the defaults); rules between keys that a schema cannot say (FIM shares summing to one, warmup below
+max_steps, ...) are checked in `_check_relations`. Rules that need the model registry, the batch plan
+or the tokenizer are one layer up, in kiln.run_config, which is what the Snakefile and the stage
+scripts call.
 """
 
 from __future__ import annotations
@@ -12,27 +18,17 @@ import copy
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import jsonschema
 import yaml
 
 from kiln.errors import KilnError
-from kiln.model.registry import check_section as check_model_section
-from kiln.train.plan import plan_batch
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
-SPECIAL_TOKENS = (
-    "<|endoftext|>",
-    "<fim_prefix>",
-    "<fim_middle>",
-    "<fim_suffix>",
-    "<fim_pad>",
-    "<repo_name>",
-    "<file_sep>",
-)
-BYTE_ALPHABET = 256
+ROOT = SCHEMA_PATH.parents[2]
+EMBEDDED_DEFAULT = ROOT / "config" / "config.yaml"
 
 # The config sections each stage reads. Snakemake passes exactly these as the rule's params, so a
 # change to one section reruns the stages that read it (and what depends on their outputs) only.
@@ -43,7 +39,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "shard": ("shard",),
     "smoke": ("seed", "model", "train", "smoke"),
     "train": ("seed", "model", "train", "wandb"),
-    "eval": ("seed", "eval"),
+    "eval": ("seed", "eval", "train"),  # train.device: eval runs where train ran
     # The report summarises the whole config; every section already reruns a stage upstream of it.
     "report": ("run_name", "seed", "download", "tokenizer", "pretokenize", "shard", "model", "smoke", "train", "eval"),
 }
@@ -90,14 +86,9 @@ def _describe(error: jsonschema.ValidationError) -> str:
 
 
 def _check_relations(cfg: dict) -> list[str]:
-    problems = check_model_section(cfg["model"], cfg["shard"]["seq_len"])
-    floor = BYTE_ALPHABET + len(SPECIAL_TOKENS)
-    vocab = cfg["tokenizer"].get("vocab_size", floor)  # only a trained tokenizer has one
-    if vocab < floor:
-        problems.append(
-            f"tokenizer.vocab_size: {vocab} is smaller than the {floor} tokens every vocabulary holds "
-            f"({BYTE_ALPHABET} byte symbols + {len(SPECIAL_TOKENS)} special tokens)"
-        )
+    """Rules between keys that the schema cannot say. Those that need the model registry, the
+    batch plan or the tokenizer's special tokens live one layer up, in kiln.run_config."""
+    problems = []
     fim = cfg["pretokenize"]["fim"]
     shares = fim["psm"] + fim["spm"] + fim["middle_only"]
     if not math.isclose(shares, 1.0, abs_tol=1e-6):
@@ -111,15 +102,8 @@ def _check_relations(cfg: dict) -> list[str]:
         problems.append(
             f"train.warmup_steps: {train['warmup_steps']} must be below train.max_steps={train['max_steps']}"
         )
-    try:
-        world = train["nproc_per_node"] * train["nnodes"]
-        plan_batch(train["batch_tokens"], train["micro_batch"], cfg["shard"]["seq_len"], world)
-    except KilnError as exc:
-        problems.append(str(exc))
     if train["node_rank"] >= train["nnodes"]:
         problems.append(f"train.node_rank: {train['node_rank']} must be below train.nnodes={train['nnodes']}")
-    if train["nnodes"] > 1 and not train["rdzv_endpoint"]:
-        problems.append(f"train.rdzv_endpoint: train.nnodes={train['nnodes']} needs node 0's host:port")
     smoke = cfg["smoke"]
     if smoke["warmup_steps"] >= smoke["steps"]:
         problems.append(f"smoke.warmup_steps: {smoke['warmup_steps']} must be below smoke.steps={smoke['steps']}")
@@ -153,8 +137,8 @@ def validate(raw: dict) -> dict:
     return cfg
 
 
-def load(path: str | Path) -> dict:
-    """Read a YAML config file and validate it."""
+def read_yaml(path: str | Path) -> dict:
+    """One config file as written (not validated)."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -162,7 +146,38 @@ def load(path: str | Path) -> dict:
         raise ConfigError(f"config file not found: {path}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return validate(raw)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of config sections, got {type(raw).__name__}")
+    return raw
+
+
+def merge(base: dict, override: Mapping) -> dict:
+    """`override` merged into a copy of `base` the way Snakemake merges config files: mappings key by
+    key, any other value (lists included) replaced whole."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = merge({}, value) if isinstance(value, Mapping) else copy.deepcopy(value)
+    return out
+
+
+def with_default(overrides: Mapping) -> dict:
+    """The embedded default run with --config overrides on top: the run when no file is given."""
+    return merge(read_yaml(EMBEDDED_DEFAULT), overrides)
+
+
+def resolve(configfiles: Sequence[str | Path] = (), overrides: Mapping | None = None) -> dict:
+    """The raw config of a run, as `snakemake --configfile F... --config K=V...` sees it (not yet
+    validated): the files merged in order, or the embedded default when there are none; then the
+    overrides."""
+    if not configfiles:
+        return with_default(overrides or {})
+    raw: dict = {}
+    for path in configfiles:
+        raw = merge(raw, read_yaml(path))
+    return merge(raw, overrides or {})
 
 
 def stage_sections(cfg: dict, stage: str) -> dict[str, Any]:

@@ -14,6 +14,8 @@ rule eval:
         model_dir=lambda w, input: Path(input.model).parent,
         out=lambda w, output: Path(output.metrics).parent,
     threads: 64
+    resources:
+        **rank_resources(ranks=False),
     conda:
         CONDA_ENV
     log:

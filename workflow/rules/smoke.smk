@@ -1,6 +1,3 @@
-from kiln.train.launch import torchrun_command
-
-
 # Same launcher, model and parallelism as train: what passes here is what train will run.
 # report.json is written only when the gate passes (or smoke.gate is false).
 rule smoke:
@@ -14,10 +11,12 @@ rule smoke:
     params:
         script=script("smoke"),
         cfg=stage_params("smoke"),
-        launcher=torchrun_command(config["train"]),
+        launch=launch_settings(),
         rank_threads=threads_per_rank,
         out=lambda w, output: Path(output.report).parent,
     threads: 64
+    resources:
+        **rank_resources(),
     conda:
         CONDA_ENV
     log:
@@ -25,5 +24,5 @@ rule smoke:
     benchmark:
         benchmark_of("smoke")
     shell:
-        "{params.launcher} {params.script} --params {params.cfg:q} --shards {input.shards}"
+        "python -m kiln.train.launch --train {params.launch:q} -- {params.script} --params {params.cfg:q} --shards {input.shards}"
         " --tokenizer {input.tokenizer} --out {params.out} --threads {params.rank_threads} > {log} 2>&1"

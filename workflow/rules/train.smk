@@ -15,10 +15,12 @@ rule train:
     params:
         script=script("train"),
         cfg=stage_params("train"),
-        launcher=torchrun_command(config["train"]),
+        launch=launch_settings(),
         rank_threads=threads_per_rank,
         out=lambda w, output: Path(output.model).parent,
     threads: 64
+    resources:
+        **rank_resources(),
     conda:
         CONDA_ENV
     log:
@@ -26,6 +28,6 @@ rule train:
     benchmark:
         benchmark_of("train")
     shell:
-        "{params.launcher} {params.script} --params {params.cfg:q}"
+        "python -m kiln.train.launch --train {params.launch:q} -- {params.script} --params {params.cfg:q}"
         " --shards {input.shards} --smoke {input.smoke} --tokenizer {input.tokenizer} --out {params.out}"
         " --threads {params.rank_threads} > {log} 2>&1"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kiln.config import SPECIAL_TOKENS
+from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.fim import fim_pieces
 from kiln.data.sources import Document
 

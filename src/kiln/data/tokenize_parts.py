@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kiln.config import SPECIAL_TOKENS
+from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.encoders import Encoder
 from kiln.data.layout import group_samples, metadata_bytes, sample_pieces
 from kiln.data.sources import read_part, read_rows

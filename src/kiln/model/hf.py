@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from kiln.config import SPECIAL_TOKENS
+from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import EOS, load_tokenizer
 from kiln.errors import KilnError
 from kiln.io import atomic_dir

@@ -65,6 +65,35 @@ class ModelConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameters from the shape alone, tied weights once (torch-free: a run is priced before any
+        model is built); equal to the built model's num_params (tests/test_registry.py).
+        non_embedding leaves out the tables only looked up, never multiplied (positions, and the
+        token table unless it is the head): the N of the 6N FLOPs-per-token estimate."""
+        d, f, hd, V = self.d_model, self.d_ff, self.head_dim, self.vocab_size
+        if self.family == "gpt2":
+            b = int(self.bias)
+            attn = d * 3 * d + 3 * d * b + d * d + d * b  # qkv, proj
+            mlp = d * f + f * b + f * d + d * b  # up, down
+            norm = d + d * b  # LayerNorm gain (and bias)
+            positions = self.max_positions * d
+        else:
+            attn = d * self.n_head * hd + 2 * d * self.n_kv_head * hd + self.n_head * hd * d  # q, k, v, o
+            mlp = 3 * d * f  # gate, up, down
+            norm = d  # RMSNorm gain
+            positions = 0
+        head = 0 if self.tie_embeddings else V * d
+        total = self.n_layer * (attn + mlp + 2 * norm) + norm + V * d + positions + head
+        if not non_embedding:
+            return total
+        return total - positions - (0 if self.tie_embeddings else V * d)
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token, Kiln's MFU convention: 6N for the matmuls forward and backward,
+        plus 12 L H Q T for attention's scores and weighted sum over the whole T x T square (the
+        causal mask's zero half included)."""
+        return 6 * self.num_params(non_embedding=True) + 12 * self.n_layer * self.n_head * self.head_dim * self.seq_len
+
 
 def _default_d_ff(family: str, d_model: int) -> int:
     if family == "gpt2":

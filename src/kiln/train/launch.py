@@ -1,20 +1,89 @@
-"""The torchrun command line the smoke and train rules launch with (torch-free, for the Snakefile).
+"""How the smoke and train stages start their ranks: `python -m kiln.train.launch --params JSON --
+script ARGS...` (torch-free until it hands over to torchrun).
 
-One node: `torchrun --standalone` (a private rendezvous on a free local port). Several nodes: every
-node runs the same rule with its own train.node_rank and node 0's host:port as train.rdzv_endpoint
-(torchrun's static rendezvous, MASTER_ADDR/MASTER_PORT style); world size is nnodes x nproc_per_node.
+- One node: `torchrun --standalone` (a private rendezvous on a free local port), nproc_per_node ranks.
+- Several nodes inside a Slurm allocation (the job the slurm profile submits for train.nnodes nodes,
+  one task per node): one `srun` step runs torchrun once on every node; torchrun's c10d rendezvous
+  meets on the allocation's first host, on a port derived from the job id, with the job id as the
+  rendezvous id. Nothing in the config names a host, and torchrun gives each node its rank.
+- Several nodes without Slurm: the same command on every node, each with its own train.node_rank and
+  node 0's host:port as train.rdzv_endpoint (torchrun's static rendezvous).
+
+Every rank writes to the same log (srun forwards each task's output); only rank 0 writes files.
 """
 
 from __future__ import annotations
 
-import shlex
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import Mapping, Sequence
+
+from kiln.errors import KilnError
+
+RDZV_BASE_PORT = 29500  # torchrun's default; a Slurm job adds job id % RDZV_PORT_SPAN to it
+RDZV_PORT_SPAN = 1000
 
 
-def torchrun_command(train: dict) -> str:
-    args = ["torchrun", f"--nproc_per_node={train['nproc_per_node']}"]
-    if train["nnodes"] == 1 and not train["rdzv_endpoint"]:
-        args.append("--standalone")
-    else:
-        args += [f"--nnodes={train['nnodes']}", f"--node_rank={train['node_rank']}",
-                 "--rdzv_backend=static", f"--rdzv_endpoint={train['rdzv_endpoint']}"]
-    return shlex.join(args)
+def slurm_job(job_id: str) -> dict[str, str]:
+    """A Slurm job's fields (NodeList, NumNodes, CPUs/Task, ...) from `scontrol show job`. Read from
+    Slurm rather than the environment: the slurm executor plugin strips every SLURM_* variable but
+    the job id from a job's command, so the nested srun starts from a clean slate."""
+    out = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id], capture_output=True, text=True, check=True)
+    return dict(field.split("=", 1) for field in out.stdout.split() if "=" in field)
+
+
+def slurm_hostnames(nodelist: str) -> list[str]:
+    """The hosts of a Slurm node list (`n[1-2]` -> n1, n2), expanded by Slurm itself."""
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def command(train: Mapping, script: Sequence[str], env: Mapping[str, str] = os.environ) -> list[str]:
+    """The argv that starts train.nproc_per_node x train.nnodes ranks running `script`."""
+    nproc, nnodes = train["nproc_per_node"], train["nnodes"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+    if nnodes == 1 and not train["rdzv_endpoint"]:
+        return [*torchrun, "--standalone", *script]
+    if train["rdzv_endpoint"]:
+        return [*torchrun, f"--nnodes={nnodes}", f"--node_rank={train['node_rank']}", "--rdzv_backend=static",
+                f"--rdzv_endpoint={train['rdzv_endpoint']}", *script]
+    if "SLURM_JOB_ID" not in env:
+        raise KilnError(f"train.nnodes: {nnodes} nodes need a Slurm allocation of {nnodes} nodes (snakemake "
+                        "--profile profiles/slurm) or, started by hand on each node, train.rdzv_endpoint and "
+                        "train.node_rank")
+    job = env["SLURM_JOB_ID"]
+    fields = slurm_job(job)
+    hosts = slurm_hostnames(fields["NodeList"])
+    if len(hosts) != nnodes:
+        raise KilnError(f"train.nnodes: {nnodes}, but Slurm job {job} holds {len(hosts)} node(s) "
+                        f"({', '.join(hosts)}): the rule's `nodes` resource must follow train.nnodes")
+    port = RDZV_BASE_PORT + int(job) % RDZV_PORT_SPAN
+    step = ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    if fields.get("CPUs/Task", "").isdigit():  # since Slurm 22.05 a step no longer inherits the job's value
+        step.append(f"--cpus-per-task={fields['CPUs/Task']}")
+    return [*step, *torchrun, f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={hosts[0]}:{port}",
+            f"--rdzv_id={job}", *script]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--train", required=True, help="train.nproc_per_node, nnodes, node_rank and rdzv_endpoint as JSON")
+    parser.add_argument("script", nargs=argparse.REMAINDER, help="-- then the script and its arguments")
+    args = parser.parse_args(argv)
+    script = args.script[1:] if args.script[:1] == ["--"] else args.script
+    if not script:
+        parser.error("no script given after --")
+    try:
+        argv_out = command(json.loads(args.train), script)
+    except KilnError as exc:
+        print(f"kiln.train.launch: {exc}", file=sys.stderr)
+        return 1
+    print("launch:", " ".join(argv_out[: argv_out.index(script[0])]), file=sys.stderr, flush=True)
+    os.execvp(argv_out[0], argv_out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

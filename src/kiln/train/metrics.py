@@ -22,31 +22,14 @@ from pathlib import Path
 
 import torch
 
-log = logging.getLogger("kiln.train")
+from kiln.train.peaks import peak_flops_of
 
-# Dense bf16 peak TFLOP/s by device-name fragment, first match wins (torchtitan's get_peak_flops).
-PEAK_TFLOPS = (
-    ("B200", 2250.0),
-    ("H200", 989.0),
-    ("H100 NVL", 835.0),
-    ("H100 PCIe", 756.0),
-    ("H100", 989.0),  # SXM
-    ("A100", 312.0),
-    ("L40S", 362.0),
-)
+log = logging.getLogger("kiln.train")
 
 
 def flops_per_token(model: torch.nn.Module) -> float:
-    cfg = model.cfg
-    return 6 * model.num_params(non_embedding=True) + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * cfg.seq_len
-
-
-def peak_flops_of(device_name: str) -> float | None:
-    """Dense bf16 FLOP/s of a GPU by its CUDA name, or None when it is not in PEAK_TFLOPS."""
-    for fragment, tflops in PEAK_TFLOPS:
-        if fragment in device_name:
-            return tflops * 1e12
-    return None
+    """From the model's shape (ModelConfig.flops_per_token), so a sharded model counts whole."""
+    return model.cfg.flops_per_token()
 
 
 def peak_flops(device: torch.device) -> float | None:

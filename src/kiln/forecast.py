@@ -1,0 +1,99 @@
+"""`kiln plan`: price a run before anything is paid for.
+
+The run's config is resolved exactly as `snakemake --configfile ... --config ...` resolves it; its
+model's FLOPs per token come from the shape (ModelConfig.flops_per_token) and throughput is the
+config's expected MFU x the GPU's dense bf16 peak x the ranks (plan.gpu, plan.mfu). Everything else
+(tokens, steps, time, GPU-hours, cost, disk) is the same arithmetic as the smoke stage's plan, which
+replaces this prediction with a measurement once the smoke stage has run on the real hardware.
+Torch-free: it runs on a login node in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import yaml
+
+from kiln import run_config
+from kiln.data.special_tokens import SPECIAL_TOKENS
+from kiln.data.tokenizer import padded_vocab_size
+from kiln.errors import KilnError
+from kiln.model.registry import resolve as resolve_model
+from kiln.train.peaks import PEAK_TFLOPS, peak_flops_of
+from kiln.train.plan import full_run_plan, plan_batch
+from kiln.train.tables import render_plan
+
+# Token counts of tiktoken's named encodings (tiktoken's own n_vocab), so a run on one of them is
+# priced without fetching its ranks file.
+TIKTOKEN_VOCAB = {"gpt2": 50257, "r50k_base": 50257, "p50k_base": 50281, "cl100k_base": 100277, "o200k_base": 200019}
+ADAMW_BYTES_PER_PARAM = 4 + 4 + 4  # fp32 weights + exp_avg + exp_avg_sq: what a checkpoint holds
+
+
+def model_vocab(tokenizer: dict) -> int:
+    """The embedding rows the run's model will have, from the tokenizer section alone."""
+    if tokenizer["kind"] == "train":
+        return padded_vocab_size(tokenizer["vocab_size"])
+    if tokenizer["kind"] == "tiktoken" and tokenizer.get("encoding") in TIKTOKEN_VOCAB:
+        return padded_vocab_size(TIKTOKEN_VOCAB[tokenizer["encoding"]] + len(SPECIAL_TOKENS))
+    if tokenizer["kind"] == "file":
+        from kiln.data.tokenizer import id_space, load_tokenizer, with_special_tokens
+
+        return padded_vocab_size(id_space(with_special_tokens(load_tokenizer(tokenizer["path"]))))
+    raise KilnError(f"tokenizer: cannot tell the vocabulary size of {tokenizer} before the tokenizer stage; "
+                    f"known tiktoken encodings: {', '.join(TIKTOKEN_VOCAB)}")
+
+
+def predict(cfg: dict) -> dict:
+    """The plan of a validated config, with what it assumed (plan.gpu, plan.mfu) recorded in it."""
+    train, expect = cfg["train"], cfg["plan"]
+    peak = peak_flops_of(expect["gpu"])
+    if peak is None:
+        raise KilnError(f"plan.gpu: {expect['gpu']!r} is not a known GPU "
+                        f"(known: {', '.join(name for name, _ in PEAK_TFLOPS)})")
+    model = resolve_model(cfg["model"], vocab_size=model_vocab(cfg["tokenizer"]), seq_len=cfg["shard"]["seq_len"])
+    batch = plan_batch(train["batch_tokens"], train["micro_batch"], cfg["shard"]["seq_len"],
+                       train["nproc_per_node"] * train["nnodes"])
+    tokens_per_s = expect["mfu"] * peak * batch.world / model.flops_per_token()
+    n_params = model.num_params(non_embedding=False)
+    plan = full_run_plan(batch=batch, max_steps=train["max_steps"], tokens_per_s=tokens_per_s, n_params=n_params,
+                         train_tokens=cfg["pretokenize"].get("train_tokens") or 0,
+                         checkpoint_bytes=ADAMW_BYTES_PER_PARAM * n_params, keep_checkpoints=train["keep_checkpoints"],
+                         model_bytes=4 * n_params, price_per_gpu_hour=cfg["smoke"]["price_per_gpu_hour"])
+    return plan | {"predicted_from": {"gpu": expect["gpu"], "peak_tflops": peak / 1e12, "mfu": expect["mfu"],
+                                      "flops_per_token": model.flops_per_token()}}
+
+
+def _override(text: str) -> dict:
+    """One --config KEY=VALUE, the value read as YAML (as Snakemake reads it)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise KilnError(f"--config {text!r}: expected KEY=VALUE, e.g. train='{{max_steps: 100}}'")
+    return {key: yaml.safe_load(value)}
+
+
+def _run(args: argparse.Namespace) -> int:
+    overrides: dict = {}
+    for text in args.config or []:
+        overrides |= _override(text)
+    plan = predict(run_config.resolve(args.configfile or [], overrides))
+    if args.json:
+        print(json.dumps(plan, indent=2))
+        return 0
+    source = plan["predicted_from"]
+    print(render_plan(plan).replace(
+        "# Plan for the full run",
+        f"# Plan for the full run (predicted: {source['gpu']} at {source['peak_tflops']:g} TFLOP/s bf16 x "
+        f"MFU {source['mfu']:g}; the smoke stage measures it)", 1))
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="print a config's plan (tokens, steps, time, GPU-hours, cost, disk) without training",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configfile", nargs="+", metavar="FILE",
+                        help="run files, as given to snakemake (none: the embedded default)")
+    parser.add_argument("--config", nargs="+", metavar="KEY=VALUE", help="overrides, as given to snakemake")
+    parser.add_argument("--json", action="store_true", help="the plan as JSON")
+    parser.set_defaults(run=_run)

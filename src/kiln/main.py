@@ -1,0 +1,33 @@
+"""`kiln`: commands around a run, for the person at the terminal (the stages themselves run under
+Snakemake). Each command lives in its own module, which adds its subparser in `register`.
+
+    kiln plan --configfile config/experiments/swallow-code-llama-1b.yaml   # price a run before it starts
+    kiln status results/stdlib-code                                        # where a run stands
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from kiln import forecast, status
+from kiln.errors import KilnError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kiln", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="command")
+    forecast.register(commands)
+    status.register(commands)
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except KilnError as exc:
+        logging.basicConfig(format="kiln: %(message)s")
+        logging.getLogger("kiln").error("%s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
