@@ -20,8 +20,9 @@ from synthetic import REPO, SEQ_LEN, smoke_sections, write_shards
 
 import kiln.train.trainer as trainer_module
 from kiln.errors import KilnError
-from kiln.train.plan import BatchPlan, full_run_plan, render_plan
+from kiln.train.plan import BatchPlan, full_run_plan
 from kiln.train.smoke import run_checks
+from kiln.train.tables import render_plan
 
 SMOKE_SCRIPT = REPO / "workflow" / "scripts" / "smoke.py"
 

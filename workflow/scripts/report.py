@@ -5,6 +5,7 @@ from pathlib import Path
 from kiln.cli import run_main, stage_config, stage_parser
 from kiln.eval.report import plot_loss, read_metrics, render
 from kiln.io import atomic_file, read_json
+from kiln.train.verdict import SmokeReport
 
 
 def main() -> None:
@@ -20,7 +21,7 @@ def main() -> None:
         "tokenizer": read_json(r / "tokenizer" / "stats.json"),
         "tokens": read_json(r / "tokens" / "meta.json"),
         "shards": read_json(r / "shards" / "manifest.json"),
-        "smoke": read_json(r / "smoke" / "report.json"),
+        "smoke": SmokeReport.load(r / "smoke" / "report.json"),
         "plan": read_json(r / "smoke" / "plan.json"),
         "train": read_json(r / "train" / "summary.json"),
         "train_samples": read_metrics(r / "train" / "samples.jsonl"),

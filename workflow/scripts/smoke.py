@@ -9,7 +9,6 @@ fails and the gate is on, it writes nothing the train rule would take and exits 
 checks that failed.
 """
 
-import dataclasses
 import math
 import os
 from pathlib import Path
@@ -18,11 +17,12 @@ import torch
 
 from kiln.cli import run_main, stage_config, stage_parser
 from kiln.data.tokenizer import load_tokenizer
-from kiln.errors import KilnError
 from kiln.io import atomic_file, write_json
 from kiln.train.distributed import shutdown
-from kiln.train.plan import BatchPlan, checks_table, full_run_plan, render_plan
+from kiln.train.plan import full_run_plan
 from kiln.train.smoke import run_checks
+from kiln.train.tables import checks_table, render_plan
+from kiln.train.verdict import Measurements, SmokeReport
 
 
 def main() -> None:
@@ -43,21 +43,17 @@ def main() -> None:
         shutdown(int(os.environ.get("WORLD_SIZE", "1")))
     if int(os.environ.get("RANK", "0")) != 0:  # rank 0 reports for all
         return
-    checks = [dataclasses.asdict(c) for c in report["checks"]]
-    failed = [c["name"] for c in checks if not c["passed"]]
-    gate = cfg["smoke"]["gate"]
-    print(checks_table(checks))
-    if failed and gate:
-        raise KilnError(f"smoke: FAILED: {', '.join(failed)} (see the table above; thresholds are in the "
-                        "smoke section, and smoke.gate: false lets train start anyway)")
-    report["checks"] = checks
-    report["gate"] = "passed" if not failed else f"skipped (smoke.gate is false; failed: {', '.join(failed)})"
+    checks = report.pop("checks")
+    measured = Measurements.from_dict(report) if report else None
+    verdict = SmokeReport.judge(checks, measured, enforce=cfg["smoke"]["gate"])
+    print(checks_table(verdict.checks))
+    verdict.require_passed()
     plan = None
-    if "probe" in report:
-        plan = full_run_plan(batch=BatchPlan(**report["batch"]), max_steps=cfg["train"]["max_steps"],
-                             tokens_per_s=report["probe"]["tokens_per_s"], n_params=report["n_params"],
-                             train_tokens=report["train_tokens"], checkpoint_bytes=report["checkpoint_bytes"],
-                             keep_checkpoints=cfg["train"]["keep_checkpoints"], model_bytes=report["model_bytes"],
+    if measured is not None:
+        plan = full_run_plan(batch=measured.batch, max_steps=cfg["train"]["max_steps"],
+                             tokens_per_s=measured.probe.tokens_per_s, n_params=measured.n_params,
+                             train_tokens=measured.train_tokens, checkpoint_bytes=measured.checkpoint_bytes,
+                             keep_checkpoints=cfg["train"]["keep_checkpoints"], model_bytes=measured.model_bytes,
                              price_per_gpu_hour=cfg["smoke"]["price_per_gpu_hour"])
     if plan is not None and math.isfinite(plan["eta_s"]):
         write_json(args.out / "plan.json", plan)
@@ -68,8 +64,8 @@ def main() -> None:
     with atomic_file(args.out / "plan.md") as tmp:
         tmp.write_text(markdown, encoding="utf-8")
     print(markdown)
-    write_json(args.out / "report.json", report)  # last: train waits on this file
-    print(f"smoke: {report['gate']} -> {args.out}")
+    verdict.save(args.out / "report.json")  # last: train waits on this file
+    print(f"smoke: {verdict.summary} -> {args.out}")
 
 
 if __name__ == "__main__":

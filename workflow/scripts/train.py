@@ -12,12 +12,12 @@ from pathlib import Path
 import torch
 
 from kiln.cli import run_main, stage_config, stage_parser
-from kiln.errors import KilnError
-from kiln.io import read_json, write_json
+from kiln.io import write_json
 from kiln.model import hf
 from kiln.model.build import load_model
 from kiln.train.samples import make_sampler
 from kiln.train.trainer import run
+from kiln.train.verdict import SmokeReport
 
 
 def main() -> None:
@@ -30,9 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = stage_config(args, "train")
     if args.smoke is not None:
-        gate = read_json(args.smoke).get("gate", "")
-        if not (gate == "passed" or gate.startswith("skipped")):
-            raise KilnError(f"{args.smoke}: the smoke gate did not pass (gate: {gate!r}); rerun the smoke stage")
+        SmokeReport.load(args.smoke).require_passed()
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)

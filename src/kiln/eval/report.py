@@ -7,10 +7,11 @@ from pathlib import Path
 
 import matplotlib
 
+from kiln.train.tables import checks_table, format_eta
+from kiln.train.verdict import SmokeReport
+
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
-
-from kiln.train.plan import checks_table, format_eta  # noqa: E402
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -55,8 +56,8 @@ def _fence(text: str) -> str:
 
 
 def render(run: str, data: dict, png_name: str) -> str:
-    """The report's markdown from the stages' JSON outputs (`data` keys: config, tokenizer, tokens,
-    shards, smoke, plan, train, train_samples, eval, samples)."""
+    """The report's markdown from the stages' outputs (`data` keys: config, tokenizer, tokens,
+    shards, smoke (a SmokeReport), plan, train, train_samples, eval, samples; the others as read from JSON)."""
     ev, tok, split, train = data["eval"], data["tokenizer"], data["tokens"]["splits"], data["train"]
     lines = [
         f"# Kiln run `{run}`", "",
@@ -115,17 +116,17 @@ def _config_summary(cfg: dict, train_result: dict) -> list[str]:
     ]
 
 
-def _smoke_section(smoke: dict, plan: dict, train: dict) -> list[str]:
+def _smoke_section(smoke: SmokeReport, plan: dict, train: dict) -> list[str]:
     """The gate's checks, and what the smoke stage planned against what the full run took."""
-    lines = ["## Smoke gate", "", f"Gate: **{smoke['gate']}**.", "", checks_table(smoke["checks"])]
-    if "eta_s" not in plan:
+    lines = ["## Smoke gate", "", f"Gate: **{smoke.summary}**.", "", checks_table(smoke.checks)]
+    if "eta_s" not in plan or smoke.measurements is None:
         return lines
     mfu = lambda v: "n/a" if v is None else f"{v:.1%}"  # noqa: E731
     lines += ["", "### Plan against the full run", "",
               "| | planned (smoke) | actual (train) |", "|---|---:|---:|",
               f"| tokens | {plan['total_tokens']:,} | {train['tokens_seen']:,} |",
               f"| tokens/s | {plan['tokens_per_s']:,.0f} | {train['tokens_per_s']:,.0f} |",
-              f"| MFU | {mfu(smoke['probe']['mfu'])} | {mfu(train['mfu'])} |",
+              f"| MFU | {mfu(smoke.measurements.probe.mfu)} | {mfu(train['mfu'])} |",
               f"| time | {format_eta(plan['eta_s'])} | {format_eta(train['wall_s'])} (with validation and checkpoints) |",
               f"| tokens per parameter | {plan['tokens_per_param']:.2f} | |"]
     if plan["cost"] is not None:

@@ -19,7 +19,8 @@ check the model before any long run. The checks, each against a threshold in the
                   lr 0, a broken schedule or broken data fail here
 
 The probe's steady-state figures (warm-up and compile steps left out) feed the plan
-(kiln.train.plan.full_run_plan).
+(kiln.train.plan.full_run_plan). The stage script turns what run_checks finds into the gate's
+verdict (kiln.train.verdict.SmokeReport), which train and the report read.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import gc
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -38,31 +39,10 @@ from kiln.io import read_json
 from kiln.train.distributed import mean_across_ranks
 from kiln.train.metrics import flops_per_token, memory_mb, peak_flops
 from kiln.train.trainer import Trainer
+from kiln.train.verdict import Check, Probe
 
 log = logging.getLogger("kiln.smoke")
 OOM_MESSAGES = ("out of memory", "can't allocate memory")
-
-
-@dataclass
-class Check:
-    name: str
-    passed: bool
-    figure: str  # what was measured
-    threshold: str  # what it had to meet
-    detail: str = ""
-
-
-@dataclass
-class Probe:
-    """Steady-state measurements of the probe run."""
-
-    tokens_per_s: float
-    step_time_s: float
-    data_wait_fraction: float
-    peak_memory_mb: float
-    mfu: float | None
-    tflops: float
-    measured_steps: int
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -236,8 +216,9 @@ def _health(losses: list[float], norms: list[float], min_drop: float) -> Check:
 
 
 def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | None = None) -> dict:
-    """Every check and measurement, in the order that fails fastest. Returns the report (on every
-    rank; rank 0 writes it): checks, probe figures, losses, and the facts the plan needs."""
+    """Every check and measurement, in the order that fails fastest. Returns, on every rank,
+    {"checks": [Check, ...]} plus the measurements in the plain form of
+    kiln.train.verdict.Measurements (absent when the probe did not run)."""
     cfg, train = sections["smoke"], sections["train"]
     checks: list[Check] = []
     report: dict = {"checks": checks}

@@ -35,8 +35,9 @@ from kiln.train import checkpoint, device, parallel
 from kiln.train.distributed import init_distributed, mean_across_ranks, shutdown
 from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, memory_mb, peak_flops
 from kiln.train.optim import build_adamw
-from kiln.train.plan import format_eta, plan_batch
+from kiln.train.plan import plan_batch
 from kiln.train.schedule import schedule_from_config
+from kiln.train.tables import format_eta
 
 log = logging.getLogger("kiln.train")
 Sampler = Callable[[torch.nn.Module], list[dict]]  # model -> [{"prompt", "completion"}] (kiln.train.samples)

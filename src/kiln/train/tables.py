@@ -1,0 +1,56 @@
+"""How the smoke stage's plan and checks, and a run's durations, read to a person: the markdown the
+smoke stage logs and the report (kiln.eval.report) shows, and the ETA the trainer logs. Torch-free,
+like the report stage.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from kiln.train.plan import CHINCHILLA_TOKENS_PER_PARAM
+from kiln.train.verdict import Check
+
+
+def format_eta(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def _size(n_bytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n_bytes < 1024 or unit == "TiB":
+            return f"{n_bytes:.1f} {unit}" if unit != "B" else f"{int(n_bytes)} B"
+        n_bytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def checks_table(checks: Sequence[Check]) -> str:
+    """The smoke gate's checks as a markdown table."""
+    lines = ["| check | result | measured | threshold | note |", "|---|---|---|---|---|"]
+    lines += [f"| {c.name} | {'pass' if c.passed else 'FAIL'} | {c.figure} | {c.threshold} | {c.detail} |"
+              for c in checks]
+    return "\n".join(lines)
+
+
+def render_plan(plan: dict) -> str:
+    """plan.md: the plan (kiln.train.plan.full_run_plan) as a table a person reads before paying for the run."""
+    cost = (f"${plan['cost']:,.2f} at ${plan['price_per_gpu_hour']:g} per device-hour"
+            if plan["cost"] is not None else "no price set (smoke.price_per_gpu_hour)")
+    ratio = plan["tokens_per_param"] / CHINCHILLA_TOKENS_PER_PARAM
+    epochs = f"{plan['epochs']:.2f}" if plan["epochs"] is not None else "n/a"
+    repeat = " (the train split repeats: more epochs than one)" if plan["epochs"] and plan["epochs"] > 1 else ""
+    rows = [
+        ("global batch", f"{plan['ranks']} ranks x {plan['grad_accum']} micro-batches x {plan['micro_batch']} rows "
+                         f"x {plan['seq_len']} tokens = {plan['tokens_per_step']:,} tokens/step"),
+        ("total tokens", f"{plan['max_steps']:,} steps x {plan['tokens_per_step']:,} = {plan['total_tokens']:,}"),
+        ("throughput", f"{plan['tokens_per_s']:,.0f} tokens/s ({plan['tokens_per_s_per_rank']:,.0f} per rank)"),
+        ("time", f"{plan['eta_h']:.2f} h ({plan['device_hours']:.1f} device-hours)"),
+        ("cost", cost),
+        ("tokens per parameter", f"{plan['tokens_per_param']:.2f} for {plan['n_params']:,} parameters "
+                                 f"({ratio:.2f}x Chinchilla's {CHINCHILLA_TOKENS_PER_PARAM})"),
+        ("epochs of the train split", f"{epochs} of {plan['train_tokens']:,} tokens{repeat}"),
+        ("disk", f"{_size(plan['disk_bytes'])}: {plan['keep_checkpoints']} checkpoints of "
+                 f"{_size(plan['checkpoint_bytes'])} + the final weights twice (safetensors, HF export)"),
+    ]
+    return "\n".join(["# Plan for the full run", "", "| | |", "|---|---|",
+                      *(f"| {k} | {v} |" for k, v in rows), ""])
