@@ -12,9 +12,8 @@ from kiln import run_config
 # so a run file is never merged over the embedded default), or config/config.yaml when none is
 # given; --config key=value overrides on top. Defaults are filled in and every cross-field rule is
 # checked now, before any job starts; an error names the key path (kiln.config, kiln.run_config).
-_raw = dict(config) if workflow.overwrite_configfiles else kiln_config.with_default(config)
 config.clear()
-config.update(run_config.validate(_raw))
+config.update(run_config.resolve(workflow.config_settings.configfiles, workflow.config_settings.config))
 
 RUN = f"results/{config['run_name']}"
 

@@ -163,21 +163,21 @@ def merge(base: dict, override: Mapping) -> dict:
     return out
 
 
-def with_default(overrides: Mapping) -> dict:
-    """The embedded default run with --config overrides on top: the run when no file is given."""
-    return merge(read_yaml(EMBEDDED_DEFAULT), overrides)
+def yaml_values(overrides: Mapping) -> dict:
+    """--config overrides with their nested values read as YAML. Snakemake reads `train={max_steps: 7}`
+    with YAML's BaseLoader, which leaves every nested scalar a string ('7'); Kiln reads it as written."""
+    return {key: yaml_values(value) if isinstance(value, Mapping)
+            else yaml.safe_load(value) if isinstance(value, str) and value else value
+            for key, value in overrides.items()}
 
 
 def resolve(configfiles: Sequence[str | Path] = (), overrides: Mapping | None = None) -> dict:
-    """The raw config of a run, as `snakemake --configfile F... --config K=V...` sees it (not yet
-    validated): the files merged in order, or the embedded default when there are none; then the
-    overrides."""
-    if not configfiles:
-        return with_default(overrides or {})
+    """The raw config of `snakemake --configfile F... --config K=V...` (not yet validated): the files
+    merged in order, or the embedded default when there are none; then the overrides."""
     raw: dict = {}
-    for path in configfiles:
+    for path in configfiles or [EMBEDDED_DEFAULT]:
         raw = merge(raw, read_yaml(path))
-    return merge(raw, overrides or {})
+    return merge(raw, yaml_values(overrides or {}))
 
 
 def stage_sections(cfg: dict, stage: str) -> dict[str, Any]:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 
-import yaml
-
 from kiln import run_config
 from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import padded_vocab_size
@@ -65,11 +63,11 @@ def predict(cfg: dict) -> dict:
 
 
 def _override(text: str) -> dict:
-    """One --config KEY=VALUE, the value read as YAML (as Snakemake reads it)."""
+    """One --config KEY=VALUE (the value is read as YAML by kiln.config.resolve, as in the Snakefile)."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise KilnError(f"--config {text!r}: expected KEY=VALUE, e.g. train='{{max_steps: 100}}'")
-    return {key: yaml.safe_load(value)}
+    return {key: value}
 
 
 def _run(args: argparse.Namespace) -> int:

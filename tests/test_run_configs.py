@@ -1,0 +1,121 @@
+"""Every shipped config, resolved exactly as the README runs it: `snakemake --configfile <file>`
+(Snakemake's own dry run prints the train job's params and resources) and `kiln plan`.
+
+A run file gets its own settings plus the schema's defaults and nothing from the embedded default;
+the seeds' plans read what the seeds measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kiln import config as kiln_config
+from kiln.data.tokenizer import padded_vocab_size
+from kiln.model.registry import FLAVOURS, resolve
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+RUN_FILES = sorted(ROOT.glob("config/experiments/*.yaml")) + [ROOT / "tests" / "configs" / "tiny.yaml"]
+ENV = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
+
+
+def dry_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
+                             str(tmp_path), "--cores", "4", "-n", "-p", *args],
+                            capture_output=True, text=True, env=ENV, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def train_job(result: subprocess.CompletedProcess) -> tuple[dict, dict]:
+    """The train rule's --params (the config sections train receives) and its resources."""
+    block = result.stdout[result.stdout.index("\nrule train:"):]
+    block = block[: block.index("\nrule ", 1)] if "\nrule " in block[1:] else block
+    resources = dict(pair.split("=", 1) for pair in re.search(r"resources: (.*)", block)[1].split(", "))
+    command = shlex.split(re.search(r"Shell command: (.*)", block)[1])
+    return json.loads(command[command.index("--params") + 1]), resources
+
+
+@pytest.mark.parametrize("path", RUN_FILES, ids=lambda p: p.name)
+def test_a_run_file_gets_exactly_its_own_settings(tmp_path, path):
+    params, resources = train_job(dry_run(tmp_path, "--configfile", str(path)))
+    alone = kiln_config.validate(kiln_config.read_yaml(path))  # the file and the schema's defaults, nothing else
+    assert params["train"] == alone["train"] and params["model"] == alone["model"]
+    written = kiln_config.read_yaml(path)
+    train = params["train"]
+    for key in ("max_steps", "batch_tokens", "micro_batch", "lr", "nproc_per_node"):
+        if key in written["train"]:
+            assert train[key] == written["train"][key], key
+    # what the cluster is asked for follows the same section: GPUs per node and nodes
+    assert resources["nodes"] == str(train["nnodes"])
+    assert resources["gres"] == f"gpu:{train['nproc_per_node']}"
+
+
+@pytest.mark.parametrize("path", [p for p in RUN_FILES if "flavour" in kiln_config.read_yaml(p)["model"]],
+                         ids=lambda p: p.name)
+def test_a_flavoured_model_has_its_flavours_shape(tmp_path, path):
+    params, _ = train_job(dry_run(tmp_path, "--configfile", str(path)))
+    section = params["model"]
+    flavour = FLAVOURS[section["flavour"]]
+    model = resolve(section, vocab_size=50304, seq_len=1024)
+    own = {k: v for k, v in flavour.dims.items() if k not in section}
+    assert {k: getattr(model, k) for k in own} == own
+    if set(section) == {"flavour"}:  # nothing overridden: the flavour's own parameter count
+        reference = resolve({"flavour": section["flavour"]}, vocab_size=50304, seq_len=1024)
+        assert model.num_params(non_embedding=False) == reference.num_params(non_embedding=False)
+
+
+def test_no_file_runs_the_embedded_default_and_config_overrides_merge(tmp_path):
+    params, resources = train_job(dry_run(tmp_path))
+    default = kiln_config.validate(kiln_config.read_yaml(ROOT / "config" / "config.yaml"))
+    assert params["train"] == default["train"] and params["model"] == default["model"]
+    params, _ = train_job(dry_run(tmp_path, "--config", "train={max_steps: 7, warmup_steps: 2}"))
+    assert params["train"] == default["train"] | {"max_steps": 7, "warmup_steps": 2}
+    params, _ = train_job(dry_run(tmp_path, "--configfile", str(RUN_FILES[0]), "--config", "train={max_steps: 900}"))
+    assert params["train"]["max_steps"] == 900 and params["model"] == {"flavour": "gpt2-124m"}
+
+
+def kiln_plan(*args: str) -> dict:
+    result = subprocess.run([str(VENV_BIN / "kiln"), "plan", "--json", *args], capture_output=True, text=True,
+                            env=ENV, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_plan_of_seed_000_reads_what_the_seed_measured():
+    plan = kiln_plan("--configfile", str(ROOT / "config" / "experiments" / "swallow-code-llama-1b.yaml"))
+    assert plan["total_tokens"] == 50_000 * 4 * 6 * 8192 == 9_830_400_000
+    assert plan["eta_h"] == pytest.approx(12.2, abs=0.1)  # seed 000: 12.26 h at 55.8k tokens/s per H100
+    assert plan["cost"] == pytest.approx(151, abs=1.5)  # $3.09 x 4 GPUs
+    assert plan["tokens_per_s_per_rank"] == pytest.approx(55_800, rel=0.01)
+
+
+def test_plan_of_seed_002_is_the_seeds_budget_on_one_gpu():
+    plan = kiln_plan("--configfile", str(ROOT / "config" / "experiments" / "fineweb-edu-gpt2-124m.yaml"))
+    assert plan["ranks"] == 1 and plan["grad_accum"] == 8 and plan["tokens_per_step"] == 524_288
+    assert plan["total_tokens"] == pytest.approx(10e9, rel=0.001)
+    assert plan["eta_h"] == pytest.approx(12, abs=0.5) and plan["cost"] == pytest.approx(30, abs=1.5)
+
+
+def test_plan_of_seed_003_uses_the_consumer_cards_peak():
+    plan = kiln_plan("--configfile", str(ROOT / "config" / "experiments" / "fineweb-wiki-arxiv-gpt2-164m-3080ti.yaml"))
+    assert plan["predicted_from"]["peak_tflops"] == 68.2 and plan["grad_accum"] == 64
+    assert plan["n_params"] == resolve({"flavour": "gpt2-124m", "tie_embeddings": False, "max_positions": 2048},
+                                       vocab_size=padded_vocab_size(50257 + 7), seq_len=2048).num_params(False)
+    assert 160e6 < plan["n_params"] < 170e6  # the seed's "164M"
+
+
+def test_plan_takes_overrides_as_snakemake_does_and_names_a_bad_gpu(tmp_path):
+    seed = str(ROOT / "config" / "experiments" / "swallow-code-llama-1b.yaml")
+    half = kiln_plan("--configfile", seed, "--config", "train={max_steps: 25000}")
+    assert half["total_tokens"] == 9_830_400_000 // 2
+    result = subprocess.run([str(VENV_BIN / "kiln"), "plan", "--configfile", seed, "--config", "plan={gpu: TPU}"],
+                            capture_output=True, text=True, env=ENV, timeout=120)
+    assert result.returncode == 1 and "plan.gpu: 'TPU' is not a known GPU" in result.stderr
