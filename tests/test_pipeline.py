@@ -74,7 +74,7 @@ def test_model_beats_the_unigram_baseline(finished_run):
     assert {"stdlib"} == set(metrics["val_by_source"]) and [c["step"] for c in metrics["checkpoints"]] == [100, 200]
     report = (run / "report.md").read_text()
     for section in ("loss.png", "unigram", "## Smoke gate", "Plan against the full run", "Samples during training",
-                    "### Per source", "### Checkpoints kept"):
+                    "### Per source", "### Checkpoints kept", "Reference: val loss 5 (a round figure"):
         assert section in report, section
     assert "results/tiny/report.md" in result.stdout + result.stderr
 

@@ -18,9 +18,10 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def plot_loss(records: list[dict], png: Path, unigram: float | None = None) -> None:
+def plot_loss(records: list[dict], png: Path, unigram: float | None = None, reference: dict | None = None) -> None:
     """The loss curves, with the learning rate, throughput and MFU (TFLOP/s where no peak is known,
-    as on a CPU) of the same log steps beneath."""
+    as on a CPU) of the same log steps beneath; reference lines for the unigram baseline and for a
+    published val loss (eval.reference)."""
     fig, (ax, ax_lr, ax_speed, ax_mfu) = plt.subplots(4, 1, figsize=(7, 8.5), dpi=120, sharex=True,
                                                       gridspec_kw={"height_ratios": [3, 1, 1, 1]})
     steps = [r["step"] for r in records]
@@ -42,6 +43,9 @@ def plot_loss(records: list[dict], png: Path, unigram: float | None = None) -> N
         ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="val loss", lw=1.2)
     if unigram is not None:
         ax.axhline(unigram, color="grey", ls="--", lw=1, label="unigram baseline (val)")
+    if reference is not None:
+        ax.axhline(reference["val_loss"], color="tab:orange", ls=":", lw=1.2,
+                   label=f"reference {reference['val_loss']:g} ({reference['source']})")
     ax_mfu.set_xlabel("optimizer step")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.grid(alpha=0.3)
@@ -85,6 +89,7 @@ def render(run: str, data: dict, png_name: str) -> str:
         f"| loss (nats/token) | {ev['val_loss']:.4f} | {ev['unigram_val_loss']:.4f} |",
         f"| bits per byte | {ev['val_bits_per_byte']:.4f} | {ev['unigram_bits_per_byte']:.4f} |",
         f"| perplexity | {ev['val_perplexity']:.2f} | |", "",
+        *_reference_line(data["config"]["eval"].get("reference"), ev["val_loss"]),
         *_eval_tables(ev),
         "## Samples", "",
     ]
@@ -97,6 +102,14 @@ def render(run: str, data: dict, png_name: str) -> str:
         lines += [f"`{ex['doc_id']}` ({ex['span']}, {ex['layout']}, {mark}):", "",
                   "expected:", "", _fence(ex["expected"].rstrip()), "", "got:", "", _fence(ex["completion"].rstrip()), ""]
     return "\n".join(lines) + "\n"
+
+
+def _reference_line(reference: dict | None, val_loss: float) -> list[str]:
+    if reference is None:
+        return []
+    gap = val_loss - reference["val_loss"]
+    return [f"Reference: val loss {reference['val_loss']:g} ({reference['source']}); this run "
+            f"{val_loss:.4f}, {abs(gap):.3f} {'above' if gap > 0 else 'below'} it.", ""]
 
 
 def _config_summary(cfg: dict, train_result: dict) -> list[str]:
