@@ -1,10 +1,15 @@
-"""Per-device settings: what compile "auto" means, autocast on and off, copies on CPU, the CPU allocator."""
+"""Per-device settings: where train.device puts a run, what compile "auto" means, autocast on and off
+(and eval's: bf16 on a GPU only), copies on CPU, the CPU allocator."""
 
+import contextlib
 import platform
 
+import pytest
 import torch
 
+from kiln.errors import KilnError
 from kiln.train import device
+from kiln.train.distributed import init_distributed
 
 CPU = torch.device("cpu")
 
@@ -33,3 +38,43 @@ def test_cpu_batches_stay_where_they_are():
 def test_cpu_allocator_is_tuned_where_the_c_library_is_glibc():
     # mallopt answers 1 for each setting it took; elsewhere nothing is attempted or changed.
     assert device.tune_cpu_allocator() == (platform.libc_ver()[0] == "glibc")
+
+
+@pytest.fixture
+def cuda_visible(monkeypatch):
+    """A machine where CUDA sees a GPU, as far as the device choice can tell (nothing touches it)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
+@pytest.fixture
+def no_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def test_train_device_cpu_is_the_cpu_even_beside_a_gpu(cuda_visible, monkeypatch):
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    assert device.select_device("cpu") == CPU
+    assert init_distributed("cpu").device == CPU  # the trainer's device, so smoke and train honour it
+    assert device.select_device("auto", local_rank=3) == torch.device("cuda", 3)
+    assert device.select_device("cuda", local_rank=1) == torch.device("cuda", 1)
+
+
+def test_train_device_cuda_without_cuda_is_an_error_naming_the_key(no_cuda, monkeypatch):
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    assert device.select_device("auto") == CPU
+    with pytest.raises(KilnError, match="train.device is cuda"):
+        device.select_device("cuda")
+    with pytest.raises(KilnError, match="train.device is cuda"):
+        init_distributed("cuda")
+
+
+def test_eval_autocasts_to_bf16_on_a_gpu_only(monkeypatch):
+    layer = torch.nn.Linear(4, 4)
+    with device.eval_autocast(CPU, "bf16")():  # eval on the CPU stays fp32, whatever train used
+        assert layer(torch.randn(2, 4)).dtype == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    gpu = torch.device("cuda", 0)
+    assert device.eval_autocast(gpu, "bf16") is not contextlib.nullcontext  # torch.autocast("cuda", bf16)
+    assert device.eval_autocast(gpu, "fp32") is contextlib.nullcontext

@@ -1,15 +1,18 @@
 """eval stage: held-out loss, perplexity and bits per byte (against a unigram baseline), completions
 of fixed prompts, FIM infilling (single/multi-line, PSM/SPM), lm-eval tasks and 13-gram contamination.
 
-Writes eval/metrics.json and eval/samples.json (and lm-eval's local task files under eval/).
+Writes eval/metrics.json and eval/samples.json (and lm-eval's local task files under eval/). The
+model runs where train ran (train.device): on a GPU under train.precision's autocast, else on the CPU
+in fp32.
 """
 
+import logging
 from pathlib import Path
 
 from kiln.cli import run_main, stage_config, stage_parser
 from kiln.eval.suite import RunPaths, evaluate
 from kiln.io import write_json
-from kiln.train.device import tune_cpu_allocator
+from kiln.train.device import configure, select_device
 
 
 def main() -> None:
@@ -22,9 +25,13 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/eval")
     args = parser.parse_args()
     cfg = stage_config(args, "eval")
-    tune_cpu_allocator()  # the model runs on CPU here
+    train = cfg["train"]
+    device = select_device(train["device"])
+    configure(device)  # TF32 for fp32 matmuls on a GPU; on the CPU, the allocator that keeps freed memory
+    logging.getLogger("kiln.eval").info("eval on %s (train.device %s, train.precision %s)", device,
+                                        train["device"], train["precision"])
     paths = RunPaths(args.model, args.shards, args.tokens, args.raw, args.tokenizer)
-    metrics, samples = evaluate(paths, cfg["eval"], cfg["seed"], args.out)
+    metrics, samples = evaluate(paths, cfg["eval"], cfg["seed"], args.out, device, train["precision"])
     write_json(args.out / "samples.json", samples)
     write_json(args.out / "metrics.json", metrics)
     print(f"eval: val loss {metrics['val_loss']:.4f} (unigram {metrics['unigram_val_loss']:.4f}), "

@@ -2,6 +2,7 @@
 
     lm_eval --model kiln --model_args pretrained=results/<run>/train,tokenizer=results/<run>/tokenizer/tokenizer.json \
             --tasks kiln_code_perplexity --include_path <tasks dir>
+    # on a GPU, under bf16 autocast as the eval stage runs it there: add --device cuda and precision=bf16
 
 `TemplateLM` turns loglikelihood requests into token pairs; this class scores them in batches
 (right-padded, one forward per batch; causal attention means padding after a sequence cannot change
@@ -20,18 +21,22 @@ from lm_eval.api.registry import register_model
 
 from kiln.data.tokenizer import EOS, load_tokenizer
 from kiln.eval.generate import generate
+from kiln.train.device import eval_autocast
 
 
 @register_model("kiln")
 class KilnLM(TemplateLM):
     def __init__(self, pretrained: str, tokenizer: str, batch_size: int | str = 8,
                  max_batch_size: int | None = None, device: str | None = None, max_gen_toks: int = 128,
-                 **kwargs):
+                 precision: str = "fp32", **kwargs):
+        """precision is train.precision: bf16 runs the model under bf16 autocast on a GPU (on the
+        CPU it stays fp32, as in the eval stage: kiln.train.device.eval_autocast)."""
         super().__init__()
         from kiln.model.build import load_model
 
         self._device = torch.device(device or "cpu")
         self.model = load_model(Path(pretrained), self._device)
+        self.autocast = eval_autocast(self._device, precision)
         self.tokenizer = load_tokenizer(tokenizer)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
         if max_batch_size is not None:
@@ -66,15 +71,17 @@ class KilnLM(TemplateLM):
             batch = order[start : start + self.batch_size]
             rows = [(pairs[i][0] + pairs[i][1])[-(self.max_length + 1) :][:-1] for i in batch]
             width = max(len(r) for r in rows)
-            ids = torch.full((len(rows), width), self.eot_token_id, dtype=torch.long, device=self.device)
+            ids = torch.full((len(rows), width), self.eot_token_id, dtype=torch.long)
             for j, row in enumerate(rows):
                 ids[j, : len(row)] = torch.tensor(row)
-            logits, _ = self.model(ids)
-            log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+            with self.autocast():
+                logits, _ = self.model(ids.to(self.device))  # (B, T, V), bf16 under autocast
             for j, i in enumerate(batch):
                 cont = pairs[i][1]
                 end = len(rows[j])
-                scores = log_probs[j, end - len(cont) : end]  # (len(cont), V)
+                # fp32 log-probabilities of the continuation's positions only: (len(cont), V), not the
+                # batch's (B, T, V) (16 GiB in fp32 for 16 x 8192 tokens over a 32k vocabulary)
+                scores = F.log_softmax(logits[j, end - len(cont) : end].float(), dim=-1)
                 target = torch.tensor(cont, device=self.device)
                 total = scores.gather(1, target[:, None]).sum().item()
                 out[i] = (total, bool((scores.argmax(-1) == target).all()))
@@ -122,11 +129,12 @@ class KilnLM(TemplateLM):
             groups.setdefault(self._settings(gen_kwargs), []).append(i)
         results: list[str] = [""] * len(args)
         for (until, max_new, temperature, top_k, top_p), members in groups.items():
-            new = generate(
-                self.model, [self.tok_encode(args[i][0]) for i in members], max_new,
-                temperature=temperature, top_k=top_k, top_p=top_p, stop_ids=self._stop_ids(until),
-                vocab_size=self.tokenizer.get_vocab_size(), keep_stop=True, batch_size=self.batch_size,
-            )
+            with self.autocast():
+                new = generate(
+                    self.model, [self.tok_encode(args[i][0]) for i in members], max_new,
+                    temperature=temperature, top_k=top_k, top_p=top_p, stop_ids=self._stop_ids(until),
+                    vocab_size=self.tokenizer.get_vocab_size(), keep_stop=True, batch_size=self.batch_size,
+                )
             for i, ids in zip(members, new):
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)  # drops a final EOS
                 for stop in until:

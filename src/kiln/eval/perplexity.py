@@ -28,11 +28,16 @@ def batches_loss(model: torch.nn.Module, batches: Iterable[torch.Tensor]) -> tup
     device = next(model.parameters()).device
     total, n = 0.0, 0
     for batch in batches:
-        batch = batch.to(device)
-        logits, _ = model(batch[:, :-1])
-        total += torch.nn.functional.cross_entropy(
-            logits.float().flatten(0, 1), batch[:, 1:].flatten(), reduction="sum"
-        ).item()
+        batch = batch.to(device)  # (B, T + 1)
+        logits, _ = model(batch[:, :-1])  # (B, T, V)
+        # The loss is taken in fp32. fp32 logits (no autocast: every CPU eval) go in one call; bf16
+        # ones (autocast on a GPU) a row at a time, so the fp32 copy is one row's (T, V), not the
+        # batch's: 1 GiB instead of 16 for 16 rows of 8192 tokens over a 32k vocabulary.
+        rows = len(logits) if logits.dtype == torch.float32 else 1
+        for chunk, targets in zip(logits.split(rows), batch[:, 1:].split(rows)):
+            total += torch.nn.functional.cross_entropy(
+                chunk.float().flatten(0, 1), targets.flatten(), reduction="sum"
+            ).item()
         n += batch[:, 1:].numel()
     return total / n, n
 

@@ -8,13 +8,17 @@
 - FIM infilling (single/multi-line, PSM/SPM): exact match and edit similarity;
 - lm-eval tasks through the "kiln" model (local ones built from the held-out split);
 - 13-gram contamination of each eval set against the training tokens.
+
+The model runs on the device train.device names (kiln.train.device.select_device): on a GPU under
+train's bf16 autocast, on the CPU in fp32 as always (kiln.train.device.eval_autocast). Each model
+(the final one, then each kept checkpoint; lm-eval's adapter loads its own copy) is moved there once,
+and only token batches travel after it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,9 +37,11 @@ from kiln.io import read_json
 from kiln.model.build import CONFIG_FILE, build_model, load_model
 from kiln.model.registry import ModelConfig
 from kiln.train import checkpoint
+from kiln.train.device import eval_autocast
 
 log = logging.getLogger("kiln.eval")
 BATCH = 16
+CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -107,30 +113,21 @@ class HeldOut:
 
 
 def kept_checkpoints(model_dir: Path) -> list[tuple[int, Path]]:
-    """(step, state.pt) of the complete checkpoints under model_dir/checkpoints, by step; none when the
-    folder is absent. Folders past the one LATEST names (left by a killed run) are not counted."""
-    root = Path(model_dir) / "checkpoints"
-    marker = root / checkpoint.MARKER
-    latest = marker.read_text(encoding="utf-8").strip() if marker.exists() else None
-    found = []
-    for path in root.glob("step-*/state.pt"):
-        match = re.fullmatch(r"step-(\d+)", path.parent.name)
-        if match and (latest is None or path.parent.name <= latest):
-            found.append((int(match.group(1)), path))
-    return sorted(found)
+    """(step, checkpoint folder) of the checkpoints the train stage kept in model_dir/checkpoints,
+    by step (kiln.train.checkpoint.kept); none when there are none."""
+    return checkpoint.kept(Path(model_dir) / "checkpoints")
 
 
-def load_checkpoint(path: Path, model_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict]:
-    """(model in eval mode, {step, tokens}) from a train checkpoint's state.pt, shaped by the train
+def load_checkpoint(folder: Path, model_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict]:
+    """(model in eval mode on `device`, {step, tokens}) from a kept checkpoint, shaped by the train
     folder's model_config.json (the checkpoints of a run share its model: their fingerprint says so)."""
-    state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)  # mmap: optimizer left on disk
+    weights, at = checkpoint.load_weights(folder)
     cfg = ModelConfig(**read_json(Path(model_dir) / CONFIG_FILE))
-    weights = dict(state["model"])
     if cfg.tie_embeddings and "lm_head.weight" not in weights:
         weights["lm_head.weight"] = weights["wte.weight"]
     model = build_model(cfg)
     model.load_state_dict(weights)
-    return model.to(device).eval(), {"step": int(state["step"]), "tokens": int(state["tokens_seen"])}
+    return model.to(device).eval(), at
 
 
 def checkpoint_curve(model_dir: Path, held_out: HeldOut, final: dict, device: torch.device | str = "cpu") -> list[dict]:
@@ -141,15 +138,15 @@ def checkpoint_curve(model_dir: Path, held_out: HeldOut, final: dict, device: to
     (left from another run) is skipped with a warning."""
     mixture = len(held_out.ranges) > 1
     curve = [final]
-    for step, path in kept_checkpoints(model_dir):
+    for step, folder in kept_checkpoints(model_dir):
         if step == final.get("step"):
             continue
         try:
-            model, at = load_checkpoint(path, model_dir, device)
+            model, at = load_checkpoint(folder, model_dir, device)
         except (RuntimeError, KeyError) as exc:
-            log.warning("checkpoint %s skipped: it does not load into this run's model: %s", path.parent, exc)
+            log.warning("checkpoint %s skipped: it does not load into this run's model: %s", folder, exc)
             continue
-        log.info("held-out loss of checkpoint %s", path.parent.name)
+        log.info("held-out loss of checkpoint %s", folder.name)
         point = held_out.overall(model)
         entry = {**at, "val_loss": point["val_loss"], "val_bits_per_byte": point["val_bits_per_byte"], "final": False}
         if mixture:
@@ -160,10 +157,12 @@ def checkpoint_curve(model_dir: Path, held_out: HeldOut, final: dict, device: to
     return sorted(curve, key=lambda e: (e["step"] is None, e["step"] or 0))
 
 
-def _lm_eval(paths: RunPaths, cfg: dict, val_docs, tokenizer, tasks_dir: Path, seed: int) -> dict:
+def _lm_eval(paths: RunPaths, cfg: dict, val_docs, tokenizer, tasks_dir: Path, seed: int, device: torch.device,
+             precision: str) -> dict:
     """lm-eval results by task; tasks that cannot be loaded (a hub task offline) are reported, not fatal."""
     write_local_tasks(val_docs, tasks_dir, seed, cfg["max_docs"], tokenizer)
-    model_args = {"pretrained": str(paths.model), "tokenizer": str(paths.tokenizer)}
+    model_args = {"pretrained": str(paths.model), "tokenizer": str(paths.tokenizer), "device": str(device),
+                  "precision": precision}
     results = {}
     for task in cfg["tasks"]:
         try:
@@ -176,10 +175,18 @@ def _lm_eval(paths: RunPaths, cfg: dict, val_docs, tokenizer, tasks_dir: Path, s
     return results
 
 
-def evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path) -> tuple[dict, dict]:
-    """(metrics, samples) for the run; lm-eval's task files go under work_dir."""
+def evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path, device: torch.device = CPU,
+             precision: str = "fp32") -> tuple[dict, dict]:
+    """(metrics, samples) for the run, the model on `device` with train.precision's autocast there
+    (eval_autocast); lm-eval's task files go under work_dir."""
+    with eval_autocast(device, precision)():
+        return _evaluate(paths, cfg, seed, work_dir, device, precision)
+
+
+def _evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path, device: torch.device,
+              precision: str) -> tuple[dict, dict]:
     torch.manual_seed(seed)
-    model, tokenizer = load_model(paths.model), load_tokenizer(paths.tokenizer)
+    model, tokenizer = load_model(paths.model, device), load_tokenizer(paths.tokenizer)
     meta = read_json(paths.tokens / "meta.json")
     held_out = HeldOut.open(paths.shards, paths.tokens, meta, cfg["max_batches"])
     val_rows = held_out.rows
@@ -194,7 +201,7 @@ def evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path) -> tuple[dic
              "val_bits_per_byte": overall["val_bits_per_byte"], "final": True}
     if len(held_out.ranges) > 1:
         final["by_source"] = {s: {"loss": m["loss"], "bits_per_byte": m["bits_per_byte"]} for s, m in by_source.items()}
-    curve = checkpoint_curve(paths.model, held_out, final, next(model.parameters()).device)
+    curve = checkpoint_curve(paths.model, held_out, final, device)
     train_ids = np.memmap(paths.tokens / "train.bin", dtype=meta["dtype"], mode="r")
     unigram = unigram_loss(train_ids, val_rows, meta["padded_vocab_size"], BATCH, cfg["max_batches"])
     val = meta["splits"]["val"]
@@ -205,7 +212,8 @@ def evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path) -> tuple[dic
     problems = make_problems(val_docs, cfg["infill_docs"], seed)
     infill = run_infill(model, tokenizer, problems)
     log.info("lm-eval tasks: %s", ", ".join(cfg["lm_eval"]["tasks"]))
-    harness = _lm_eval(paths, cfg["lm_eval"], val_docs, tokenizer, work_dir / "lm_eval_tasks", seed)
+    harness = _lm_eval(paths, cfg["lm_eval"], val_docs, tokenizer, work_dir / "lm_eval_tasks", seed, device,
+                       precision)
 
     log.info("13-gram contamination against %d training tokens", len(train_ids))
     index = contamination.train_index(train_ids)

@@ -5,12 +5,18 @@ states, the data loader's position and a fingerprint of what the run trains on. 
 a temporary name and renamed when complete; only then does the LATEST marker (itself replaced
 atomically) point at it. A resume reads LATEST, so a half-written folder is never taken, and refuses
 a checkpoint whose fingerprint (model shape, data, seed, world size) differs from the run's.
+
+This module alone knows that layout: the eval stage lists a run's checkpoints with `kept` and reads
+one's weights with `load_weights`. Every read unpickles with weights_only=True (tensors and plain
+containers only, so a checkpoint file cannot run code when loaded), allowing the three NumPy types
+that the saved NumPy RNG state is made of.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -22,6 +28,11 @@ from kiln.io import atomic_dir, atomic_file
 
 log = logging.getLogger("kiln.checkpoint")
 MARKER = "LATEST"
+STATE = "state.pt"
+# np.random.get_state() is ("MT19937", uint32 array, pos, has_gauss, gauss): the globals its pickle
+# names (an array pickles as _reconstruct, found this way under NumPy 1 and 2 alike). Nothing else in
+# a checkpoint needs more than weights_only's defaults.
+NUMPY_RNG_GLOBALS = [np.empty(0).__reduce__()[0], np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
 def rng_state() -> dict:
@@ -43,7 +54,7 @@ def save(root: Path, state: dict, keep: int) -> Path:
     """Write state as root/step-NNNNNNN, point LATEST at it, keep the newest `keep` checkpoints."""
     name = f"step-{state['step']:07d}"
     with atomic_dir(root / name) as tmp:
-        torch.save(state, tmp / "state.pt")
+        torch.save(state, tmp / STATE)
     with atomic_file(root / MARKER) as tmp:
         tmp.write_text(name + "\n", encoding="utf-8")
     # Prune by position relative to this checkpoint, not by name alone: folders past it are left
@@ -61,13 +72,40 @@ def load_latest(root: Path, fingerprint: str) -> dict | None:
     marker = root / MARKER
     if not marker.exists():
         return None
-    path = root / marker.read_text(encoding="utf-8").strip() / "state.pt"
+    path = root / marker.read_text(encoding="utf-8").strip() / STATE
     if not path.exists():
         raise KilnError(f"{marker} points at {path.parent.name}, which is missing; delete {root} to start over")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = _read(path)
     if state["fingerprint"] != fingerprint:
         raise KilnError(
             f"{path}: checkpoint fingerprint {state['fingerprint'][:12]} does not match this run's "
             f"{fingerprint[:12]} (model, data, seed or world size changed); delete {root} to start over"
         )
     return state
+
+
+def kept(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of the complete checkpoints under root, by step; none when root is absent.
+    Folders past the one LATEST names (left by a run killed before LATEST moved to them) are not
+    counted: the run redid those steps."""
+    root = Path(root)
+    marker = root / MARKER
+    latest = marker.read_text(encoding="utf-8").strip() if marker.exists() else None
+    found = []
+    for path in root.glob(f"step-*/{STATE}"):
+        match = re.fullmatch(r"step-(\d+)", path.parent.name)
+        if match and (latest is None or path.parent.name <= latest):
+            found.append((int(match.group(1)), path.parent))
+    return sorted(found)
+
+
+def load_weights(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """(model state dict on CPU, {step, tokens}) of the checkpoint in `folder`, for inference. The
+    file is memory-mapped, so the optimizer state (twice the weights) is never read from disk."""
+    state = _read(Path(folder) / STATE, mmap=True)
+    return state["model"], {"step": int(state["step"]), "tokens": int(state["tokens_seen"])}
+
+
+def _read(path: Path, mmap: bool = False) -> dict:
+    with torch.serialization.safe_globals(NUMPY_RNG_GLOBALS):
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)

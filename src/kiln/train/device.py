@@ -1,5 +1,6 @@
-"""Per-device speed settings: TF32 matmuls, bf16 autocast over fp32 weights, compile by default on
-CUDA, pinned non-blocking host-to-device copies; on CPU, an allocator that keeps freed memory.
+"""Where a run's model lives (train.device), and per-device speed settings: TF32 matmuls, bf16
+autocast over fp32 weights, compile by default on CUDA, pinned non-blocking host-to-device copies; on
+CPU, an allocator that keeps freed memory.
 
 bf16 autocast keeps the weights, gradients and optimizer state in fp32 (the "master" copy) and runs
 matmuls in bf16; unlike fp16 it needs no loss scaling. SDPA then dispatches to the flash kernel on
@@ -14,7 +15,24 @@ import logging
 
 import torch
 
+from kiln.errors import KilnError
+
 log = logging.getLogger("kiln.train")
+DEVICES = ("auto", "cuda", "cpu")  # train.device
+
+
+def select_device(setting: str = "auto", local_rank: int = 0) -> torch.device:
+    """train.device as a torch.device, the one choice smoke, train and eval share: "cuda" is this
+    rank's GPU (an error when CUDA sees none, rather than a silent run on the CPU), "cpu" the CPU even
+    beside a GPU, "auto" the GPU when CUDA sees one."""
+    if setting not in DEVICES:
+        raise ValueError(f"train.device: {setting!r} is not one of {', '.join(DEVICES)}")
+    if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise KilnError("train.device is cuda, but CUDA sees no GPU here (a CPU build of torch, no driver, or "
+                        "CUDA_VISIBLE_DEVICES empty); set train.device to auto or cpu, or run on a GPU node")
+    return torch.device("cuda", local_rank)
 
 
 def configure(device: torch.device) -> None:
@@ -60,6 +78,13 @@ def autocast(device: torch.device, bf16: bool):
     if not bf16:
         return contextlib.nullcontext
     return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def eval_autocast(device: torch.device, precision: str):
+    """The eval stage's autocast factory: train's bf16 on a GPU (train.precision), what the model
+    trained under, at about twice TF32's matmul rate; none on the CPU, where eval has always run in
+    fp32, so CPU figures stay exact and comparable with every CPU run before."""
+    return autocast(device, device.type == "cuda" and use_bf16(precision, device))
 
 
 def use_compile(setting: bool | str, device: torch.device) -> bool:

@@ -1,4 +1,5 @@
-"""Process-group setup from torchrun's environment: gloo on CPU, nccl on CUDA, nothing when alone."""
+"""Process-group setup from torchrun's environment: gloo on CPU, nccl on CUDA, nothing when alone; the
+device from train.device (kiln.train.device.select_device)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from kiln.train.device import select_device
 
 
 @dataclass(frozen=True)
@@ -21,15 +24,15 @@ class Dist:
         return self.rank == 0
 
 
-def init_distributed() -> Dist:
+def init_distributed(device_setting: str = "auto") -> Dist:
+    """This process's rank and device (train.device: auto, cuda or cpu), joining the process group
+    when there are several ranks."""
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+    device = select_device(device_setting, local_rank)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None)
     return Dist(rank, local_rank, world, device)

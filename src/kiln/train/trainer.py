@@ -78,7 +78,7 @@ class Trainer:
         train, self.seed = sections["train"], sections["seed"]
         self.sections, self.train_cfg = sections, train
         self.max_steps = max_steps or train["max_steps"]
-        self.d = init_distributed()
+        self.d = init_distributed(train["device"])
         device.configure(self.d.device)
         seed_everything(self.seed)
         self.rows, self.val_rows = ShardRows(shard_dir, "train"), ShardRows(shard_dir, "val")
