@@ -36,7 +36,7 @@ include: "workflow/rules/report.smk"
 
 rule all:
     input:
-        f"{RUN}/report.md",
+        rules.report.output.report,
     default_target: True
 
 

@@ -1,6 +1,6 @@
 rule download:
     output:
-        directory(f"{RUN}/raw"),
+        raw=directory(f"{RUN}/raw"),
     params:
         script=script("download"),
         cfg=stage_params("download"),
@@ -11,4 +11,4 @@ rule download:
     benchmark:
         benchmark_of("download")
     shell:
-        "python {params.script} --params {params.cfg:q} --out {output} > {log} 2>&1"
+        "python {params.script} --params {params.cfg:q} --out {output.raw} > {log} 2>&1"

@@ -1,10 +1,10 @@
 rule eval:
     input:
-        model=f"{RUN}/train/model.safetensors",
-        shards=f"{RUN}/shards",
-        tokens=f"{RUN}/tokens",
-        raw=f"{RUN}/raw",
-        tokenizer=f"{RUN}/tokenizer/tokenizer.json",
+        model=rules.train.output.model,
+        shards=rules.shard.output.shards,
+        tokens=rules.pretokenize.output.tokens,
+        raw=rules.download.output.raw,
+        tokenizer=rules.tokenizer.output.tokenizer,
     output:
         metrics=f"{RUN}/eval/metrics.json",
         samples=f"{RUN}/eval/samples.json",

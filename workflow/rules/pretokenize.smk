@@ -1,9 +1,9 @@
 rule pretokenize:
     input:
-        raw=f"{RUN}/raw",
-        tokenizer=f"{RUN}/tokenizer/tokenizer.json",
+        raw=rules.download.output.raw,
+        tokenizer=rules.tokenizer.output.tokenizer,
     output:
-        directory(f"{RUN}/tokens"),
+        tokens=directory(f"{RUN}/tokens"),
     params:
         script=script("pretokenize"),
         cfg=stage_params("pretokenize"),
@@ -16,4 +16,4 @@ rule pretokenize:
         benchmark_of("pretokenize")
     shell:
         "python {params.script} --params {params.cfg:q} --raw {input.raw} --tokenizer {input.tokenizer}"
-        " --out {output} --workers {threads} > {log} 2>&1"
+        " --out {output.tokens} --workers {threads} > {log} 2>&1"

@@ -1,12 +1,12 @@
 rule report:
     input:
-        f"{RUN}/tokenizer/stats.json",
-        f"{RUN}/shards",
-        f"{RUN}/smoke/report.json",
-        f"{RUN}/smoke/plan.json",
-        f"{RUN}/train/summary.json",
-        f"{RUN}/eval/metrics.json",
-        f"{RUN}/eval/samples.json",
+        rules.tokenizer.output.stats,
+        rules.shard.output.shards,
+        rules.smoke.output.report,
+        rules.smoke.output.plan,
+        rules.train.output.summary,
+        rules.eval.output.metrics,
+        rules.eval.output.samples,
     output:
         report=report(f"{RUN}/report.md", caption="../report/report_md.rst", category="Report"),
         plot=report(f"{RUN}/loss.png", caption="../report/loss.rst", category="Training"),

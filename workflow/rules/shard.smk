@@ -1,8 +1,8 @@
 rule shard:
     input:
-        f"{RUN}/tokens",
+        tokens=rules.pretokenize.output.tokens,
     output:
-        directory(f"{RUN}/shards"),
+        shards=directory(f"{RUN}/shards"),
     params:
         script=script("shard"),
         cfg=stage_params("shard"),
@@ -13,4 +13,4 @@ rule shard:
     benchmark:
         benchmark_of("shard")
     shell:
-        "python {params.script} --params {params.cfg:q} --tokens {input} --out {output} > {log} 2>&1"
+        "python {params.script} --params {params.cfg:q} --tokens {input.tokens} --out {output.shards} > {log} 2>&1"

@@ -2,8 +2,8 @@
 # report.json is written only when the gate passes (or smoke.gate is false).
 rule smoke:
     input:
-        shards=f"{RUN}/shards",
-        tokenizer=f"{RUN}/tokenizer/tokenizer.json",
+        shards=rules.shard.output.shards,
+        tokenizer=rules.tokenizer.output.tokenizer,
     output:
         report=f"{RUN}/smoke/report.json",
         plan=f"{RUN}/smoke/plan.json",

@@ -1,6 +1,6 @@
 rule tokenizer:
     input:
-        raw=f"{RUN}/raw",
+        raw=rules.download.output.raw,
     output:
         tokenizer=f"{RUN}/tokenizer/tokenizer.json",
         stats=f"{RUN}/tokenizer/stats.json",

@@ -4,9 +4,9 @@
 # deletes a job's outputs before rerunning it, and a killed run resumes from them.
 rule train:
     input:
-        shards=f"{RUN}/shards",
-        smoke=f"{RUN}/smoke/report.json",
-        tokenizer=f"{RUN}/tokenizer/tokenizer.json",
+        shards=rules.shard.output.shards,
+        smoke=rules.smoke.output.report,
+        tokenizer=rules.tokenizer.output.tokenizer,
     output:
         model=f"{RUN}/train/model.safetensors",
         model_config=f"{RUN}/train/model_config.json",

@@ -1,7 +1,7 @@
 # Not part of `all`: run it on demand (snakemake --cores 1 verify), e.g. after copying shards.
 rule verify:
     input:
-        f"{RUN}/shards",
+        shards=rules.shard.output.shards,
     output:
         f"{RUN}/shards.verified.json",
     params:
@@ -14,4 +14,4 @@ rule verify:
     benchmark:
         benchmark_of("verify")
     shell:
-        "python {params.script} --params {params.cfg:q} --verify --out {input} --report {output} > {log} 2>&1"
+        "python {params.script} --params {params.cfg:q} --verify --out {input.shards} --report {output} > {log} 2>&1"
