@@ -1,14 +1,18 @@
 """Batches: training order is a pure function of (seed, epoch), ranks read disjoint rows, resume is
-exact, evaluation reads rows in stored order."""
+exact, evaluation reads rows in stored order; no row of a shard is served before the shard's ids and
+checksum have passed (an id past the vocabulary, a flipped byte, a swapped shard)."""
 
 from __future__ import annotations
+
+import shutil
+import struct
 
 import numpy as np
 import pytest
 import torch
 
 from kiln.data.loader import ShardRows, TrainBatches, eval_batches
-from kiln.data.shards import shard_split
+from kiln.data.shards import HEADER_BYTES, shard_split
 from kiln.errors import KilnError
 from kiln.io import write_json
 
@@ -128,3 +132,67 @@ def test_eval_batches_cover_rows_in_order_or_spread_over_them(shard_dir):
     # Two ranks split the rows between them, each in stored order, together covering all.
     shares = [[r for b in eval_batches(rows, 2, 100, rank=k, world=2) for r in row_ids(b)] for k in range(2)]
     assert shares == [list(range(0, N_VAL, 2)), list(range(1, N_VAL, 2))]
+
+
+# ---------------------------------------------------------------------------------------------
+# Shard checks before use (ids against the manifest's vocab_size, sha256 against the manifest)
+
+
+@pytest.fixture()
+def own_shards(shard_dir, tmp_path):
+    """A copy of the shard folder this test may corrupt."""
+    return shutil.copytree(shard_dir, tmp_path / "shards")
+
+
+def _poke(path, token: int, value: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[HEADER_BYTES + 2 * token : HEADER_BYTES + 2 * token + 2] = struct.pack("<H", value)
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_byte_is_refused_before_its_shard_serves_a_row(own_shards):
+    path = own_shards / "train-00002.bin"  # rows 16..23
+    entry = ShardRows(own_shards, "train", verify=False).manifest["splits"]["train"]["shards"][2]
+    _poke(path, 7, 16 * ROW_LEN + 6)  # was 16*ROW_LEN + 7: still a valid id, only the hash can tell
+    rows = ShardRows(own_shards, "train", verify_threads=0)  # no background: only what take() needs
+    assert row_ids(rows.take(np.array([0, 15, 24, 52]))) == [0, 15, 24, 52]  # other shards are served
+    with pytest.raises(KilnError) as info:
+        rows.take(np.array([3, 17]))
+    message = str(info.value)
+    assert str(path) in message and f"manifest says {entry['sha256']}" in message and "sha256 " in message
+    with pytest.raises(KilnError, match="sha256"):  # and it stays refused
+        rows.take(np.array([0]))
+
+
+def test_an_id_past_the_vocabulary_names_file_offset_and_values(own_shards):
+    # 1000 is below the header's padded size (1024), so only the tokenizer's vocab_size catches it.
+    _poke(own_shards / "train-00003.bin", 11, 1000)
+    rows = ShardRows(own_shards, "train", verify_threads=0)
+    with pytest.raises(KilnError) as info:
+        rows.take(np.array([25]))
+    message = str(info.value)
+    assert str(own_shards / "train-00003.bin") in message
+    assert f"token 11 (byte offset {HEADER_BYTES + 22}) is id 1000, expected ids below the vocab size 1000" in message
+
+
+def test_a_shard_swapped_for_another_valid_one_is_refused(own_shards):
+    shutil.copyfile(own_shards / "train-00004.bin", own_shards / "train-00001.bin")  # same header and size
+    rows = ShardRows(own_shards, "train", verify_threads=0)
+    with pytest.raises(KilnError, match=r"train-00001.bin: sha256 [0-9a-f]{64}, manifest says [0-9a-f]{64}"):
+        rows.take(np.array([8]))
+
+
+def test_background_checks_stop_the_stream_before_the_bad_shard_comes_up(own_shards):
+    _poke(own_shards / "train-00006.bin", 0, 999)  # the last shard; rows 48..52
+    rows = ShardRows(own_shards, "train", verify_threads=1)
+    rows.checks.wait()  # the background thread has gone through the shards and found it
+    assert rows.checks.ok.tolist() == [True] * 6 + [False]
+    with pytest.raises(KilnError, match="train-00006.bin: sha256"):
+        rows.take(np.array([0]))  # a row of a good shard: the run stops now, not when row 48 comes up
+
+
+def test_intact_shards_pass_in_the_background_and_stop_being_checked(shard_dir):
+    rows = ShardRows(shard_dir, "train", verify_threads=2)
+    rows.checks.wait()
+    assert rows.checks.complete and rows.checks.ok.all()
+    assert row_ids(rows.take(np.arange(N_TRAIN))) == list(range(N_TRAIN))

@@ -8,13 +8,17 @@ Each row holds seq_len + 1 consecutive tokens of the packed document stream: inp
 targets row[1:]. Rows are cut back to back, so no token is stored twice; the few tokens after the
 last full row of a split are dropped (counted in the manifest).
 
-Opening a shard checks magic, version, dtype and that the file size matches the header (cheap);
-`verify_shards` also checks every id against the vocabulary size and the sha256 of every shard
-against the manifest. Errors name the file, the byte offset, and the expected and actual values.
+Opening a shard checks magic, version, dtype and that the file size matches the header (cheap).
+`verify_shard` reads a shard once, hashing each chunk and checking its ids below the vocabulary
+size in the same pass, and compares rows and sha256 with the shard's manifest entry: training
+(kiln.data.loader.ShardRows) runs it on every shard before serving one of its rows, and the
+`verify` rule on a whole folder (`verify_shards`). Errors name the file, the byte offset, and the
+expected and actual values.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from pathlib import Path
 
@@ -28,6 +32,7 @@ VERSION = 1
 HEADER_BYTES = 256
 _HEADER = struct.Struct("<8sIIQQQ")
 _DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+_VERIFY_CHUNK = 16 << 20  # bytes read, hashed and id-checked at a time: a multiple of both itemsizes
 
 
 def write_shard(path: Path, rows: np.ndarray, vocab_size: int) -> None:
@@ -103,24 +108,48 @@ def shard_split(
             "shards": shards}
 
 
+def header_vocab(path: Path) -> int:
+    """The vocab size a shard's header records (the padded vocabulary it was written for)."""
+    with open(path, "rb") as f:
+        return _HEADER.unpack_from(f.read(HEADER_BYTES).ljust(HEADER_BYTES, b"\0"))[5]
+
+
+def verify_shard(path: Path, entry: dict, vocab_size: int | None = None) -> None:
+    """Check one shard against its manifest entry ({"file", "rows", "sha256"}): header and size
+    (open_shard), row count, every id below vocab_size (default: the header's), and the sha256 of
+    the whole file. One read of the file: each chunk is hashed and its ids checked in turn (both
+    release the GIL, so this runs beside training in a background thread)."""
+    path = Path(path)
+    rows = open_shard(path)
+    if len(rows) != entry["rows"]:
+        raise KilnError(f"{path}: {len(rows)} rows, manifest says {entry['rows']}")
+    dtype, itemsize = rows.dtype, rows.dtype.itemsize
+    del rows  # the memmap: this pass reads the file itself
+    limit = header_vocab(path) if vocab_size is None else vocab_size
+    digest, buf, pos = hashlib.sha256(), bytearray(_VERIFY_CHUNK), 0
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(view):
+            digest.update(view[:n])
+            skip = max(HEADER_BYTES - pos, 0)  # the header is hashed, not id-checked
+            if n > skip:
+                ids = np.frombuffer(buf, dtype=dtype, count=(n - skip) // itemsize, offset=skip)
+                if ids.max() >= limit:
+                    _check_ids(ids, limit, str(path), (pos + skip - HEADER_BYTES) // itemsize, HEADER_BYTES,
+                               itemsize)
+            pos += n
+    actual = digest.hexdigest()
+    if actual != entry["sha256"]:
+        raise KilnError(f"{path}: sha256 {actual}, manifest says {entry['sha256']} "
+                        "(changed since the shard stage wrote it: rerun it, or restore the file)")
+
+
 def verify_shards(shard_dir: Path, manifest: dict) -> dict:
-    """Check every shard's header, size, ids (below the header's vocab size) and sha256 against the
-    manifest; return counts per split."""
+    """Check every shard's header, size, ids (below the manifest's vocab_size, else the header's)
+    and sha256 against the manifest; return counts per split."""
     checked = {}
     for split, entry in manifest["splits"].items():
         for shard in entry["shards"]:
-            path = Path(shard_dir) / shard["file"]
-            rows = open_shard(path)
-            if len(rows) != shard["rows"]:
-                raise KilnError(f"{path}: {len(rows)} rows, manifest says {shard['rows']}")
-            with open(path, "rb") as f:
-                vocab_size = _HEADER.unpack_from(f.read(HEADER_BYTES))[5]
-            flat = rows.reshape(-1)
-            for first in range(0, len(flat), 1 << 24):
-                _check_ids(flat[first : first + (1 << 24)], vocab_size, str(path), first, HEADER_BYTES,
-                           rows.dtype.itemsize)
-            actual = sha256_file(path)
-            if actual != shard["sha256"]:
-                raise KilnError(f"{path}: sha256 {actual}, manifest says {shard['sha256']}")
+            verify_shard(Path(shard_dir) / shard["file"], shard, manifest.get("vocab_size"))
         checked[split] = {"shards": len(entry["shards"]), "rows": sum(s["rows"] for s in entry["shards"])}
     return checked
