@@ -1,12 +1,16 @@
-"""Crash-safe writes (atomic_file, atomic_dir) and the process-independent stable_hash."""
+"""Crash-safe writes (atomic_file, atomic_dir; a full disk; dead writers' temps) and the
+process-independent stable_hash."""
 
+import errno
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 
-from kiln.io import atomic_dir, atomic_file, read_json, sha256_file, stable_hash, write_json
+from kiln.errors import KilnError
+from kiln.io import atomic_dir, atomic_file, read_json, remove_dead_temps, sha256_file, stable_hash, write_json
 
 
 class Boom(RuntimeError):
@@ -103,7 +107,7 @@ def test_atomic_dir_keeps_old_dir_when_body_raises(tmp_path):
 
 def test_atomic_dir_clears_a_stale_temp_from_a_killed_run(tmp_path):
     target = tmp_path / "out"
-    stale = tmp_path / f".out.tmp-{os.getpid()}"
+    stale = tmp_path / f".out.tmp-{socket.gethostname()}-{os.getpid()}"
     stale.mkdir()
     (stale / "leftover").write_text("x")
     with atomic_dir(target) as tmp:
@@ -111,6 +115,57 @@ def test_atomic_dir_clears_a_stale_temp_from_a_killed_run(tmp_path):
         (tmp / "a").write_text("a")
     assert _entries(target) == ["a"]
     assert _entries(tmp_path) == ["out"]
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_full_disk_is_a_clear_error_with_the_old_output_kept_and_no_temp(tmp_path, durable):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    # What a writer sees when the device fills up half-way through its output.
+    with pytest.raises(KilnError, match=r"out: no space left on the device \(.* MiB free\).*nothing was replaced"):
+        with atomic_dir(target, durable=durable) as tmp:
+            (tmp / "half.txt").write_text("half")
+            raise OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(KilnError, match="old.txt: no space left"):
+        with atomic_file(target / "old.txt", durable=durable) as tmp:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+    assert _entries(tmp_path) == ["out"] and _entries(target) == ["old.txt"]
+    assert (target / "old.txt").read_text() == "old"
+    with pytest.raises(OSError, match="Permission"):  # other OS errors stay what they are
+        with atomic_file(target / "x", durable=durable):
+            raise PermissionError("Permission denied")
+
+
+def test_durable_writes_land_like_plain_ones(tmp_path):
+    with atomic_dir(tmp_path / "d", durable=True) as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "a").write_text("a")
+    with atomic_file(tmp_path / "f", durable=True) as tmp:
+        tmp.write_text("f")
+    assert (tmp_path / "d" / "sub" / "a").read_text() == "a" and (tmp_path / "f").read_text() == "f"
+    assert _entries(tmp_path) == ["d", "f"]
+
+
+def test_remove_dead_temps_removes_only_dead_writers_temps_on_this_host(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid, host = int(dead.stdout), socket.gethostname()
+    names = {
+        f".state.tmp-{host}-{dead_pid}": "dead writer, this host",  # removed
+        f".step-0000005.tmp-{dead_pid}": "dead writer, the older name without a host",  # removed
+        f".LATEST.tmp-{host}-{os.getpid()}": "this process: still writing",
+        f".x.tmp-{host}-1": "pid 1 is alive",
+        f".x.tmp-other-node-{dead_pid}": "another host's pid means nothing here",
+        "step-0000005": "not a temp",
+        ".hidden": "not a temp",
+    }
+    for name in names:
+        (tmp_path / name).mkdir() if name.startswith(".step") else (tmp_path / name).write_text("x")
+    removed = remove_dead_temps(tmp_path)
+    assert sorted(p.name for p in removed) == sorted([f".state.tmp-{host}-{dead_pid}", f".step-0000005.tmp-{dead_pid}"])
+    assert _entries(tmp_path) == sorted(set(names) - {p.name for p in removed})
+    assert remove_dead_temps(tmp_path / "missing") == []
 
 
 def test_write_json_roundtrip_and_sha256(tmp_path):

@@ -9,12 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import Callable
 
 from kiln import config as kiln_config
 from kiln import run_config
-from kiln.errors import KilnError
+from kiln.errors import EXIT_FILE_ENV, KilnError
+from kiln.io import write_json
 
 
 def stage_parser(stage: str, description: str) -> argparse.ArgumentParser:
@@ -38,7 +41,8 @@ def stage_config(args: argparse.Namespace, stage: str) -> dict:
 
 
 def run_main(main: Callable[[], None]) -> None:
-    """Run a stage's main with console logging; expected failures end in one clear line and exit 1."""
+    """Run a stage's main with console logging; expected failures end in one clear line and exit with
+    the error's code (kiln.errors.ExitCode: 1, or the code of a run that stopped itself)."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr
     )
@@ -46,4 +50,13 @@ def run_main(main: Callable[[], None]) -> None:
         main()
     except KilnError as exc:
         logging.getLogger("kiln").error("%s", exc)
-        sys.exit(1)
+        _report_exit(int(exc.exit_code), str(exc))
+        sys.exit(int(exc.exit_code))
+
+
+def _report_exit(code: int, message: str) -> None:
+    """Leave the exit code where kiln.train.launch looks for it (torchrun reports any failed rank as
+    1). Each node's first rank writes it; only on the launcher's node does its folder exist."""
+    path = os.environ.get(EXIT_FILE_ENV)
+    if path and os.environ.get("LOCAL_RANK", "0") == "0" and Path(path).parent.is_dir():
+        write_json(path, {"code": code, "message": message})

@@ -1,5 +1,40 @@
-"""The one exception type for bad input: a message a user can act on, naming the key, file or column."""
+"""The one exception type for bad input: a message a user can act on, naming the key, file or column;
+and the exit codes a stage ends with (README, "When a run dies", lists them)."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+# Set by kiln.train.launch to a file in a folder of its own: a rank that stops with a Kiln exit code
+# writes the code there (kiln.cli.run_main), and the launcher exits with it.
+EXIT_FILE_ENV = "KILN_EXIT_FILE"
+
+
+class ExitCode(IntEnum):
+    """What a stage's exit status means. kiln.train.launch hands the ranks' code on through
+    torchrun (which would report every failure as 1)."""
+
+    OK = 0
+    ERROR = 1  # a KilnError (config, data, files, disk full) or a crash: the log's last lines say which
+    # A preemption signal (SIGTERM, SIGUSR1): every rank saved a checkpoint at the same step. The value
+    # is sysexits' EX_TEMPFAIL, "try again later": rerunning continues from the next step.
+    PREEMPTED = 75
+    # The loss or gradient norm was not finite (or train.nonfinite.max_skips batches were skipped):
+    # the update was not applied and nothing was saved after it; the message names the last good
+    # checkpoint, which a rerun resumes from.
+    NONFINITE = 76
 
 
 class KilnError(ValueError):
     """Expected failure caused by input (config, data, files); stage scripts print it without a traceback."""
+
+    exit_code = ExitCode.ERROR
+
+
+class RunStopped(KilnError):
+    """The run stopped itself on purpose, with `exit_code` (PREEMPTED or NONFINITE) and a message saying
+    which checkpoint a rerun continues from."""
+
+    def __init__(self, message: str, exit_code: ExitCode):
+        super().__init__(message)
+        self.exit_code = exit_code
