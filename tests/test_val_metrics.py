@@ -198,7 +198,7 @@ def test_checkpoint_curve_without_checkpoints_or_past_latest(run_dir, held_out, 
     bare.mkdir()
     shutil.copy(run_dir / "train" / "model_config.json", bare)
     assert checkpoint_curve(bare, held_out, final) == [final]  # no checkpoints/: the final model alone
-    # a folder past the one LATEST names (left by a killed run) is not one of the run's checkpoints
+    # a folder that is not what its name says (step 20's, copied as step-40) is not one of the run's checkpoints
     shutil.copytree(run_dir / "train" / "checkpoints", bare / "checkpoints")
     shutil.copytree(bare / "checkpoints" / "step-0000020", bare / "checkpoints" / "step-0000040")
     assert [s for s, _ in kept_checkpoints(bare)] == [10, 20, 30]

@@ -1,0 +1,84 @@
+"""Fault injection: KILN_FAULT makes a named fault happen at a given step of the train stage, so the
+tests (and a drill on a real cluster) exercise the code that handles it, not a patched copy.
+
+    KILN_FAULT="kind@step[:rank][,kind@step[:rank]...]"     e.g. KILN_FAULT="nan_loss@7,sigterm@13:1"
+
+`step` is the optimizer step being run (1-based, as metrics.jsonl counts); without `:rank` every
+rank has the fault. Kinds:
+
+    nan_loss        the step's loss (and so its gradients) is NaN
+    inf_grad        one gradient entry is +inf after the backward pass (the loss stays finite)
+    spike           the step's loss is 10x what it was (a loss spike; the gradient is clipped as usual)
+    sigterm         the rank sends itself SIGTERM as the step starts (what Slurm sends)
+    sigusr1         ... SIGUSR1 (what `sbatch --signal=USR1@<s>` sends)
+    sigterm_parent  the rank sends SIGTERM to its parent process (torchrun, which passes it on)
+    sigkill         the rank SIGKILLs itself as the step starts (a node lost, the OOM killer)
+    kill_in_save    the checkpoint of this step is SIGKILLed half-written (its file written, not renamed)
+    enospc          writing the checkpoint of this step fails with ENOSPC (a full disk)
+
+Only Trainer.fit (the train stage) reads it, at its start; the smoke stage's steps never fault.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import signal
+from dataclasses import dataclass
+
+from kiln.errors import KilnError
+
+ENV = "KILN_FAULT"
+KINDS = ("nan_loss", "inf_grad", "spike", "sigterm", "sigusr1", "sigterm_parent", "sigkill", "kill_in_save",
+         "enospc")
+SPIKE_FACTOR = 10.0
+_SIGNALS = {"sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1, "sigkill": signal.SIGKILL}
+_ITEM = re.compile(r"(?P<kind>\w+)@(?P<step>\d+)(?::(?P<rank>\d+))?")
+
+
+@dataclass(frozen=True)
+class Faults:
+    """The faults of one process (one rank): {(kind, step)}."""
+
+    planned: frozenset[tuple[str, int]] = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.planned)
+
+    def at(self, kind: str, step: int) -> bool:
+        return (kind, step) in self.planned
+
+    def signal_self(self, step: int) -> None:
+        """Send the signals planned for the start of `step`."""
+        for kind, sig in _SIGNALS.items():
+            if self.at(kind, step):
+                os.kill(os.getpid(), sig)
+        if self.at("sigterm_parent", step):
+            os.kill(os.getppid(), signal.SIGTERM)
+
+    def during_save(self, step: int) -> None:
+        """Called by kiln.train.checkpoint.save with the checkpoint's files written, not yet renamed."""
+        if self.at("enospc", step):
+            raise OSError(errno.ENOSPC, f"No space left on device ({ENV}=enospc@{step})")
+        if self.at("kill_in_save", step):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+NONE = Faults()
+
+
+def parse(spec: str, rank: int) -> Faults:
+    """The faults `spec` plans for `rank`; a malformed spec is an error naming KILN_FAULT."""
+    planned = set()
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        match = _ITEM.fullmatch(item)
+        if not match or match["kind"] not in KINDS:
+            raise KilnError(f"{ENV}: {item!r} is not kind@step[:rank] with kind one of {', '.join(KINDS)}")
+        if match["rank"] is None or int(match["rank"]) == rank:
+            planned.add((match["kind"], int(match["step"])))
+    return Faults(frozenset(planned))
+
+
+def from_env(rank: int) -> Faults:
+    return parse(os.environ.get(ENV, ""), rank)
