@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from kiln.errors import KilnError
 from kiln.model.build import build_model
 from kiln.model.registry import resolve
 from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, peak_flops
@@ -70,3 +71,16 @@ def test_metrics_file_drops_records_past_the_resume_step(tmp_path):
     sink.close()
     assert [json.loads(line) for line in path.read_text().splitlines()] == [
         {"step": 10, "loss": 1.0}, {"step": 20, "loss": 1.0}, {"step": 30, "loss": 0.5}]
+
+
+def test_metrics_file_torn_last_line_is_dropped_on_resume(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": s, "loss": 1.0}) for s in (10, 20, 30)]
+    path.write_text("\n".join(lines) + "\n" + '{"step": 40, "lo')  # killed mid-write
+    MetricsSink(path, {"mode": "disabled"}, {}, resume_step=30).close()
+    assert path.read_text().splitlines() == lines
+    assert "dropped its last line, torn by a kill mid-write" in caplog.text
+    # A bad line before the last one is damage, not a kill: an error naming the file and line.
+    path.write_text(lines[0] + "\n" + "garbage\n" + lines[1] + "\n")
+    with pytest.raises(KilnError, match=r"metrics.jsonl: line 2 is not JSON: 'garbage'"):
+        MetricsSink(path, {"mode": "disabled"}, {}, resume_step=30)

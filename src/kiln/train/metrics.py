@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from kiln.errors import KilnError
 from kiln.train.peaks import peak_flops_of
 
 log = logging.getLogger("kiln.train")
@@ -106,11 +107,20 @@ class MetricsSink:
     @staticmethod
     def _open(path: Path, resume_step: int):
         """Open for appending, first dropping records past the step a resumed run restarts from
-        (a run killed after its last checkpoint logged steps that will now be redone)."""
+        (a run killed after its last checkpoint logged steps that will now be redone) and a last
+        line torn by a kill mid-write."""
         kept = []
         if resume_step and path.exists():
-            lines = path.read_text(encoding="utf-8").splitlines()
-            kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= resume_step]
+            lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            records = []
+            for number, line in enumerate(lines, 1):
+                try:
+                    records.append((line, json.loads(line)))
+                except ValueError:
+                    if number < len(lines):  # only the last line can be torn by a kill: this is damage
+                        raise KilnError(f"{path}: line {number} is not JSON: {line[:80]!r}") from None
+                    log.warning("%s: dropped its last line, torn by a kill mid-write: %r", path, line[:80])
+            kept = [line for line, record in records if record["step"] <= resume_step]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
         return open(path, "a", encoding="utf-8")
