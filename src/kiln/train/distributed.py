@@ -49,3 +49,11 @@ def mean_across_ranks(value: torch.Tensor, world: int) -> torch.Tensor:
 def shutdown(world: int) -> None:
     if world > 1 and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def max_across_ranks(value: torch.Tensor, world: int) -> torch.Tensor:
+    """The elementwise max over ranks, on the device (no host sync): e.g. "did any rank see this"."""
+    if world > 1:
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return value

@@ -7,8 +7,15 @@ grad_accum micro-batches of micro_batch rows on each of W ranks, gradients synce
 only. `state_dict`/`load_state_dict` are what a checkpoint holds. `fit` runs the loop: logging,
 validation, checkpoints, resume.
 
-The host waits on the device only at log steps: losses and gradient norms stay device tensors in
-between, so on a GPU the host runs ahead queueing work.
+The host waits on the device only at log and checkpoint steps: losses and gradient norms stay
+device tensors in between, so on a GPU the host runs ahead queueing work; between them it reads one
+step-old pair of flags (one step of run-ahead kept) to learn of a preemption signal.
+
+Faults (README, "When a run dies"): a step whose loss or gradient norm is not finite on any rank is
+never applied (every rank hands the optimizer the same found_inf flag, agreed on the device) and is
+read before any save (train.nonfinite: stop or skip); loss spikes are logged (kiln.train.health); a
+preemption signal makes every rank save at the same step and exit 75 (kiln.train.preemption).
+KILN_FAULT injects each of these (kiln.train.faults).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -28,14 +36,17 @@ import torch
 import torch.nn.functional as F
 
 from kiln.data.loader import ShardRows, TrainBatches, eval_batches
-from kiln.errors import KilnError
+from kiln.errors import ExitCode, KilnError, RunStopped
+from kiln.io import remove_dead_temps
 from kiln.model.build import build_model, save_model
 from kiln.model.registry import resolve
-from kiln.train import checkpoint, device, parallel
-from kiln.train.distributed import init_distributed, mean_across_ranks, shutdown
+from kiln.train import checkpoint, device, faults, parallel
+from kiln.train.distributed import init_distributed, max_across_ranks, mean_across_ranks, shutdown
+from kiln.train.health import SpikeDetector
 from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, memory_mb, peak_flops
 from kiln.train.optim import build_adamw
 from kiln.train.plan import plan_batch
+from kiln.train.preemption import StopSignal
 from kiln.train.schedule import schedule_from_config
 from kiln.train.tables import format_eta
 
@@ -97,6 +108,10 @@ class Trainer:
         self.batches = TrainBatches(self.rows, train["micro_batch"], self.seed, self.d.rank, self.d.world)
         self.lr_at = schedule_from_config(train, self.max_steps)
         self.step, self.tokens_seen, self.data_wait_s = 0, 0, 0.0
+        self.skipped = 0  # batches whose update was not applied (non-finite loss or gradient)
+        self.spikes = SpikeDetector(train["spike_factor"])
+        self.faults, self.stop = faults.NONE, StopSignal()  # fit() sets both; the smoke stage has neither
+        self.flags = torch.zeros(2, device=self.d.device)  # the last step's [non-finite, stop signal]
 
     @property
     def fingerprint(self) -> str:
@@ -111,18 +126,33 @@ class Trainer:
         return {"step": self.step, "tokens_seen": self.tokens_seen,
                 "model": parallel.full_model_state(self.model),
                 "optimizer": parallel.full_optimizer_state(self.model, self.optimizer),
-                "data": self.batches.state_dict(), "rng": checkpoint.rng_state(), "fingerprint": self.fingerprint,
-                "config": self.sections}
+                "data": self.batches.state_dict(), "rng": self._rng_states(), "fingerprint": self.fingerprint,
+                "config": self.sections, "skipped": self.skipped, "spikes": self.spikes.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         parallel.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
         self.batches.load_state_dict(state["data"])
-        checkpoint.set_rng_state(state["rng"])
+        # Each rank's own RNG states (dropout draws), when the checkpoint has as many ranks as this run.
+        ranks = state["rng"]
+        checkpoint.set_rng_state(ranks[self.d.rank] if len(ranks) == self.d.world else ranks[0])
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+        self.skipped = state.get("skipped", 0)
+        if "spikes" in state:
+            self.spikes.load_state_dict(state["spikes"])
+
+    def _rng_states(self) -> list[dict]:
+        """Every rank's RNG states, by rank (a collective when there are several ranks)."""
+        if self.d.world == 1:
+            return [checkpoint.rng_state()]
+        states = [None] * self.d.world
+        torch.distributed.all_gather_object(states, checkpoint.rng_state())
+        return states
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimizer step. Returns this rank's mean loss and the global gradient norm as device
-        tensors (no host sync), and the LR used."""
+        tensors (no host sync), and the LR used. The update is skipped, on the device, when the loss
+        or gradient norm of any rank is not finite; self.flags holds [non-finite, stop signal],
+        agreed by every rank, for the host to read when it next syncs."""
         lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -135,14 +165,35 @@ class Trainer:
             with parallel.grad_sync(self.wrapped, sync=micro == accum - 1):
                 with self.autocast():
                     _, loss = self.wrapped(*_split(batch))
+                if self.faults:
+                    loss = self._loss_faults(loss, micro)
                 (loss / accum).backward()  # the mean over micro-batches: one batch of accum x rows
             loss_sum += loss.detach()
+        if self.faults.at("inf_grad", self.step + 1):
+            grad = self.params[0].grad
+            getattr(grad, "_local_tensor", grad).view(-1)[0] = math.inf  # this rank's shard under FSDP
         grad_norm = parallel.clip_grad_norm(self.params, self.train_cfg["grad_clip"])
+        mean_loss = loss_sum / accum
+        flags = torch.zeros(2, device=self.d.device)
+        flags[0] = ~(torch.isfinite(mean_loss) & torch.isfinite(grad_norm))
+        flags[1] = float(self.stop.received is not None)  # a fill from a Python number: no host sync
+        self.flags = max_across_ranks(flags, self.d.world)
+        # Fused AdamW (kiln.train.optim) skips the whole update, moments and step count included, when
+        # found_inf is nonzero: the GradScaler mechanism, without a host sync.
+        self.optimizer.found_inf = self.flags[0]
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.tokens_seen += self.plan.tokens_per_step
-        return loss_sum / accum, grad_norm, lr
+        return mean_loss, grad_norm, lr
+
+    def _loss_faults(self, loss: torch.Tensor, micro: int) -> torch.Tensor:
+        step = self.step + 1
+        if self.faults.at("nan_loss", step) and micro == 0:
+            loss = loss * math.nan
+        if self.faults.at("spike", step):
+            loss = loss * faults.SPIKE_FACTOR
+        return loss
 
     @torch.no_grad()
     def evaluate(self, n_batches: int | None = None) -> float:
@@ -168,10 +219,15 @@ class Trainer:
         out_dir/checkpoints and resume from the newest, validate every eval_every steps (with
         `sampler`'s greedy completions, logged to samples.jsonl), and save the final
         model.safetensors + model_config.json. (The smoke stage drives train_step itself:
-        kiln.train.smoke.)"""
+        kiln.train.smoke.) A preemption signal ends it with RunStopped(PREEMPTED) once every rank
+        has saved the same step; a non-finite step with RunStopped(NONFINITE) per train.nonfinite."""
         train, d = self.train_cfg, self.d
         ckpt_root = out_dir / "checkpoints"
-        state = checkpoint.load_latest(ckpt_root, self.fingerprint)
+        if d.is_main:  # what a killed run's writers left; a live writer's temps are left alone
+            checkpoint.remove_dead_temps(ckpt_root)
+            for path in remove_dead_temps(out_dir):
+                log.info("removed %s, left by a writer that died", path)
+        state = checkpoint.load_latest(ckpt_root, self.fingerprint, os.environ.get(checkpoint.RESUME_ENV))
         if state is not None:
             self.load_state_dict(state)
             log.info("resumed from step %d (%d tokens seen)", self.step, self.tokens_seen)
@@ -185,27 +241,31 @@ class Trainer:
                            self.sections, enabled=d.is_main, resume_step=self.step)
         meter = Throughput(flops_per_token(self.model), peak_flops(d.device), d.world)
         log_every = train["log_every"]
-        loss_sum, window_steps, window_tokens = torch.zeros((), device=d.device), 0, 0
+        unread, window, window_tokens = [], _Window(), 0
+        self.faults = faults.from_env(d.rank)
+        self.stop.install()  # restored when fit ends, and by run() whatever happens
         loop_start = time.perf_counter()
         while self.step < self.max_steps:
+            self.faults.signal_self(self.step + 1)
             loss, grad_norm, lr = self.train_step()
-            loss_sum += loss
-            window_steps += 1
+            unread.append((self.step, loss, grad_norm, self.flags))
             window_tokens += self.plan.tokens_per_step
             done = self.step
-            if done % log_every == 0 or done == self.max_steps:
-                mean_loss = mean_across_ranks(loss_sum, d.world).item() / window_steps  # host sync
+            saving = done % train["checkpoint_every"] == 0 or done == self.max_steps
+            preempted = self._preempted(unread, synced=saving or done % log_every == 0)
+            if saving or preempted or done % log_every == 0:
+                stopped = self._read_steps(unread, window, ckpt_root)  # host sync, before any save
+                unread = []
+                if stopped is not None:
+                    self._stop_fit(sink, stopped)
+            if done % log_every == 0 or done == self.max_steps or preempted:
+                mean_loss = window.mean_loss()
                 rates = meter.window(window_tokens, last=done == self.max_steps)
                 record = {"step": done, "loss": mean_loss, "lr": lr, "grad_norm": grad_norm.item(),
                           "tokens": self.tokens_seen, **rates, "memory_mb": memory_mb(d.device)}
-                loss_sum.zero_()
-                window_steps = window_tokens = 0
+                record.update(window.events())
+                window, window_tokens = _Window(), 0
                 result.losses.append(mean_loss)
-                if not math.isfinite(mean_loss):
-                    sink.log(record)
-                    sink.close()
-                    raise KilnError(f"train: step {done}: loss is {mean_loss}; lower train.lr, raise "
-                                    "train.warmup_steps or check the data (see the smoke stage)")
                 if d.is_main:
                     self._print_progress(record, meter)
                 if (done % train["eval_every"] == 0 or done == self.max_steps):
@@ -219,11 +279,14 @@ class Trainer:
                         sink.log_samples(done, samples)
                 sink.log(record)
                 meter.restart()  # validation is not training time
-            if (done % train["checkpoint_every"] == 0 or done == self.max_steps):
+            if saving or preempted:
                 state = self.state_dict()
                 if d.is_main:
-                    checkpoint.save(ckpt_root, state, keep=train["keep_checkpoints"])
+                    checkpoint.save(ckpt_root, state, keep=train["keep_checkpoints"], faults=self.faults)
+            if preempted:
+                self._stop_fit(sink, self._preemption_stop(ckpt_root))
         sink.close()
+        self.stop.restore()
         result.wall_s = time.perf_counter() - loop_start
         result.steps, result.tokens_seen = self.max_steps, self.tokens_seen
         rates = meter.rates(meter.steady_tokens_per_s)
@@ -235,6 +298,72 @@ class Trainer:
         if d.is_main:
             save_model(self.cfg, weights, out_dir)
         return result
+
+    def _preempted(self, unread: list, synced: bool) -> bool:
+        """Whether a rank got a preemption signal, decided alike on every rank: from the flags of this
+        step where the host syncs anyway (log and checkpoint steps), else from the previous step's
+        (reading them waits only for that step: the host stays one step ahead). The last step is
+        never a preemption: the run ends normally."""
+        if self.step == self.max_steps:
+            return False
+        if synced:
+            return unread[-1][3][1].item() > 0
+        # Unread, the previous step is the one before this; read, its flags were read then.
+        return len(unread) > 1 and unread[-2][3][1].item() > 0
+
+    def _read_steps(self, unread: list, window: "_Window", ckpt_root: Path) -> RunStopped | None:
+        """Read the steps the host has not read yet (one sync): a step that was not applied is logged
+        and ends the run (train.nonfinite: stop, or skip past max_skips); loss spikes are logged.
+        Returns the RunStopped to raise, if any."""
+        if not unread:
+            return None
+        policy = self.train_cfg["nonfinite"]
+        losses = mean_across_ranks(torch.stack([u[1] for u in unread]), self.d.world)
+        rows = torch.stack([losses, torch.stack([u[2] for u in unread]).float(),
+                            torch.stack([u[3][0] for u in unread])]).tolist()
+        for step, loss, norm, bad in zip([u[0] for u in unread], *rows):
+            if bad:
+                self.skipped += 1
+                window.skipped.append(step)
+                if self.d.is_main:
+                    log.warning("step %d: loss %s, gradient norm %s: not finite on some rank; update not applied "
+                                "(%d skipped in this run)", step, loss, norm, self.skipped)
+                if policy["action"] == "stop" or self.skipped > policy["max_skips"]:
+                    why = ("train.nonfinite.action is stop" if policy["action"] == "stop" else
+                           f"{self.skipped} batches skipped, more than train.nonfinite.max_skips {policy['max_skips']}")
+                    return RunStopped(
+                        f"train: step {step}: loss {loss}, gradient norm {norm}: not finite, so not applied, and "
+                        f"the run stopped ({why}); nothing after it was saved. Last good checkpoint: "
+                        f"{self._last_checkpoint(ckpt_root)}, where a rerun resumes. Lower train.lr, raise "
+                        "train.warmup_steps or check the data; train.nonfinite.action: skip drops such batches",
+                        ExitCode.NONFINITE)
+                continue
+            window.losses.append(loss)
+            ratio = self.spikes.update(loss)
+            if ratio is not None:
+                window.spikes.append(step)
+                if self.d.is_main:
+                    log.warning("step %d: loss spike: %.4f is %.1fx the running average %.4f (train.spike_factor %g)",
+                                step, loss, ratio, loss / ratio, self.spikes.factor)
+        return None
+
+    def _preemption_stop(self, ckpt_root: Path) -> RunStopped:
+        if self.d.world > 1:  # rank 0 has written the checkpoint before any rank exits
+            torch.distributed.barrier()
+        signal = self.stop.received or "a preemption signal on another rank"
+        return RunStopped(f"train: {signal}: every rank saved step {self.step} "
+                          f"({self._last_checkpoint(ckpt_root)}); rerun the same command to continue from "
+                          f"step {self.step + 1}", ExitCode.PREEMPTED)
+
+    @staticmethod
+    def _last_checkpoint(ckpt_root: Path) -> str:
+        found = checkpoint.kept(ckpt_root)
+        return str(found[-1][1]) if found else "none (a rerun starts from step 0)"
+
+    def _stop_fit(self, sink: MetricsSink, stopped: RunStopped) -> None:
+        sink.close()
+        self.stop.restore()
+        raise stopped
 
     def _sample(self, sampler: Sampler | None) -> list[dict]:
         """Completions of the sampler's prompts by the model as it is now, on every rank (an FSDP
@@ -258,6 +387,21 @@ class Trainer:
                  format_eta(eta))
 
 
+@dataclass
+class _Window:
+    """What the host has read of the steps since the last log line."""
+
+    losses: list[float] = field(default_factory=list)  # the applied steps' losses (mean over ranks)
+    skipped: list[int] = field(default_factory=list)  # steps not applied (non-finite)
+    spikes: list[int] = field(default_factory=list)
+
+    def mean_loss(self) -> float:
+        return sum(self.losses) / len(self.losses) if self.losses else math.nan
+
+    def events(self) -> dict:
+        return {k: v for k, v in (("skipped_steps", self.skipped), ("spike_steps", self.spikes)) if v}
+
+
 def _split(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A row of seq_len + 1 tokens -> inputs (the first seq_len) and targets (the last seq_len)."""
     return batch[:, :-1], batch[:, 1:]
@@ -271,4 +415,5 @@ def run(sections: dict, shard_dir: Path, out_dir: Path, *, max_steps: int | None
     try:
         return trainer.fit(out_dir, sampler=sampler)
     finally:
+        trainer.stop.restore()
         shutdown(trainer.d.world)

@@ -1,0 +1,138 @@
+"""Faults injected into real training runs through KILN_FAULT (kiln.train.faults), in-process on one
+rank: a non-finite loss or gradient is never applied and never saved (stop, or skip up to a cap), a
+loss spike is logged and its detector's state survives a resume, a preemption signal saves the step
+it lands in and the rerun continues exactly, a full disk mid-save is a clear error. Two ranks and
+torchrun: test_preemption.py; a SIGKILL through Snakemake: test_kill_resume.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from synthetic import TINY_MODEL, train_sections, write_shards
+
+from kiln.errors import ExitCode, KilnError, RunStopped
+from kiln.model.build import load_model
+from kiln.train import checkpoint
+from kiln.train.trainer import run
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+DROPOUT_MODEL = TINY_MODEL | {"dropout": 0.1}  # the RNG state matters on resume
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    return write_shards(tmp_path_factory.mktemp("shards"))
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _state(out: Path, step: int) -> dict:
+    return torch.load(out / "checkpoints" / f"step-{step:07d}" / checkpoint.STATE, weights_only=False)
+
+
+def _all_finite(tensors: dict) -> bool:
+    return all(torch.isfinite(t).all() for t in tensors.values() if isinstance(t, torch.Tensor))
+
+
+def _adam_steps(state: dict) -> set[int]:
+    return {int(s["step"]) for s in state["optimizer"]["state"].values()}
+
+
+def test_a_nan_loss_is_never_applied_nor_saved_and_stops_naming_the_last_good_checkpoint(shards, tmp_path, monkeypatch):
+    # The issue's case: checkpoints every 2 steps, log lines every 5, NaN at step 3. The step-4
+    # checkpoint would be the first save after it: the run must stop before it.
+    monkeypatch.setenv("KILN_FAULT", "nan_loss@3")
+    out = tmp_path / "run"
+    with pytest.raises(RunStopped, match=r"step 3: loss nan, .*not finite, so not applied.*"
+                                         r"Last good checkpoint: .*step-0000002, where a rerun resumes") as stopped:
+        run(train_sections(max_steps=10, log_every=5, checkpoint_every=2), shards, out)
+    assert stopped.value.exit_code == ExitCode.NONFINITE == 76
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [checkpoint.MARKER, "step-0000002"]
+    saved = _state(out, 2)
+    assert _all_finite(saved["model"]) and _adam_steps(saved) == {2}
+    # The rerun (the fault gone) resumes from the last good checkpoint and finishes.
+    monkeypatch.delenv("KILN_FAULT")
+    run(train_sections(max_steps=10, log_every=5, checkpoint_every=2), shards, out)
+    assert [r["step"] for r in _records(out)] == [5, 10] and _all_finite(load_model(out).state_dict())
+
+
+def test_skip_mode_drops_non_finite_steps_and_applies_the_rest(shards, tmp_path, monkeypatch):
+    # A NaN loss, then a finite loss with an infinite gradient: neither update is applied (Adam's
+    # step count says so: the fused update is skipped whole), the run goes on and logs them.
+    monkeypatch.setenv("KILN_FAULT", "nan_loss@3,inf_grad@6")
+    out = tmp_path / "run"
+    sections = train_sections(max_steps=10, log_every=5, checkpoint_every=10, nonfinite={"action": "skip", "max_skips": 2})
+    result = run(sections, shards, out)
+    records = _records(out)
+    assert [(r["step"], r.get("skipped_steps")) for r in records] == [(5, [3]), (10, [6])]
+    assert all(math.isfinite(r["loss"]) for r in records) and result.losses == [r["loss"] for r in records]
+    final = _state(out, 10)
+    assert final["skipped"] == 2 and _adam_steps(final) == {8}
+    assert _all_finite(final["model"]) and _all_finite(load_model(out).state_dict())
+
+
+def test_skip_mode_stops_past_max_skips(shards, tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_FAULT", "nan_loss@3,inf_grad@4")
+    sections = train_sections(max_steps=10, log_every=5, checkpoint_every=2, nonfinite={"action": "skip", "max_skips": 1})
+    with pytest.raises(RunStopped, match=r"step 4: .*2 batches skipped, more than train.nonfinite.max_skips 1.*step-0000002"):
+        run(sections, shards, tmp_path / "run")
+
+
+def test_a_loss_spike_is_logged_and_its_detector_survives_a_resume(shards, tmp_path, monkeypatch, caplog):
+    sections = train_sections(max_steps=20, log_every=5, checkpoint_every=10)
+    run(sections, shards, tmp_path / "plain")
+    assert not any("spike_steps" in r for r in _records(tmp_path / "plain"))  # no false alarm
+    monkeypatch.setenv("KILN_FAULT", "spike@12")
+    full = tmp_path / "full"
+    run(sections, shards, full)
+    assert [r["step"] for r in _records(full) if r.get("spike_steps") == [12]] == [15]
+    assert "step 12: loss spike:" in caplog.text and "the running average" in caplog.text
+    # Resumed from step 10, the detector has its running average (a fresh one would still be
+    # warming up at step 12 and miss the spike), and ends where the uninterrupted run's did.
+    resumed = tmp_path / "resumed"
+    shutil.copytree(full / "checkpoints" / "step-0000010", resumed / "checkpoints" / "step-0000010")
+    run(sections, shards, resumed)
+    assert [(r["step"], r.get("spike_steps")) for r in _records(resumed)] == [(15, [12]), (20, None)]
+    assert _state(resumed, 20)["spikes"] == _state(full, 20)["spikes"]
+    assert _state(full, 10)["spikes"]["seen"] == 10
+
+
+@pytest.mark.parametrize("signal", ["sigterm", "sigusr1"])
+def test_a_preemption_signal_saves_that_step_and_the_rerun_continues_exactly(shards, tmp_path, monkeypatch, signal):
+    sections = train_sections(model=DROPOUT_MODEL, max_steps=12, log_every=1, checkpoint_every=10)
+    run(sections, shards, tmp_path / "full")
+    out = tmp_path / "preempted"
+    monkeypatch.setenv("KILN_FAULT", f"{signal}@7")
+    with pytest.raises(RunStopped, match=rf"{signal.upper()}: every rank saved step 7 .*step-0000007.*from step 8") as stopped:
+        run(sections, shards, out)
+    assert stopped.value.exit_code == ExitCode.PREEMPTED == 75
+    assert [r["step"] for r in _records(out)] == list(range(1, 8))
+    monkeypatch.delenv("KILN_FAULT")
+    result = run(sections, shards, out)
+    assert len(result.losses) == 5  # steps 8-12 only
+    assert [r["loss"] for r in _records(out)] == [r["loss"] for r in _records(tmp_path / "full")]
+    for key, value in load_model(tmp_path / "full").state_dict().items():
+        assert torch.equal(load_model(out).state_dict()[key], value), key
+
+
+def test_a_full_disk_while_checkpointing_is_a_clear_error_and_the_previous_checkpoint_stays(shards, tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_FAULT", "enospc@4")
+    out = tmp_path / "run"
+    with pytest.raises(KilnError, match=r"step-0000004: no space left on the device") as failed:
+        run(train_sections(max_steps=6, log_every=2, checkpoint_every=2), shards, out)
+    assert failed.value.exit_code == ExitCode.ERROR
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [checkpoint.MARKER, "step-0000002"]
+    assert checkpoint.load_latest(out / "checkpoints", _state(out, 2)["fingerprint"])["step"] == 2
+
+
+def test_a_malformed_fault_spec_names_the_variable(shards, tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_FAULT", "nan@3")
+    with pytest.raises(KilnError, match=r"KILN_FAULT: 'nan@3' is not kind@step\[:rank\] with kind one of nan_loss"):
+        run(train_sections(max_steps=3), shards, tmp_path / "run")
