@@ -5,14 +5,18 @@ and with FSDP2, with and without gradient accumulation; ranks read disjoint rows
 skips the gradient all-reduce (no_sync) until the last micro-batch; per-block compilation under
 DDP changes nothing; FSDP2 in bf16 (bf16 gathers, fp32 reduction) learns; a DDP checkpoint resumes
 under FSDP2; greedy samples logged during training match one rank's; the smoke gate's checks pass on
-2 ranks under DDP and FSDP2 (no collective left waiting). The launch goes through the multi-node form of the command (static rendezvous at an
-explicit endpoint, nnodes 1), the single-node form runs in test_pipeline.
+2 ranks under DDP and FSDP2 (no collective left waiting). A run that loses a rank resumes on one
+with twice the accumulation, and a one-rank run on two (DDP and FSDP2), training on the same rows
+per step (batch hashes) with the same losses, across an epoch boundary. The launch goes through the
+multi-node form of the command (static rendezvous at an explicit endpoint, nnodes 1), the
+single-node form runs in test_pipeline.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -38,7 +42,19 @@ RUNS = {
     "ddp-compiled": ("ddp", 2, {"compile": True}),  # each block compiled; accumulation as ddp-accum
     "fsdp-bf16": ("fsdp", 4, {"precision": "bf16"}),  # bf16 gathers and fp32 reduction: runs, learns
     "fsdp-resumed": ("fsdp", 4, {}),  # resumes from ddp's mid-run checkpoint
+    # 12 steps of 8 of the 64 rows cross an epoch boundary after step 8; checkpoints at 6 and 12.
+    "ddp-long": ("ddp", 4, {"max_steps": 12, "checkpoint_every": 6}),
+    "ddp-long-from-one-rank": ("ddp", 4, {"max_steps": 12, "checkpoint_every": 6}),  # one-rank-long's step 6
+    "fsdp-long-from-one-rank": ("fsdp", 2, {"max_steps": 12, "checkpoint_every": 6}),  # ... under FSDP2, accum 2
 }
+LONG = {"max_steps": 12, "checkpoint_every": 6}
+
+
+def _resume_from(folder: Path, out: Path) -> Path:
+    """out/checkpoints holding a copy of one checkpoint folder, as a rerun elsewhere would find it."""
+    shutil.copytree(folder, out / "checkpoints" / folder.name)
+    (out / "checkpoints" / "LATEST").write_text(folder.name + "\n")
+    return out
 
 
 def _free_port() -> int:
@@ -47,8 +63,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 def _losses(out: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in _records(out)]
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    ours, theirs = load_model(a).state_dict(), load_model(b).state_dict()
+    for key in theirs:
+        torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=1e-5, msg=key)
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +82,19 @@ def launched(tmp_path_factory):
     """One torchrun launch of every run in RUNS, and the 1-rank x 2b reference run in-process."""
     base = tmp_path_factory.mktemp("dist")
     shards = write_shards(base / "shards")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    # One rank x 2 micro-batches of 4 rows, before the launch: two ranks resume from its step 6.
+    Trainer(train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, **COMMON | LONG), shards).fit(base / "one-rank-long")
     runs = []
     for name, (strategy, micro, extra) in RUNS.items():
         sections = train_sections(nproc_per_node=2, parallel=strategy, micro_batch=micro,
-                                  batch_tokens=GLOBAL_BATCH, **COMMON, **extra)
+                                  batch_tokens=GLOBAL_BATCH, **COMMON | extra)
         spec = {"out": str(base / name), "sections": sections}
         if name == "fsdp-resumed":
             spec["resume_from"] = str(base / "ddp" / "checkpoints" / f"step-{STEPS // 2:07d}")
+        if name.endswith("-from-one-rank"):
+            spec["resume_from"] = str(base / "one-rank-long" / "checkpoints" / "step-0000006")
         runs.append(spec)
     plan = base / "plan.json"
     smoke = [{"out": str(base / f"smoke-{strategy}"), "sections": smoke_sections(train={"nproc_per_node": 2, "parallel": strategy,
@@ -78,11 +110,15 @@ def launched(tmp_path_factory):
                             capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
     reference = base / "reference"
     Trainer(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **COMMON), shards).fit(reference,
                                                                                              sampler=greedy_sampler)
+    # The node with rank 1 is lost after step 6: the run resumes on one rank with twice the accumulation.
+    for name in ("ddp-long", "fsdp-accum"):
+        step = 6 if name == "ddp-long" else STEPS // 2
+        out = _resume_from(base / name / "checkpoints" / f"step-{step:07d}", base / f"one-rank-from-{name}")
+        extra = LONG if name == "ddp-long" else {}
+        Trainer(train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, **COMMON | extra), shards).fit(out)
     torch.set_num_threads(before)
     return base, json.loads((base / "checks.json").read_text()), reference
 
@@ -143,6 +179,32 @@ def test_ddp_checkpoint_resumes_under_fsdp(launched):
     ours, theirs = load_model(base / "fsdp-resumed").state_dict(), load_model(reference).state_dict()
     for key in theirs:
         torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=1e-5, msg=key)
+
+
+def test_two_and_one_rank_train_on_the_same_rows_per_step(launched):
+    base, _, _ = launched
+    two, one = _records(base / "ddp-long"), _records(base / "one-rank-long")
+    assert [r["step"] for r in two] == [r["step"] for r in one] == list(range(1, 13))
+    assert len({r["batch_hash"] for r in one}) == 12
+    assert [r["batch_hash"] for r in two] == [r["batch_hash"] for r in one]
+    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], abs=1e-5, rel=0)
+
+
+@pytest.mark.parametrize("resumed, uninterrupted, first", [
+    ("one-rank-from-ddp-long", "ddp-long", 7),  # 2 ranks -> 1 rank x 2 micro-batches, across the epoch end
+    ("one-rank-from-fsdp-accum", "fsdp-accum", STEPS // 2 + 1),  # an FSDP2 checkpoint on one rank
+    ("ddp-long-from-one-rank", "one-rank-long", 7),  # 1 rank -> 2 ranks under DDP
+    ("fsdp-long-from-one-rank", "one-rank-long", 7),  # ... and under FSDP2, sharded on load
+])
+def test_a_run_resumed_on_another_rank_count_continues_the_same_rows(launched, resumed, uninterrupted, first):
+    base, _, _ = launched
+    ours, theirs = _records(base / resumed), _records(base / uninterrupted)
+    ours = [r for r in ours if r["step"] >= first]
+    theirs = [r for r in theirs if r["step"] >= first]
+    assert [r["step"] for r in ours] == [r["step"] for r in theirs] and ours
+    assert [r["batch_hash"] for r in ours] == [r["batch_hash"] for r in theirs]
+    assert [r["loss"] for r in ours] == pytest.approx([r["loss"] for r in theirs], abs=1e-5, rel=0)
+    _assert_same_weights(base / resumed, base / uninterrupted)
 
 
 def test_torchrun_command_forms():

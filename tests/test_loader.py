@@ -1,5 +1,6 @@
-"""Batches: training order is a pure function of (seed, epoch), ranks read disjoint rows, resume is
-exact, evaluation reads rows in stored order; no row of a shard is served before the shard's ids and
+"""Batches: training order is a pure function of (seed, global sample index), the same rows per
+step on any rank layout with the same global batch, ranks read disjoint rows, resume is exact (on
+another rank count too), evaluation reads rows in stored order; no row of a shard is served before the shard's ids and
 checksum have passed (an id past the vocabulary, a flipped byte, a swapped shard)."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from kiln.data.loader import ShardRows, TrainBatches, eval_batches
+from kiln.data.loader import ShardRows, TrainBatches, eval_batches, row_hash_sum
 from kiln.data.shards import HEADER_BYTES, shard_split
 from kiln.errors import KilnError
 from kiln.io import write_json
@@ -67,30 +68,76 @@ def test_order_is_a_pure_function_of_seed(train_rows):
 
 def test_epoch_is_a_permutation_and_epochs_roll_over(train_rows):
     loader = TrainBatches(train_rows, micro_batch=4, seed=1)
-    assert loader.per_epoch == N_TRAIN // 4 == 13
+    assert loader.per_epoch == loader.steps_per_epoch == N_TRAIN // 4 == 13
     epoch0 = [r for b in take(loader, 13) for r in b]
-    assert loader.state_dict()["epoch"] == 0 and loader.state_dict()["batch"] == 13
+    assert loader.epoch == 1 and loader.state_dict()["sample"] == 52
     assert len(set(epoch0)) == len(epoch0) == 52  # no row twice; one row left over this epoch
     epoch1 = [r for b in take(loader, 13) for r in b]
-    assert loader.state_dict()["epoch"] == 1
+    assert loader.epoch == 2
     assert len(set(epoch1)) == 52 and epoch1 != epoch0
     assert epoch0 != sorted(epoch0)  # shuffled
     take(loader, 1)
-    assert (loader.epoch, loader.batch) == (2, 1)
+    assert loader.state_dict()["sample"] == 2 * 52 + 4
 
 
 def test_ranks_read_disjoint_rows_within_an_epoch(train_rows):
     ranks = [TrainBatches(train_rows, micro_batch=3, seed=9, rank=r, world=2) for r in range(2)]
-    assert ranks[0].per_epoch == ranks[1].per_epoch == N_TRAIN // 2 // 3 == 8
+    assert ranks[0].per_epoch == ranks[1].per_epoch == N_TRAIN // 6 == 8
     for _ in range(3):  # three epochs
         seen = [[r for b in take(loader, 8) for r in b] for loader in ranks]
         assert len(seen[0]) == len(seen[1]) == 24
         assert len(set(seen[0])) == 24 and len(set(seen[1])) == 24
         assert not set(seen[0]) & set(seen[1])
-    # Rank r's share is the single-rank epoch permutation taken every other row.
+    # Rank r's micro-batch is the r-th slice of each step's global batch of the epoch permutation.
     perm = np.random.default_rng([9, 0]).permutation(N_TRAIN)
     fresh = TrainBatches(train_rows, micro_batch=3, seed=9, rank=1, world=2)
-    assert [r for b in take(fresh, 8) for r in b] == perm[1::2][:24].tolist()
+    assert take(fresh, 8) == [perm[6 * k + 3 : 6 * k + 6].tolist() for k in range(8)]
+
+
+# (world, grad_accum, micro_batch): each a global batch of 8 rows
+LAYOUTS = [(1, 1, 8), (1, 2, 4), (2, 1, 4), (2, 2, 2), (4, 1, 2), (1, 8, 1), (8, 1, 1)]
+
+
+def global_steps(rows, world: int, accum: int, micro: int, steps: int, seed: int = 2, state: dict | None = None):
+    """The rows of each optimizer step (every rank's micro-batches, rank by rank), and each step's
+    row-hash sum over the ranks, as a run on this layout reads them."""
+    loaders = [TrainBatches(rows, micro, seed, rank=r, world=world, grad_accum=accum) for r in range(world)]
+    for loader in loaders:
+        if state is not None:
+            loader.load_state_dict(dict(state))
+    out = [[r for loader in loaders for _ in range(accum) for r in row_ids(loader.next())] for _ in range(steps)]
+    sums = [sum(s) for s in zip(*(loader.drain_step_sums() for loader in loaders))]
+    return out, sums, loaders[0].state_dict()
+
+
+def test_the_rows_of_a_step_do_not_depend_on_the_rank_layout(train_rows):
+    # 53 rows hold 6 global batches of 8: 20 steps cross three epoch boundaries.
+    reference, ref_sums, ref_state = global_steps(train_rows, 1, 1, 8, 20)
+    assert len({r for step in reference[:6] for r in step}) == 48
+    assert reference[6] != reference[0] and len(set(ref_sums)) == 20
+    for world, accum, micro in LAYOUTS[1:]:
+        steps, sums, state = global_steps(train_rows, world, accum, micro, 20)
+        assert steps == reference, (world, accum, micro)
+        assert sums == ref_sums and state == ref_state
+
+
+@pytest.mark.parametrize("before, after", [((2, 1, 4), (1, 2, 4)), ((1, 2, 4), (2, 1, 4)), ((2, 2, 2), (4, 1, 2))])
+@pytest.mark.parametrize("stop", [3, 6, 11])  # mid-epoch, at an epoch boundary, in the second epoch
+def test_resume_on_another_rank_count_continues_the_same_rows(train_rows, before, after, stop):
+    reference, ref_sums, _ = global_steps(train_rows, *before, 20)
+    _, _, state = global_steps(train_rows, *before, stop)
+    assert state == {"sample": stop * 8, "global_rows": 8, "seed": 2}
+    resumed, sums, _ = global_steps(train_rows, *after, 20 - stop, state=state)
+    assert resumed == reference[stop:] and sums == ref_sums[stop:]
+
+
+def test_row_hash_sum_tells_rows_apart_and_ignores_their_order(train_rows):
+    a, b = train_rows.take(np.array([1, 2, 3])), train_rows.take(np.array([3, 1, 2]))
+    assert row_hash_sum(a) == row_hash_sum(b)
+    assert row_hash_sum(a) != row_hash_sum(train_rows.take(np.array([1, 2, 4])))
+    swapped = a.clone()
+    swapped[0, [0, 1]] = swapped[0, [1, 0]]  # the same tokens in another order
+    assert row_hash_sum(swapped) != row_hash_sum(a)
 
 
 @pytest.mark.parametrize("stop", [0, 5, 13, 14, 30])
@@ -98,7 +145,7 @@ def test_state_dict_resumes_exact_batches(train_rows, stop):
     uninterrupted = TrainBatches(train_rows, micro_batch=4, seed=5)
     take(uninterrupted, stop)
     state = uninterrupted.state_dict()
-    assert state == {"epoch": uninterrupted.epoch, "batch": uninterrupted.batch, "seed": 5, "world": 1}
+    assert state == {"sample": 4 * stop, "global_rows": 4, "seed": 5}
     expected = take(uninterrupted, 20)
 
     resumed = TrainBatches(train_rows, micro_batch=4, seed=5)
@@ -107,16 +154,29 @@ def test_state_dict_resumes_exact_batches(train_rows, stop):
     assert take(resumed, 20) == expected
 
 
-def test_load_state_dict_refuses_other_seed_or_world(train_rows):
+def test_load_state_dict_refuses_other_seed_or_global_batch(train_rows):
     state = TrainBatches(train_rows, micro_batch=2, seed=5, world=1).state_dict()
-    with pytest.raises(KilnError, match="seed 5 on 1 ranks.*seed 6 on 1 ranks"):
+    with pytest.raises(KilnError, match="seed 5 and a global batch of 2 rows; this run has seed 6 and 2 rows"):
         TrainBatches(train_rows, micro_batch=2, seed=6).load_state_dict(state)
-    with pytest.raises(KilnError, match="seed 5 on 1 ranks.*seed 5 on 2 ranks"):
+    with pytest.raises(KilnError, match=r"seed 5 and a global batch of 2 rows; this run has seed 5 and 4 rows "
+                                        r"\(2 ranks x 1 x 2\)"):
         TrainBatches(train_rows, micro_batch=2, seed=5, rank=0, world=2).load_state_dict(state)
+    with pytest.raises(KilnError, match="start the run over"):  # a checkpoint of the per-rank order
+        TrainBatches(train_rows, micro_batch=2, seed=5).load_state_dict({"epoch": 0, "batch": 3, "seed": 5, "world": 1})
+
+
+def test_state_dict_is_taken_between_steps(train_rows):
+    loader = TrainBatches(train_rows, micro_batch=2, seed=5, grad_accum=2)
+    loader.next()
+    with pytest.raises(RuntimeError, match="middle of a step"):
+        loader.state_dict()
+    loader.next()
+    assert loader.state_dict()["sample"] == 4
 
 
 def test_too_few_rows_for_one_batch_raises(train_rows):
-    with pytest.raises(KilnError, match="53 training rows cannot fill one micro-batch of 30 on each of 2 ranks"):
+    with pytest.raises(KilnError, match=r"53 training rows cannot fill one global batch of 60 rows \(2 ranks x "
+                                        r"1 micro-batches x train.micro_batch 30\)"):
         TrainBatches(train_rows, micro_batch=30, seed=0, world=2)
 
 

@@ -43,7 +43,7 @@ def main() -> None:
         write_json(tmp / "manifest.json", {
             "seq_len": cfg["seq_len"], "row_len": row_len, "dtype": meta["dtype"],
             "vocab_size": meta["vocab_size"], "padded_vocab_size": meta["padded_vocab_size"],
-            "splits": splits, "sources": meta["sources"],
+            "splits": splits, "sources": meta["sources"], "tokenizer_sha256": meta.get("tokenizer_sha256"),
         })
     print(f"shard: train {splits['train']['rows']} rows, val {splits['val']['rows']} rows of {row_len} -> {args.out}")
 

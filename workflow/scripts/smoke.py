@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from kiln.cli import run_main, stage_config, stage_parser
+from kiln.data.shards import check_tokenizer
 from kiln.data.tokenizer import load_tokenizer
 from kiln.io import atomic_file, write_json
 from kiln.train.distributed import shutdown
@@ -36,6 +37,8 @@ def main() -> None:
     cfg = stage_config(args, "smoke")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.tokenizer:
+        check_tokenizer(args.shards, args.tokenizer)
     marker = load_tokenizer(args.tokenizer).token_to_id("<fim_middle>") if args.tokenizer else None
     try:
         report = run_checks(cfg, args.shards, args.out, marker_id=marker)

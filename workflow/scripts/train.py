@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from kiln.cli import run_main, stage_config, stage_parser
+from kiln.data.shards import check_tokenizer
 from kiln.io import write_json
 from kiln.model import hf
 from kiln.model.build import load_model
@@ -29,6 +30,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: torch default)")
     args = parser.parse_args()
     cfg = stage_config(args, "train")
+    check_tokenizer(args.shards, args.tokenizer)  # the one the Hugging Face export will carry
     if args.smoke is not None:
         SmokeReport.load(args.smoke).require_passed()
     if args.threads:

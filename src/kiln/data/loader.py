@@ -1,9 +1,12 @@
 """Batches for training and evaluation, read straight from memory-mapped shards.
 
-Training order is a pure function of (seed, epoch): each epoch is one permutation of all rows, and
-rank r of W takes every W-th row of it, so ranks read disjoint data and the order does not depend on
-anything but the seed. The loader's position is two integers (epoch, batch), saved in checkpoints
-and restored on resume, so a resumed run sees exactly the batches an uninterrupted one would.
+Training order is a function of the global sample index alone, never of the rank layout: each
+epoch is one permutation of all rows (seeded by seed and epoch), cut into global batches of G rows
+(train.batch_tokens / seq_len), one per optimizer step; each rank's micro-batches are consecutive
+slices of its step's global batch. The loader's position, saved in checkpoints, is the index of the
+next global sample (steps done x G), so a run resumed on another number of ranks with the same
+global batch (more gradient accumulation on fewer ranks, say) sees exactly the rows per step that
+an uninterrupted one would have seen.
 """
 
 from __future__ import annotations
@@ -120,44 +123,105 @@ class ShardRows:
         return torch.from_numpy(out)
 
 
-class TrainBatches:
-    """An endless, resumable stream of (micro_batch, row_len) batches for one rank."""
+# Odd 64-bit multipliers of the row hash (batch_hash in metrics.jsonl): fixed, so that hashes compare
+# across processes, runs and machines.
+_ROW_MULT = np.random.default_rng(0x6B696C6E).integers(1, 2**63, size=1 << 16, dtype=np.uint64) | np.uint64(1)
 
-    def __init__(self, rows: ShardRows, micro_batch: int, seed: int, rank: int = 0, world: int = 1):
+
+def row_hash_sum(batch: torch.Tensor) -> int:
+    """The sum of a 40-bit hash of each row of an int64 (rows, row_len) batch: order-free, so a step's
+    sum is the same whichever rank and micro-batch served each row, and sums add across ranks in an
+    int64 without overflow (2^23 rows per step before it could)."""
+    rows = batch.numpy().astype(np.uint64)
+    mult = np.resize(_ROW_MULT, rows.shape[1])
+    with np.errstate(over="ignore"):  # wrapping arithmetic is the point
+        mixed = (rows * mult).sum(axis=1, dtype=np.uint64)
+        mixed ^= mixed >> np.uint64(29)
+        mixed *= np.uint64(0xBF58476D1CE4E5B9)
+    return int((mixed >> np.uint64(24)).sum(dtype=np.uint64) & np.uint64(2**63 - 1)) if len(rows) else 0
+
+
+class TrainBatches:
+    """An endless, resumable stream of (micro_batch, row_len) batches for one rank of `world`, each
+    optimizer step taking grad_accum of them.
+
+    Step k of an epoch uses rows order[k*G : (k+1)*G] of the epoch's permutation, G = world x
+    grad_accum x micro_batch; rank r's micro-batch m of the step is the slice starting at
+    (r x grad_accum + m) x micro_batch. Concatenated rank by rank, micro-batch by micro-batch, a
+    step's batches are its global batch, so 2 ranks x 4 rows, 1 rank x 2 x 4 rows and 1 rank x 8
+    rows read the same rows per step. The len(rows) mod G rows past the epoch's last whole global
+    batch sit that epoch out (another permutation next epoch)."""
+
+    def __init__(self, rows: ShardRows, micro_batch: int, seed: int, rank: int = 0, world: int = 1,
+                 grad_accum: int = 1):
         self.rows, self.micro_batch, self.seed = rows, micro_batch, seed
-        self.rank, self.world = rank, world
-        self.per_epoch = len(rows) // world // micro_batch
-        if self.per_epoch == 0:
+        self.rank, self.world, self.grad_accum = rank, world, grad_accum
+        self.global_rows = world * grad_accum * micro_batch
+        self.steps_per_epoch = len(rows) // self.global_rows
+        if self.steps_per_epoch == 0:
             raise KilnError(
-                f"train: {len(rows)} training rows cannot fill one micro-batch of {micro_batch} on each "
-                f"of {world} ranks; lower train.micro_batch or shard.seq_len, or add data"
+                f"train: {len(rows)} training rows cannot fill one global batch of {self.global_rows} rows "
+                f"({world} ranks x {grad_accum} micro-batches x train.micro_batch {micro_batch}); lower "
+                "train.batch_tokens, train.micro_batch or shard.seq_len, or add data"
             )
-        self.epoch, self.batch = 0, 0
-        self._order = self._epoch_order(0)
+        self.per_epoch = self.steps_per_epoch * grad_accum  # this rank's micro-batches per epoch
+        self.sample = 0  # global index of the first row of the current step
+        self.micro = 0  # this rank's micro-batches of the current step served so far
+        self.step_sums: list[int] = []  # row_hash_sum of this rank's rows of each finished step
+        self._step_sum = 0
+        self._cached: tuple[int, np.ndarray] | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self.sample // (self.steps_per_epoch * self.global_rows)
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
-        perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
-        return perm[self.rank :: self.world][: self.per_epoch * self.micro_batch]
+        if self._cached is None or self._cached[0] != epoch:
+            self._cached = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.rows)))
+        return self._cached[1]
+
+    def step_indices(self) -> np.ndarray:
+        """The global batch of the current step: row indices, in the order ranks and micro-batches
+        take them."""
+        offset = self.sample % (self.steps_per_epoch * self.global_rows)
+        return self._epoch_order(self.epoch)[offset : offset + self.global_rows]
 
     def next(self) -> torch.Tensor:
-        if self.batch == self.per_epoch:
-            self.epoch, self.batch = self.epoch + 1, 0
-            self._order = self._epoch_order(self.epoch)
-        start = self.batch * self.micro_batch
-        self.batch += 1
-        return self.rows.take(self._order[start : start + self.micro_batch])
+        start = (self.rank * self.grad_accum + self.micro) * self.micro_batch
+        batch = self.rows.take(self.step_indices()[start : start + self.micro_batch])
+        self._step_sum += row_hash_sum(batch)
+        self.micro += 1
+        if self.micro == self.grad_accum:
+            self.sample, self.micro = self.sample + self.global_rows, 0
+            self.step_sums.append(self._step_sum)
+            self._step_sum = 0
+        return batch
+
+    def drain_step_sums(self) -> list[int]:
+        """The row-hash sums of the steps finished since the last call (this rank's rows only)."""
+        sums, self.step_sums = self.step_sums, []
+        return sums
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self.batch, "seed": self.seed, "world": self.world}
+        if self.micro:
+            raise RuntimeError(f"TrainBatches.state_dict in the middle of a step ({self.micro} of "
+                               f"{self.grad_accum} micro-batches served): save between steps")
+        return {"sample": self.sample, "global_rows": self.global_rows, "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
-        if (state["seed"], state["world"]) != (self.seed, self.world):
+        if "sample" not in state:
             raise KilnError(
-                f"train: checkpoint data order was made with seed {state['seed']} on {state['world']} "
-                f"ranks; this run has seed {self.seed} on {self.world} ranks"
+                "train: the checkpoint's data position is (epoch, batch) per rank, from a Kiln before the "
+                "order followed the global sample index; it cannot be continued exactly: start the run over"
             )
-        self.epoch, self.batch = state["epoch"], state["batch"]
-        self._order = self._epoch_order(self.epoch)
+        if (state["seed"], state["global_rows"]) != (self.seed, self.global_rows):
+            raise KilnError(
+                f"train: the checkpoint's data order was made with seed {state['seed']} and a global batch "
+                f"of {state['global_rows']} rows; this run has seed {self.seed} and {self.global_rows} rows "
+                f"({self.world} ranks x {self.grad_accum} x {self.micro_batch}); keep train.batch_tokens "
+                "and the seed to resume"
+            )
+        self.sample, self.micro, self._step_sum, self.step_sums = state["sample"], 0, 0, []
 
 
 def eval_batches(rows: ShardRows, micro_batch: int, max_batches: int, rank: int = 0, world: int = 1):

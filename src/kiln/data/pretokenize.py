@@ -40,7 +40,7 @@ from kiln.data.tokenize_parts import COUNT_COLUMNS, Settings, WorkerPool, train_
 from kiln.data.tokenizer import EOS, id_space, load_tokenizer, padded_vocab_size
 from kiln.data.utf8text import utf8_size
 from kiln.errors import KilnError
-from kiln.io import read_json
+from kiln.io import read_json, sha256_file
 
 log = logging.getLogger("kiln.pretokenize")
 SPLITS = ("train", "val")
@@ -262,6 +262,7 @@ def pretokenize(raw_dir: Path, tokenizer_path: Path, out_dir: Path, seed: int, c
         "dtype": dtype.name,
         "vocab_size": vocab,
         "padded_vocab_size": padded_vocab_size(vocab),
+        "tokenizer_sha256": sha256_file(tokenizer_path),  # checkpoints compare it (kiln.train.fingerprint)
         "eos_id": tokenizer.token_to_id(EOS),
         "encoder": {"name": local.backend, **encoder_info},
         "splits": splits,

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from kiln.errors import KilnError
-from kiln.io import sha256_file
+from kiln.io import read_json, sha256_file
 
 MAGIC = b"KILNSHRD"
 VERSION = 1
@@ -153,3 +153,13 @@ def verify_shards(shard_dir: Path, manifest: dict) -> dict:
             verify_shard(Path(shard_dir) / shard["file"], shard, manifest.get("vocab_size"))
         checked[split] = {"shards": len(entry["shards"]), "rows": sum(s["rows"] for s in entry["shards"])}
     return checked
+
+
+def check_tokenizer(shard_dir: Path, tokenizer: Path) -> None:
+    """A KilnError unless `tokenizer` is the file the shards were made with (the manifest's
+    tokenizer_sha256; folders made before it was recorded are not checked)."""
+    want = read_json(Path(shard_dir) / "manifest.json").get("tokenizer_sha256")
+    actual = sha256_file(tokenizer)
+    if want is not None and actual != want:
+        raise KilnError(f"{tokenizer}: sha256 {actual}, but the shards in {shard_dir} were made with a tokenizer "
+                        f"of sha256 {want} (manifest.json); rerun pretokenize and shard, or pass that tokenizer")

@@ -11,10 +11,11 @@ A resume does not trust LATEST (a run killed between the rename and the marker, 
 would otherwise restart from an older step or from scratch): it takes the newest folder whose
 complete.json is there and whose files match it; a torn or unreadable one is skipped with a log line
 and the one before it tried. A checkpoint asked for by name (KILN_RESUME_FROM, or eval's
-`load_weights`) is an error when it does not read. A checkpoint of another run (fingerprint: model
-shape, data, seed, world size) is an error. Pruning keeps the newest `keep` complete checkpoints up to
-the one just written, so the newest complete checkpoint is never removed; folders past it (an
-unreadable one that was skipped, or the history a KILN_RESUME_FROM rollback discarded) are removed.
+`load_weights`) is an error when it does not read. A checkpoint of another run (kiln.train.fingerprint:
+model, tokenizer, shards, seed, global batch) is an error naming what differs. Pruning keeps the
+newest `keep` complete checkpoints up to the one just written, so the newest complete checkpoint is
+never removed; folders past it (an unreadable one that was skipped, or the history a
+KILN_RESUME_FROM rollback discarded) are removed.
 
 This module alone knows that layout: the eval stage lists a run's checkpoints with `kept` and reads
 one's weights with `load_weights`. Every read unpickles with weights_only=True (tensors and plain
@@ -38,6 +39,7 @@ from kiln.errors import KilnError
 from kiln.io import atomic_dir, atomic_file, fsync_path, sha256_file, write_json
 from kiln.io import remove_dead_temps as _remove_dead_temps
 from kiln.train.faults import NONE, Faults
+from kiln.train.fingerprint import require_same
 
 log = logging.getLogger("kiln.checkpoint")
 MARKER = "LATEST"
@@ -107,7 +109,7 @@ def remove_dead_temps(root: Path) -> None:
         log.info("removed %s, left by a writer that died mid-save", path)
 
 
-def load_latest(root: Path, fingerprint: str, requested: str | Path | None = None) -> dict | None:
+def load_latest(root: Path, fingerprint: dict | str, requested: str | Path | None = None) -> dict | None:
     """The state of the newest complete, readable checkpoint under root (or of `requested`, a folder
     or a step-NNNNNNN name under root), or None when there is none; an error if it belongs to another
     run, or if every complete checkpoint is unreadable."""
@@ -134,12 +136,8 @@ def load_latest(root: Path, fingerprint: str, requested: str | Path | None = Non
     return None
 
 
-def _same_run(state: dict, folder: Path, fingerprint: str, root: Path) -> dict:
-    if state["fingerprint"] != fingerprint:
-        raise KilnError(
-            f"{folder / STATE}: checkpoint fingerprint {state['fingerprint'][:12]} does not match this run's "
-            f"{fingerprint[:12]} (model, data, seed or world size changed); delete {root} to start over"
-        )
+def _same_run(state: dict, folder: Path, fingerprint: dict | str, root: Path) -> dict:
+    require_same(state["fingerprint"], fingerprint, str(folder / STATE), root)  # names what changed
     return state
 
 

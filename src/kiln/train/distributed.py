@@ -46,6 +46,13 @@ def mean_across_ranks(value: torch.Tensor, world: int) -> torch.Tensor:
     return value
 
 
+def sum_across_ranks(value: torch.Tensor, world: int) -> torch.Tensor:
+    if world > 1:
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
+
+
 def shutdown(world: int) -> None:
     if world > 1 and dist.is_initialized():
         dist.destroy_process_group()

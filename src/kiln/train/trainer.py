@@ -21,7 +21,6 @@ KILN_FAULT injects each of these (kiln.train.faults).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import os
@@ -40,8 +39,8 @@ from kiln.errors import ExitCode, KilnError, RunStopped
 from kiln.io import remove_dead_temps
 from kiln.model.build import build_model, save_model
 from kiln.model.registry import resolve
-from kiln.train import checkpoint, device, faults, parallel
-from kiln.train.distributed import init_distributed, max_across_ranks, mean_across_ranks, shutdown
+from kiln.train import checkpoint, device, faults, fingerprint, parallel
+from kiln.train.distributed import init_distributed, max_across_ranks, mean_across_ranks, shutdown, sum_across_ranks
 from kiln.train.health import SpikeDetector
 from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, memory_mb, peak_flops
 from kiln.train.optim import build_adamw
@@ -105,7 +104,8 @@ class Trainer:
             activation_checkpointing=train["activation_checkpointing"], bf16=self.bf16)
         self.optimizer = build_adamw(self.model, train, self.d.device.type)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.batches = TrainBatches(self.rows, train["micro_batch"], self.seed, self.d.rank, self.d.world)
+        self.batches = TrainBatches(self.rows, train["micro_batch"], self.seed, self.d.rank, self.d.world,
+                                    self.plan.grad_accum)
         self.lr_at = schedule_from_config(train, self.max_steps)
         self.step, self.tokens_seen, self.data_wait_s = 0, 0, 0.0
         self.skipped = 0  # batches whose update was not applied (non-finite loss or gradient)
@@ -114,12 +114,10 @@ class Trainer:
         self.flags = torch.zeros(2, device=self.d.device)  # the last step's [non-finite, stop signal]
 
     @property
-    def fingerprint(self) -> str:
-        """What a checkpoint must share with the run resuming it: model, data, seed, batch layout."""
-        shards = [s["sha256"] for e in self.rows.manifest["splits"].values() for s in e["shards"]]
-        key = {"model": self.cfg.to_dict(), "shards": shards, "seed": self.seed, "world": self.d.world,
-               "micro_batch": self.plan.micro_batch, "grad_accum": self.plan.grad_accum}
-        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    def fingerprint(self) -> dict:
+        """What a checkpoint must share with the run resuming it (kiln.train.fingerprint): model,
+        tokenizer, shards, seed, global batch; not the rank layout, which may change on resume."""
+        return fingerprint.of_run(self.cfg.to_dict(), self.rows.manifest, self.seed, self.batches.global_rows)
 
     def state_dict(self) -> dict:
         """Everything needed to continue exactly (on rank 0; collective under FSDP)."""
@@ -262,7 +260,8 @@ class Trainer:
                 mean_loss = window.mean_loss()
                 rates = meter.window(window_tokens, last=done == self.max_steps)
                 record = {"step": done, "loss": mean_loss, "lr": lr, "grad_norm": grad_norm.item(),
-                          "tokens": self.tokens_seen, **rates, "memory_mb": memory_mb(d.device)}
+                          "tokens": self.tokens_seen, **rates, "memory_mb": memory_mb(d.device),
+                          "batch_hash": self._batch_hash()}
                 record.update(window.events())
                 window, window_tokens = _Window(), 0
                 result.losses.append(mean_loss)
@@ -364,6 +363,14 @@ class Trainer:
         sink.close()
         self.stop.restore()
         raise stopped
+
+    def _batch_hash(self) -> str:
+        """A hash of the rows trained on since the last log line: per step, the sum over ranks of
+        their rows' hashes (kiln.data.loader.row_hash_sum), so it depends on the rows of each step and
+        not on the rank layout; a resumed run's lines compare with an uninterrupted run's. Collective."""
+        sums = torch.tensor(self.batches.drain_step_sums(), dtype=torch.int64, device=self.d.device)
+        sums = sum_across_ranks(sums, self.d.world).cpu()
+        return hashlib.sha256(sums.numpy().tobytes()).hexdigest()[:16]
 
     def _sample(self, sampler: Sampler | None) -> list[dict]:
         """Completions of the sampler's prompts by the model as it is now, on every rank (an FSDP
