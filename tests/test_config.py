@@ -72,6 +72,8 @@ def _error(cfg: dict) -> str:
         (lambda c: c["train"].update(nnodes=2, node_rank=2, rdzv_endpoint="n0:29500"), "train.node_rank: 2 must be below"),
         (lambda c: c["train"].update(rdzv_endpoint="n0"), "train.rdzv_endpoint: 'n0' does not match"),
         (lambda c: c["train"].update(schedule="linear"), "train.schedule: 'linear' is not one of"),
+        (lambda c: c["train"].update(collective_timeout_s=0), "train.collective_timeout_s: 0 is less than or equal to"),
+        (lambda c: c["train"].update(collective_timeout_s="10m"), "train.collective_timeout_s: '10m' is not of type"),
         (lambda c: c["download"]["sources"].append(dict(c["download"]["sources"][0])), "names must be unique"),
         (lambda c: c["download"]["sources"].append({"name": "x", "kind": "local"}), "'paths' is a required property"),
     ],

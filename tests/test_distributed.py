@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -205,6 +206,33 @@ def test_a_run_resumed_on_another_rank_count_continues_the_same_rows(launched, r
     assert [r["batch_hash"] for r in ours] == [r["batch_hash"] for r in theirs]
     assert [r["loss"] for r in ours] == pytest.approx([r["loss"] for r in theirs], abs=1e-5, rel=0)
     _assert_same_weights(base / resumed, base / uninterrupted)
+
+
+def test_a_stuck_rank_ends_the_job_within_the_collective_timeout(tmp_path):
+    """Rank 1 sleeps for an hour instead of training; rank 0's first all-reduce gives up after
+    train.collective_timeout_s (2 s here) with an error naming the key, and torchrun ends the job. Without
+    the key passed to the process group, gloo would wait torch's default 30 min and the launch below
+    would outlive its 300 s allowance."""
+    shards = write_shards(tmp_path / "shards")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({
+        "shards": str(shards), "out": str(tmp_path / "run"), "stuck_s": 3600, "error_out": str(tmp_path / "error.txt"),
+        "sections": train_sections(nproc_per_node=2, micro_batch=4, max_steps=4, collective_timeout_s=2)}))
+    argv = launch.command({"nproc_per_node": 2, "nnodes": 1, "node_rank": 0,
+                           "rdzv_endpoint": f"127.0.0.1:{_free_port()}"}, [str(TESTS / "stuck_rank_worker.py"), str(plan)])
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"], OMP_NUM_THREADS="1")
+    job = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                           start_new_session=True)
+    try:
+        output, _ = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:  # the timeout did not work: end the launch and both ranks
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode != 0, output[-3000:]
+    error = (tmp_path / "error.txt").read_text()
+    assert "a collective waited more than train.collective_timeout_s = 2 s for another rank" in error, output[-3000:]
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == ""  # no step completed
 
 
 def test_torchrun_command_forms():

@@ -1,15 +1,31 @@
 """Process-group setup from torchrun's environment: gloo on CPU, nccl on CUDA, nothing when alone; the
-device from train.device (kiln.train.device.select_device)."""
+device from train.device (kiln.train.device.select_device).
+
+A collective waits for every rank at most train.collective_timeout_s (default 600 s), passed to
+init_process_group: then it fails on the ranks that got there (gloo raises; NCCL's watchdog aborts the
+process), so a rank stuck or dead ends the job within that time instead of torch's defaults of
+30 min (gloo) and 10 min (NCCL). The key bounds every wait for the slowest rank, so it must exceed the
+longest legitimate one: a first step's torch.compile (minutes for a large model), rank 0 writing a
+checkpoint while the others wait at the next collective, the first step's shard checks
+(kiln.data.loader.ShardChecks, ~0.4 s per GB).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from kiln.errors import KilnError
 from kiln.train.device import select_device
+
+DEFAULT_TIMEOUT_S = 600  # the schema's default for train.collective_timeout_s
+_TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -24,9 +40,9 @@ class Dist:
         return self.rank == 0
 
 
-def init_distributed(device_setting: str = "auto") -> Dist:
+def init_distributed(device_setting: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> Dist:
     """This process's rank and device (train.device: auto, cuda or cpu), joining the process group
-    when there are several ranks."""
+    when there are several ranks, its collectives failing after timeout_s (train.collective_timeout_s)."""
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -34,7 +50,8 @@ def init_distributed(device_setting: str = "auto") -> Dist:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
+                                device_id=device if device.type == "cuda" else None, timeout=timedelta(seconds=timeout_s))
     return Dist(rank, local_rank, world, device)
 
 
@@ -51,6 +68,23 @@ def sum_across_ranks(value: torch.Tensor, world: int) -> torch.Tensor:
         value = value.clone()
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value
+
+
+@contextlib.contextmanager
+def collective_deadline(timeout_s: float):
+    """Turns the error of a collective that timed out into a KilnError naming the key (other errors
+    pass through)."""
+    try:
+        yield
+    except RuntimeError as exc:  # gloo's timeout, and torch's DistBackendError, are RuntimeErrors
+        if not _TIMEOUT.search(str(exc)):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise KilnError(
+            f"train: a collective waited more than train.collective_timeout_s = {timeout_s:g} s for another "
+            f"rank, which is stuck or dead (its log lines say which); raise the key if a step, compilation "
+            f"or checkpoint save takes longer than that. ({first})"
+        ) from exc
 
 
 def shutdown(world: int) -> None:

@@ -40,7 +40,8 @@ from kiln.io import remove_dead_temps
 from kiln.model.build import build_model, save_model
 from kiln.model.registry import resolve
 from kiln.train import checkpoint, device, faults, fingerprint, parallel
-from kiln.train.distributed import init_distributed, max_across_ranks, mean_across_ranks, shutdown, sum_across_ranks
+from kiln.train.distributed import (collective_deadline, init_distributed, max_across_ranks, mean_across_ranks,
+                                    shutdown, sum_across_ranks)
 from kiln.train.health import SpikeDetector
 from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, memory_mb, peak_flops
 from kiln.train.optim import build_adamw
@@ -88,7 +89,7 @@ class Trainer:
         train, self.seed = sections["train"], sections["seed"]
         self.sections, self.train_cfg = sections, train
         self.max_steps = max_steps or train["max_steps"]
-        self.d = init_distributed(train["device"])
+        self.d = init_distributed(train["device"], train["collective_timeout_s"])
         device.configure(self.d.device)
         seed_everything(self.seed)
         self.rows, self.val_rows = ShardRows(shard_dir, "train"), ShardRows(shard_dir, "val")
@@ -420,7 +421,8 @@ def run(sections: dict, shard_dir: Path, out_dir: Path, *, max_steps: int | None
     Trainer.fit); the process group, if any, is shut down at the end."""
     trainer = Trainer(sections, shard_dir, max_steps=max_steps)
     try:
-        return trainer.fit(out_dir, sampler=sampler)
+        with collective_deadline(trainer.train_cfg["collective_timeout_s"]):
+            return trainer.fit(out_dir, sampler=sampler)
     finally:
         trainer.stop.restore()
         shutdown(trainer.d.world)
