@@ -117,6 +117,19 @@ def test_atomic_dir_clears_a_stale_temp_from_a_killed_run(tmp_path):
     assert _entries(tmp_path) == ["out"]
 
 
+def test_atomic_dir_removes_a_dead_writers_temp_of_the_same_folder_only(tmp_path):
+    """A stage SIGKILLed mid-output left .out.tmp-HOST-PID (another pid than this one's, dead): the
+    next write of `out` removes it; a dead temp of another output is not its business."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid, host = int(dead.stdout), socket.gethostname()
+    for name in ("out", "other"):
+        (tmp_path / f".{name}.tmp-{host}-{dead_pid}").mkdir()
+        (tmp_path / f".{name}.tmp-{host}-{dead_pid}" / "half-written").write_text("x")
+    with atomic_dir(tmp_path / "out") as tmp:
+        (tmp / "a").write_text("a")
+    assert _entries(tmp_path) == [f".other.tmp-{host}-{dead_pid}", "out"]
+
+
 @pytest.mark.parametrize("durable", [False, True])
 def test_a_full_disk_is_a_clear_error_with_the_old_output_kept_and_no_temp(tmp_path, durable):
     target = tmp_path / "out"

@@ -3,7 +3,8 @@
 Every artifact is written under a temporary name beside its final path and renamed into place only
 when complete, so a job killed half-way leaves nothing a rerun could mistake for a finished output.
 A temporary name carries its writer's host and pid (`.NAME.tmp-HOST-PID`), so a later run can tell
-a dead writer's leftovers, which `remove_dead_temps` deletes, from those of a writer still running.
+a dead writer's leftovers, which `remove_dead_temps` deletes, from those of a writer still running;
+`atomic_dir` deletes those of its own folder before writing it again (a stage killed mid-output).
 A full disk is a KilnError naming the path, with nothing replaced and no temporary left.
 """
 
@@ -22,7 +23,7 @@ from typing import Any, Iterator
 
 from kiln.errors import KilnError
 
-_TMP = re.compile(r"^\..+\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)$")  # the host is absent in older names
+_TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)$")  # the host is absent in older names
 
 
 def _tmp_sibling(path: Path) -> Path:
@@ -83,6 +84,7 @@ def atomic_dir(path: str | Path, durable: bool = False) -> Iterator[Path]:
     durable: every file and folder in it, and the rename, are fsynced before returning."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_temps(path.parent, path.name)  # a killed earlier attempt's half-written folder
     tmp = _tmp_sibling(path)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -100,14 +102,16 @@ def atomic_dir(path: str | Path, durable: bool = False) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def remove_dead_temps(folder: str | Path) -> list[Path]:
-    """Delete the temporary files and folders directly in `folder` whose writer, on this host, is no
-    longer running; return them. A temp of a live process (this one included) or of another host
-    is left alone: it may still be being written."""
+def remove_dead_temps(folder: str | Path, name: str | None = None) -> list[Path]:
+    """Delete the temporary files and folders directly in `folder` (only those for the final name
+    `name`, when given) whose writer, on this host, is no longer running; return them. A temp of a
+    live process (this one included) or of another host is left alone: it may still be being written."""
     folder, host, removed = Path(folder), socket.gethostname(), []
     for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
         match = _TMP.match(entry.name)
         if not match or match["host"] not in (None, host) or _alive(int(match["pid"])):
+            continue
+        if name is not None and match["name"] != name:
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from kiln.data import faults
 from kiln.data.encoders import MAX_CHARS, Encoder, tiktoken_encoding
 from kiln.data.sources import part_paths
 from kiln.data.tokenize_parts import COUNT_COLUMNS, Settings, WorkerPool, train_part, val_candidates
@@ -169,6 +170,9 @@ def _write_train(pool: WorkerPool, parts: list, skip: dict[int, set[int]], targe
                     done.add(s)
             _copy_range(train, part_file, 0, int(samples[:, 0].sum()) * itemsize)
             part_file.unlink()
+            if faults.planned():  # KILN_DATA_FAULT: killed with train.bin part written, on disk
+                train.flush()
+                faults.kill_point("pretokenize")
             counts[s].update(dict(zip(COUNT_COLUMNS, samples.sum(axis=0).tolist())))
             log.info("part %d/%d (%s) encoded: %d train tokens so far", i + 1, len(parts), s,
                      sum(c["tokens"] for c in counts.values()))

@@ -30,11 +30,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kiln.data import faults
 from kiln.data.hub import describe, is_transient
 from kiln.data.sources import Document, SourceReader
 from kiln.data.utf8text import BIG_TEXT_BYTES, Utf8Text, string_column, texts_of, utf8_size
 from kiln.errors import KilnError
-from kiln.io import atomic_file, read_json, sha256_file, write_json
+from kiln.io import atomic_file, read_json, remove_dead_temps, sha256_file, write_json
 
 log = logging.getLogger("kiln.download")
 
@@ -113,6 +114,7 @@ def _write_part(docs: list[Document], path: Path) -> dict:
                               write_statistics=False) as writer:
             for start, end in _row_groups(sizes):
                 writer.write_table(table.slice(start, end - start), row_group_size=end - start)
+        faults.kill_point("download")  # KILN_DATA_FAULT: killed with the part unpublished
     return {"file": path.name, "rows": len(docs), "bytes": sum(sizes), "sha256": sha256_file(path)}
 
 
@@ -236,6 +238,10 @@ def _start_progress(staging: Path, cfg: dict) -> dict:
         if progress.get("fingerprint") == fingerprint:
             done = sum(len(s["parts"]) for s in progress["sources"].values())
             log.info("resuming an interrupted download: %d complete parts kept in %s", done, staging)
+            # A part the killed writer had not renamed yet would otherwise be moved into the output.
+            for folder in [staging, *(p for p in staging.iterdir() if p.is_dir())]:
+                for dead in remove_dead_temps(folder):
+                    log.info("removed %s, left by a writer that died mid-part", dead)
             return progress
         log.info("the download section changed since %s was staged: starting over", staging)
     shutil.rmtree(staging, ignore_errors=True)

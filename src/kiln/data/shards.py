@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kiln.data import faults
 from kiln.errors import KilnError
 from kiln.io import read_json, sha256_file
 
@@ -103,6 +104,7 @@ def shard_split(
         _check_ids(chunk.reshape(-1), vocab_size, where, start * row_len, 0, tokens.dtype.itemsize)
         path = out_dir / f"{split}-{index:05d}.bin"
         write_shard(path, chunk, vocab_size)
+        faults.kill_point("shard")  # KILN_DATA_FAULT: killed with the folder half written
         shards.append({"file": path.name, "rows": len(chunk), "sha256": sha256_file(path)})
     return {"rows": n_rows, "tokens": n_rows * row_len, "dropped_tokens": len(tokens) - n_rows * row_len,
             "shards": shards}

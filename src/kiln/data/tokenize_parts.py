@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
+import time
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -50,9 +52,22 @@ class Settings:
     max_chars: int
 
 
+def _exit_with_parent(parent_pid: int) -> None:
+    """A pool worker whose parent was SIGKILLed (no chance to shut the pool down) would wait for tasks
+    forever: it exits as soon as it is reparented."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="kiln-parent-watch", daemon=True).start()
+
+
 def init_worker(settings: Settings) -> None:
-    if multiprocessing.parent_process() is not None:
+    parent = multiprocessing.parent_process()
+    if parent is not None:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the processes are the parallelism
+        _exit_with_parent(parent.pid)
     tokenizer = load_tokenizer(settings.tokenizer_path)
     _worker["settings"] = settings
     _worker["encoder"] = Encoder(tokenizer, settings.backend, settings.dtype, settings.max_chars)

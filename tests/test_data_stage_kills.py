@@ -1,0 +1,120 @@
+"""A data stage SIGKILLed in the middle of writing its output, through Snakemake on the tiny config
+(issue 11, item 11): the killed run publishes nothing of that stage, and the rerun regenerates it and
+every stage after it, byte for byte what a clean run writes, with no temporary or staging file left.
+
+The kill is the stage's own process SIGKILLing itself at a named point (KILN_DATA_FAULT,
+kiln.data.faults): a download with complete parts staged and the next one half published, a
+pretokenize with part of train.bin written, a shard stage with some shards written and no manifest.
+No process of the killed stage outlives it (pretokenize's pool workers exit with their parent).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "tests" / "configs" / "tiny.yaml"
+VENV_BIN = str(Path(sys.executable).parent)
+OUTPUTS = {"download": "raw", "pretokenize": "tokens", "shard": "shards"}  # stage -> its folder in results/tiny
+DATA = ("raw", "tokenizer", "tokens", "shards")
+
+
+def snakemake(workdir: Path, *args: str, fault: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
+    env.pop("KILN_DATA_FAULT", None)
+    if fault:
+        env["KILN_DATA_FAULT"] = fault
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
+         "--cores", "2", "--configfile", str(TINY), "--until", "shard", *args],
+        capture_output=True, text=True, env=env, timeout=900,
+    )
+
+
+def files(run: Path) -> dict[str, str]:
+    """sha256 of every file, hidden ones included, under the data stages' folders of a run."""
+    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for folder in DATA for p in sorted((run / folder).rglob("*")) if p.is_file()}
+
+
+def processes_in(workdir: Path) -> list[str]:
+    """Command lines of the processes working in `workdir` (a killed stage's orphaned workers)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if Path(os.readlink(proc / "cwd")).is_relative_to(workdir):
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def settled(workdir: Path, wait_s: float = 30.0) -> list[str]:
+    """processes_in(workdir) once it is empty, or after wait_s (a pool worker notices within a second
+    that its parent is gone)."""
+    deadline = time.monotonic() + wait_s
+    while (left := processes_in(workdir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def leftovers(run: Path) -> list[str]:
+    """Temporary or staging entries anywhere in the run folder."""
+    return sorted(str(p.relative_to(run)) for p in run.rglob(".*") if ".tmp-" in p.name or p.name.endswith(".partial"))
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory) -> Path:
+    workdir = tmp_path_factory.mktemp("clean")
+    result = snakemake(workdir)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run = workdir / "results" / "tiny"
+    assert len(list((run / "raw" / "stdlib").glob("part-*.parquet"))) >= 2  # so download@2 is mid-output
+    assert len(list((run / "shards").glob("train-*.bin"))) >= 2  # so shard@1 is mid-output
+    return workdir
+
+
+@pytest.mark.parametrize("stage, n", [("download", 2), ("pretokenize", 1), ("shard", 1)])
+def test_a_data_stage_killed_mid_output_is_regenerated_byte_for_byte(clean, tmp_path, stage, n):
+    workdir = tmp_path / "work"
+    if stage == "download":
+        workdir.mkdir()
+        force: tuple[str, ...] = ()
+    else:  # the clean run's upstream stages, up to date, and this stage forced to run again
+        shutil.copytree(clean, workdir, symlinks=True)
+        force = ("--forcerun", stage)
+    run = workdir / "results" / "tiny"
+
+    killed = snakemake(workdir, *force, fault=f"{stage}@{n}")
+    assert killed.returncode != 0, killed.stdout[-2000:]
+    assert f"Error in rule {stage}" in killed.stdout + killed.stderr
+    assert not (run / OUTPUTS[stage]).exists(), "the killed stage published its output"
+    assert settled(workdir) == [], "the killed stage left processes running (pretokenize's pool workers)"
+    if stage == "download":  # the complete parts stay staged for the rerun to resume from
+        assert list((run / ".raw.partial" / "stdlib").glob("part-00000.parquet"))
+
+    rerun = snakemake(workdir)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    for later in list(OUTPUTS)[list(OUTPUTS).index(stage):]:  # the stage and every one after it ran again
+        assert f"rule {later}:" in rerun.stderr + rerun.stdout, rerun.stderr[-3000:]
+    assert files(run) == files(clean / "results" / "tiny")
+    assert leftovers(run) == []
+
+
+@pytest.mark.parametrize("spec", ["train@1", "shard", "shard@0", "shard@x"])
+def test_a_malformed_data_fault_names_the_variable(monkeypatch, spec):
+    from kiln.data import faults
+    from kiln.errors import KilnError
+
+    monkeypatch.setenv(faults.ENV, spec)
+    with pytest.raises(KilnError, match=rf"KILN_DATA_FAULT: '{spec}' is not stage@n with stage one of download, "
+                                        r"pretokenize, shard and n >= 1"):
+        faults.planned()
