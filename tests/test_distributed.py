@@ -233,11 +233,3 @@ def test_a_stuck_rank_ends_the_job_within_the_collective_timeout(tmp_path):
     error = (tmp_path / "error.txt").read_text()
     assert "a collective waited more than train.collective_timeout_s = 2 s for another rank" in error, output[-3000:]
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == ""  # no step completed
-
-
-def test_torchrun_command_forms():
-    single = {"nproc_per_node": 4, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": ""}
-    assert torchrun_command(single) == "torchrun --nproc_per_node=4 --standalone"
-    multi = single | {"nnodes": 2, "node_rank": 1, "rdzv_endpoint": "node0.cluster:29500"}
-    assert torchrun_command(multi) == ("torchrun --nproc_per_node=4 --nnodes=2 --node_rank=1 "
-                                       "--rdzv_backend=static --rdzv_endpoint=node0.cluster:29500")
