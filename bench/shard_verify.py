@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln.data.loader import ShardRows, TrainBatches
+from kiln.data.loader import ShardRows, TrainBatches, forget_checked
 from kiln.data.shards import shard_split, verify_shards
 from kiln.io import read_json, write_json
 
@@ -37,6 +37,7 @@ def make_shards(out: Path, tokens: int, seq_len: int, rows_per_shard: int, vocab
 
 
 def serve(shards: Path, verify: bool, batches: int, micro: int, settle: bool = False) -> dict:
+    forget_checked()  # each round checks every shard, as a fresh process does
     t0 = time.perf_counter()
     rows = ShardRows(shards, "train", verify=verify)
     if settle:

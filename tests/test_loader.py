@@ -256,3 +256,16 @@ def test_intact_shards_pass_in_the_background_and_stop_being_checked(shard_dir):
     rows.checks.wait()
     assert rows.checks.complete and rows.checks.ok.all()
     assert row_ids(rows.take(np.arange(N_TRAIN))) == list(range(N_TRAIN))
+
+
+def test_a_shard_that_passed_is_not_read_again_unless_it_changed(own_shards):
+    first = ShardRows(own_shards, "train", verify_threads=1)
+    first.checks.wait()
+    assert first.checks.complete
+    again = ShardRows(own_shards, "train", verify_threads=0)  # no thread: only a cache could pass it
+    assert again.checks.complete and again.checks.ok.all()
+    _poke(own_shards / "train-00005.bin", 2, 999)  # rewritten since: checked again, and refused
+    changed = ShardRows(own_shards, "train", verify_threads=0)
+    assert not changed.checks.complete and changed.checks.ok.sum() == 6
+    with pytest.raises(KilnError, match="train-00005.bin: sha256"):
+        changed.take(np.array([40]))

@@ -11,6 +11,7 @@ an uninterrupted one would have seen.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -22,23 +23,42 @@ from kiln.errors import KilnError
 from kiln.io import read_json
 
 
+# Shards this process has seen pass, keyed by what changes when the file does: a second loader over the
+# same folder (the smoke stage builds two trainers) does not read them again.
+_PASSED: set[tuple] = set()
+
+
+def forget_checked() -> None:
+    """The next loader checks every shard again (a benchmark measures the checks this way)."""
+    _PASSED.clear()
+
+
+def _identity(path: Path, entry: dict, vocab_size: int | None) -> tuple:
+    st = os.stat(path)
+    return str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, entry["sha256"], entry["rows"], vocab_size
+
+
 class ShardChecks:
     """Every shard verified once (kiln.data.shards.verify_shard: ids below the vocabulary, sha256
     against the manifest) before any of its rows is served. Background threads go through the
     shards in order while the model is built and the first steps run; a shard needed before they
     reach it is verified by the thread that needs it, and one they are on is waited for. A failure
     found in any shard is raised by the next `require`, so a bad shard stops the run as soon as it
-    is found, not only when its rows come up."""
+    is found, not only when its rows come up. A shard that passed earlier in this process, unchanged
+    since, is not read again."""
 
     def __init__(self, paths: list[Path], entries: list[dict], vocab_size: int | None, threads: int = 1):
         self._jobs = list(zip(paths, entries))
         self._vocab = vocab_size
         self._lock = threading.Lock()
-        self._claimed = [False] * len(paths)
+        self._keys = [_identity(path, entry, vocab_size) for path, entry in self._jobs]
+        self.ok = np.array([key in _PASSED for key in self._keys], dtype=bool)
+        self._claimed = self.ok.tolist()
         self._done = [threading.Event() for _ in paths]
+        for i in np.flatnonzero(self.ok):
+            self._done[i].set()
         self._errors: dict[int, BaseException] = {}
-        self.ok = np.zeros(len(paths), dtype=bool)
-        self.complete = not paths  # every shard passed: take() skips the checks
+        self.complete = bool(self.ok.all())  # every shard passed: take() skips the checks
         self._next = 0
         self._threads = [threading.Thread(target=self._background, name="kiln-shard-verify", daemon=True)
                          for _ in range(threads)]
@@ -59,6 +79,7 @@ class ShardChecks:
             with self._lock:
                 self.ok[i] = True
                 self.complete = bool(self.ok.all())
+                _PASSED.add(self._keys[i])
         finally:
             self._done[i].set()
 
