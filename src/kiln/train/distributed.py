@@ -7,7 +7,7 @@ process), so a rank stuck or dead ends the job within that time instead of torch
 30 min (gloo) and 10 min (NCCL). The key bounds every wait for the slowest rank, so it must exceed the
 longest legitimate one: a first step's torch.compile (minutes for a large model), rank 0 writing a
 checkpoint while the others wait at the next collective, the first step's shard checks
-(kiln.data.loader.ShardChecks, ~0.4 s per GB).
+(kiln.data.loader.ShardChecks, ~0.5 s per GB).
 """
 
 from __future__ import annotations
