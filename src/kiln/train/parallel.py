@@ -10,7 +10,10 @@ gradient-sync control for accumulation; full (unsharded) state dicts for checkpo
 
 State dicts go through torch.distributed.checkpoint's helpers, which gather a sharded model onto
 rank 0 and key optimizer state by parameter name, so a checkpoint reads the same whichever
-strategy wrote it (and whichever reads it).
+strategy wrote it (and whichever reads it), on any number of ranks: one written by 2 FSDP ranks
+resumes on 1, and the reverse (tests/test_distributed.py). The price is rank 0 holding the whole
+state on its CPU at a save; checkpoints sharded on disk (DCP save/load per rank, resharded on
+load as torchtitan does) are not done here.
 """
 
 from __future__ import annotations
