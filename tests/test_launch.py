@@ -1,13 +1,15 @@
-"""kiln.train.launch: the argv that starts a stage's ranks. The Slurm path (srun + c10d on the
-allocation's first host) runs for real in tests/slurm/test_pipeline_on_slurm.py."""
+"""kiln.train.launch: the argv that starts a stage's ranks, and the exit code it hands on. The Slurm
+path (srun + c10d on the allocation's first host) runs for real in tests/slurm/test_pipeline_on_slurm.py;
+torchrun passing a rank's code and a signal on, in tests/test_kill_resume.py."""
 
+import signal
 import subprocess
 import sys
 
 import pytest
 
 from kiln.errors import KilnError
-from kiln.train.launch import command
+from kiln.train.launch import command, run_ranks
 
 ONE_NODE = {"nproc_per_node": 4, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": ""}
 
@@ -35,3 +37,16 @@ def test_the_module_reports_the_error_in_one_line_and_exits_1():
                              '{"nproc_per_node": 1, "nnodes": 3, "node_rank": 0, "rdzv_endpoint": ""}',
                              "--", "train.py"], capture_output=True, text=True, env={"PATH": ""})
     assert result.returncode == 1 and "train.nnodes: 3 nodes need a Slurm allocation" in result.stderr
+
+
+def test_the_launcher_exits_with_the_code_a_rank_left_else_its_childs():
+    # What kiln.cli.run_main does on a rank that stops with a Kiln exit code, then torchrun's exit 1.
+    rank = ("import json, os, sys; json.dump({'code': 75, 'message': 'preempted'}, "
+            "open(os.environ['KILN_EXIT_FILE'], 'w')); sys.exit(1)")
+    before = signal.getsignal(signal.SIGTERM)
+    assert run_ranks([sys.executable, "-c", rank]) == 75
+    assert signal.getsignal(signal.SIGTERM) is before  # its wait-through handlers are gone again
+    assert run_ranks([sys.executable, "-c", "import sys; sys.exit(3)"]) == 3
+    assert run_ranks([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]) == 137
+    env = "import os, sys; sys.exit(0 if os.environ['PET_SIGNALS_TO_HANDLE'].endswith('SIGUSR1') else 1)"
+    assert run_ranks([sys.executable, "-c", env]) == 0  # torchrun is asked to pass SIGUSR1 on

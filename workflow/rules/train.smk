@@ -2,6 +2,8 @@
 # Hugging Face export (train/hf: weights, config, tokenizer) that transformers loads as it is.
 # metrics.jsonl, samples.jsonl and checkpoints/ are not declared outputs on purpose: Snakemake
 # deletes a job's outputs before rerunning it, and a killed run resumes from them.
+# The shell execs the launcher: Slurm's preemption signal reaches every process of the job step, and
+# a shell left in between would die of it at once, ending the job while the ranks still save.
 rule train:
     input:
         shards=rules.shard.output.shards,
@@ -28,6 +30,6 @@ rule train:
     benchmark:
         benchmark_of("train")
     shell:
-        "python -m kiln.train.launch --train {params.launch:q} -- {params.script} --params {params.cfg:q}"
+        "exec python -m kiln.train.launch --train {params.launch:q} -- {params.script} --params {params.cfg:q}"
         " --shards {input.shards} --smoke {input.smoke} --tokenizer {input.tokenizer} --out {params.out}"
         " --threads {params.rank_threads} > {log} 2>&1"

@@ -12,6 +12,7 @@ rank has the fault. Kinds:
     sigterm         the rank sends itself SIGTERM as the step starts (what Slurm sends)
     sigusr1         ... SIGUSR1 (what `sbatch --signal=USR1@<s>` sends)
     sigterm_parent  the rank sends SIGTERM to its parent process (torchrun, which passes it on)
+    sigusr1_parent  ... SIGUSR1 (torchrun passes it on when kiln.train.launch started it)
     sigkill         the rank SIGKILLs itself as the step starts (a node lost, the OOM killer)
     kill_in_save    the checkpoint of this step is SIGKILLed half-written (its file written, not renamed)
     enospc          writing the checkpoint of this step fails with ENOSPC (a full disk)
@@ -30,8 +31,8 @@ from dataclasses import dataclass
 from kiln.errors import KilnError
 
 ENV = "KILN_FAULT"
-KINDS = ("nan_loss", "inf_grad", "spike", "sigterm", "sigusr1", "sigterm_parent", "sigkill", "kill_in_save",
-         "enospc")
+KINDS = ("nan_loss", "inf_grad", "spike", "sigterm", "sigusr1", "sigterm_parent", "sigusr1_parent", "sigkill",
+         "kill_in_save", "enospc")
 SPIKE_FACTOR = 10.0
 _SIGNALS = {"sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1, "sigkill": signal.SIGKILL}
 _ITEM = re.compile(r"(?P<kind>\w+)@(?P<step>\d+)(?::(?P<rank>\d+))?")
@@ -54,8 +55,9 @@ class Faults:
         for kind, sig in _SIGNALS.items():
             if self.at(kind, step):
                 os.kill(os.getpid(), sig)
-        if self.at("sigterm_parent", step):
-            os.kill(os.getppid(), signal.SIGTERM)
+        for kind, sig in (("sigterm_parent", signal.SIGTERM), ("sigusr1_parent", signal.SIGUSR1)):
+            if self.at(kind, step):
+                os.kill(os.getppid(), sig)
 
     def during_save(self, step: int) -> None:
         """Called by kiln.train.checkpoint.save with the checkpoint's files written, not yet renamed."""

@@ -10,6 +10,14 @@ script ARGS...` (torch-free until it hands over to torchrun).
   node 0's host:port as train.rdzv_endpoint (torchrun's static rendezvous).
 
 Every rank writes to the same log (srun forwards each task's output); only rank 0 writes files.
+
+The launcher waits for torchrun and exits with the ranks' own code (kiln.errors.ExitCode: 75 after
+a preemption save, 76 after a non-finite step), which a rank leaves in a file the launcher names in
+KILN_EXIT_FILE: torchrun itself reports any failed rank as 1. It makes torchrun pass SIGUSR1 on to the
+ranks too (its defaults are SIGTERM, SIGINT, SIGHUP, SIGQUIT) and give them SHUTDOWN_TIMEOUT_S to save
+before it kills them. It passes no signal on itself: Slurm signals every process of a job step and a
+terminal its foreground group, so torchrun gets each signal already, and a second copy would cut its
+graceful shutdown short. (The train rule execs it, so no shell between Snakemake and it dies first.)
 """
 
 from __future__ import annotations
@@ -17,14 +25,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from typing import Mapping, Sequence
 
-from kiln.errors import KilnError
+from kiln.errors import EXIT_FILE_ENV, ExitCode, KilnError
 
 RDZV_BASE_PORT = 29500  # torchrun's default; a Slurm job adds job id % RDZV_PORT_SPAN to it
 RDZV_PORT_SPAN = 1000
+# How long torchrun lets the ranks finish a step and save after it passed a signal on, before SIGKILL
+# (its default is 30 s, short for a large model's checkpoint). Slurm's own kill still bounds it.
+SHUTDOWN_TIMEOUT_S = 600
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+WAIT_THROUGH = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
 
 
 def slurm_job(job_id: str) -> dict[str, str]:
@@ -82,7 +98,41 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kiln.train.launch: {exc}", file=sys.stderr)
         return 1
     print("launch:", " ".join(argv_out[: argv_out.index(script[0])]), file=sys.stderr, flush=True)
-    os.execvp(argv_out[0], argv_out)
+    return run_ranks(argv_out)
+
+
+def run_ranks(argv: list[str]) -> int:
+    """Run torchrun (or srun) with `argv` and return the exit code the ranks reported, else its own."""
+    env = dict(os.environ)
+    # torchrun's --signals-to-handle (read from PET_*; older versions read TORCHELASTIC_* directly)
+    env.setdefault("PET_SIGNALS_TO_HANDLE", TORCHRUN_SIGNALS)
+    env.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", TORCHRUN_SIGNALS)
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
+    with tempfile.TemporaryDirectory(prefix="kiln-launch-") as folder:
+        exit_file = Path(folder) / "exit.json"
+        env[EXIT_FILE_ENV] = str(exit_file)
+        proc = subprocess.Popen(argv, env=env)
+        # These reached torchrun too: wait for the ranks to save and exit.
+        previous = {sig: signal.signal(sig, _note_signal) for sig in WAIT_THROUGH}
+        try:
+            returncode = proc.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if exit_file.exists():
+            code = json.loads(exit_file.read_text(encoding="utf-8"))["code"]
+            try:
+                name = ExitCode(code).name
+            except ValueError:
+                name = "?"
+            print(f"kiln.train.launch: the ranks exited with code {code} ({name})", file=sys.stderr, flush=True)
+            return code
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def _note_signal(signum: int, frame) -> None:
+    print(f"kiln.train.launch: {signal.Signals(signum).name} received; waiting for the ranks to save and exit",
+          file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
