@@ -41,7 +41,7 @@ def test_forward_shapes(cfg):
     assert logits.shape == (3, 10, cfg.vocab_size)
     assert loss is None
     logits, loss = model(idx, _ids(3, 10, seed=2))
-    assert logits.shape == (3, 10, cfg.vocab_size)
+    assert logits is None  # the loss is computed in chunks, without the logits (tests/test_loss.py)
     assert loss.ndim == 0 and torch.isfinite(loss)
 
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from kiln.model.kv_cache import KVCache
+from kiln.model.loss import lm_loss
 from kiln.model.registry import ModelConfig
 
 
@@ -133,7 +134,8 @@ class Llama(nn.Module):
         return n
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
-        """idx (B, T) ids -> logits (B, T, V); with targets (B, T), also the mean cross-entropy.
+        """idx (B, T) ids -> (logits (B, T, V), None); with targets (B, T), (None, the mean
+        cross-entropy), computed in chunks without the logits (kiln.model.loss).
         With a cache, idx holds only the tokens after those cached, and the logits are the last
         position's (B, 1, V), as in GPT.forward."""
         B, T = idx.shape
@@ -151,8 +153,9 @@ class Llama(nn.Module):
                 x = block(x, cos, sin, cache, layer)
             cache.commit(T)
             x = x[:, -1:]  # (B, 1, C)
-        logits = self.lm_head(self.norm(x))  # (B, T, V); (B, 1, V) with a cache
+        x = self.norm(x)
         if targets is None:
-            return logits, None
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
-        return logits, loss
+            return self.lm_head(x), None  # (B, T, V); (B, 1, V) with a cache
+        # No logits with targets: the chunked loss never holds (B, T, V) of them (kiln.model.loss), and
+        # none are returned for a caller to keep alive through backward.
+        return None, lm_loss(x, self.lm_head.weight, targets)

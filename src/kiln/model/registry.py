@@ -16,6 +16,15 @@ from kiln.errors import KilnError
 
 FAMILIES = ("gpt2", "llama")
 SWIGLU_MULTIPLE = 256  # Llama rounds its SwiGLU width up to a multiple of this (multiple_of)
+# The training loss (kiln.model.loss) runs the head and cross-entropy this many logits at a time:
+# a chunk's fp32 logits are 128 MiB (1,024 rows at V 32,768; 2,560 at GPT-2's 50,304), few enough
+# chunks for the head matmuls to stay large on a GPU.
+LOSS_CHUNK_ELEMENTS = 2**25
+
+
+def loss_chunk_rows(vocab_size: int) -> int:
+    """Rows (positions) per chunk of the chunked loss for a vocabulary of vocab_size."""
+    return max(1, LOSS_CHUNK_ELEMENTS // vocab_size)
 
 
 class ModelConfigError(KilnError):

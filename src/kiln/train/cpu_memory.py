@@ -1,0 +1,47 @@
+"""Peak bytes of tensors allocated while a function runs on the CPU: what torch.cuda.max_memory_allocated
+gives on a GPU, measured from torch's CPU profiler (profile_memory=True records every allocation and
+free of the CPU allocator, with its size, in order).
+
+A process's peak resident set (ru_maxrss) is the other CPU figure; it adds the interpreter, torch's
+libraries and whatever glibc keeps of freed memory, so it cannot tell a 10 MB saving from noise. The
+profiler's figure is exact and repeatable: the same step gives the same bytes on every run, which is
+why the tests compare memory through it (tests/test_loss.py, tests/test_memory.py) and never time it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Allocated:
+    peak: int  # the most bytes alive at once during the call, above what was alive before it
+    end: int  # bytes still alive when it returned (allocated minus freed), above the same start
+
+
+def allocated_during(fn: Callable[[], T]) -> tuple[T, Allocated]:
+    """Run fn under the CPU profiler; return what it returned and its allocation peak and net."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):  # frees are negative sizes
+        live += event.nbytes()
+        peak = max(peak, live)
+    return out, Allocated(peak=peak, end=live)
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (a tied weight, or views, counted once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if torch.is_tensor(t) and t.device.type == "cpu":
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
