@@ -38,8 +38,8 @@ GLOBAL_BATCH = 8 * 16  # tokens: 8 rows of seq_len 16 per optimizer step
 # name -> (parallel, micro_batch per rank, extra train keys); every run has the same global batch.
 RUNS = {
     "ddp": ("ddp", 4, {}),  # 2 ranks x 4 rows
-    "ddp-accum": ("ddp", 2, {"activation_checkpointing": True}),  # 2 ranks x 2 micro-batches x 2 rows
-    "fsdp-accum": ("fsdp", 2, {}),
+    "ddp-accum": ("ddp", 2, {"activation_checkpointing": "full"}),  # 2 ranks x 2 micro-batches x 2 rows
+    "fsdp-accum": ("fsdp", 2, {"activation_checkpointing": "selective"}),
     "ddp-compiled": ("ddp", 2, {"compile": True}),  # each block compiled; accumulation as ddp-accum
     "fsdp-bf16": ("fsdp", 4, {"precision": "bf16"}),  # bf16 gathers and fp32 reduction: runs, learns
     "fsdp-resumed": ("fsdp", 4, {}),  # resumes from ddp's mid-run checkpoint

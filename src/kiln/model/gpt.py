@@ -21,7 +21,6 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from kiln.model.kv_cache import KVCache
 from kiln.model.loss import lm_loss
@@ -84,7 +83,6 @@ class GPT(nn.Module):
         if cfg.family != "gpt2":
             raise ValueError(f"GPT builds the gpt2 family, not {cfg.family}")
         self.cfg = cfg
-        self.checkpoint_blocks = False  # activation checkpointing: recompute each block in backward
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.max_positions, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
@@ -131,7 +129,7 @@ class GPT(nn.Module):
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         if cache is None:
             for block in self.blocks:
-                x = checkpoint(block, x, use_reentrant=False) if self.checkpoint_blocks else block(x)
+                x = block(x)
         else:
             for layer, block in enumerate(self.blocks):
                 x = block(x, cache, layer)

@@ -17,7 +17,6 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from kiln.model.kv_cache import KVCache
 from kiln.model.loss import lm_loss
@@ -102,7 +101,6 @@ class Llama(nn.Module):
         if cfg.family != "llama":
             raise ValueError(f"Llama builds the llama family, not {cfg.family}")
         self.cfg = cfg
-        self.checkpoint_blocks = False  # activation checkpointing: recompute each block in backward
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
@@ -145,7 +143,7 @@ class Llama(nn.Module):
         if cache is None:
             cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, D)
             for block in self.blocks:
-                x = checkpoint(block, x, cos, sin, use_reentrant=False) if self.checkpoint_blocks else block(x, cos, sin)
+                x = block(x, cos, sin)
         else:
             pos = cache.begin(T)  # (B, T)
             cos, sin = self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]  # (B, 1, T, D)

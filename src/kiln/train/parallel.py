@@ -1,5 +1,13 @@
-"""Readying the model for the run's ranks: activation checkpointing, torch.compile, then DDP or FSDP2;
-gradient-sync control for accumulation; full (unsharded) state dicts for checkpoints.
+"""Readying the model for the run's ranks: activation checkpointing, torch.compile, then DDP or FSDP2
+(torchtitan's order); gradient-sync control for accumulation; full (unsharded) state dicts for checkpoints.
+
+Activation checkpointing (train.activation_checkpointing) is applied here, to the blocks, not asked
+of the model: a checkpointed block's forward runs under torch.utils.checkpoint (non-reentrant), so
+its forward keeps only its inputs (the residual stream, (B, T, C) fp32) and backward reruns it to get
+the rest. `full` does that to every block, `selective` to every other one (torchtitan's layer-level
+selective AC at frequency 2: its 2nd, 4th, ... block), `none` to none. The module tree and parameter
+names are untouched (no wrapper module), so checkpoints and state dicts read the same in every mode;
+RNG state is replayed on recompute, so dropout draws the same masks (tests/test_model.py).
 
 - ddp (default): every rank holds the whole model; gradients are all-reduced (averaged) in buckets
   overlapping the backward pass. Fastest while the model, its gradients and AdamW's two moments
@@ -19,6 +27,7 @@ load as torchtitan does) are not done here.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.nn as nn
@@ -32,21 +41,23 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
 
 from kiln.train.distributed import Dist
 
 STRATEGIES = ("ddp", "fsdp")
+AC_MODES = ("none", "full", "selective")  # train.activation_checkpointing
 GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU
 SCATTER = StateDictOptions(full_state_dict=True)  # every rank passes the whole state; each keeps its part
 
 
 def parallelize(model: nn.Module, d: Dist, *, strategy: str, compile_model: bool,
-                activation_checkpointing: bool, bf16: bool) -> nn.Module:
+                activation_checkpointing: str, bf16: bool) -> nn.Module:
     """The module the training step calls. `model` itself stays the one to read parameters and
     state from (fully_shard changes it in place; DDP wraps it)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown parallel strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
-    model.checkpoint_blocks = activation_checkpointing
+    apply_activation_checkpointing(model, activation_checkpointing)
     if compile_model:
         _compile(model, per_block=d.world > 1)
     if d.world == 1:  # nothing to replicate or shard across
@@ -59,6 +70,30 @@ def parallelize(model: nn.Module, d: Dist, *, strategy: str, compile_model: bool
         fully_shard(model, mesh=mesh, mp_policy=policy)  # embedding, final norm, head
         return model
     return DistributedDataParallel(model, device_ids=[d.local_rank] if d.device.type == "cuda" else None)
+
+
+def checkpointed_blocks(mode: str, n_layer: int) -> list[int]:
+    """Indices of the blocks whose activations `mode` recomputes (torch-free callers:
+    kiln.train.memory counts the same blocks)."""
+    if mode not in AC_MODES:
+        raise ValueError(f"train.activation_checkpointing: {mode!r} is not one of {', '.join(AC_MODES)}")
+    return {"none": [], "full": list(range(n_layer)), "selective": list(range(1, n_layer, 2))}[mode]
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
+    """Run the chosen blocks' forward under torch.utils.checkpoint when training (grad on, train
+    mode); evaluation and KV-cached decoding run them plainly."""
+    for i in checkpointed_blocks(mode, len(model.blocks)):
+        block = model.blocks[i]
+        forward = block.forward  # the class's, bound; replaced on this instance only
+
+        @functools.wraps(forward)
+        def recomputed(*args, _block=block, _forward=forward, **kwargs):
+            if _block.training and torch.is_grad_enabled():
+                return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+            return _forward(*args, **kwargs)
+
+        block.forward = recomputed
 
 
 def _compile(model: nn.Module, per_block: bool) -> None:

@@ -57,8 +57,12 @@ def oom_advice(train: dict, seq_len: int) -> str:
     tips = []
     if micro > 1:
         tips.append(f"train.micro_batch: {micro // 2} (train.batch_tokens unchanged doubles the gradient accumulation)")
-    if not train["activation_checkpointing"]:
-        tips.append("train.activation_checkpointing: true (recompute activations: ~1/3 more compute, far less memory)")
+    if train["activation_checkpointing"] == "none":
+        tips.append("train.activation_checkpointing: selective (every other block recomputed in backward: "
+                    "~1/6 more compute, about half the activation memory), or full")
+    elif train["activation_checkpointing"] == "selective":
+        tips.append("train.activation_checkpointing: full (every block recomputed: ~1/3 more compute, "
+                    "the least activation memory)")
     if train["parallel"] == "ddp":
         tips.append("train.parallel: fsdp (shard weights, gradients and optimizer state across ranks)")
     tips.append(f"a shorter shard.seq_len than {seq_len}")
