@@ -40,10 +40,13 @@ def main() -> None:
     if args.tokenizer:
         check_tokenizer(args.shards, args.tokenizer)
     marker = load_tokenizer(args.tokenizer).token_to_id("<fim_middle>") if args.tokenizer else None
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
         report = run_checks(cfg, args.shards, args.out, marker_id=marker)
-    finally:
-        shutdown(int(os.environ.get("WORLD_SIZE", "1")))
+    except BaseException:
+        shutdown(world)
+        raise
+    shutdown(world, synced=True)  # (a rank that exits right after its last collective can hang)
     if int(os.environ.get("RANK", "0")) != 0:  # rank 0 reports for all
         return
     checks = report.pop("checks")

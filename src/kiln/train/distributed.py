@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -87,8 +88,19 @@ def collective_deadline(timeout_s: float):
         ) from exc
 
 
-def shutdown(world: int) -> None:
+def shutdown(world: int, synced: bool = False) -> None:
+    """Leave the process group; synced: every rank got here the same way (a run that finished or
+    stopped itself), not through an error only some ranks raised.
+
+    gloo's worker threads let go of a finished collective's tensors under the GIL, and the group's
+    destructor, which runs at interpreter exit holding the GIL (from DDP's reducer), waits for those
+    threads: a rank that exited within a few ms of its last collective hung there for good (seen
+    after the final checkpoint's RNG gather; pytorch/pytorch#56297). When synced, a barrier and a
+    short sleep, both without the GIL, let the threads finish first."""
     if world > 1 and dist.is_initialized():
+        if synced:
+            dist.barrier()
+            time.sleep(0.05)
         dist.destroy_process_group()
 
 

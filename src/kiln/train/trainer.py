@@ -420,9 +420,15 @@ def run(sections: dict, shard_dir: Path, out_dir: Path, *, max_steps: int | None
     """Train per `sections` (seed, model, train[, wandb]) on shard_dir, writing into out_dir (see
     Trainer.fit); the process group, if any, is shut down at the end."""
     trainer = Trainer(sections, shard_dir, max_steps=max_steps)
+    synced = False  # every rank finished, or stopped itself at the same step
     try:
         with collective_deadline(trainer.train_cfg["collective_timeout_s"]):
-            return trainer.fit(out_dir, sampler=sampler)
+            result = trainer.fit(out_dir, sampler=sampler)
+        synced = True
+        return result
+    except RunStopped:
+        synced = True
+        raise
     finally:
         trainer.stop.restore()
-        shutdown(trainer.d.world)
+        shutdown(trainer.d.world, synced)
