@@ -30,9 +30,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: torch default)")
     args = parser.parse_args()
     cfg = stage_config(args, "train")
-    check_tokenizer(args.shards, args.tokenizer)  # the one the Hugging Face export will carry
-    if args.smoke is not None:
+    if args.smoke is not None:  # first: a failed gate says so before anything else is read
         SmokeReport.load(args.smoke).require_passed()
+    check_tokenizer(args.shards, args.tokenizer)  # the one the Hugging Face export will carry
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
