@@ -9,7 +9,7 @@ from kiln.errors import KilnError
 from kiln.model.build import build_model
 from kiln.model.registry import resolve
 from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, peak_flops
-from kiln.train.peaks import peak_flops_of
+from kiln.train.peaks import gpu_of, peak_flops_of
 from kiln.train.tables import format_eta
 
 
@@ -27,13 +27,18 @@ def test_flops_per_token_is_6n_plus_the_attention_term():
     assert flops_per_token(llama) == 6 * 1_040_254_976 + 12 * 16 * 32 * 64 * 8192
 
 
-@pytest.mark.parametrize("name,tflops", [
-    ("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756), ("NVIDIA H100 NVL", 835),
-    ("NVIDIA H200", 989), ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA B200", 2250), ("NVIDIA GeForce RTX 4090", 165.2),
-    ("NVIDIA GeForce RTX 3080 Ti", 68.2), ("NVIDIA GeForce RTX 3080", None), ("Tesla V100-SXM2-16GB", None),
+@pytest.mark.parametrize("name,tflops,gib", [
+    ("NVIDIA H100 80GB HBM3", 989, 80), ("NVIDIA H100 PCIe", 756, 80), ("NVIDIA H100 NVL", 835, 94),
+    ("NVIDIA H200", 989, 141), ("NVIDIA H200 NVL", 835, 141), ("NVIDIA A100-SXM4-80GB", 312, 80),
+    ("NVIDIA A100-SXM4-40GB", 312, 40), ("NVIDIA B200", 2250, 180), ("NVIDIA L40S", 362, 48), ("NVIDIA L40", 181, 48),
+    ("NVIDIA L4", 121, 24), ("NVIDIA A10", 125, 24), ("NVIDIA GeForce RTX 5090", 209.5, 32),
+    ("NVIDIA GeForce RTX 4090", 165.2, 24), ("NVIDIA GeForce RTX 3090 Ti", 80, 24),
+    ("NVIDIA GeForce RTX 3080 Ti", 68.2, 12), ("NVIDIA GeForce RTX 3080", 59.5, 10), ("Tesla V100-SXM2-16GB", None, None),
 ])
-def test_peak_table(name, tflops):
+def test_peak_table(name, tflops, gib):
+    """By the name CUDA reports; a longer name wins over its prefix (H200 NVL, A100 40GB, L40S, 3080 Ti)."""
     assert peak_flops_of(name) == (tflops * 1e12 if tflops else None)
+    assert (gpu_of(name).memory_gib if gib else gpu_of(name)) == gib
 
 
 def test_no_peak_and_so_no_mfu_on_cpu():

@@ -95,6 +95,10 @@ def test_plan_of_seed_000_reads_what_the_seed_measured():
     assert plan["eta_h"] == pytest.approx(12.2, abs=0.1)  # seed 000: 12.26 h at 55.8k tokens/s per H100
     assert plan["cost"] == pytest.approx(151, abs=1.5)  # $3.09 x 4 GPUs
     assert plan["tokens_per_s_per_rank"] == pytest.approx(55_800, rel=0.01)
+    # micro-batch 6 at seq 8192 without activation checkpointing: over what an H100 step may use
+    memory = plan["memory"]
+    assert (memory["gpu"], memory["gpu_memory_gib"], memory["fits"]) == ("H100", 80, False)
+    assert memory["changes"][0]["set"] == "train.activation_checkpointing: selective"
 
 
 def test_plan_of_seed_002_is_the_seeds_budget_on_one_gpu():
@@ -110,6 +114,7 @@ def test_plan_of_seed_003_uses_the_consumer_cards_peak():
     assert plan["n_params"] == resolve({"flavour": "gpt2-124m", "tie_embeddings": False, "max_positions": 2048},
                                        vocab_size=padded_vocab_size(50257 + 7), seq_len=2048).num_params(False)
     assert 160e6 < plan["n_params"] < 170e6  # the seed's "164M"
+    assert plan["memory"]["fits"] and plan["memory"]["gpu_memory_gib"] == 12
 
 
 def test_plan_takes_overrides_as_snakemake_does_and_names_a_bad_gpu(tmp_path):

@@ -50,6 +50,8 @@ def test_healthy_tiny_run_passes_every_check(shards, tmp_path):
                             "overfit"]
     assert failed(report) == set(), [(c.name, c.figure, c.detail) for c in report["checks"]]
     assert report["val_loss_after"] < report["val_loss_init"]
+    # the measured peak beside kiln.train.memory's estimate of the same step
+    assert "peak memory" in checks["preflight"].figure and "MB of tensors per device" in checks["preflight"].figure
     assert len(report["losses"]) == len(report["grad_norms"]) == 12
     probe = report["probe"]
     assert probe["measured_steps"] == 10 and probe["tokens_per_s"] > 0 and 0 <= probe["data_wait_fraction"] < 1
@@ -107,6 +109,7 @@ def test_model_too_big_for_memory_fails_preflight_with_advice(shards, tmp_path):
     huge = {"n_layer": 1, "n_head": 1, "d_model": 2**17}
     report = run_checks(smoke_sections(model=huge), shards, tmp_path)
     assert [(c.name, c.passed) for c in report["checks"]] == [("preflight", False)]
+    assert "estimated" in report["checks"][0].figure  # what the step would need, from the shapes
     detail = report["checks"][0].detail
     assert "train.micro_batch: 4" in detail and "activation_checkpointing" in detail and "fsdp" in detail
     assert "probe" not in report

@@ -5,6 +5,9 @@ model's FLOPs per token come from the shape (ModelConfig.flops_per_token) and th
 config's expected MFU x the GPU's dense bf16 peak x the ranks (plan.gpu, plan.mfu). Everything else
 (tokens, steps, time, GPU-hours, cost, disk) is the same arithmetic as the smoke stage's plan, which
 replaces this prediction with a measurement once the smoke stage has run on the real hardware.
+Memory per GPU is kiln.train.memory's estimate of a step's peak at the config's micro-batch, precision,
+activation checkpointing and parallelism (compiled, as train runs on a GPU), held against plan.gpu's
+memory (kiln.train.peaks): whether it fits, and when it does not, what to change.
 Torch-free: it runs on a login node in a fraction of a second.
 """
 
@@ -18,7 +21,8 @@ from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import padded_vocab_size
 from kiln.errors import KilnError
 from kiln.model.registry import resolve as resolve_model
-from kiln.train.peaks import PEAK_TFLOPS, peak_flops_of
+from kiln.train.memory import fit_report, setting_of
+from kiln.train.peaks import GPUS, gpu_of
 from kiln.train.plan import full_run_plan, plan_batch
 from kiln.train.tables import render_plan
 
@@ -45,10 +49,11 @@ def model_vocab(tokenizer: dict) -> int:
 def predict(cfg: dict) -> dict:
     """The plan of a validated config, with what it assumed (plan.gpu, plan.mfu) recorded in it."""
     train, expect = cfg["train"], cfg["plan"]
-    peak = peak_flops_of(expect["gpu"])
-    if peak is None:
+    gpu = gpu_of(expect["gpu"])
+    if gpu is None:
         raise KilnError(f"plan.gpu: {expect['gpu']!r} is not a known GPU "
-                        f"(known: {', '.join(name for name, _ in PEAK_TFLOPS)})")
+                        f"(known: {', '.join(g.fragment for g in GPUS)})")
+    peak = gpu.tflops * 1e12
     model = resolve_model(cfg["model"], vocab_size=model_vocab(cfg["tokenizer"]), seq_len=cfg["shard"]["seq_len"])
     batch = plan_batch(train["batch_tokens"], train["micro_batch"], cfg["shard"]["seq_len"],
                        train["nproc_per_node"] * train["nnodes"])
@@ -58,7 +63,9 @@ def predict(cfg: dict) -> dict:
                          train_tokens=cfg["pretokenize"].get("train_tokens") or 0,
                          checkpoint_bytes=ADAMW_BYTES_PER_PARAM * n_params, keep_checkpoints=train["keep_checkpoints"],
                          model_bytes=4 * n_params, price_per_gpu_hour=cfg["smoke"]["price_per_gpu_hour"])
-    return plan | {"predicted_from": {"gpu": expect["gpu"], "peak_tflops": peak / 1e12, "mfu": expect["mfu"],
+    memory = fit_report(model, setting_of(train, world=batch.world), gpu.fragment, gpu.memory_gib)
+    return plan | {"memory": memory,
+                   "predicted_from": {"gpu": expect["gpu"], "peak_tflops": peak / 1e12, "mfu": expect["mfu"],
                                       "flops_per_token": model.flops_per_token()}}
 
 

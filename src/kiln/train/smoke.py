@@ -28,6 +28,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -36,7 +37,10 @@ import numpy as np
 import torch
 
 from kiln.io import read_json
+from kiln.model.registry import resolve
+from kiln.train import device
 from kiln.train.distributed import mean_across_ranks
+from kiln.train.memory import Estimate, estimate, setting_of
 from kiln.train.metrics import flops_per_token, memory_mb, peak_flops
 from kiln.train.trainer import Trainer
 from kiln.train.verdict import Check, Probe
@@ -227,6 +231,9 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
     checks: list[Check] = []
     report: dict = {"checks": checks}
     trainer = None
+    manifest = read_json(Path(shard_dir) / "manifest.json")
+    memory = _estimate_note(estimate_for(sections, manifest, int(os.environ.get("WORLD_SIZE", "1"))),
+                            device.select_device(train["device"]).type == "cuda")
     try:
         # The probe reaches the full run's peak lr (warmup at most a third of the probe) and holds
         # it: an lr that diverges is caught here, not hours into the run.
@@ -248,11 +255,11 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         if not is_out_of_memory(exc):
             raise
         where = "building the model" if trainer is None else "the probe steps"
-        advice = oom_advice(train, read_json(Path(shard_dir) / "manifest.json")["seq_len"])
-        checks.insert(0, Check("preflight", False, f"out of memory in {where}", "fits in memory",
+        advice = oom_advice(train, manifest["seq_len"])
+        checks.insert(0, Check("preflight", False, f"out of memory in {where}; {memory}", "fits in memory",
                                f"{advice}. ({str(exc).splitlines()[0][:200]})"))
         return report
-    checks.insert(0, Check("preflight", True, f"peak memory {measured.peak_memory_mb:,.0f} MB",
+    checks.insert(0, Check("preflight", True, f"peak memory {measured.peak_memory_mb:,.0f} MB; {memory}",
                            "fits in memory"))
     checks.append(_health(losses, norms, cfg["min_loss_drop"]))
     after = trainer.evaluate(cfg["val_batches"])
@@ -287,6 +294,22 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
                         f"< {cfg['overfit']['max_loss']:g} within {cfg['overfit']['max_steps']} steps",
                         "" if ok else "a fresh model could not memorise a few rows: check lr, schedule, labels and data"))
     return report
+
+
+def estimate_for(sections: dict, manifest: dict, world: int) -> Estimate:
+    """kiln.train.memory's estimate of the run's step as this machine will run it (train.device,
+    precision, compile, ranks): printed beside the measured peak, or with an out-of-memory error."""
+    train = sections["train"]
+    dev = device.select_device(train["device"])
+    cfg = resolve(sections["model"], manifest["padded_vocab_size"], manifest["seq_len"])
+    return estimate(cfg, setting_of(train, cuda=dev.type == "cuda", world=world,
+                                    bf16=device.use_bf16(train["precision"], dev),
+                                    compiled=device.use_compile(train["compile"], dev)))
+
+
+def _estimate_note(est: Estimate, cuda: bool) -> str:
+    measured = "torch.cuda.max_memory_allocated" if cuda else "the process's resident peak, interpreter and libraries included"
+    return f"estimated {est.total / 2**20:,.0f} MB of tensors per device ({est.summary()}; measured: {measured})"
 
 
 def _param_bytes(model: torch.nn.Module) -> int:

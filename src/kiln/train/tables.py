@@ -52,5 +52,22 @@ def render_plan(plan: dict) -> str:
         ("disk", f"{_size(plan['disk_bytes'])}: {plan['keep_checkpoints']} checkpoints of "
                  f"{_size(plan['checkpoint_bytes'])} + the final weights twice (safetensors, HF export)"),
     ]
+    if "memory" in plan:
+        rows += memory_rows(plan["memory"])
     return "\n".join(["# Plan for the full run", "", "| | |", "|---|---|",
                       *(f"| {k} | {v} |" for k, v in rows), ""])
+
+
+def memory_rows(memory: dict) -> list[tuple[str, str]]:
+    """kiln.train.memory.fit_report as two plan rows: the estimate per GPU, and whether it fits."""
+    parts = ", ".join(f"{name} {gib:.1f}" for name, gib in memory["parts_gib"].items())
+    gpu = f"{memory['gpu']} ({memory['gpu_memory_gib']:g} GiB)"
+    if memory["fits"]:
+        verdict = f"yes: {memory['gib_per_gpu']:.1f} of the {memory['usable_gib']:.1f} GiB a step may use"
+    else:
+        tries = "; ".join(f"{c['set']} ({c['gib_per_gpu']:.1f} GiB)" for c in memory["changes"]) or \
+            "nothing in train alone: a shorter shard.seq_len, a smaller model or a larger GPU"
+        verdict = f"no: {memory['gib_per_gpu']:.1f} GiB > the {memory['usable_gib']:.1f} a step may use; what fits: {tries}"
+    return [("memory per GPU", f"{memory['gib_per_gpu']:.1f} GiB estimated at the step's peak ({memory['peak_at']}): "
+                               f"{parts}; {memory['assumes']}"),
+            (f"fits on {gpu}?", verdict)]

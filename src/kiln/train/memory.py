@@ -1,0 +1,235 @@
+"""Peak memory per GPU of a training step, predicted from a config's shapes alone (torch-free: `kiln plan`
+prices a run on a login node; the smoke preflight prints it beside the measured peak).
+
+What a step holds at its peak, per rank (N parameters, tied weights once; W ranks; B x T = micro_batch
+x seq_len tokens, C = d_model, K = key/value width n_kv_head x head dim, F = d_ff, V = padded vocab,
+L layers):
+
+- weights, gradients, AdamW's two moments: 4 + 4 + 8 bytes per parameter, fp32 (bf16 autocast keeps
+  fp32 master weights); FSDP divides all three by W. DDP on several ranks adds its gradient buckets
+  (4N; Kiln's DDP makes the gradients views into them, so they are the gradients' memory from the
+  first step on).
+- activations, what autograd keeps from the forward pass for backward, per layer per token, counted
+  tensor by tensor from the models (tests/test_memory.py checks the totals against torch's CPU
+  profiler). With a = 2 bytes (bf16 autocast) or 4 (fp32):
+    eager   gpt2  8C + a(6C + 2F)         the fp32 residual stream before each LayerNorm (2 x 4C);
+                                          both LayerNorm outputs, q|k|v, the attention output, the
+                                          MLP's two F-wide tensors
+            llama 16C + a(nC + 2C + 2K + 4F) RMSNorm keeps its fp32 input and normalised input (2 x 2
+                                          x 4C); its output is cast once per matmul under autocast
+                                          (n = 5: q, k, v, gate, up) or kept once in fp32 (n = 2);
+                                          q and the attention output (2C), k and v (2K), SwiGLU's
+                                          gate, silu, up and product (4F)
+    compiled gpt2 4C + a(7C + 2F)         inductor's min-cut partitioner keeps the block input and
+            llama 4C + a(5C + 2K + 3F)    matmul-sized tensors, recomputing norms and pointwise ops
+                                          (measured with aot_eager_decomp_partition, the same
+                                          partitioner; identical to inductor's on the CPU)
+  plus a few bytes per token (norm statistics, attention's log-sum-exp: 4 x heads). Under bf16
+  autocast (without FSDP) each matmul also keeps its bf16 weight copy, 2 bytes per weight, until its
+  backward. A checkpointed block keeps only its input (4C, fp32) and recomputes the rest when
+  backward reaches it (train.activation_checkpointing: full, every block; selective, every other).
+- the loss (kiln.model.loss): the final norm's output, and one chunk's logits at a time in backward
+  (bf16 logits, their fp32 copy, log-softmax and gradients: ~LOSS_BYTES_PER_LOGIT per logit).
+
+The peak is walked through the step: the start of backward (every activation, the head's gradient,
+the loss chunk), each layer's backward (activations freed, gradients arriving, a checkpointed block's
+recompute), and the optimizer step (all gradients). Eager figures are what a CPU run and an eager GPU
+run hold; compiled ones are what train holds on a GPU (compile auto). Neither counts the CUDA context
+(~0.5 GiB, outside torch's allocator) or fragmentation: FIT_FRACTION leaves room for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from kiln.model.registry import ModelConfig, loss_chunk_rows
+
+GIB = 2**30
+AC_MODES = ("none", "full", "selective")  # train.activation_checkpointing
+LOSS_BYTES_PER_LOGIT = 12  # a chunk's logits in backward: their tensors at once (measured, bf16 and fp32 alike)
+FIT_FRACTION = 0.9  # of a GPU's memory a step may plan to use: the CUDA context, NCCL and fragmentation
+
+
+def checkpointed_blocks(mode: str, n_layer: int) -> list[int]:
+    """Indices of the blocks whose activations `mode` recomputes in backward: every block (full), the
+    2nd, 4th, ... (selective: torchtitan's layer-level selective AC), none. kiln.train.parallel
+    applies it; this module counts the same blocks."""
+    if mode not in AC_MODES:
+        raise ValueError(f"train.activation_checkpointing: {mode!r} is not one of {', '.join(AC_MODES)}")
+    return {"none": [], "full": list(range(n_layer)), "selective": list(range(1, n_layer, 2))}[mode]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The train settings memory depends on (besides the model's shape)."""
+
+    micro_batch: int
+    world: int = 1
+    parallel: str = "ddp"
+    activation_checkpointing: str = "none"
+    bf16: bool = True
+    compiled: bool = True
+    cuda: bool = True  # on a CPU, attention with dropout runs SDPA's math kernel (below)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes per rank at the step's peak, by part, and when in the step it falls."""
+
+    parts: dict[str, int] = field(default_factory=dict)
+    peak_at: str = ""
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def gib(self) -> float:
+        return self.total / GIB
+
+    def summary(self) -> str:
+        parts = ", ".join(f"{name} {b / GIB:.2f}" for name, b in self.parts.items() if b)
+        return f"{self.gib:.2f} GiB ({parts}; at {self.peak_at})"
+
+
+def layer_params(cfg: ModelConfig) -> tuple[int, int]:
+    """(matmul weights, all parameters) of one block."""
+    d, f, k = cfg.d_model, cfg.d_ff, cfg.n_kv_head * cfg.head_dim
+    if cfg.family == "gpt2":
+        b = int(cfg.bias)
+        mat = 4 * d * d + 2 * d * f
+        return mat, mat + b * (3 * d + d + f + d) + 2 * d * (1 + b)
+    mat = 2 * d * d + 2 * d * k + 3 * d * f
+    return mat, mat + 2 * d
+
+
+def layer_activation_bytes(cfg: ModelConfig, tokens: int, bf16: bool, compiled: bool, cuda: bool = True) -> int:
+    """What one block keeps for backward at `tokens` tokens (its weight copies not included)."""
+    a = 2 if bf16 else 4
+    C, F, K, H = cfg.d_model, cfg.d_ff, cfg.n_kv_head * cfg.head_dim, cfg.n_head
+    if cfg.family == "gpt2":
+        per_token = 4 * C + a * (7 * C + 2 * F) if compiled else 8 * C + a * (6 * C + 2 * F)
+        per_token += 16 + 4 * H  # two LayerNorms' mean and rstd; attention's log-sum-exp
+        if cfg.dropout > 0 and not compiled:
+            per_token += 2 * C  # the two residual dropouts' bool masks (compiled: regenerated from a seed)
+        if cfg.dropout > 0 and not cuda:
+            # SDPA's CPU kernels have no dropout: its math fallback keeps the (B, H, T, T) attention
+            # weights, their mask and the dropped weights (measured: ~13 bytes an entry eager, ~8
+            # compiled); flash on a GPU draws the mask inside the kernel and keeps none of it.
+            per_token += (8 if compiled else 13) * H * cfg.seq_len
+    else:
+        casts = 5 if bf16 else 2
+        per_token = 4 * C + a * (5 * C + 2 * K + 3 * F) if compiled else 16 * C + a * (casts * C + 2 * C + 2 * K + 4 * F)
+        per_token += 8 + 4 * H  # two RMSNorms' rstd; log-sum-exp
+    return tokens * per_token
+
+
+def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
+    """Peak bytes per rank of one training step of `cfg` under setting `s` (module docstring)."""
+    tokens, L, C, V = s.micro_batch * cfg.seq_len, cfg.n_layer, cfg.d_model, cfg.vocab_size
+    n = cfg.num_params(non_embedding=False)
+    fsdp = s.parallel == "fsdp" and s.world > 1
+    shard = s.world if fsdp else 1
+    mat, per_layer = layer_params(cfg)
+    ckpt = set(checkpointed_blocks(s.activation_checkpointing, L))
+    full_layer = layer_activation_bytes(cfg, tokens, s.bf16, s.compiled, s.cuda)
+    kept = [4 * C * tokens if i in ckpt else full_layer for i in range(L)]  # a checkpointed block: its input
+    casts = 2 * mat if s.bf16 and not fsdp else 0  # a block's bf16 weight copies, kept by its matmuls
+    kept_casts = [0 if i in ckpt else casts for i in range(L)]
+    head = V * C
+    # Outside the blocks: the ids (int64), the final norm (gpt2: its input; llama: input and normalised
+    # input) and its output, which the chunked loss keeps; dropout masks of the embedding (gpt2).
+    outside = tokens * (8 + (8 if cfg.family == "gpt2" else 12) * C)
+    if cfg.dropout > 0 and not s.compiled:
+        outside += tokens * C
+    rows = min(tokens, loss_chunk_rows(V))
+    # One chunk's logits and their gradients; the chunk's bf16 head copy; the gradient of the final
+    # norm's output, (B*T, C) fp32, and the slice's full-size gradient it is summed from.
+    loss_chunk = LOSS_BYTES_PER_LOGIT * rows * V + (2 * head if s.bf16 else 0) + 8 * tokens * C
+
+    states = {"weights": 4 * n // shard, "optimizer": 8 * n // shard}
+    buckets = 4 * n if s.parallel == "ddp" and s.world > 1 else 0  # DDP: gradients live in its buckets
+    fsdp_buffers = 0
+    if fsdp:  # two blocks gathered (this one and the prefetch), the root's tables, a block's gradients
+        pb = 2 if s.bf16 else 4
+        fsdp_buffers = 2 * per_layer * pb + (n - L * per_layer) * pb + per_layer * (pb + 4)
+
+    def grad(count: int) -> int:  # gradient bytes of `count` parameters, unless they live in DDP's buckets
+        return 0 if buckets else 4 * count // shard
+
+    acts, copies, grads = sum(kept) + outside, sum(kept_casts), grad(head)
+    candidates = {"backward start": {"activations": acts, "weight copies": copies, "gradients": grads,
+                                     "loss chunk": loss_chunk}}
+    for i in reversed(range(L)):
+        recompute = full_layer if i in ckpt else 0
+        # + the gradients flowing through the block: of its output and of its input, (B*T, C) fp32
+        candidates[f"block {i} backward"] = {"activations": acts + recompute + 8 * C * tokens,
+                                             "weight copies": copies + (casts if i in ckpt else 0),
+                                             "gradients": grads + grad(per_layer)}
+        acts, copies, grads = acts - kept[i], copies - kept_casts[i], grads + grad(per_layer)
+    candidates["optimizer step"] = {"gradients": grad(n)}
+    peak_at = max(candidates, key=lambda k: sum(candidates[k].values()))
+    parts = {**states, "DDP buckets": buckets, "FSDP gathers": fsdp_buffers, **candidates[peak_at]}
+    return Estimate(parts={k: v for k, v in parts.items() if v}, peak_at=peak_at)
+
+
+def setting_of(train: dict, *, cuda: bool = True, world: int | None = None, bf16: bool | None = None,
+               compiled: bool | None = None) -> Setting:
+    """The Setting a validated train section means: on a GPU by default (`kiln plan`: bf16 as
+    train.precision says, compiled unless train.compile is false), or as a run decided it (smoke)."""
+    return Setting(
+        micro_batch=train["micro_batch"], world=world or train["nproc_per_node"] * train["nnodes"],
+        parallel=train["parallel"], activation_checkpointing=train["activation_checkpointing"],
+        bf16=train["precision"] == "bf16" if bf16 is None else bf16,
+        compiled=(train["compile"] is True or (train["compile"] == "auto" and cuda)) if compiled is None else compiled,
+        cuda=cuda)
+
+
+def fits(est: Estimate, memory_gib: float) -> bool:
+    return est.total <= FIT_FRACTION * memory_gib * GIB
+
+
+def changes_to_fit(cfg: ModelConfig, s: Setting, memory_gib: float, limit: int = 4) -> list[tuple[str, Estimate]]:
+    """Settings that bring the step within FIT_FRACTION of memory_gib, cheapest first: single changes
+    (selective, then full activation checkpointing; a smaller micro-batch, the global batch kept by
+    more accumulation; FSDP across several ranks), then the first combination that fits."""
+    more_recompute = ("none", "selective", "full")
+    ac_order = more_recompute[more_recompute.index(s.activation_checkpointing):]
+    micros = [m for m in range(s.micro_batch, 0, -1) if s.micro_batch % m == 0]  # keeps batch_tokens whole
+    parallels = [s.parallel] + (["fsdp"] if s.world > 1 and s.parallel != "fsdp" else [])
+
+    def describe(t: Setting) -> str:
+        out = []
+        if t.activation_checkpointing != s.activation_checkpointing:
+            out.append(f"train.activation_checkpointing: {t.activation_checkpointing}")
+        if t.micro_batch != s.micro_batch:
+            out.append(f"train.micro_batch: {t.micro_batch} ({s.micro_batch // t.micro_batch}x the gradient "
+                       "accumulation keeps train.batch_tokens)")
+        if t.parallel != s.parallel:
+            out.append(f"train.parallel: {t.parallel}")
+        return " + ".join(out)
+
+    singles = [replace(s, activation_checkpointing=m) for m in ac_order[1:]]
+    singles += [replace(s, micro_batch=m) for m in micros[1:2]] + [replace(s, parallel=p) for p in parallels[1:]]
+    found = [(describe(t), e) for t in singles if fits(e := estimate(cfg, t), memory_gib)]
+    if not found:
+        for ac in ac_order:
+            for micro in micros:
+                for parallel in parallels:
+                    t = replace(s, activation_checkpointing=ac, micro_batch=micro, parallel=parallel)
+                    if t != s and fits(e := estimate(cfg, t), memory_gib):
+                        return [(describe(t), e)]
+    return found[:limit]
+
+
+def fit_report(cfg: ModelConfig, s: Setting, gpu_name: str, memory_gib: float) -> dict:
+    """The estimate and whether it fits on a GPU of memory_gib, with what to change when it does not
+    (the plain form `kiln plan --json` prints and kiln.train.tables renders)."""
+    est = estimate(cfg, s)
+    ok = fits(est, memory_gib)
+    return {"gib_per_gpu": est.gib, "parts_gib": {k: v / GIB for k, v in est.parts.items()}, "peak_at": est.peak_at,
+            "assumes": f"micro-batch {s.micro_batch} x {cfg.seq_len}, {'bf16' if s.bf16 else 'fp32'}, "
+                       f"{'compiled' if s.compiled else 'eager'}, activation checkpointing {s.activation_checkpointing}, "
+                       f"{s.world} rank{'s' if s.world > 1 else ''} ({s.parallel})",
+            "gpu": gpu_name, "gpu_memory_gib": memory_gib, "usable_gib": FIT_FRACTION * memory_gib, "fits": ok,
+            "changes": [] if ok else [{"set": what, "gib_per_gpu": e.gib} for what, e in changes_to_fit(cfg, s, memory_gib)]}

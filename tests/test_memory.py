@@ -1,0 +1,119 @@
+"""kiln.train.memory: the estimate of a step's peak against real train steps on the CPU (torch's CPU
+profiler, kiln.train.cpu_memory), and the arithmetic that no CPU run reaches (ranks, FSDP, what fits)."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kiln import config as kiln_config
+from kiln import run_config
+from kiln.data.shards import shard_split
+from kiln.io import write_json
+from kiln.model.registry import resolve
+from kiln.train.cpu_memory import allocated_during, tensor_bytes
+from kiln.train.memory import GIB, Setting, changes_to_fit, estimate, fit_report, fits, setting_of
+from kiln.train.trainer import Trainer
+
+TOLERANCE = 0.15  # issue 13: the estimate within 15% of the measured peak
+
+
+def _shards(out: Path, vocab: int, seq_len: int, rows: int) -> Path:
+    """Random-token shards in the shard stage's layout (vocab already a multiple of 64)."""
+    tokens = np.random.default_rng(0).integers(0, vocab, size=rows * (seq_len + 1)).astype(np.uint16)
+    splits = {s: shard_split(tokens, out, s, seq_len + 1, rows, vocab) for s in ("train", "val")}
+    write_json(out / "manifest.json", {"seq_len": seq_len, "row_len": seq_len + 1, "dtype": "uint16",
+                                       "vocab_size": vocab, "padded_vocab_size": vocab, "splits": splits})
+    return out
+
+
+def _sections(model: dict, seq_len: int, micro: int, precision: str, ac: str, compile_model="auto") -> dict:
+    raw = {"run_name": "memory", "seed": 1, "download": {"sources": [{"name": "x", "kind": "stdlib"}]},
+           "shard": {"seq_len": seq_len}, "model": model,
+           "train": {"micro_batch": micro, "max_steps": 10, "warmup_steps": 1, "precision": precision,
+                     "compile": compile_model, "activation_checkpointing": ac, "device": "cpu"},
+           "wandb": {"mode": "disabled"}}
+    return kiln_config.stage_sections(run_config.validate(raw), "train")
+
+
+# (model, seq_len, micro_batch, vocab, precision, activation checkpointing, compiled): activations,
+# the loss chunk and the states each lead in one of them.
+SHAPES = {
+    "gpt2-bf16-activations": ({"n_layer": 4, "n_head": 4, "d_model": 256}, 512, 8, 512, "bf16", "none", False),
+    "llama-fp32-selective": ({"family": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "d_model": 256},
+                             512, 8, 512, "fp32", "selective", False),
+    "llama-bf16-loss": ({"family": "llama", "n_layer": 6, "n_head": 8, "n_kv_head": 2, "d_model": 128},
+                        512, 4, 32768, "bf16", "full", False),
+    # what train runs on a GPU: compiled. aot_eager_decomp_partition runs inductor's decompositions and
+    # min-cut partitioner (so it keeps the tensors inductor keeps) without generating C++.
+    "llama-bf16-compiled": ({"family": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "d_model": 256},
+                            512, 8, 512, "bf16", "none", True),
+}
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_estimate_is_within_15_percent_of_real_cpu_train_steps(name, tmp_path):
+    model, seq_len, micro, vocab, precision, ac, compiled = SHAPES[name]
+    trainer = Trainer(_sections(model, seq_len, micro, precision, ac, compile_model=False),
+                      _shards(tmp_path, vocab, seq_len, 4 * micro))
+    if compiled:
+        trainer.model.compile(backend="aot_eager_decomp_partition")
+    trainer.train_step()  # allocates AdamW's moments, compiles
+    resident = tensor_bytes([*trainer.model.parameters(), *(t for state in trainer.optimizer.state.values()
+                                                            for t in state.values())])
+    _, step = allocated_during(trainer.train_step)
+    measured = resident + step.peak
+    est = estimate(trainer.cfg, Setting(micro_batch=micro, bf16=precision == "bf16", activation_checkpointing=ac,
+                                        compiled=compiled, cuda=False))
+    assert abs(est.total / measured - 1) <= TOLERANCE, (
+        f"{name}: estimated {est.total / 2**20:.1f} MiB, measured {measured / 2**20:.1f} MiB: {est.summary()}")
+
+
+def _flagship(**overrides) -> tuple:
+    cfg = resolve({"flavour": "llama3.2-1b"}, vocab_size=32768, seq_len=8192)
+    return cfg, replace(Setting(micro_batch=6, world=4, parallel="ddp"), **overrides)
+
+
+def test_states_are_16_bytes_a_parameter_divided_by_fsdp_ranks():
+    cfg, s = _flagship()
+    n = cfg.num_params(non_embedding=False)
+    ddp = estimate(cfg, s).parts
+    assert ddp["weights"] == 4 * n and ddp["optimizer"] == 8 * n and ddp["DDP buckets"] == 4 * n
+    fsdp = estimate(cfg, replace(s, parallel="fsdp")).parts
+    assert fsdp["weights"] == 4 * n // 4 and fsdp["optimizer"] == 8 * n // 4 and "DDP buckets" not in fsdp
+    one = estimate(cfg, replace(s, world=1)).parts
+    assert "DDP buckets" not in one and one["weights"] == 4 * n
+
+
+def test_activations_grow_with_the_micro_batch_and_shrink_with_checkpointing():
+    cfg, s = _flagship(world=1)
+    sizes = [estimate(cfg, replace(s, micro_batch=m)).total for m in (1, 2, 4)]
+    assert sizes[0] < sizes[1] < sizes[2] and sizes[2] - sizes[1] == pytest.approx(2 * (sizes[1] - sizes[0]), rel=0.05)
+    by_mode = {m: estimate(cfg, replace(s, activation_checkpointing=m)).total for m in ("none", "selective", "full")}
+    assert by_mode["full"] < by_mode["selective"] < by_mode["none"]
+    assert estimate(cfg, replace(s, compiled=False)).total > by_mode["none"]  # eager keeps more
+
+
+def test_the_flagship_does_not_fit_an_h100_and_the_advice_fits():
+    """llama3.2-1b, seq 8192, micro-batch 6, 4 x DDP, compiled (seed 000's run): over 90% of 80 GiB;
+    every change offered fits, and it fits an H200 as it is."""
+    cfg, s = _flagship()
+    report = fit_report(cfg, s, "H100", 80)
+    assert not report["fits"] and report["gib_per_gpu"] > 0.9 * 80
+    assert report["changes"][0]["set"] == "train.activation_checkpointing: selective"
+    for change in report["changes"]:
+        assert change["gib_per_gpu"] <= 0.9 * 80
+    assert fit_report(cfg, s, "H200", 141)["fits"]
+    tight = changes_to_fit(cfg, s, 24)  # nothing single fits 24 GiB: a combination
+    assert len(tight) == 1 and " + " in tight[0][0] and fits(tight[0][1], 24)
+
+
+def test_setting_of_a_train_section_on_a_gpu_and_on_the_cpu():
+    train = _sections({"n_layer": 1, "n_head": 1, "d_model": 8}, 16, 2, "bf16", "selective")["train"]
+    gpu = setting_of(train)
+    assert (gpu.bf16, gpu.compiled, gpu.cuda, gpu.activation_checkpointing) == (True, True, True, "selective")
+    assert not setting_of(train, cuda=False).compiled  # compile auto: off on the CPU
+    assert setting_of(train, world=8).world == 8
+    assert estimate(resolve({"n_layer": 1, "n_head": 1, "d_model": 8}, 64, 16), gpu).total < GIB
