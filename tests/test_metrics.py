@@ -8,7 +8,7 @@ import torch
 from kiln.errors import KilnError
 from kiln.model.build import build_model
 from kiln.model.registry import resolve
-from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, peak_flops
+from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, flops_per_token_torchtitan, peak_flops
 from kiln.train.peaks import gpu_of, peak_flops_of
 from kiln.train.tables import format_eta
 
@@ -52,6 +52,42 @@ def test_mfu_is_per_device_flops_over_the_peak():
     rates = Throughput(flops, 989e12, world=2).rates(2 * 55_314.0)
     assert rates["mfu"] == pytest.approx(0.529, abs=0.001)
     assert rates["tflops"] == pytest.approx(flops * 55_314 / 1e12)
+
+
+def test_torchtitans_count_halves_attention_and_leaves_the_tied_embedding_out():
+    llama = _meta_model("llama3.2-1b", 32768, 8192)
+    assert flops_per_token_torchtitan(llama) == 6 * (1_040_254_976 - 32768 * 2048) + 6 * 16 * 32 * 64 * 8192
+    gpt2 = resolve({"flavour": "gpt2-124m"}, 50304, 1024)
+    untied = resolve({"flavour": "gpt2-124m", "tie_embeddings": False}, 50304, 1024)
+    assert gpt2.flops_per_token() - gpt2.flops_per_token_torchtitan() == 6 * 50304 * 768 + 6 * 12 * 12 * 64 * 1024
+    # untied, the token table is out of both counts and the head in both: only attention differs
+    assert untied.flops_per_token() - untied.flops_per_token_torchtitan() == 6 * 12 * 12 * 64 * 1024
+
+
+def test_mfu_under_both_counts_reads_what_the_seeds_torchtitan_log_printed():
+    """Seed 000's log: 55,314 tokens/s per H100 -> "mfu: 41.66%" (torchtitan); 52.9% under Kiln's."""
+    llama = _meta_model("llama3.2-1b", 32768, 8192)
+    meter = Throughput(flops_per_token(llama), 989e12, 1, flops_per_token_torchtitan(llama))
+    rates = meter.rates(55_314.0)
+    assert rates["mfu"] == pytest.approx(0.529, abs=0.001)
+    assert rates["mfu_torchtitan"] == pytest.approx(0.4166, abs=0.0005)
+
+
+def test_time_paused_in_a_window_is_left_out_of_its_rate():
+    now = [0.0]
+    meter = Throughput(1.0, None, 1, clock=lambda: now[0])
+    now[0] = 5.0
+    meter.window(500)  # the first window (compilation): reported, not in the steady rate
+    now[0] += 2.0
+    with meter.paused():  # a checkpoint save
+        now[0] += 100.0
+    now[0] += 2.0
+    assert meter.window(400)["tokens_per_s"] == 100.0  # 400 tokens in 4 s of training
+    with meter.paused():  # validation between windows
+        now[0] += 50.0
+    now[0] += 1.0
+    assert meter.window(100)["tokens_per_s"] == 100.0
+    assert meter.steady_tokens_per_s == 100.0
 
 
 def test_throughput_leaves_the_first_window_out_of_the_steady_rate():

@@ -360,8 +360,34 @@ def test_log_steps_record_throughput_memory_and_no_mfu_on_cpu(shards, tmp_path):
     result = run(train_sections(max_steps=4, log_every=2), shards, tmp_path / "run")
     for r in _records(tmp_path / "run"):
         assert r["tokens_per_s"] > 0 and r["tflops"] > 0 and r["memory_mb"] > 0
-        assert r["mfu"] is None  # no peak FLOP/s is known for a CPU
-    assert result.tokens_per_s > 0 and result.tflops > 0 and result.mfu is None
+        assert r["mfu"] is None and r["mfu_torchtitan"] is None  # no peak FLOP/s is known for a CPU
+    assert result.tokens_per_s > 0 and result.tflops > 0 and result.mfu is None and result.mfu_torchtitan is None
+
+
+def test_checkpoint_and_validation_time_is_left_out_of_tokens_per_s(shards, tmp_path, monkeypatch):
+    """On a fake clock where a step takes 1 s, a checkpoint save 1,000 s and a validation 500 s: every
+    log window and the steady rate read exactly one step's tokens per second."""
+    from kiln.train import metrics, trainer as trainer_module
+
+    now = [0.0]
+
+    def advancing(fn, seconds):
+        def wrapped(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            now[0] += seconds
+            return out
+        return wrapped
+
+    monkeypatch.setattr(trainer_module, "Throughput",
+                        lambda *a, **k: metrics.Throughput(*a, **k, clock=lambda: now[0]))
+    monkeypatch.setattr(trainer_module.Trainer, "train_step", advancing(trainer_module.Trainer.train_step, 1.0))
+    monkeypatch.setattr(trainer_module.Trainer, "evaluate", advancing(trainer_module.Trainer.evaluate, 500.0))
+    monkeypatch.setattr(checkpoint, "save", advancing(checkpoint.save, 1000.0))
+    # checkpoints at 3 and 6 fall inside the log windows (2-4, 6-8); validation at 4 and 8
+    result = run(train_sections(max_steps=8, log_every=2, checkpoint_every=3, eval_every=4), shards, tmp_path / "run")
+    per_step = result.tokens_per_step
+    assert [r["tokens_per_s"] for r in _records(tmp_path / "run")] == [per_step] * 4
+    assert result.tokens_per_s == per_step
 
 
 def test_batch_tokens_set_accumulation_and_must_divide(shards, tmp_path):

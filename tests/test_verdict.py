@@ -103,11 +103,13 @@ def test_train_refuses_a_report_whose_gate_failed(tmp_path):
 
 def test_report_shows_the_gate_and_its_checks():
     plan = {"eta_s": 7200.0, "total_tokens": 10**6, "tokens_per_s": 4096.0, "tokens_per_param": 1.0, "cost": None}
-    train = {"tokens_seen": 10**6, "tokens_per_s": 4000.0, "mfu": 0.2, "wall_s": 7300.0}
+    train = {"tokens_seen": 10**6, "tokens_per_s": 4000.0, "mfu": 0.2, "mfu_torchtitan": 0.16, "wall_s": 7300.0}
     text = "\n".join(_smoke_section(SmokeReport.judge(checks("overfit"), MEASURED, enforce=False), plan, train))
     assert "Gate: **skipped (smoke.gate is false; failed: overfit)**" in text
     assert "| overfit | FAIL | figure | threshold | detail |" in text
-    assert "| MFU | 25.0% | 20.0% |" in text and "| time | 2h00m | 2h01m" in text
+    assert "| MFU, Kiln's FLOP count (6N + 12·L·H·Q·T) | 25.0% | 20.0% |" in text and "| time | 2h00m | 2h01m" in text
+    # both conventions side by side; a report.json written before the second one reads n/a
+    assert "| MFU, torchtitan's count (6(N - embeddings) + 6·L·H·Q·T) | n/a | 16.0% |" in text
 
 
 def test_the_report_stage_does_not_import_torch():

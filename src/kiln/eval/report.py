@@ -30,7 +30,11 @@ def plot_loss(records: list[dict], png: Path, unigram: float | None = None, refe
     ax_speed.plot(steps, [r["tokens_per_s"] for r in records], lw=1.2, color="tab:purple")
     ax_speed.set_ylabel("tokens/s")
     if records and all(r.get("mfu") is not None for r in records):
-        ax_mfu.plot(steps, [100 * r["mfu"] for r in records], lw=1.2, color="tab:red")
+        ax_mfu.plot(steps, [100 * r["mfu"] for r in records], lw=1.2, color="tab:red", label="Kiln's FLOP count")
+        if all(r.get("mfu_torchtitan") is not None for r in records):
+            ax_mfu.plot(steps, [100 * r["mfu_torchtitan"] for r in records], lw=1.2, ls="--", color="tab:red",
+                        label="torchtitan's")
+            ax_mfu.legend(fontsize="small")
         ax_mfu.set_ylabel("MFU (%)")
     else:
         ax_mfu.plot(steps, [r["tflops"] for r in records], lw=1.2, color="tab:red")
@@ -82,7 +86,8 @@ def render(run: str, data: dict, png_name: str) -> str:
         f"| parameters | {train['n_params']:,} |",
         f"| steps | {train['steps']:,} |",
         f"| tokens seen | {train['tokens_seen']:,} |",
-        f"| tokens/s (steady state) | {train['tokens_per_s']:,.0f} |", "",
+        f"| tokens/s (steady state; checkpoints and validation left out) | {train['tokens_per_s']:,.0f} |",
+        f"| MFU, Kiln's count / torchtitan's | {_pct(train['mfu'])} / {_pct(train.get('mfu_torchtitan'))} |", "",
         *_training_samples(data["train_samples"]),
         "## Evaluation (held-out split)", "",
         "| metric | model | unigram baseline |", "|---|---:|---:|",
@@ -139,7 +144,9 @@ def _smoke_section(smoke: SmokeReport, plan: dict, train: dict) -> list[str]:
               "| | planned (smoke) | actual (train) |", "|---|---:|---:|",
               f"| tokens | {plan['total_tokens']:,} | {train['tokens_seen']:,} |",
               f"| tokens/s | {plan['tokens_per_s']:,.0f} | {train['tokens_per_s']:,.0f} |",
-              f"| MFU | {mfu(smoke.measurements.probe.mfu)} | {mfu(train['mfu'])} |",
+              f"| MFU, Kiln's FLOP count (6N + 12·L·H·Q·T) | {mfu(smoke.measurements.probe.mfu)} | {mfu(train['mfu'])} |",
+              f"| MFU, torchtitan's count (6(N - embeddings) + 6·L·H·Q·T) | "
+              f"{mfu(smoke.measurements.probe.mfu_torchtitan)} | {mfu(train.get('mfu_torchtitan'))} |",
               f"| time | {format_eta(plan['eta_s'])} | {format_eta(train['wall_s'])} (with validation and checkpoints) |",
               f"| tokens per parameter | {plan['tokens_per_param']:.2f} | |"]
     if plan["cost"] is not None:
@@ -157,6 +164,10 @@ def _training_samples(rows: list[dict]) -> list[str]:
     for step in shown:
         lines += [f"| {step} | `{r['prompt']!r}` | `{r['completion']!r}` |" for r in rows if r["step"] == step]
     return lines + [""]
+
+
+def _pct(value: float | None) -> str:
+    return "n/a (no GPU peak)" if value is None else f"{value:.1%}"
 
 
 def _number(value) -> str:

@@ -1,24 +1,32 @@
 """Throughput accounting and the metrics sink shared by console, metrics.jsonl and wandb.
 
-FLOPs per token (PaLM appendix B; nanoGPT's estimate_mfu): 6N + 12*L*H*Q*T. N is the parameter
-count without the tables that are only looked up (GPT-2's positions; the token table unless it is
-tied to the head), so 6N is the forward (2N) and backward (4N) matmul work; 12*L*H*Q*T adds the
-attention scores and the weighted sum of values (L layers, H heads, Q head dim, T sequence length),
-with no discount for the causal mask. torchtitan counts 6*L*H*Q*T (halved for causality) and
-leaves a tied embedding out of N, so the same run reads higher MFU here: seed 000's Llama-3.2-1B at
-seq 8192, 55.3k tokens/s per H100, is 41.7% MFU there and 52.9% here.
+FLOPs per token, two conventions, both reported (log records, the smoke report, the report stage):
+- Kiln's (PaLM appendix B; nanoGPT's estimate_mfu), `mfu`: 6N + 12*L*H*Q*T. N is the parameter count
+  without the tables that are only looked up (GPT-2's positions; the token table unless it is tied
+  to the head), so 6N is the forward (2N) and backward (4N) matmul work; 12*L*H*Q*T adds the
+  attention scores and the weighted sum of values (L layers, H heads, Q head dim, T sequence
+  length), with no discount for the causal mask.
+- torchtitan's, `mfu_torchtitan`: 6*(N - embedding parameters) + 6*L*H*Q*T: the attention term
+  halved for causality, and a tied embedding left out of N (it is counted as the head here).
+The same run reads higher MFU under Kiln's: seed 000's Llama-3.2-1B at seq 8192, 55.3k tokens/s
+per H100, is 52.9% here and 41.7% under torchtitan's (what its log printed).
 
-MFU divides achieved FLOP/s per device by the device's dense bf16 peak. CPUs have no entry: MFU is
-reported on known GPUs only (nanoGPT's hard-coded A100 figure reports >100% on an H100).
+MFU divides achieved FLOP/s per device by the device's dense bf16 peak (kiln.train.peaks). CPUs have
+no entry: MFU is reported on known GPUs only (nanoGPT's hard-coded A100 figure reports >100% on an H100).
+
+Throughput counts training time only: a checkpoint save or a validation inside a window is run
+under `paused()` and its time left out of that window's tokens/s and of the steady-state rate.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import resource
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -31,6 +39,11 @@ log = logging.getLogger("kiln.train")
 def flops_per_token(model: torch.nn.Module) -> float:
     """From the model's shape (ModelConfig.flops_per_token), so a sharded model counts whole."""
     return model.cfg.flops_per_token()
+
+
+def flops_per_token_torchtitan(model: torch.nn.Module) -> float:
+    """torchtitan's count for the same shape (ModelConfig.flops_per_token_torchtitan)."""
+    return model.cfg.flops_per_token_torchtitan()
 
 
 def peak_flops(device: torch.device) -> float | None:
@@ -55,14 +68,19 @@ class Throughput:
     costs (allocator warm-up, compilation) and is left out of the steady-state rate unless it is the
     only one. Call `window` right after a host sync (the loss .item()), so the time is the device's."""
 
-    def __init__(self, flops_token: float, peak: float | None, world: int):
+    def __init__(self, flops_token: float, peak: float | None, world: int, flops_token_torchtitan: float | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
         self.flops_token, self.peak, self.world = flops_token, peak, world
-        self.window_start = time.perf_counter()
+        self.flops_token_torchtitan = flops_token_torchtitan
+        self.clock = clock
+        self.window_start = clock()
+        self.paused_s = 0.0  # time inside paused() since window_start
         self.timed_tokens, self.timed_s, self.first = 0, 0.0, True
 
     def window(self, tokens: int, last: bool = False) -> dict:
-        now = time.perf_counter()
-        elapsed, self.window_start = now - self.window_start, now
+        now = self.clock()
+        elapsed, self.window_start = now - self.window_start - self.paused_s, now
+        self.paused_s = 0.0
         if not self.first or last:
             self.timed_tokens += tokens
             self.timed_s += elapsed
@@ -71,12 +89,25 @@ class Throughput:
 
     def rates(self, tokens_per_s: float) -> dict:
         flops = self.flops_token * tokens_per_s / self.world  # per device
-        return {"tokens_per_s": tokens_per_s, "tflops": flops / 1e12,
-                "mfu": flops / self.peak if self.peak else None}
+        out = {"tokens_per_s": tokens_per_s, "tflops": flops / 1e12, "mfu": flops / self.peak if self.peak else None}
+        if self.flops_token_torchtitan is not None:
+            tt = self.flops_token_torchtitan * tokens_per_s / self.world
+            out["mfu_torchtitan"] = tt / self.peak if self.peak else None
+        return out
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Leave what runs inside (a checkpoint save, a validation) out of the current window."""
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self.paused_s += self.clock() - start
 
     def restart(self) -> None:
         """Start the next window now, leaving out what ran since the last one (validation)."""
-        self.window_start = time.perf_counter()
+        self.window_start = self.clock()
+        self.paused_s = 0.0
 
     @property
     def steady_tokens_per_s(self) -> float:

@@ -41,7 +41,7 @@ from kiln.model.registry import resolve
 from kiln.train import device
 from kiln.train.distributed import mean_across_ranks
 from kiln.train.memory import Estimate, estimate, setting_of
-from kiln.train.metrics import flops_per_token, memory_mb, peak_flops
+from kiln.train.metrics import Throughput, flops_per_token, flops_per_token_torchtitan, memory_mb, peak_flops
 from kiln.train.trainer import Trainer
 from kiln.train.verdict import Check, Probe
 
@@ -129,13 +129,13 @@ def probe(trainer: Trainer, steps: int, warmup: int, trace_dir: Path | None = No
     loss_list = mean_across_ranks(torch.stack(losses), d.world).tolist()
     norm_list = torch.stack(norms).float().tolist()
     tokens_per_s = timed_steps * trainer.plan.tokens_per_step / timed_s if timed_s else 0.0
-    flops = flops_per_token(trainer.model) * tokens_per_s / d.world
-    peak = peak_flops(d.device)
+    rates = Throughput(flops_per_token(trainer.model), peak_flops(d.device), d.world,
+                       flops_per_token_torchtitan(trainer.model)).rates(tokens_per_s)
     wait = trainer.data_wait_s - wait_start
     return loss_list, norm_list, Probe(
         tokens_per_s=tokens_per_s, step_time_s=timed_s / timed_steps if timed_steps else 0.0,
         data_wait_fraction=wait / timed_s if timed_s else 0.0, peak_memory_mb=memory_mb(d.device),
-        mfu=flops / peak if peak else None, tflops=flops / 1e12, measured_steps=timed_steps)
+        mfu=rates["mfu"], tflops=rates["tflops"], measured_steps=timed_steps, mfu_torchtitan=rates["mfu_torchtitan"])
 
 
 def _traced_step(trainer: Trainer, trace_dir: Path | None):

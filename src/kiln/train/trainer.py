@@ -43,7 +43,8 @@ from kiln.train import checkpoint, device, faults, fingerprint, parallel
 from kiln.train.distributed import (collective_deadline, init_distributed, max_across_ranks, mean_across_ranks,
                                     shutdown, sum_across_ranks)
 from kiln.train.health import SpikeDetector
-from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, memory_mb, peak_flops
+from kiln.train.metrics import (MetricsSink, Throughput, flops_per_token, flops_per_token_torchtitan, memory_mb,
+                                peak_flops)
 from kiln.train.optim import build_adamw
 from kiln.train.plan import plan_batch
 from kiln.train.preemption import StopSignal
@@ -66,6 +67,7 @@ class RunResult:
     data_wait_fraction: float = 0.0
     peak_memory_mb: float = 0.0
     mfu: float | None = None
+    mfu_torchtitan: float | None = None  # the same under torchtitan's FLOP count (kiln.train.metrics)
     n_params: int = 0
     tokens_per_step: int = 0
     grad_accum: int = 1
@@ -238,7 +240,8 @@ class Trainer:
                      self.plan.micro_batch, self.cfg.seq_len, self.plan.tokens_per_step)
         sink = MetricsSink(out_dir / "metrics.jsonl", self.sections.get("wandb", {"mode": "disabled"}),
                            self.sections, enabled=d.is_main, resume_step=self.step)
-        meter = Throughput(flops_per_token(self.model), peak_flops(d.device), d.world)
+        meter = Throughput(flops_per_token(self.model), peak_flops(d.device), d.world,
+                           flops_per_token_torchtitan(self.model))
         log_every = train["log_every"]
         unread, window, window_tokens = [], _Window(), 0
         self.faults = faults.from_env(d.rank)
@@ -280,9 +283,10 @@ class Trainer:
                 sink.log(record)
                 meter.restart()  # validation is not training time
             if saving or preempted:
-                state = self.state_dict()
-                if d.is_main:
-                    checkpoint.save(ckpt_root, state, keep=train["keep_checkpoints"], faults=self.faults)
+                with meter.paused():  # not training time: left out of tokens/s
+                    state = self.state_dict()
+                    if d.is_main:
+                        checkpoint.save(ckpt_root, state, keep=train["keep_checkpoints"], faults=self.faults)
             if preempted:
                 self._stop_fit(sink, self._preemption_stop(ckpt_root))
         sink.close()
@@ -291,6 +295,7 @@ class Trainer:
         result.steps, result.tokens_seen = self.max_steps, self.tokens_seen
         rates = meter.rates(meter.steady_tokens_per_s)
         result.tokens_per_s, result.tflops, result.mfu = rates["tokens_per_s"], rates["tflops"], rates["mfu"]
+        result.mfu_torchtitan = rates["mfu_torchtitan"]
         result.step_time_s = self.plan.tokens_per_step / result.tokens_per_s if result.tokens_per_s else 0.0
         result.data_wait_fraction = self.data_wait_s / (time.perf_counter() - loop_start)
         result.peak_memory_mb = memory_mb(d.device)
@@ -388,7 +393,8 @@ class Trainer:
     def _print_progress(self, record: dict, meter: Throughput) -> None:
         rate = meter.steady_tokens_per_s or record["tokens_per_s"]
         eta = (self.max_steps - record["step"]) * self.plan.tokens_per_step / rate
-        mfu = f" | MFU {record['mfu']:.1%}" if record["mfu"] is not None else ""
+        mfu = (f" | MFU {record['mfu']:.1%} (torchtitan's count {record['mfu_torchtitan']:.1%})"
+               if record["mfu"] is not None else "")
         log.info("step %d/%d | loss %.4f | lr %.2e | grad %.3f | %s tok/s | %.2f TFLOP/s%s | %.0f MB | ETA %s",
                  record["step"], self.max_steps, record["loss"], record["lr"], record["grad_norm"],
                  f"{record['tokens_per_s']:,.0f}", record["tflops"], mfu, record["memory_mb"],

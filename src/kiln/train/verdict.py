@@ -46,6 +46,7 @@ class Probe:
     mfu: float | None
     tflops: float
     measured_steps: int
+    mfu_torchtitan: float | None = None  # the same throughput under torchtitan's FLOP count (kiln.train.metrics)
 
 
 @dataclass(frozen=True)
