@@ -1,14 +1,17 @@
 """Faults injected into real training runs through KILN_FAULT (kiln.train.faults), in-process on one
 rank: a non-finite loss or gradient is never applied and never saved (stop, or skip up to a cap), a
 loss spike is logged and its detector's state survives a resume, a preemption signal saves the step
-it lands in and the rerun continues exactly, a full disk mid-save is a clear error. Two ranks and
-torchrun: test_preemption.py; a SIGKILL through Snakemake: test_kill_resume.py."""
+it lands in and the rerun continues exactly, a full disk mid-save is a clear error; and on two ranks
+(torchrun, tests/fault_worker.py) a step non-finite on one rank is skipped by both. Kills and
+preemption through Snakemake: test_kill_resume.py."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ from synthetic import TINY_MODEL, train_sections, write_shards
 
 from kiln.errors import ExitCode, KilnError, RunStopped
 from kiln.model.build import load_model
-from kiln.train import checkpoint
+from kiln.train import checkpoint, launch
 from kiln.train.trainer import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -136,3 +139,21 @@ def test_a_malformed_fault_spec_names_the_variable(shards, tmp_path, monkeypatch
     monkeypatch.setenv("KILN_FAULT", "nan@3")
     with pytest.raises(KilnError, match=r"KILN_FAULT: 'nan@3' is not kind@step\[:rank\] with kind one of nan_loss"):
         run(train_sections(max_steps=3), shards, tmp_path / "run")
+
+
+def test_on_two_ranks_a_step_non_finite_on_one_rank_is_skipped_by_both(tmp_path):
+    """DDP and FSDP2 under torchrun (gloo): a NaN loss on rank 1 only, then an infinite gradient on rank
+    0 only; every rank skips both updates (the flag is agreed on the device), so the ranks' weights
+    stay identical and finite, and Adam took 4 of the 6 steps."""
+    write_shards(tmp_path / "shards")
+    argv = launch.command({"nproc_per_node": 2, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": ""},
+                          [str(Path(__file__).with_name("fault_worker.py")), str(tmp_path)])
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    runs = json.loads((tmp_path / "result.json").read_text())
+    for strategy, run_ in runs.items():
+        first, second = run_["ranks"]
+        assert first == second and first["finite"] and first["skipped"] == 2, strategy
+        assert run_["adam_steps"] == [4] and all(math.isfinite(x) for x in run_["losses"]), strategy
