@@ -177,3 +177,44 @@ def test_script_with_gate_off_reports_the_skip_and_writes_the_plan(shards, tmp_p
     plan = json.loads((tmp_path / "smoke" / "plan.json").read_text())
     assert plan["total_tokens"] == 1000 * 8 * SEQ_LEN and plan["cost"] > 0
     assert (tmp_path / "smoke" / "plan.md").read_text().startswith("# Plan for the full run")
+
+
+def _recording_compile(monkeypatch) -> list[dict]:
+    """Make the trainer compile with a backend that records each graph dynamo hands it (the mode it
+    was traced in, and whether any input has a symbolic size: dimensions dynamo marked dynamic) and
+    runs it as traced. Dynamo's state is reset first: its automatic-dynamic marks live on the
+    model's code objects, across models."""
+    import kiln.train.parallel as parallel
+
+    graphs: list[dict] = []
+
+    def recorder(gm, example_inputs):
+        values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+        dynamic = any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and
+                                                      any(isinstance(d, torch.SymInt) for d in v.shape))
+                      for v in values)
+        graphs.append({"grad": torch.is_grad_enabled(), "dynamic": dynamic,
+                       "shapes": [tuple(v.shape) for v in values if isinstance(v, torch.Tensor) and v.dim() == 2]})
+        return gm.forward
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(parallel, "_compile", lambda model, per_block: model.compile(backend=recorder))
+    return graphs
+
+
+def test_the_probe_compiles_the_graph_train_compiles(shards, tmp_path, monkeypatch):
+    """With compile on, the smoke stage's checks at other shapes (causality at 2 rows, validation) run
+    eager: the probe's compiled graphs are the train step's, static, as a train run compiles them
+    first; through the compiled model they would come first and make dynamo mark batch and length
+    dynamic."""
+    graphs = _recording_compile(monkeypatch)
+    report = run_checks(smoke_sections(train={"compile": True}), shards, tmp_path / "smoke")
+    assert not failed(report)
+    smoke_graphs = list(graphs)
+    graphs.clear()
+    torch._dynamo.reset()
+    trainer = trainer_module.Trainer(smoke_sections(train={"compile": True}), shards, max_steps=3)
+    for _ in range(3):
+        trainer.train_step()
+    assert graphs and all(g["grad"] and not g["dynamic"] for g in graphs), graphs
+    assert smoke_graphs == graphs

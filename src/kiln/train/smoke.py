@@ -7,7 +7,8 @@ check the model before any long run. The checks, each against a threshold in the
   preflight       building the model and one optimizer step at the full run's micro-batch and
                   sequence length fit in memory (an OOM is caught and answered with what to change)
   causality       logits before position p do not change when the tokens from p on do (a wrong
-                  attention mask lets the model read the token it predicts)
+                  attention mask lets the model read the token it predicts); eager, as are the
+                  validations, so the probe compiles and times the graph train compiles
   init loss       the held-out loss of the untrained model is near ln(vocab), as a uniform guess is
   health          the probe's loss and gradient norm are finite and the loss falls
   generalisation  the held-out loss falls too (Trainer.evaluate shifts its targets apart from the
@@ -240,11 +241,17 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         probe_train = dict(train, schedule="constant", warmup_steps=min(train["warmup_steps"], cfg["steps"] // 3))
         trainer = Trainer(dict(sections, train=probe_train), shard_dir, max_steps=cfg["steps"])
         seq_len, vocab = trainer.cfg.seq_len, trainer.cfg.vocab_size
-        leak = causality_leak(trainer.model, vocab, seq_len, trainer.d.device, trainer.seed)
+        # The checks before the probe run eager, so the probe measures the graph train will run. The
+        # causality check's 2 rows and a short last validation batch are other shapes: through the
+        # compiled model they would be compiled first, and dynamo, seeing a second shape, marks batch
+        # and length dynamic for every graph after it, the probe's training step included; train
+        # compiles its static training step first (tests/test_smoke.py counts the graphs).
+        with torch.compiler.set_stance("force_eager"):
+            leak = causality_leak(trainer.model, vocab, seq_len, trainer.d.device, trainer.seed)
+            init = trainer.evaluate(cfg["val_batches"])
         checks.append(Check("causality", leak <= cfg["causal_tolerance"], f"max logit change {leak:.2e}",
                             f"<= {cfg['causal_tolerance']:g}",
                             "" if leak <= cfg["causal_tolerance"] else "the attention mask lets positions see later tokens"))
-        init = trainer.evaluate(cfg["val_batches"])
         uniform = math.log(vocab)
         checks.append(Check("init loss", abs(init - uniform) <= cfg["init_loss_tolerance"],
                             f"{init:.4f} nats", f"within {cfg['init_loss_tolerance']:g} of ln({vocab}) = {uniform:.4f}",
@@ -262,7 +269,8 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
     checks.insert(0, Check("preflight", True, f"peak memory {measured.peak_memory_mb:,.0f} MB; {memory}",
                            "fits in memory"))
     checks.append(_health(losses, norms, cfg["min_loss_drop"]))
-    after = trainer.evaluate(cfg["val_batches"])
+    with torch.compiler.set_stance("force_eager"):  # a correctness figure: no graphs compiled for it
+        after = trainer.evaluate(cfg["val_batches"])
     val_drop = init - after
     train_drop = losses[0] - losses[-1]
     checks.append(Check("generalisation", val_drop >= cfg["min_val_drop"],
