@@ -48,9 +48,12 @@ from kiln.eval.perplexity import val_rows_loss
 from kiln.eval.suite import BATCH
 from kiln.io import write_json
 from kiln.model.build import build_model, load_model, save_model
+from kiln.model.loss import lm_loss
 from kiln.model.registry import FLAVOURS, resolve
+from kiln.train.cpu_memory import allocated_during, tensor_bytes
 from kiln.train.device import autocast, eval_autocast, to_device
-from kiln.train.metrics import Throughput, flops_per_token, memory_mb, peak_flops
+from kiln.train.memory import GIB, Setting, estimate
+from kiln.train.metrics import Throughput, flops_per_token, flops_per_token_torchtitan, memory_mb, peak_flops
 from kiln.train.optim import build_adamw
 from kiln.train.smoke import probe
 from kiln.train.trainer import Trainer
@@ -64,6 +67,9 @@ ATTENTION = {"gpt2": ({"n_head": 12, "d_model": 768}, {"n_head": 2, "d_model": 1
              "llama": ({"n_head": 32, "n_kv_head": 8, "d_model": 2048}, {"n_head": 2, "n_kv_head": 1, "d_model": 128})}
 LLM_C_GPT2_TOKENS_PER_S = 470_000  # llm.c GPT-2 124M on one H100 (~3.7M tok/s on 8, 140 ms per 0.5M-token step)
 MFU_TARGET = 0.45  # llama3.2-1b at seq 8192, under Kiln's FLOP count (kiln.train.metrics)
+MFU_TARGET_TORCHTITAN = 0.354  # the same throughput under torchtitan's count (x 7.45e9 / 9.46e9 FLOPs a token)
+ESTIMATE_TOLERANCE = 0.15  # kiln.train.memory against torch.cuda.max_memory_allocated, as on the CPU
+LOSS_PEAK_RATIO = 0.25  # the chunked loss's peak against the plain loss's (0.27x on the CPU at 4k rows)
 
 
 @dataclass(frozen=True)
@@ -189,10 +195,15 @@ def check_compile_and_gpt2(ctx: Ctx) -> list[tuple[str, str]]:
     rows = [ctx.verdict(close, f"compile {compile_s:.1f} s; loss {compiled[0]:.4f} vs eager {eager[0]:.4f}, "
                                f"grad norm {compiled[1]:.3f} vs {eager[1]:.3f}")]
     rates, mem = _timed_steps(trainer, warmup=1 if ctx.dry else 3, steps=2 if ctx.dry else 30)
-    figure = f"{rates['tokens_per_s']:,.0f} tok/s per device, MFU {_pct(rates['mfu'])}, peak {mem / 1024:.1f} GiB"
+    figure = (f"{rates['tokens_per_s']:,.0f} tok/s per device, MFU {_pct(rates['mfu'])} "
+              f"(torchtitan's count {_pct(rates['mfu_torchtitan'])}), peak {mem / 1024:.1f} GiB")
     if ctx.dry:
         return rows + [ctx.verdict(True, figure)]
     return rows + [("measured", f"{figure}; {rates['tokens_per_s'] / LLM_C_GPT2_TOKENS_PER_S:.2f}x llm.c")]
+
+
+def _size(n_bytes: float) -> str:
+    return f"{n_bytes / GIB:.2f} GiB" if n_bytes >= GIB else f"{n_bytes / 2**20:.1f} MiB"
 
 
 def _pct(x: float | None) -> str:
@@ -204,17 +215,19 @@ def _timed_steps(trainer: Trainer, warmup: int, steps: int) -> tuple[dict, float
     untimed ones, read as the train stage reads it: one host sync at the end of the window."""
     for _ in range(warmup):
         trainer.train_step()[0].item()
-    meter = Throughput(flops_per_token(trainer.model), peak_flops(trainer.d.device), trainer.d.world)
+    meter = Throughput(flops_per_token(trainer.model), peak_flops(trainer.d.device), trainer.d.world,
+                       flops_per_token_torchtitan(trainer.model))
     for _ in range(steps):
         loss = trainer.train_step()[0]
     loss.item()
     return meter.window(steps * trainer.plan.tokens_per_step, last=True), memory_mb(trainer.d.device)
 
 
-def _fitting_micro_batch(ctx: Ctx, shards: Path, seq: int) -> tuple[int, float]:
+def _fitting_micro_batch(ctx: Ctx, shards: Path, seq: int) -> tuple[int, float, list[int]]:
     """The largest micro-batch (at most 8) whose step should fit in 85% of the GPU, from the peak
     memory of eager steps at 1 and 2 rows (a second compile after an OOM would not fit the budget);
-    and the measured GiB per row. A compiled step usually holds less: inductor fuses activations away."""
+    the measured GiB per row; and the two peaks (bytes). A compiled step usually holds less: inductor
+    fuses activations away."""
     trainer = Trainer(sections(ctx, "llama3.2-1b", seq, 1, compile_model=False), shards)
     peaks = []
     for rows in (1, 2):
@@ -227,20 +240,102 @@ def _fitting_micro_batch(ctx: Ctx, shards: Path, seq: int) -> tuple[int, float]:
     del trainer
     gc.collect()
     torch.cuda.empty_cache()
-    return max(1, min(8, int((0.85 * total - (peaks[0] - per_row)) // per_row))), per_row / 2**30
+    return max(1, min(8, int((0.85 * total - (peaks[0] - per_row)) // per_row))), per_row / 2**30, peaks
+
+
+def _estimated(trainer: Trainer, micro: int, compiled: bool) -> int:
+    """kiln.train.memory's estimate for this trainer's model at `micro` rows, one rank, bf16."""
+    return estimate(trainer.cfg, Setting(micro_batch=micro, world=1, bf16=True, compiled=compiled,
+                                         cuda=trainer.d.device.type == "cuda")).total
+
+
+def _dry_eager_peak(trainer: Trainer) -> int:
+    """The dry run's stand-in for max_memory_allocated: weights and AdamW state plus the CPU
+    profiler's peak over one step (kiln.train.cpu_memory), after a step that allocated the state."""
+    trainer.train_step()
+    resident = tensor_bytes([*trainer.model.parameters(),
+                             *(t for state in trainer.optimizer.state.values() for t in state.values())])
+    return resident + allocated_during(trainer.train_step)[1].peak
 
 
 def check_llama_mfu(ctx: Ctx) -> list[tuple[str, str]]:
-    """llama3.2-1b at seq 8192, the largest micro-batch that fits, compiled: MFU by Kiln's count."""
+    """llama3.2-1b at seq 8192, the largest micro-batch that fits, compiled: MFU by Kiln's count and
+    torchtitan's; kiln.train.memory's estimate against torch.cuda.max_memory_allocated of the eager
+    steps at 1 and 2 rows and of the compiled steps."""
     seq = 64 if ctx.dry else 8192
     shards = synthetic_shards(ctx.folder("shards"), 512 if ctx.dry else 32768, seq, rows=32, seed=1337)
-    micro, per_row = (2, 0.0) if ctx.dry else _fitting_micro_batch(ctx, shards, seq)
+    if ctx.dry:
+        eager = Trainer(sections(ctx, "llama3.2-1b", seq, 2, compile_model=False), shards)
+        micro, per_row, measured = 2, 0.0, [(2, False, _dry_eager_peak(eager), _estimated(eager, 2, False))]
+        del eager
+    else:
+        micro, per_row, peaks = _fitting_micro_batch(ctx, shards, seq)
+        torch.cuda.reset_peak_memory_stats()
+        measured = []
     trainer = Trainer(sections(ctx, "llama3.2-1b", seq, micro), shards)
+    if not ctx.dry:
+        measured = [(rows, False, peak, _estimated(trainer, rows, False)) for rows, peak in zip((1, 2), peaks)]
     rates, mem = _timed_steps(trainer, warmup=1 if ctx.dry else 2, steps=2 if ctx.dry else 6)
+    if not ctx.dry:  # compiled, as train runs it
+        measured.append((micro, True, torch.cuda.max_memory_allocated(), _estimated(trainer, micro, True)))
     ok = ctx.dry or (rates["mfu"] or 0.0) >= MFU_TARGET
+    ok_tt = ctx.dry or (rates["mfu_torchtitan"] or 0.0) >= MFU_TARGET_TORCHTITAN
     fit = "" if ctx.dry else f" ({per_row:.1f} GiB a row, eager)"
-    return [ctx.verdict(ok, f"MFU {_pct(rates['mfu'])}, {rates['tokens_per_s']:,.0f} tok/s per device at "
-                            f"micro-batch {micro}{fit}, peak {mem / 1024:.1f} GiB")]
+    at = f"{rates['tokens_per_s']:,.0f} tok/s per device at micro-batch {micro}{fit}, peak {mem / 1024:.1f} GiB"
+    ratios = [est / peak for _, _, peak, est in measured]
+    memory = "; ".join(f"{rows} row{'s' if rows > 1 else ''} {'compiled' if compiled else 'eager'}: estimated "
+                       f"{_size(est)}, measured {_size(peak)} ({est / peak:.2f}x)"
+                       for rows, compiled, peak, est in measured)
+    return [ctx.verdict(ok, f"MFU {_pct(rates['mfu'])}, {at}"),
+            ctx.verdict(ok_tt, f"MFU {_pct(rates['mfu_torchtitan'])} under torchtitan's count, {at}"),
+            ctx.verdict(all(abs(r - 1) <= ESTIMATE_TOLERANCE for r in ratios), memory)]
+
+
+def _plain_loss(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The loss gpt.py and llama.py computed before kiln.model.loss: whole logits, upcast, one call."""
+    return F.cross_entropy(F.linear(h, w).float().flatten(0, 1), y.flatten())
+
+
+def check_loss(ctx: Ctx) -> list[tuple[str, str]]:
+    """The chunked loss against the plain one at llama3.2-1b's flagship logits (6 x 8192 rows of
+    d_model 2048 onto V 32,768), bf16 autocast: peak memory of forward and backward above the inputs
+    (max_memory_allocated), the loss and the gradients compared."""
+    rows, C, V = (1024, 64, 4096) if ctx.dry else (6 * 8192, 2048, 32768)
+    dev = ctx.device
+    g = torch.Generator(device=dev).manual_seed(0)
+    h = torch.randn(1, rows, C, device=dev, generator=g, requires_grad=True)  # (1, N, C)
+    w = (0.02 * torch.randn(V, C, device=dev, generator=g)).requires_grad_()  # (V, C)
+    y = torch.randint(0, V, (1, rows), device=dev, generator=g)
+    # the dry run's V 4,096 makes one chunk of all rows: 8 chunks instead, as the GPU shape has 48
+    chunked = (lambda *a: lm_loss(*a, chunk_rows=rows // 8)) if ctx.dry else lm_loss
+    out = {}
+    for name, fn in (("plain", _plain_loss), ("chunked", chunked)):
+        h.grad = w.grad = None
+
+        def run() -> torch.Tensor:
+            with autocast(dev, bf16=True)():
+                loss = fn(h, w, y)
+            loss.backward()
+            return loss.detach()
+
+        if ctx.dry:
+            loss, alloc = allocated_during(run)
+            peak = alloc.peak
+        else:
+            sync()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            loss = run()
+            sync()
+            peak = torch.cuda.max_memory_allocated() - base
+        out[name] = (loss.float().item(), peak, h.grad.clone(), w.grad.clone())
+    (lp, pp, hp, wp), (lc, pc, hc, wc) = out["plain"], out["chunked"]
+    loss_close = abs(lc - lp) <= 1e-3 * abs(lp)
+    grad_err = max(((hc - hp).abs().max() / hp.abs().max()).item(), ((wc - wp).abs().max() / wp.abs().max()).item())
+    ok = loss_close and grad_err <= 2e-2 and (ctx.dry or pc <= LOSS_PEAK_RATIO * pp)
+    return [ctx.verdict(ok, f"peak {_size(pc)} chunked vs {_size(pp)} plain ({pc / pp:.2f}x); loss "
+                            f"{lc:.5f} vs {lp:.5f}; gradients max rel. diff {grad_err:.1e}")]
 
 
 def check_smoke_snapshot(ctx: Ctx) -> list[tuple[str, str]]:
@@ -386,12 +481,18 @@ CHECKS = (
            f"~{LLM_C_GPT2_TOKENS_PER_S // 1000}k tok/s/GPU (llm.c, one H100)"), 90, check_compile_and_gpt2),
     Check("train-bench", ("bench/train_throughput.py gpt2-124m",), ("Kiln >= 1.0x the nanoGPT eager loop",), 55,
           check_train_bench),
-    Check("llama", ("MFU llama3.2-1b seq 8192",), (f"MFU >= {MFU_TARGET:.0%} (Kiln's FLOP count)",), 120,
+    Check("loss", ("chunked loss memory, flagship logits",),
+          (f"chunked peak <= {LOSS_PEAK_RATIO:g}x the plain loss's; loss within 1e-3, gradients 2e-2 (bf16)",), 15,
+          check_loss),
+    Check("llama", ("MFU llama3.2-1b seq 8192", "MFU llama3.2-1b, torchtitan's count",
+                    "memory estimate llama3.2-1b seq 8192"),
+          (f"MFU >= {MFU_TARGET:.0%} (Kiln's FLOP count)", f"MFU >= {MFU_TARGET_TORCHTITAN:.1%} (the same target)",
+           f"kiln.train.memory within {ESTIMATE_TOLERANCE:.0%} of max_memory_allocated, eager and compiled"), 120,
           check_llama_mfu),
     Check("snapshot", ("smoke memory snapshot",), ("memory_snapshot.pickle with segments and events; trace.json",), 25,
           check_smoke_snapshot),
     Check("eval", ("eval on GPU vs CPU",), ("val loss within 1% (bf16 vs fp32)",), 25, check_eval),
-    Check("pipeline", ("tiny pipeline, train.device=cuda",), ("report.md; smoke and eval on cuda",), 105,
+    Check("pipeline", ("tiny pipeline, train.device=cuda",), ("report.md; smoke and eval on cuda",), 95,
           check_pipeline),
     Check("generate-bench", ("bench/generate.py",), (">= 5x the uncached loop",), 15, check_generate_bench),
 )

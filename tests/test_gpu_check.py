@@ -11,7 +11,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ROWS = [
     "flash SDPA", "fused AdamW", "torch.compile gpt2-124m", "MFU gpt2-124m seq 1024",
-    "bench/train_throughput.py gpt2-124m", "MFU llama3.2-1b seq 8192", "smoke memory snapshot",
+    "bench/train_throughput.py gpt2-124m", "chunked loss memory, flagship logits", "MFU llama3.2-1b seq 8192",
+    "MFU llama3.2-1b, torchtitan's count", "memory estimate llama3.2-1b seq 8192", "smoke memory snapshot",
     "eval on GPU vs CPU", "tiny pipeline, train.device=cuda", "bench/generate.py",
 ]
 
@@ -30,4 +31,7 @@ def test_cpu_dry_run_prints_every_row_and_fails_none(tmp_path):
     by_check = {r[0]: r[2] for r in rows}
     assert "flash" in by_check["flash SDPA"] and "_fused_adamw_" in by_check["fused AdamW"]
     assert "merged into tiny.yaml's train section" in by_check["tiny pipeline, train.device=cuda"]
+    assert "chunked vs" in by_check["chunked loss memory, flagship logits"]
+    assert "estimated" in by_check["memory estimate llama3.2-1b seq 8192"]
+    assert "torchtitan's count" in by_check["MFU gpt2-124m seq 1024"]
     assert (tmp_path / "snapshot" / "smoke" / "trace.json").exists()  # the smoke probe traced its step
