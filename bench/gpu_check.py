@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import io
 import json
 import multiprocessing
@@ -38,83 +37,31 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from gpu_check_common import NO_CUDA, Ctx, pct, profiled, sections, timed_steps  # bench/ is sys.path[0]
+from gpu_check_llama import (ESTIMATE_TOLERANCE, LOSS_PEAK_RATIO, MFU_TARGET, MFU_TARGET_TORCHTITAN, check_llama_mfu,
+                             check_loss)
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from train_throughput import synthetic_shards, train_sections  # bench/ is this script's sys.path[0]
+from train_throughput import synthetic_shards
 
-from kiln.data.loader import ShardRows, TrainBatches
+from kiln.data.loader import ShardRows
 from kiln.data.shards import shard_split
 from kiln.eval.generate import generate
 from kiln.eval.perplexity import val_rows_loss
 from kiln.eval.suite import BATCH
 from kiln.io import write_json
 from kiln.model.build import build_model, load_model, save_model
-from kiln.model.loss import lm_loss
-from kiln.model.registry import FLAVOURS, resolve
-from kiln.train.cpu_memory import allocated_during, tensor_bytes
+from kiln.model.registry import resolve
 from kiln.train.device import autocast, eval_autocast, to_device
-from kiln.train.memory import GIB, Setting, estimate
-from kiln.train.metrics import Throughput, flops_per_token, flops_per_token_torchtitan, memory_mb, peak_flops
 from kiln.train.optim import build_adamw
 from kiln.train.smoke import probe
 from kiln.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
-NO_CUDA = "skipped: no CUDA"
-TINY_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32}  # dry-run shapes
 # Kiln's attention at gpt2-124m's and llama3.2-1b's head shapes (head dim 64; 32 query heads over 8
 # key/value heads), then a dry run's: {family: (GPU shape, dry-run shape)}
 ATTENTION = {"gpt2": ({"n_head": 12, "d_model": 768}, {"n_head": 2, "d_model": 128}),
              "llama": ({"n_head": 32, "n_kv_head": 8, "d_model": 2048}, {"n_head": 2, "n_kv_head": 1, "d_model": 128})}
 LLM_C_GPT2_TOKENS_PER_S = 470_000  # llm.c GPT-2 124M on one H100 (~3.7M tok/s on 8, 140 ms per 0.5M-token step)
-MFU_TARGET = 0.45  # llama3.2-1b at seq 8192, under Kiln's FLOP count (kiln.train.metrics)
-MFU_TARGET_TORCHTITAN = 0.354  # the same throughput under torchtitan's count (x 7.45e9 / 9.46e9 FLOPs a token)
-ESTIMATE_TOLERANCE = 0.15  # kiln.train.memory against torch.cuda.max_memory_allocated, as on the CPU
-LOSS_PEAK_RATIO = 0.25  # the chunked loss's peak against the plain loss's (0.27x on the CPU at 4k rows)
-
-
-@dataclass(frozen=True)
-class Ctx:
-    dry: bool  # CPU dry run: CUDA hidden, tiny shapes
-    work: Path  # this check's scratch folder
-
-    def folder(self, name: str) -> Path:
-        (self.work / name).mkdir(parents=True, exist_ok=True)
-        return self.work / name
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cpu" if self.dry else "cuda")
-
-    def verdict(self, ok: bool, figure: str) -> tuple[str, str]:
-        """(result, figure): the GPU verdict, or in a dry run FAIL / skipped with the CPU part's figure."""
-        if self.dry:
-            return (NO_CUDA if ok else "FAIL"), f"CPU part: {figure}"
-        return ("pass" if ok else "FAIL"), figure
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def profiled(fn: Callable[[], object]) -> tuple[set[str], object]:
-    """(the ops `fn` ran, what it returned); the CPU-side record names the CUDA ops it launched too."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        out = fn()
-        sync()
-    return {e.key for e in prof.key_averages()}, out
-
-
-def sections(ctx: Ctx, flavour: str | None, seq_len: int, micro_batch: int,
-             compile_model: bool | str = "auto") -> dict:
-    """train_throughput's validated train-stage sections (bf16); in a dry run a tiny model of the
-    flavour's family."""
-    args = argparse.Namespace(flavour=flavour, seq_len=seq_len, micro_batch=micro_batch, precision="bf16",
-                              compile=compile_model, seed=1337)
-    out = train_sections(args)
-    if ctx.dry:
-        out["model"] = {"family": FLAVOURS[flavour].family if flavour else "gpt2", **TINY_MODEL}
-    return out
 
 
 # --- the checks: each returns its table rows' (result, figure) -------------------------------------
@@ -194,148 +141,12 @@ def check_compile_and_gpt2(ctx: Ctx) -> list[tuple[str, str]]:
     close = abs(compiled[0] - eager[0]) <= 5e-3 * abs(eager[0]) and abs(compiled[1] - eager[1]) <= 5e-2 * eager[1]
     rows = [ctx.verdict(close, f"compile {compile_s:.1f} s; loss {compiled[0]:.4f} vs eager {eager[0]:.4f}, "
                                f"grad norm {compiled[1]:.3f} vs {eager[1]:.3f}")]
-    rates, mem = _timed_steps(trainer, warmup=1 if ctx.dry else 3, steps=2 if ctx.dry else 30)
-    figure = (f"{rates['tokens_per_s']:,.0f} tok/s per device, MFU {_pct(rates['mfu'])} "
-              f"(torchtitan's count {_pct(rates['mfu_torchtitan'])}), peak {mem / 1024:.1f} GiB")
+    rates, mem = timed_steps(trainer, warmup=1 if ctx.dry else 3, steps=2 if ctx.dry else 30)
+    figure = (f"{rates['tokens_per_s']:,.0f} tok/s per device, MFU {pct(rates['mfu'])} "
+              f"(torchtitan's count {pct(rates['mfu_torchtitan'])}), peak {mem / 1024:.1f} GiB")
     if ctx.dry:
         return rows + [ctx.verdict(True, figure)]
     return rows + [("measured", f"{figure}; {rates['tokens_per_s'] / LLM_C_GPT2_TOKENS_PER_S:.2f}x llm.c")]
-
-
-def _size(n_bytes: float) -> str:
-    return f"{n_bytes / GIB:.2f} GiB" if n_bytes >= GIB else f"{n_bytes / 2**20:.1f} MiB"
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.1%}"
-
-
-def _timed_steps(trainer: Trainer, warmup: int, steps: int) -> tuple[dict, float]:
-    """Kiln's Throughput (tokens/s, TFLOP/s, MFU per device) over `steps` train steps after `warmup`
-    untimed ones, read as the train stage reads it: one host sync at the end of the window."""
-    for _ in range(warmup):
-        trainer.train_step()[0].item()
-    meter = Throughput(flops_per_token(trainer.model), peak_flops(trainer.d.device), trainer.d.world,
-                       flops_per_token_torchtitan(trainer.model))
-    for _ in range(steps):
-        loss = trainer.train_step()[0]
-    loss.item()
-    return meter.window(steps * trainer.plan.tokens_per_step, last=True), memory_mb(trainer.d.device)
-
-
-def _fitting_micro_batch(ctx: Ctx, shards: Path, seq: int) -> tuple[int, float, list[int]]:
-    """The largest micro-batch (at most 8) whose step should fit in 85% of the GPU, from the peak
-    memory of eager steps at 1 and 2 rows (a second compile after an OOM would not fit the budget);
-    the measured GiB per row; and the two peaks (bytes). A compiled step usually holds less: inductor
-    fuses activations away."""
-    trainer = Trainer(sections(ctx, "llama3.2-1b", seq, 1, compile_model=False), shards)
-    peaks = []
-    for rows in (1, 2):
-        trainer.batches = TrainBatches(trainer.rows, rows, trainer.seed, 0, 1)
-        trainer.train_step()[0].item()  # the first also allocates AdamW's moments
-        torch.cuda.reset_peak_memory_stats()
-        trainer.train_step()[0].item()
-        peaks.append(torch.cuda.max_memory_allocated())
-    per_row, total = peaks[1] - peaks[0], torch.cuda.get_device_properties(0).total_memory
-    del trainer
-    gc.collect()
-    torch.cuda.empty_cache()
-    return max(1, min(8, int((0.85 * total - (peaks[0] - per_row)) // per_row))), per_row / 2**30, peaks
-
-
-def _estimated(trainer: Trainer, micro: int, compiled: bool) -> int:
-    """kiln.train.memory's estimate for this trainer's model at `micro` rows, one rank, bf16."""
-    return estimate(trainer.cfg, Setting(micro_batch=micro, world=1, bf16=True, compiled=compiled,
-                                         cuda=trainer.d.device.type == "cuda")).total
-
-
-def _dry_eager_peak(trainer: Trainer) -> int:
-    """The dry run's stand-in for max_memory_allocated: weights and AdamW state plus the CPU
-    profiler's peak over one step (kiln.train.cpu_memory), after a step that allocated the state."""
-    trainer.train_step()
-    resident = tensor_bytes([*trainer.model.parameters(),
-                             *(t for state in trainer.optimizer.state.values() for t in state.values())])
-    return resident + allocated_during(trainer.train_step)[1].peak
-
-
-def check_llama_mfu(ctx: Ctx) -> list[tuple[str, str]]:
-    """llama3.2-1b at seq 8192, the largest micro-batch that fits, compiled: MFU by Kiln's count and
-    torchtitan's; kiln.train.memory's estimate against torch.cuda.max_memory_allocated of the eager
-    steps at 1 and 2 rows and of the compiled steps."""
-    seq = 64 if ctx.dry else 8192
-    shards = synthetic_shards(ctx.folder("shards"), 512 if ctx.dry else 32768, seq, rows=32, seed=1337)
-    if ctx.dry:
-        eager = Trainer(sections(ctx, "llama3.2-1b", seq, 2, compile_model=False), shards)
-        micro, per_row, measured = 2, 0.0, [(2, False, _dry_eager_peak(eager), _estimated(eager, 2, False))]
-        del eager
-    else:
-        micro, per_row, peaks = _fitting_micro_batch(ctx, shards, seq)
-        torch.cuda.reset_peak_memory_stats()
-        measured = []
-    trainer = Trainer(sections(ctx, "llama3.2-1b", seq, micro), shards)
-    if not ctx.dry:
-        measured = [(rows, False, peak, _estimated(trainer, rows, False)) for rows, peak in zip((1, 2), peaks)]
-    rates, mem = _timed_steps(trainer, warmup=1 if ctx.dry else 2, steps=2 if ctx.dry else 6)
-    if not ctx.dry:  # compiled, as train runs it
-        measured.append((micro, True, torch.cuda.max_memory_allocated(), _estimated(trainer, micro, True)))
-    ok = ctx.dry or (rates["mfu"] or 0.0) >= MFU_TARGET
-    ok_tt = ctx.dry or (rates["mfu_torchtitan"] or 0.0) >= MFU_TARGET_TORCHTITAN
-    fit = "" if ctx.dry else f" ({per_row:.1f} GiB a row, eager)"
-    at = f"{rates['tokens_per_s']:,.0f} tok/s per device at micro-batch {micro}{fit}, peak {mem / 1024:.1f} GiB"
-    ratios = [est / peak for _, _, peak, est in measured]
-    memory = "; ".join(f"{rows} row{'s' if rows > 1 else ''} {'compiled' if compiled else 'eager'}: estimated "
-                       f"{_size(est)}, measured {_size(peak)} ({est / peak:.2f}x)"
-                       for rows, compiled, peak, est in measured)
-    return [ctx.verdict(ok, f"MFU {_pct(rates['mfu'])}, {at}"),
-            ctx.verdict(ok_tt, f"MFU {_pct(rates['mfu_torchtitan'])} under torchtitan's count, {at}"),
-            ctx.verdict(all(abs(r - 1) <= ESTIMATE_TOLERANCE for r in ratios), memory)]
-
-
-def _plain_loss(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The loss gpt.py and llama.py computed before kiln.model.loss: whole logits, upcast, one call."""
-    return F.cross_entropy(F.linear(h, w).float().flatten(0, 1), y.flatten())
-
-
-def check_loss(ctx: Ctx) -> list[tuple[str, str]]:
-    """The chunked loss against the plain one at llama3.2-1b's flagship logits (6 x 8192 rows of
-    d_model 2048 onto V 32,768), bf16 autocast: peak memory of forward and backward above the inputs
-    (max_memory_allocated), the loss and the gradients compared."""
-    rows, C, V = (1024, 64, 4096) if ctx.dry else (6 * 8192, 2048, 32768)
-    dev = ctx.device
-    g = torch.Generator(device=dev).manual_seed(0)
-    h = torch.randn(1, rows, C, device=dev, generator=g, requires_grad=True)  # (1, N, C)
-    w = (0.02 * torch.randn(V, C, device=dev, generator=g)).requires_grad_()  # (V, C)
-    y = torch.randint(0, V, (1, rows), device=dev, generator=g)
-    # the dry run's V 4,096 makes one chunk of all rows: 8 chunks instead, as the GPU shape has 48
-    chunked = (lambda *a: lm_loss(*a, chunk_rows=rows // 8)) if ctx.dry else lm_loss
-    out = {}
-    for name, fn in (("plain", _plain_loss), ("chunked", chunked)):
-        h.grad = w.grad = None
-
-        def run() -> torch.Tensor:
-            with autocast(dev, bf16=True)():
-                loss = fn(h, w, y)
-            loss.backward()
-            return loss.detach()
-
-        if ctx.dry:
-            loss, alloc = allocated_during(run)
-            peak = alloc.peak
-        else:
-            sync()
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            loss = run()
-            sync()
-            peak = torch.cuda.max_memory_allocated() - base
-        out[name] = (loss.float().item(), peak, h.grad.clone(), w.grad.clone())
-    (lp, pp, hp, wp), (lc, pc, hc, wc) = out["plain"], out["chunked"]
-    loss_close = abs(lc - lp) <= 1e-3 * abs(lp)
-    grad_err = max(((hc - hp).abs().max() / hp.abs().max()).item(), ((wc - wp).abs().max() / wp.abs().max()).item())
-    ok = loss_close and grad_err <= 2e-2 and (ctx.dry or pc <= LOSS_PEAK_RATIO * pp)
-    return [ctx.verdict(ok, f"peak {_size(pc)} chunked vs {_size(pp)} plain ({pc / pp:.2f}x); loss "
-                            f"{lc:.5f} vs {lp:.5f}; gradients max rel. diff {grad_err:.1e}")]
 
 
 def check_smoke_snapshot(ctx: Ctx) -> list[tuple[str, str]]:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from kiln import config as kiln_config
 from kiln import run_config

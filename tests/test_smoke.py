@@ -51,7 +51,7 @@ def test_healthy_tiny_run_passes_every_check(shards, tmp_path):
     assert failed(report) == set(), [(c.name, c.figure, c.detail) for c in report["checks"]]
     assert report["val_loss_after"] < report["val_loss_init"]
     # the measured peak beside kiln.train.memory's estimate of the same step
-    assert "peak memory" in checks["preflight"].figure and "MB of tensors per device" in checks["preflight"].figure
+    assert "peak memory" in checks["preflight"].figure and "tensors estimated per device" in checks["preflight"].figure
     assert len(report["losses"]) == len(report["grad_norms"]) == 12
     probe = report["probe"]
     assert probe["measured_steps"] == 10 and probe["tokens_per_s"] > 0 and 0 <= probe["data_wait_fraction"] < 1

@@ -88,8 +88,10 @@ class Estimate:
         return self.total / GIB
 
     def summary(self) -> str:
-        parts = ", ".join(f"{name} {b / GIB:.2f}" for name, b in self.parts.items() if b)
-        return f"{self.gib:.2f} GiB ({parts}; at {self.peak_at})"
+        """e.g. "74.71 GiB (weights 3.88, optimizer 7.75, ...; at backward start)"; MiB under 1 GiB."""
+        unit, scale = ("GiB", GIB) if self.total >= GIB else ("MiB", 2**20)
+        parts = ", ".join(f"{name} {b / scale:.2f}" for name, b in self.parts.items() if b)
+        return f"{self.total / scale:.2f} {unit} ({parts}; at {self.peak_at})"
 
 
 def layer_params(cfg: ModelConfig) -> tuple[int, int]:

@@ -316,8 +316,8 @@ def estimate_for(sections: dict, manifest: dict, world: int) -> Estimate:
 
 
 def _estimate_note(est: Estimate, cuda: bool) -> str:
-    measured = "torch.cuda.max_memory_allocated" if cuda else "the process's resident peak, interpreter and libraries included"
-    return f"estimated {est.total / 2**20:,.0f} MB of tensors per device ({est.summary()}; measured: {measured})"
+    measured = "torch.cuda.max_memory_allocated" if cuda else "the process's resident set, interpreter and libraries included"
+    return f"tensors estimated per device {est.summary()} (the measured peak is {measured})"
 
 
 def _param_bytes(model: torch.nn.Module) -> int:

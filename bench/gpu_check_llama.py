@@ -1,0 +1,140 @@
+"""bench/gpu_check.py's checks of issue 13 on llama3.2-1b's flagship shape (seq 8192, V 32,768): MFU
+under Kiln's and torchtitan's FLOP counts, kiln.train.memory's estimate against max_memory_allocated,
+and the chunked loss's memory against the plain loss's."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from gpu_check_common import Ctx, pct, sections, size, sync, timed_steps  # bench/ is the script's sys.path[0]
+from train_throughput import synthetic_shards
+
+from kiln.data.loader import TrainBatches
+from kiln.model.loss import lm_loss
+from kiln.train.cpu_memory import allocated_during, tensor_bytes
+from kiln.train.device import autocast
+from kiln.train.memory import Setting, estimate
+from kiln.train.trainer import Trainer
+
+MFU_TARGET = 0.45  # llama3.2-1b at seq 8192, under Kiln's FLOP count (kiln.train.metrics)
+MFU_TARGET_TORCHTITAN = 0.354  # the same throughput under torchtitan's count (x 7.45e9 / 9.46e9 FLOPs a token)
+ESTIMATE_TOLERANCE = 0.15  # kiln.train.memory against torch.cuda.max_memory_allocated, as on the CPU
+LOSS_PEAK_RATIO = 0.25  # the chunked loss's peak against the plain loss's (0.27x on the CPU at 4k rows)
+
+
+def _fitting_micro_batch(ctx: Ctx, shards: Path, seq: int) -> tuple[int, float, list[int]]:
+    """The largest micro-batch (at most 8) whose step should fit in 85% of the GPU, from the peak
+    memory of eager steps at 1 and 2 rows (a second compile after an OOM would not fit the budget);
+    the measured GiB per row; and the two peaks (bytes). A compiled step usually holds less: inductor
+    fuses activations away."""
+    trainer = Trainer(sections(ctx, "llama3.2-1b", seq, 1, compile_model=False), shards)
+    peaks = []
+    for rows in (1, 2):
+        trainer.batches = TrainBatches(trainer.rows, rows, trainer.seed, 0, 1)
+        trainer.train_step()[0].item()  # the first also allocates AdamW's moments
+        torch.cuda.reset_peak_memory_stats()
+        trainer.train_step()[0].item()
+        peaks.append(torch.cuda.max_memory_allocated())
+    per_row, total = peaks[1] - peaks[0], torch.cuda.get_device_properties(0).total_memory
+    del trainer
+    gc.collect()
+    torch.cuda.empty_cache()
+    return max(1, min(8, int((0.85 * total - (peaks[0] - per_row)) // per_row))), per_row / 2**30, peaks
+
+
+def _estimated(trainer: Trainer, micro: int, compiled: bool) -> int:
+    """kiln.train.memory's estimate for this trainer's model at `micro` rows, one rank, bf16."""
+    return estimate(trainer.cfg, Setting(micro_batch=micro, world=1, bf16=True, compiled=compiled,
+                                         cuda=trainer.d.device.type == "cuda")).total
+
+
+def _dry_eager_peak(trainer: Trainer) -> int:
+    """The dry run's stand-in for max_memory_allocated: weights and AdamW state plus the CPU
+    profiler's peak over one step (kiln.train.cpu_memory), after a step that allocated the state."""
+    trainer.train_step()
+    resident = tensor_bytes([*trainer.model.parameters(),
+                             *(t for state in trainer.optimizer.state.values() for t in state.values())])
+    return resident + allocated_during(trainer.train_step)[1].peak
+
+
+def check_llama_mfu(ctx: Ctx) -> list[tuple[str, str]]:
+    """llama3.2-1b at seq 8192, the largest micro-batch that fits, compiled: MFU by Kiln's count and
+    torchtitan's; kiln.train.memory's estimate against torch.cuda.max_memory_allocated of the eager
+    steps at 1 and 2 rows and of the compiled steps."""
+    seq = 64 if ctx.dry else 8192
+    shards = synthetic_shards(ctx.folder("shards"), 512 if ctx.dry else 32768, seq, rows=32, seed=1337)
+    if ctx.dry:
+        eager = Trainer(sections(ctx, "llama3.2-1b", seq, 2, compile_model=False), shards)
+        micro, per_row, measured = 2, 0.0, [(2, False, _dry_eager_peak(eager), _estimated(eager, 2, False))]
+        del eager
+    else:
+        micro, per_row, peaks = _fitting_micro_batch(ctx, shards, seq)
+        torch.cuda.reset_peak_memory_stats()
+        measured = []
+    trainer = Trainer(sections(ctx, "llama3.2-1b", seq, micro), shards)
+    if not ctx.dry:
+        measured = [(rows, False, peak, _estimated(trainer, rows, False)) for rows, peak in zip((1, 2), peaks)]
+    rates, mem = timed_steps(trainer, warmup=1 if ctx.dry else 2, steps=2 if ctx.dry else 6)
+    if not ctx.dry:  # compiled, as train runs it
+        measured.append((micro, True, torch.cuda.max_memory_allocated(), _estimated(trainer, micro, True)))
+    ok = ctx.dry or (rates["mfu"] or 0.0) >= MFU_TARGET
+    ok_tt = ctx.dry or (rates["mfu_torchtitan"] or 0.0) >= MFU_TARGET_TORCHTITAN
+    fit = "" if ctx.dry else f" ({per_row:.1f} GiB a row, eager)"
+    at = f"{rates['tokens_per_s']:,.0f} tok/s per device at micro-batch {micro}{fit}, peak {mem / 1024:.1f} GiB"
+    ratios = [est / peak for _, _, peak, est in measured]
+    memory = "; ".join(f"{rows} row{'s' if rows > 1 else ''} {'compiled' if compiled else 'eager'}: estimated "
+                       f"{size(est)}, measured {size(peak)} ({est / peak:.2f}x)"
+                       for rows, compiled, peak, est in measured)
+    return [ctx.verdict(ok, f"MFU {pct(rates['mfu'])}, {at}"),
+            ctx.verdict(ok_tt, f"MFU {pct(rates['mfu_torchtitan'])} under torchtitan's count, {at}"),
+            ctx.verdict(all(abs(r - 1) <= ESTIMATE_TOLERANCE for r in ratios), memory)]
+
+
+def _plain_loss(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The loss gpt.py and llama.py computed before kiln.model.loss: whole logits, upcast, one call."""
+    return F.cross_entropy(F.linear(h, w).float().flatten(0, 1), y.flatten())
+
+
+def check_loss(ctx: Ctx) -> list[tuple[str, str]]:
+    """The chunked loss against the plain one at llama3.2-1b's flagship logits (6 x 8192 rows of
+    d_model 2048 onto V 32,768), bf16 autocast: peak memory of forward and backward above the inputs
+    (max_memory_allocated), the loss and the gradients compared."""
+    rows, C, V = (1024, 64, 4096) if ctx.dry else (6 * 8192, 2048, 32768)
+    dev = ctx.device
+    g = torch.Generator(device=dev).manual_seed(0)
+    h = torch.randn(1, rows, C, device=dev, generator=g, requires_grad=True)  # (1, N, C)
+    w = (0.02 * torch.randn(V, C, device=dev, generator=g)).requires_grad_()  # (V, C)
+    y = torch.randint(0, V, (1, rows), device=dev, generator=g)
+    # the dry run's V 4,096 makes one chunk of all rows: 8 chunks instead, as the GPU shape has 48
+    chunked = (lambda *a: lm_loss(*a, chunk_rows=rows // 8)) if ctx.dry else lm_loss
+    out = {}
+    for name, fn in (("plain", _plain_loss), ("chunked", chunked)):
+        h.grad = w.grad = None
+
+        def run() -> torch.Tensor:
+            with autocast(dev, bf16=True)():
+                loss = fn(h, w, y)
+            loss.backward()
+            return loss.detach()
+
+        if ctx.dry:
+            loss, alloc = allocated_during(run)
+            peak = alloc.peak
+        else:
+            sync()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            loss = run()
+            sync()
+            peak = torch.cuda.max_memory_allocated() - base
+        out[name] = (loss.float().item(), peak, h.grad.clone(), w.grad.clone())
+    (lp, pp, hp, wp), (lc, pc, hc, wc) = out["plain"], out["chunked"]
+    loss_close = abs(lc - lp) <= 1e-3 * abs(lp)
+    grad_err = max(((hc - hp).abs().max() / hp.abs().max()).item(), ((wc - wp).abs().max() / wp.abs().max()).item())
+    ok = loss_close and grad_err <= 2e-2 and (ctx.dry or pc <= LOSS_PEAK_RATIO * pp)
+    return [ctx.verdict(ok, f"peak {size(pc)} chunked vs {size(pp)} plain ({pc / pp:.2f}x); loss "
+                            f"{lc:.5f} vs {lp:.5f}; gradients max rel. diff {grad_err:.1e}")]
