@@ -417,3 +417,18 @@ def test_compiled_run_matches_eager_and_saves_plain_names(shards, tmp_path):
     assert [r["loss"] for r in compiled] == pytest.approx([r["loss"] for r in eager], abs=1e-5, rel=0)
     _assert_same_weights(load_model(tmp_path / "compiled").state_dict(), load_model(tmp_path / "eager").state_dict(),
                          atol=1e-5)
+
+
+def test_each_rank_draws_its_own_dropout_stream_after_a_shared_init():
+    from kiln.train.trainer import seed_everything, seed_rank_stream
+
+    def draws(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        seed_everything(7)
+        init = torch.rand(4)  # what every rank's model init draws
+        seed_rank_stream(7, rank)
+        return init, torch.rand(4)  # what dropout would draw
+
+    (init0, drop0), (init1, drop1), (init0b, drop0b) = draws(0), draws(1), draws(0)
+    assert torch.equal(init0, init1)  # same weights on every rank
+    assert not torch.equal(drop0, drop1)  # different masks
+    assert torch.equal(drop0, drop0b)  # and reproducible

@@ -58,9 +58,11 @@ class Unreadable(Exception):
 
 
 def rng_state() -> dict:
+    """This process's generators, its own GPU's only: get_rng_state_all would create a CUDA context
+    on every other GPU of the node (hundreds of MB each) from every rank."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device, set by init_distributed
     return state
 
 
@@ -69,7 +71,7 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def step_name(step: int) -> str:

@@ -77,6 +77,14 @@ class RunResult:
     is_main: bool = True  # rank 0, the rank that writes reports
 
 
+def seed_rank_stream(seed: int, rank: int) -> None:
+    """After init, which every rank draws alike from `seed` (FSDP2 shards without broadcasting),
+    give each rank its own torch stream (CPU and its GPU) so dropout masks differ between ranks;
+    rank 0 of W and the only rank of 1 draw alike. Resume restores each rank's own state."""
+    if rank:
+        torch.manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1)[0]))
+
+
 def seed_everything(seed: int) -> None:
     """One seed for Python, NumPy and torch (every device): initial weights, dropout, sampling."""
     random.seed(seed)
@@ -100,6 +108,7 @@ class Trainer:
         self.plan = plan_batch(train["batch_tokens"], train["micro_batch"], self.cfg.seq_len, self.d.world)
         with torch.device(self.d.device):  # initialised where it trains: no host copy of a 1B model
             self.model = build_model(self.cfg)
+        seed_rank_stream(self.seed, self.d.rank)  # same init on every rank; dropout from here differs
         self.bf16 = device.use_bf16(train["precision"], self.d.device)
         self.autocast = device.autocast(self.d.device, self.bf16)
         self.wrapped = parallel.parallelize(
