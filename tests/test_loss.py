@@ -96,9 +96,13 @@ def test_model_loss_and_gradients_equal_the_plain_loss_on_its_logits(cfg):
 
 
 @MODELS
-def test_model_forward_with_targets_keeps_no_logits_for_backward(cfg):
+def test_model_forward_with_targets_keeps_no_logits_for_backward(cfg, monkeypatch):
     """What is alive between forward and backward (the activations the step keeps) is a fraction of
-    one (B, T, V) fp32 tensor (33.6 MB here, at V 16,384): the plain loss would keep two of them."""
+    one (B, T, V) fp32 tensor (33.6 MB here, at V 16,384, in chunks of 128 rows): the plain loss
+    would keep two of them."""
+    import kiln.model.loss
+
+    monkeypatch.setattr(kiln.model.loss, "loss_chunk_rows", lambda vocab: 128)  # 4 chunks of these 512 rows
     cfg = ModelConfig(**{**cfg.to_dict(), "vocab_size": 16384})
     torch.manual_seed(0)
     model = build_model(cfg).train()

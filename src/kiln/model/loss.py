@@ -10,7 +10,8 @@ Here each chunk's head matmul and cross-entropy run under torch.utils.checkpoint
 the forward keeps only the chunk's loss sum, and backward recomputes the chunk's logits from the
 hidden states and the head weight, one chunk at a time (torchtitan's and Liger-Kernel's chunked
 loss, done with checkpoint rather than a fused kernel). The price is the head's forward matmul once
-more, 2*N*V*C FLOPs: ~2% of llama3.2-1b's step, more for a model whose head is a large share of it.
+more, 2*N*V*C FLOPs: ~2% of llama3.2-1b's step, more for a model whose head is a large share of it;
+when one chunk holds every row there is nothing to gain, and no recompute.
 Under bf16 autocast every chunk computes exactly what the plain loss computes for its rows (bf16
 logits upcast to fp32), so the two agree to fp32 rounding of the sum (tests/test_loss.py).
 
@@ -42,6 +43,10 @@ def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     h, y = hidden.flatten(0, 1), targets.reshape(-1)  # (N, C), (N,)
     n_rows = h.size(0)
     rows = chunk_rows or loss_chunk_rows(weight.size(0))
+    if n_rows <= rows:
+        # One chunk: its logits are what backward uses first, so recomputing them would free nothing
+        # at the peak (the same 12 bytes a logit either way, measured) and only cost the matmul again.
+        return _chunk_loss_sum(h, weight, y) / n_rows
     total = torch.zeros((), device=h.device, dtype=torch.float32)
     for start in range(0, n_rows, rows):
         total = total + checkpoint(_chunk_loss_sum, h[start:start + rows], weight, y[start:start + rows],
