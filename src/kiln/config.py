@@ -25,9 +25,8 @@ import yaml
 
 from kiln.errors import KilnError
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
-
-ROOT = SCHEMA_PATH.parents[2]
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 EMBEDDED_DEFAULT = ROOT / "config" / "config.yaml"
 
 # The config sections each stage reads. Snakemake passes exactly these as the rule's params, so a

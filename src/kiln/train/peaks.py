@@ -54,7 +54,6 @@ GPUS = (
     GPU("RTX 3080 Ti", 68.2, 12),  # 80 SMs x 512 x 1.665 GHz (seed 003's card)
     GPU("RTX 3080", 59.5, 10),  # 68 SMs x 512 x 1.71 GHz
 )
-PEAK_TFLOPS = tuple((g.fragment, g.tflops) for g in GPUS)
 
 
 def gpu_of(device_name: str) -> GPU | None:

@@ -179,7 +179,7 @@ class Trainer:
                     loss = self._loss_faults(loss, micro)
                 (loss / accum).backward()  # the mean over micro-batches: one batch of accum x rows
             loss_sum += loss.detach()
-        if self.faults.at("inf_grad", self.step + 1):
+        if self.faults and self.faults.at("inf_grad", self.step + 1):
             grad = self.params[0].grad
             getattr(grad, "_local_tensor", grad).view(-1)[0] = math.inf  # this rank's shard under FSDP
         grad_norm = parallel.clip_grad_norm(self.params, self.train_cfg["grad_clip"])
