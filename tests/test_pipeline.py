@@ -1,14 +1,19 @@
 """The whole DAG as a user runs it: subprocess Snakemake on the tiny config in a temporary folder."""
 
 import json
+import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from kiln.train.plan import StageTimes, steps_within
+from kiln.train.schedule import lr_at
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "configs" / "tiny.yaml"
@@ -138,3 +143,33 @@ def test_snakemake_html_report(finished_run):
     assert result.returncode == 0, result.stderr[-2000:]
     html = (workdir / "report.html").read_text(errors="replace")
     assert "loss.png" in html and "report.md" in html
+
+
+def test_a_time_budget_becomes_the_steps_train_runs(finished_run, tmp_path):
+    """The smoke stage times bf16 against fp32 (precision auto), turns a budget of minutes into steps
+    from the times it measured, and train runs exactly those steps, its schedule decaying over them;
+    the log steps carry bits per byte. On a copy of the finished run: only smoke and train rerun."""
+    workdir, _, _ = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete"))
+    result = snakemake(copy, "train", "--configfile", str(TINY),
+                       "--config", "train={budget: {minutes: 0.4}, max_steps: null, precision: auto}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert planned_rules(result) == {"smoke", "train"}
+    run = copy / "results" / "tiny"
+    plan = json.loads((run / "smoke" / "plan.json").read_text())
+    timed = plan["precision_tokens_per_s"]
+    assert set(timed) == {"bf16", "fp32"} and plan["precision"] == max(timed, key=timed.get)
+    assert plan["budget"] == {"minutes": 0.4} and plan["budget_s"] == pytest.approx(24)
+    steps = plan["max_steps"]
+    assert steps == steps_within(24, StageTimes(**plan["stage_times"]), eval_every=50, checkpoint_every=100) > 5
+    assert plan["stage_s"] <= plan["budget_s"] and plan["total_tokens"] == steps * 16 * 64
+    assert "budget | 0.4 minutes = 24 s of the train stage buys" in (run / "smoke" / "plan.md").read_text()
+    assert json.loads((run / "train" / "summary.json").read_text())["steps"] == steps
+    records = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
+    last = records[-1]
+    assert last["step"] == steps and last["lr"] == pytest.approx(
+        lr_at(steps - 1, lr=0.005, min_lr=0.0005, warmup_steps=5, max_steps=steps))
+    val = json.loads((run / "shards" / "manifest.json").read_text())["sources"]["stdlib"]["val"]
+    assert last["val_bpb"] == pytest.approx(last["val_loss"] / math.log(2) * val["tokens"] / val["bytes"])
+    assert "bits/byte" in (run / "logs" / "train.log").read_text()

@@ -124,3 +124,12 @@ def test_plan_takes_overrides_as_snakemake_does_and_names_a_bad_gpu(tmp_path):
     result = subprocess.run([str(VENV_BIN / "kiln"), "plan", "--configfile", seed, "--config", "plan={gpu: TPU}"],
                             capture_output=True, text=True, env=ENV, timeout=120)
     assert result.returncode == 1 and "plan.gpu: 'TPU' is not a known GPU" in result.stderr
+
+
+def test_plan_turns_a_budget_into_steps_at_the_assumed_speed():
+    seed = str(ROOT / "config" / "experiments" / "swallow-code-llama-1b.yaml")
+    full = kiln_plan("--configfile", seed)
+    half = kiln_plan("--configfile", seed, "--config", f"train={{budget: {{dollars: {full['cost'] / 2}}}}}")
+    assert half["max_steps"] == pytest.approx(25_000, abs=1) and half["cost"] == pytest.approx(full["cost"] / 2, rel=1e-3)
+    capped = kiln_plan("--configfile", seed, "--config", "train={budget: {hours: 1000}}")
+    assert capped["max_steps"] == 50_000  # train.max_steps caps what a budget buys

@@ -15,8 +15,8 @@ from synthetic import REPO
 
 from kiln.errors import KilnError
 from kiln.eval.report import _smoke_section
-from kiln.train.plan import BatchPlan
-from kiln.train.verdict import Check, Gate, Measurements, Probe, SmokeReport
+from kiln.train.plan import BatchPlan, StageTimes
+from kiln.train.verdict import VERSION, Check, Gate, Measurements, Probe, SmokeReport
 
 TRAIN_SCRIPT = REPO / "workflow" / "scripts" / "train.py"
 MEASURED = Measurements(
@@ -24,7 +24,8 @@ MEASURED = Measurements(
                 tflops=1.5, measured_steps=10),
     losses=(4.1, 3.0), grad_norms=(1.0, 0.5), val_loss_init=4.1, val_loss_after=3.2, n_params=10**6,
     checkpoint_bytes=12 * 10**6, model_bytes=4 * 10**6, train_tokens=10**6, batch=BatchPlan(1, 16, 256, 1),
-    device="cpu", world=1)
+    device="cpu", world=1, times=StageTimes(step_s=0.5, startup_s=9.0, validation_s=1.5, checkpoint_s=0.25),
+    precision="bf16", precision_tokens_per_s={"bf16": 4096.0, "fp32": 2048.0})
 
 
 def checks(*failing: str) -> list[Check]:
@@ -76,7 +77,7 @@ def test_load_of_a_missing_report_names_the_file(tmp_path):
 @pytest.mark.parametrize("edit, message", [
     (lambda text: text[: len(text) // 2], "not a complete smoke report"),  # a torn copy
     (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "version"}),
-     "a smoke report from another version of kiln .format version none, this kiln reads 1."),  # written before the version field
+     f"a smoke report from another version of kiln .format version none, this kiln reads {VERSION}."),  # written before the version field
     (lambda text: json.dumps({**json.loads(text), "version": 99}), "a smoke report from another version of kiln .format version 99"),
     (lambda text: json.dumps({**json.loads(text), "gate": "maybe"}), "not a valid smoke report"),
     (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "n_params"}),

@@ -97,10 +97,14 @@ def _check_relations(cfg: dict) -> list[str]:
     train = cfg["train"]
     if train["min_lr"] > train["lr"]:
         problems.append(f"train.min_lr: {train['min_lr']} is above train.lr={train['lr']}")
-    if train["warmup_steps"] >= train["max_steps"]:
+    if train["max_steps"] is None and train["budget"] is None:
+        problems.append("train: set max_steps (optimizer steps) or budget ({minutes|hours|dollars: N})")
+    if train["max_steps"] is not None and train["warmup_steps"] >= train["max_steps"]:
         problems.append(
             f"train.warmup_steps: {train['warmup_steps']} must be below train.max_steps={train['max_steps']}"
         )
+    if "dollars" in (train["budget"] or {}) and not cfg["smoke"]["price_per_gpu_hour"]:
+        problems.append("train.budget: dollars needs smoke.price_per_gpu_hour, the price of one device-hour, above 0")
     if train["node_rank"] >= train["nnodes"]:
         problems.append(f"train.node_rank: {train['node_rank']} must be below train.nnodes={train['nnodes']}")
     smoke = cfg["smoke"]

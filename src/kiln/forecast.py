@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 
 from kiln import run_config
 from kiln.data.special_tokens import SPECIAL_TOKENS
@@ -23,7 +24,7 @@ from kiln.errors import KilnError
 from kiln.model.registry import resolve as resolve_model
 from kiln.train.memory import fit_report, setting_of
 from kiln.train.peaks import GPUS, gpu_of
-from kiln.train.plan import full_run_plan, plan_batch
+from kiln.train.plan import StageTimes, budget_steps, full_run_plan, plan_batch
 from kiln.train.tables import render_plan
 
 # Token counts of tiktoken's named encodings (tiktoken's own n_vocab), so a run on one of them is
@@ -59,11 +60,18 @@ def predict(cfg: dict) -> dict:
                        train["nproc_per_node"] * train["nnodes"])
     tokens_per_s = expect["mfu"] * peak * batch.world / model.flops_per_token()
     n_params = model.num_params(non_embedding=False)
-    plan = full_run_plan(batch=batch, max_steps=train["max_steps"], tokens_per_s=tokens_per_s, n_params=n_params,
+    # A budget buys steps at the assumed speed; what the stage spends besides steps is unknown here
+    # (the smoke stage measures it), so it counts as nothing: this is the most the budget buys.
+    times = StageTimes(step_s=batch.tokens_per_step / tokens_per_s, startup_s=0.0, validation_s=0.0, checkpoint_s=0.0)
+    budget = budget_steps(train, times, batch.world, cfg["smoke"]["price_per_gpu_hour"]) if train["budget"] else {}
+    plan = full_run_plan(batch=batch, max_steps=budget.get("max_steps", train["max_steps"]),
+                         tokens_per_s=tokens_per_s, n_params=n_params,
                          train_tokens=cfg["pretokenize"].get("train_tokens") or 0,
                          checkpoint_bytes=ADAMW_BYTES_PER_PARAM * n_params, keep_checkpoints=train["keep_checkpoints"],
                          model_bytes=4 * n_params, price_per_gpu_hour=cfg["smoke"]["price_per_gpu_hour"])
     memory = fit_report(model, setting_of(train, world=batch.world), gpu.fragment, gpu.memory_gib)
+    if budget:
+        plan |= budget | {"stage_times": asdict(times)}
     return plan | {"memory": memory,
                    "predicted_from": {"gpu": expect["gpu"], "peak_tflops": peak / 1e12, "mfu": expect["mfu"],
                                       "flops_per_token": model.flops_per_token()}}

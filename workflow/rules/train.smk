@@ -8,6 +8,7 @@ rule train:
     input:
         shards=rules.shard.output.shards,
         smoke=rules.smoke.output.report,
+        plan=rules.smoke.output.plan,
         tokenizer=rules.tokenizer.output.tokenizer,
     output:
         model=f"{RUN}/train/model.safetensors",
@@ -31,5 +32,5 @@ rule train:
         benchmark_of("train")
     shell:
         "exec python -m kiln.train.launch --train {params.launch:q} -- {params.script} --params {params.cfg:q}"
-        " --shards {input.shards} --smoke {input.smoke} --tokenizer {input.tokenizer} --out {params.out}"
+        " --shards {input.shards} --smoke {input.smoke} --plan {input.plan} --tokenizer {input.tokenizer} --out {params.out}"
         " --threads {params.rank_threads} > {log} 2>&1"

@@ -35,7 +35,7 @@ def main() -> None:
     write_json(args.out / "samples.json", samples)
     write_json(args.out / "metrics.json", metrics)
     print(f"eval: val loss {metrics['val_loss']:.4f} (unigram {metrics['unigram_val_loss']:.4f}), "
-          f"{metrics['val_bits_per_byte']:.3f} bits/byte, infill exact match "
+          f"{metrics['val_bits_per_byte']:.3f} bits/byte (unigram {metrics['unigram_bits_per_byte']:.3f}), infill exact match "
           f"{metrics['infill']['all']['exact_match']} -> {args.out}")
 
 

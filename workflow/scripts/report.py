@@ -29,8 +29,9 @@ def main() -> None:
         "samples": read_json(r / "eval" / "samples.json"),
     }
     with atomic_file(args.plot) as tmp:
-        plot_loss(read_metrics(r / "train" / "metrics.jsonl"), tmp, data["eval"]["unigram_val_loss"],
-                  cfg["eval"]["reference"])
+        ev = data["eval"]
+        plot_loss(read_metrics(r / "train" / "metrics.jsonl"), tmp, ev["unigram_val_loss"], cfg["eval"]["reference"],
+                  bits_per_nat=ev["val_bits_per_byte"] / ev["val_loss"])
     with atomic_file(args.report) as tmp:
         tmp.write_text(render(cfg["run_name"], data, args.plot.name), encoding="utf-8")
     print(f"report: {args.report.resolve()}")

@@ -9,6 +9,7 @@ fails and the gate is on, it writes nothing the train rule would take and exits 
 checks that failed.
 """
 
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -18,9 +19,10 @@ import torch
 from kiln.cli import run_main, stage_config, stage_parser
 from kiln.data.shards import check_tokenizer
 from kiln.data.tokenizer import load_tokenizer
+from kiln.errors import KilnError
 from kiln.io import atomic_file, write_json
 from kiln.train.distributed import shutdown
-from kiln.train.plan import full_run_plan
+from kiln.train.plan import budget_steps, full_run_plan
 from kiln.train.smoke import run_checks
 from kiln.train.tables import checks_table, render_plan
 from kiln.train.verdict import Measurements, SmokeReport
@@ -56,11 +58,19 @@ def main() -> None:
     verdict.require_passed()
     plan = None
     if measured is not None:
-        plan = full_run_plan(batch=measured.batch, max_steps=cfg["train"]["max_steps"],
+        train = cfg["train"]
+        budget = (budget_steps(train, measured.times, measured.world, cfg["smoke"]["price_per_gpu_hour"])
+                  if train["budget"] else {})
+        plan = full_run_plan(batch=measured.batch, max_steps=budget.get("max_steps", train["max_steps"]),
                              tokens_per_s=measured.probe.tokens_per_s, n_params=measured.n_params,
                              train_tokens=measured.train_tokens, checkpoint_bytes=measured.checkpoint_bytes,
                              keep_checkpoints=cfg["train"]["keep_checkpoints"], model_bytes=measured.model_bytes,
                              price_per_gpu_hour=cfg["smoke"]["price_per_gpu_hour"])
+        plan.update(budget, precision=measured.precision, precision_tokens_per_s=measured.precision_tokens_per_s,
+                    stage_times=dataclasses.asdict(measured.times))
+    elif cfg["train"]["budget"]:
+        raise KilnError("train.budget: the smoke probe did not run, so there is no speed to turn the budget into "
+                        "steps; fix the failed checks (or set train.max_steps)")
     if plan is not None and math.isfinite(plan["eta_s"]):
         write_json(args.out / "plan.json", plan)
         markdown = render_plan(plan)

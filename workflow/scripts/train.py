@@ -13,10 +13,12 @@ import torch
 
 from kiln.cli import run_main, stage_config, stage_parser
 from kiln.data.shards import check_tokenizer
+from kiln.errors import KilnError
 from kiln.io import write_json
 from kiln.model import hf
 from kiln.model.build import load_model
 from kiln.train.samples import make_sampler
+from kiln.train.plan import TrainPlan
 from kiln.train.trainer import run
 from kiln.train.verdict import SmokeReport
 
@@ -25,6 +27,8 @@ def main() -> None:
     parser = stage_parser("train", __doc__)
     parser.add_argument("--shards", required=True, type=Path, help="shard stage output folder")
     parser.add_argument("--smoke", type=Path, help="smoke stage's report.json: train refuses to start unless it passed")
+    parser.add_argument("--plan", type=Path,
+                        help="smoke stage's plan.json: the steps (a budget's, or train.max_steps) and the precision")
     parser.add_argument("--tokenizer", required=True, type=Path, help="tokenizer stage's tokenizer.json")
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/train")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: torch default)")
@@ -36,8 +40,13 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
+    plan = TrainPlan.load(args.plan) if args.plan is not None else None
+    if plan is not None:
+        cfg = {**cfg, "train": {**cfg["train"], "precision": plan.precision}}
+    elif cfg["train"]["max_steps"] is None:
+        raise KilnError("train.budget: train needs the smoke stage's plan.json (--plan) to know its steps")
     samples = cfg["train"]["samples"]
-    result = run(cfg, args.shards, args.out,
+    result = run(cfg, args.shards, args.out, max_steps=plan.max_steps if plan else None,
                  sampler=make_sampler(args.tokenizer, samples["prompts"], samples["max_new_tokens"]))
     if result.is_main:
         hf.export(load_model(args.out), args.out / "hf", args.tokenizer)

@@ -165,3 +165,12 @@ def check_tokenizer(shard_dir: Path, tokenizer: Path) -> None:
     if want is not None and actual != want:
         raise KilnError(f"{tokenizer}: sha256 {actual}, but the shards in {shard_dir} were made with a tokenizer "
                         f"of sha256 {want} (manifest.json); rerun pretokenize and shard, or pass that tokenizer")
+
+
+def tokens_per_byte(manifest: dict, split: str) -> float | None:
+    """A split's tokens per UTF-8 byte of the documents they encode (the manifest's per-source
+    counts, before the shard stage's cut), which turns a loss in nats per token into bits per byte;
+    None for shards written without source counts."""
+    counts = [source[split] for source in manifest.get("sources", {}).values() if split in source]
+    n_bytes = sum(c["bytes"] for c in counts)
+    return sum(c["tokens"] for c in counts) / n_bytes if n_bytes else None

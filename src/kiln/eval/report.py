@@ -18,10 +18,12 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def plot_loss(records: list[dict], png: Path, unigram: float | None = None, reference: dict | None = None) -> None:
+def plot_loss(records: list[dict], png: Path, unigram: float | None = None, reference: dict | None = None,
+              bits_per_nat: float | None = None) -> None:
     """The loss curves, with the learning rate, throughput and MFU (TFLOP/s where no peak is known,
     as on a CPU) of the same log steps beneath; reference lines for the unigram baseline and for a
-    published val loss (eval.reference)."""
+    published figure (eval.reference). With bits_per_nat (the val split's bits per byte for one nat
+    per token) a right-hand axis reads the curves in bits per byte."""
     fig, (ax, ax_lr, ax_speed, ax_mfu) = plt.subplots(4, 1, figsize=(7, 8.5), dpi=120, sharex=True,
                                                       gridspec_kw={"height_ratios": [3, 1, 1, 1]})
     steps = [r["step"] for r in records]
@@ -47,9 +49,13 @@ def plot_loss(records: list[dict], png: Path, unigram: float | None = None, refe
         ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="val loss", lw=1.2)
     if unigram is not None:
         ax.axhline(unigram, color="grey", ls="--", lw=1, label="unigram baseline (val)")
-    if reference is not None:
-        ax.axhline(reference["val_loss"], color="tab:orange", ls=":", lw=1.2,
-                   label=f"reference {reference['val_loss']:g} ({reference['source']})")
+    if reference is not None and (nats := reference_loss(reference, bits_per_nat)) is not None:
+        figure = (f"{reference['val_loss']:g}" if "val_loss" in reference
+                  else f"{reference['bits_per_byte']:g} bits/byte")
+        ax.axhline(nats, color="tab:orange", ls=":", lw=1.2, label=f"reference {figure} ({reference['source']})")
+    if bits_per_nat:
+        right = ax.secondary_yaxis("right", functions=(lambda n: n * bits_per_nat, lambda b: b / bits_per_nat))
+        right.set_ylabel("bits per byte (val)")
     ax_mfu.set_xlabel("optimizer step")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.grid(alpha=0.3)
@@ -94,7 +100,7 @@ def render(run: str, data: dict, png_name: str) -> str:
         f"| loss (nats/token) | {ev['val_loss']:.4f} | {ev['unigram_val_loss']:.4f} |",
         f"| bits per byte | {ev['val_bits_per_byte']:.4f} | {ev['unigram_bits_per_byte']:.4f} |",
         f"| perplexity | {ev['val_perplexity']:.2f} | |", "",
-        *_reference_line(data["config"]["eval"].get("reference"), ev["val_loss"]),
+        *_reference_line(data["config"]["eval"].get("reference"), ev["val_loss"], ev["val_bits_per_byte"]),
         *_eval_tables(ev),
         "## Samples", "",
     ]
@@ -109,12 +115,22 @@ def render(run: str, data: dict, png_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _reference_line(reference: dict | None, val_loss: float) -> list[str]:
+def reference_loss(reference: dict, bits_per_nat: float | None) -> float | None:
+    """eval.reference in nats/token: its val_loss, or its bits_per_byte over the val split's bits
+    per byte for one nat per token (None when that is unknown)."""
+    if "val_loss" in reference:
+        return reference["val_loss"]
+    return reference["bits_per_byte"] / bits_per_nat if bits_per_nat else None
+
+
+def _reference_line(reference: dict | None, val_loss: float, val_bpb: float) -> list[str]:
     if reference is None:
         return []
-    gap = val_loss - reference["val_loss"]
-    return [f"Reference: val loss {reference['val_loss']:g} ({reference['source']}); this run "
-            f"{val_loss:.4f}, {abs(gap):.3f} {'above' if gap > 0 else 'below'} it.", ""]
+    name, ours, theirs = (("val loss", val_loss, reference["val_loss"]) if "val_loss" in reference
+                          else ("bits per byte", val_bpb, reference["bits_per_byte"]))
+    gap = ours - theirs
+    return [f"Reference: {name} {theirs:g} ({reference['source']}); this run "
+            f"{ours:.4f}, {abs(gap):.3f} {'above' if gap > 0 else 'below'} it.", ""]
 
 
 def _config_summary(cfg: dict, train_result: dict) -> list[str]:
@@ -128,10 +144,17 @@ def _config_summary(cfg: dict, train_result: dict) -> list[str]:
         f"| data | {data} |",
         f"| model | {shape}; {train_result['n_params']:,} parameters; context {cfg['shard']['seq_len']} |",
         f"| batch | {batch} tokens per step, micro-batch {train['micro_batch']} x {train['nproc_per_node'] * train['nnodes']} ranks ({train['parallel']}) |",
-        f"| optimisation | {train['max_steps']:,} steps, lr {train['lr']:g} -> {train['min_lr']:g} ({train['schedule']}, "
+        f"| optimisation | {train_result['steps']:,} steps{_budget_note(train['budget'])}, lr {train['lr']:g} -> {train['min_lr']:g} ({train['schedule']}, "
         f"{train['warmup_steps']} warmup), weight decay {train['weight_decay']:g}, clip {train['grad_clip']:g}, {train['precision']} |",
         f"| seed | {cfg['seed']} |",
     ]
+
+
+def _budget_note(budget: dict | None) -> str:
+    if not budget:
+        return ""
+    (unit, amount), = budget.items()
+    return f" (what a budget of {amount:g} {unit} bought)"
 
 
 def _smoke_section(smoke: SmokeReport, plan: dict, train: dict) -> list[str]:

@@ -65,7 +65,9 @@ def tune_cpu_allocator() -> bool:
 
 
 def use_bf16(precision: str, device: torch.device) -> bool:
-    if precision != "bf16":
+    """bf16 autocast for train.precision on this device. "auto" reaches here as bf16 (the smoke
+    stage resolves it on a CPU, where either may be faster; on a GPU it is bf16)."""
+    if precision not in ("bf16", "auto"):
         return False
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         log.warning("bf16 not supported on %s: training in fp32", torch.cuda.get_device_name(device))

@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -40,6 +41,7 @@ RDZV_PORT_SPAN = 1000
 # (its default is 30 s, short for a large model's checkpoint). Slurm's own kill still bounds it.
 SHUTDOWN_TIMEOUT_S = 600
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+LAUNCH_START_ENV = "KILN_LAUNCH_START"  # epoch seconds when the launcher started the stage
 WAIT_THROUGH = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
 
 
@@ -104,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_ranks(argv: list[str]) -> int:
     """Run torchrun (or srun) with `argv` and return the exit code the ranks reported, else its own."""
     env = dict(os.environ)
+    env.setdefault(LAUNCH_START_ENV, repr(time.time()))  # the smoke stage times train's start-up from it
     # torchrun's --signals-to-handle (read from PET_*; older versions read TORCHELASTIC_* directly)
     env.setdefault("PET_SIGNALS_TO_HANDLE", TORCHRUN_SIGNALS)
     env.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", TORCHRUN_SIGNALS)

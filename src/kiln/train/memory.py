@@ -182,7 +182,7 @@ def setting_of(train: dict, *, cuda: bool = True, world: int | None = None, bf16
     return Setting(
         micro_batch=train["micro_batch"], world=world or train["nproc_per_node"] * train["nnodes"],
         parallel=train["parallel"], activation_checkpointing=train["activation_checkpointing"],
-        bf16=train["precision"] == "bf16" if bf16 is None else bf16,
+        bf16=train["precision"] in ("bf16", "auto") if bf16 is None else bf16,  # auto is bf16 on a GPU
         compiled=(train["compile"] is True or (train["compile"] == "auto" and cuda)) if compiled is None else compiled,
         cuda=cuda)
 

@@ -9,9 +9,12 @@ batch_tokens / (W * micro_batch * seq_len), which must be a whole number.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from kiln.errors import KilnError
+from kiln.io import read_json
 
 
 @dataclass(frozen=True)
@@ -69,3 +72,75 @@ def full_run_plan(*, batch: BatchPlan, max_steps: int, tokens_per_s: float, n_pa
         "checkpoint_bytes": checkpoint_bytes, "keep_checkpoints": keep_checkpoints,
         "disk_bytes": keep_checkpoints * checkpoint_bytes + 2 * model_bytes,
     }
+
+
+def budget_seconds(budget: dict, world: int, price_per_gpu_hour: float | None) -> float:
+    """The train stage's wall time a budget ({minutes|hours|dollars: N}) buys on `world` devices."""
+    if "minutes" in budget:
+        return 60.0 * budget["minutes"]
+    if "hours" in budget:
+        return 3600.0 * budget["hours"]
+    if not price_per_gpu_hour:
+        raise KilnError("train.budget: dollars needs smoke.price_per_gpu_hour, the price of one device-hour, above 0")
+    return 3600.0 * budget["dollars"] / (price_per_gpu_hour * world)
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """What the train stage spends besides steps, as the smoke stage measured it on this machine.
+
+    startup_s: from the launcher's start to the first step after compilation (imports, rendezvous,
+    shard checks, model build, the warm-up steps); validation_s: one validation (train.eval_batches
+    batches and the greedy samples); checkpoint_s: one checkpoint written; step_s: one optimizer step."""
+
+    step_s: float
+    startup_s: float
+    validation_s: float
+    checkpoint_s: float
+
+
+def steps_within(budget_s: float, times: StageTimes, *, eval_every: int, checkpoint_every: int,
+                 cap: int | None = None) -> int:
+    """The most steps whose stage fits in budget_s: start-up, the steps, a validation every
+    eval_every steps and a checkpoint every checkpoint_every, plus the last step's validation and
+    checkpoint and the final model (about one more checkpoint's writing). At most `cap`; 0 when
+    even the fixed costs do not fit."""
+    per_step = times.step_s + times.validation_s / eval_every + times.checkpoint_s / checkpoint_every
+    fixed = times.startup_s + times.validation_s + 2 * times.checkpoint_s
+    steps = max(0, math.floor((budget_s - fixed) / per_step)) if per_step > 0 else 0
+    return min(steps, cap) if cap is not None else steps
+
+
+def budget_steps(train: dict, times: StageTimes, world: int, price_per_gpu_hour: float | None) -> dict:
+    """The steps train.budget buys at the measured times, and what the stage is then expected to
+    take: {budget, budget_s, max_steps, stage_s}. A budget too small for the warmup is an error."""
+    budget_s = budget_seconds(train["budget"], world, price_per_gpu_hour)
+    steps = steps_within(budget_s, times, eval_every=train["eval_every"], checkpoint_every=train["checkpoint_every"],
+                         cap=train["max_steps"])
+    if steps <= train["warmup_steps"]:
+        raise KilnError(
+            f"train.budget: {train['budget']} ({budget_s:,.0f} s of the train stage) buys {steps} steps at "
+            f"{times.step_s:.3f} s/step after {times.startup_s:.0f} s of start-up, not more than "
+            f"train.warmup_steps={train['warmup_steps']}: raise the budget or lower warmup_steps")
+    stage_s = (times.startup_s + steps * times.step_s + (steps // train["eval_every"] + 1) * times.validation_s
+               + (steps // train["checkpoint_every"] + 2) * times.checkpoint_s)
+    return {"budget": train["budget"], "budget_s": budget_s, "max_steps": steps, "stage_s": stage_s}
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """What the smoke stage decided for train (smoke/plan.json): the steps and the precision."""
+
+    max_steps: int
+    precision: str
+
+    @classmethod
+    def load(cls, path: Path) -> TrainPlan | None:
+        """The plan in path; None when the probe did not run (a gate turned off over a failure)."""
+        data = read_json(path)
+        if "unavailable" in data:
+            return None
+        missing = [key for key in ("max_steps", "precision") if key not in data]
+        if missing:
+            raise KilnError(f"{path}: no {' or '.join(missing)}: written by an older kiln; rerun the smoke stage")
+        return cls(int(data["max_steps"]), str(data["precision"]))

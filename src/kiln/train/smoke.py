@@ -30,6 +30,7 @@ import gc
 import logging
 import math
 import os
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -39,14 +40,17 @@ import torch
 
 from kiln.io import read_json
 from kiln.model.registry import resolve
-from kiln.train import device
+from kiln.train import checkpoint, device
 from kiln.train.distributed import mean_across_ranks
+from kiln.train.launch import LAUNCH_START_ENV
 from kiln.train.memory import Estimate, estimate, setting_of
 from kiln.train.metrics import Throughput, flops_per_token, flops_per_token_torchtitan, memory_mb, peak_flops
+from kiln.train.plan import StageTimes
 from kiln.train.trainer import Trainer
 from kiln.train.verdict import Check, Probe
 
 log = logging.getLogger("kiln.smoke")
+PROCESS_START = time.time()  # at import, for a stage started without kiln.train.launch
 OOM_MESSAGES = ("out of memory", "can't allocate memory")
 
 
@@ -235,10 +239,16 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
     manifest = read_json(Path(shard_dir) / "manifest.json")
     memory = _estimate_note(estimate_for(sections, manifest, int(os.environ.get("WORLD_SIZE", "1"))),
                             device.select_device(train["device"]).type == "cuda")
+    extra_s = 0.0  # time spent here on what train does not do (precision timing, the checks)
     try:
         # The probe reaches the full run's peak lr (warmup at most a third of the probe) and holds
         # it: an lr that diverges is caught here, not hours into the run.
         probe_train = dict(train, schedule="constant", warmup_steps=min(train["warmup_steps"], cfg["steps"] // 3))
+        started = time.perf_counter()
+        precision, candidates = pick_precision(sections, probe_train, shard_dir, cfg)
+        extra_s += time.perf_counter() - started
+        probe_train["precision"] = precision
+        sections = dict(sections, train=dict(train, precision=precision))  # the overfit check's too
         trainer = Trainer(dict(sections, train=probe_train), shard_dir, max_steps=cfg["steps"])
         seq_len, vocab = trainer.cfg.seq_len, trainer.cfg.vocab_size
         # The checks before the probe run eager, so the probe measures the graph train will run. The
@@ -246,9 +256,11 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         # compiled model they would be compiled first, and dynamo, seeing a second shape, marks batch
         # and length dynamic for every graph after it, the probe's training step included; train
         # compiles its static training step first (tests/test_smoke.py counts the graphs).
+        started = time.perf_counter()
         with torch.compiler.set_stance("force_eager"):
             leak = causality_leak(trainer.model, vocab, seq_len, trainer.d.device, trainer.seed)
             init = trainer.evaluate(cfg["val_batches"])
+        extra_s += time.perf_counter() - started
         checks.append(Check("causality", leak <= cfg["causal_tolerance"], f"max logit change {leak:.2e}",
                             f"<= {cfg['causal_tolerance']:g}",
                             "" if leak <= cfg["causal_tolerance"] else "the attention mask lets positions see later tokens"))
@@ -258,6 +270,7 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
                             "" if abs(init - uniform) <= cfg["init_loss_tolerance"] else "check the initialisation scale"))
         losses, norms, measured = probe(trainer, cfg["steps"], cfg["warmup_steps"], out_dir,
                                         cfg["profile_step"])
+        startup_s = time.time() - launch_start() - extra_s - measured.step_time_s * measured.measured_steps
     except Exception as exc:  # noqa: BLE001 -- only an out-of-memory error is turned into a check
         if not is_out_of_memory(exc):
             raise
@@ -269,8 +282,10 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
     checks.insert(0, Check("preflight", True, f"peak memory {measured.peak_memory_mb:,.0f} MB; {memory}",
                            "fits in memory"))
     checks.append(_health(losses, norms, cfg["min_loss_drop"]))
+    started = time.perf_counter()
     with torch.compiler.set_stance("force_eager"):  # a correctness figure: no graphs compiled for it
         after = trainer.evaluate(cfg["val_batches"])
+    validation_s = (time.perf_counter() - started) * train["eval_batches"] / cfg["val_batches"]
     val_drop = init - after
     train_drop = losses[0] - losses[-1]
     checks.append(Check("generalisation", val_drop >= cfg["min_val_drop"],
@@ -293,7 +308,10 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         n_params=trainer.model.num_params(non_embedding=False),
         checkpoint_bytes=_checkpoint_bytes(trainer), model_bytes=_param_bytes(trainer.model),
         train_tokens=trainer.rows.manifest["splits"]["train"]["tokens"], batch=asdict(trainer.plan),
-        device=str(trainer.d.device), world=trainer.d.world)
+        device=str(trainer.d.device), world=trainer.d.world, precision=precision,
+        precision_tokens_per_s=candidates,
+        times=asdict(StageTimes(step_s=measured.step_time_s, startup_s=startup_s, validation_s=validation_s,
+                                checkpoint_s=_time_checkpoint(trainer, out_dir))))
     del trainer
     _free_memory()
     start, steps, final = overfit(sections, shard_dir, cfg["overfit"], marker_id)
@@ -302,6 +320,46 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
                         f"< {cfg['overfit']['max_loss']:g} within {cfg['overfit']['max_steps']} steps",
                         "" if ok else "a fresh model could not memorise a few rows: check lr, schedule, labels and data"))
     return report
+
+
+def launch_start() -> float:
+    """When kiln.train.launch started this stage (epoch seconds), or this process when it did not."""
+    return float(os.environ.get(LAUNCH_START_ENV) or PROCESS_START)
+
+
+def pick_precision(sections: dict, probe_train: dict, shard_dir: Path, cfg: dict) -> tuple[str, dict[str, float]]:
+    """train.precision, or for auto: bf16 on a GPU that has it, and on a CPU the faster of bf16 and
+    fp32 over cfg["precision_steps"] timed steps each (after cfg["warmup_steps"]), with the tokens/s
+    of each (the mean over ranks, so every rank picks alike)."""
+    if probe_train["precision"] != "auto":
+        return probe_train["precision"], {}
+    dev = device.select_device(probe_train["device"])
+    if dev.type == "cuda":
+        return ("bf16" if device.use_bf16("bf16", dev) else "fp32"), {}
+    rates = {}
+    for candidate in ("bf16", "fp32"):
+        steps = cfg["warmup_steps"] + cfg["precision_steps"]
+        trainer = Trainer(dict(sections, train=dict(probe_train, precision=candidate)), shard_dir, max_steps=steps)
+        _, _, measured = probe(trainer, steps, cfg["warmup_steps"])
+        rates[candidate] = mean_across_ranks(torch.tensor(measured.tokens_per_s), trainer.d.world).item()
+        del trainer
+        _free_memory()
+    pick = max(rates, key=rates.get)
+    log.info("precision auto: %s (%s)", pick, ", ".join(f"{k} {v:,.0f} tokens/s" for k, v in rates.items()))
+    return pick, rates
+
+
+def _time_checkpoint(trainer: Trainer, out_dir: Path) -> float:
+    """Seconds to gather and write one checkpoint as train does (into a scratch folder, removed)."""
+    started = time.perf_counter()
+    state = trainer.state_dict()
+    if trainer.d.is_main:
+        with tempfile.TemporaryDirectory(dir=out_dir, prefix=".checkpoint-timing-") as scratch:
+            checkpoint.save(Path(scratch), state, keep=1)
+            took = time.perf_counter() - started
+    else:
+        took = time.perf_counter() - started
+    return mean_across_ranks(torch.tensor(took), trainer.d.world).item()
 
 
 def estimate_for(sections: dict, manifest: dict, world: int) -> Estimate:

@@ -52,6 +52,18 @@ def render_plan(plan: dict) -> str:
         ("disk", f"{_size(plan['disk_bytes'])}: {plan['keep_checkpoints']} checkpoints of "
                  f"{_size(plan['checkpoint_bytes'])} + the final weights twice (safetensors, HF export)"),
     ]
+    if plan.get("budget"):
+        (unit, amount), = plan["budget"].items()
+        t = plan["stage_times"]
+        rows.append(("budget", f"{amount:g} {unit} = {plan['budget_s']:,.0f} s of the train stage buys "
+                               f"{plan['max_steps']:,} steps at {t['step_s']:.3f} s/step, after {t['startup_s']:.0f} s "
+                               f"of start-up, with validations of {t['validation_s']:.1f} s and checkpoints of "
+                               f"{t['checkpoint_s']:.1f} s: the stage should take {plan['stage_s']:,.0f} s"))
+    if plan.get("precision_tokens_per_s"):
+        timed = ", ".join(f"{k} {v:,.0f}" for k, v in plan["precision_tokens_per_s"].items())
+        rows.append(("precision", f"{plan['precision']} (auto: the faster here; tokens/s timed {timed})"))
+    elif "precision" in plan:
+        rows.append(("precision", plan["precision"]))
     if "memory" in plan:
         rows += memory_rows(plan["memory"])
     return "\n".join(["# Plan for the full run", "", "| | |", "|---|---|",

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.data.loader import ShardRows, TrainBatches, eval_batches
+from kiln.data.shards import tokens_per_byte
 from kiln.errors import ExitCode, KilnError, RunStopped
 from kiln.io import remove_dead_temps
 from kiln.model.build import build_model, save_model
@@ -272,7 +273,7 @@ class Trainer:
             if done % log_every == 0 or done == self.max_steps or preempted:
                 mean_loss = window.mean_loss()
                 rates = meter.window(window_tokens, last=done == self.max_steps)
-                record = {"step": done, "loss": mean_loss, "lr": lr, "grad_norm": grad_norm.item(),
+                record = {"step": done, "loss": mean_loss, "bpb": self._bits_per_byte(mean_loss, "train"), "lr": lr, "grad_norm": grad_norm.item(),
                           "tokens": self.tokens_seen, **rates, "memory_mb": memory_mb(d.device),
                           "batch_hash": self._batch_hash()}
                 record.update(window.events())
@@ -282,10 +283,12 @@ class Trainer:
                     self._print_progress(record, meter)
                 if (done % train["eval_every"] == 0 or done == self.max_steps):
                     record["val_loss"] = self.evaluate()
+                    record["val_bpb"] = self._bits_per_byte(record["val_loss"], "val")
                     result.val_losses.append((done, record["val_loss"]))
                     samples = self._sample(sampler)
                     if d.is_main:
-                        log.info("step %d | val loss %.4f", done, record["val_loss"])
+                        log.info("step %d | val loss %.4f%s", done, record["val_loss"],
+                                 "" if record["val_bpb"] is None else f" | {record['val_bpb']:.4f} bits/byte")
                         for row in samples:
                             log.info("step %d | sample %r -> %r", done, row["prompt"], row["completion"])
                         sink.log_samples(done, samples)
@@ -399,13 +402,19 @@ class Trainer:
         self.model.train()
         return rows
 
+    def _bits_per_byte(self, loss: float, split: str) -> float | None:
+        """loss (nats/token) in bits per byte of the split's documents; None without byte counts."""
+        ratio = tokens_per_byte(self.rows.manifest, split)
+        return None if ratio is None else loss / math.log(2) * ratio
+
     def _print_progress(self, record: dict, meter: Throughput) -> None:
         rate = meter.steady_tokens_per_s or record["tokens_per_s"]
         eta = (self.max_steps - record["step"]) * self.plan.tokens_per_step / rate
         mfu = (f" | MFU {record['mfu']:.1%} (torchtitan's count {record['mfu_torchtitan']:.1%})"
                if record["mfu"] is not None else "")
-        log.info("step %d/%d | loss %.4f | lr %.2e | grad %.3f | %s tok/s | %.2f TFLOP/s%s | %.0f MB | ETA %s",
-                 record["step"], self.max_steps, record["loss"], record["lr"], record["grad_norm"],
+        bpb = "" if record["bpb"] is None else f" ({record['bpb']:.3f} bits/byte)"
+        log.info("step %d/%d | loss %.4f%s | lr %.2e | grad %.3f | %s tok/s | %.2f TFLOP/s%s | %.0f MB | ETA %s",
+                 record["step"], self.max_steps, record["loss"], bpb, record["lr"], record["grad_norm"],
                  f"{record['tokens_per_s']:,.0f}", record["tflops"], mfu, record["memory_mb"],
                  format_eta(eta))
 

@@ -10,17 +10,17 @@ from __future__ import annotations
 import enum
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from kiln.errors import KilnError
 from kiln.io import read_json, write_json
-from kiln.train.plan import BatchPlan
+from kiln.train.plan import BatchPlan, StageTimes
 
 # Bumped whenever the layout of report.json changes, so that a report written by another version
 # of kiln is refused with a clear message instead of half-read.
-VERSION = 1
+VERSION = 2
 _HEADER = ("version", "gate", "checks")
 
 
@@ -65,11 +65,15 @@ class Measurements:
     batch: BatchPlan
     device: str
     world: int
+    times: StageTimes  # what train spends besides steps, for a budget's step count
+    precision: str  # what the probe ran: train.precision, or auto's pick
+    precision_tokens_per_s: dict[str, float] = field(default_factory=dict)  # auto's candidates, timed
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Measurements:
         """From the plain form that kiln.train.smoke.run_checks returns and report.json holds."""
         return cls(**{**d, "probe": Probe(**d["probe"]), "batch": BatchPlan(**d["batch"]),
+                      "times": StageTimes(**d["times"]),
                       "losses": tuple(d["losses"]), "grad_norms": tuple(d["grad_norms"])})
 
 

@@ -1,0 +1,79 @@
+"""Budgets into steps (kiln.train.plan): what a budget buys at measured stage times, the errors of a
+budget that cannot be honoured, and the plan file train reads back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kiln import run_config
+from kiln.config import ConfigError
+from kiln.errors import KilnError
+from kiln.train.plan import StageTimes, TrainPlan, budget_seconds, budget_steps, steps_within
+
+TIMES = StageTimes(step_s=0.5, startup_s=20.0, validation_s=3.0, checkpoint_s=1.0)
+TRAIN = {"budget": {"minutes": 7}, "max_steps": None, "warmup_steps": 50, "eval_every": 100, "checkpoint_every": 200}
+
+
+def test_budget_seconds_for_each_unit():
+    assert budget_seconds({"minutes": 7}, world=8, price_per_gpu_hour=None) == 420
+    assert budget_seconds({"hours": 0.1}, world=1, price_per_gpu_hour=None) == pytest.approx(360)
+    # $150 on 4 devices at $3.09 each per hour: 12.14 h of wall time
+    assert budget_seconds({"dollars": 150}, world=4, price_per_gpu_hour=3.09) == pytest.approx(150 / 3.09 / 4 * 3600)
+    with pytest.raises(KilnError, match="smoke.price_per_gpu_hour"):
+        budget_seconds({"dollars": 150}, world=1, price_per_gpu_hour=None)
+
+
+def test_steps_fill_the_budget_and_one_more_would_not_fit():
+    plan = budget_steps(TRAIN, TIMES, world=1, price_per_gpu_hour=None)
+    steps = plan["max_steps"]
+    assert plan["budget_s"] == 420 and plan["stage_s"] <= 420
+    per_step = 0.5 + 3.0 / 100 + 1.0 / 200
+    assert 20 + 3 + 2 + steps * per_step <= 420 < 20 + 3 + 2 + (steps + 1) * per_step
+    assert steps == 738
+
+
+def test_max_steps_caps_a_budget_and_no_budget_buys_nothing_past_fixed_costs():
+    assert budget_steps({**TRAIN, "max_steps": 300}, TIMES, world=1, price_per_gpu_hour=None)["max_steps"] == 300
+    assert steps_within(10.0, TIMES, eval_every=100, checkpoint_every=200) == 0
+
+
+def test_a_budget_too_small_for_the_warmup_names_both_keys():
+    with pytest.raises(KilnError, match=r"train.budget: \{'minutes': 0.5\}.*buys \d+ steps.*train.warmup_steps=50"):
+        budget_steps({**TRAIN, "budget": {"minutes": 0.5}}, TIMES, world=1, price_per_gpu_hour=None)
+
+
+def test_train_plan_reads_steps_and_precision_and_refuses_an_old_plan(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"max_steps": 738, "precision": "fp32", "eta_s": 1.0}))
+    assert TrainPlan.load(path) == TrainPlan(738, "fp32")
+    path.write_text(json.dumps({"unavailable": "the probe did not run"}))
+    assert TrainPlan.load(path) is None
+    path.write_text(json.dumps({"max_steps": 738}))
+    with pytest.raises(KilnError, match=rf"{path}: no precision.*rerun the smoke stage"):
+        TrainPlan.load(path)
+
+
+def minimal(train: dict, smoke: dict | None = None) -> dict:
+    return {"run_name": "b", "download": {"sources": [{"name": "s", "kind": "stdlib"}]}, "train": train,
+            "model": {"n_layer": 2, "n_head": 2, "d_model": 64},
+            "smoke": smoke or {}}
+
+
+@pytest.mark.parametrize("train, smoke, message", [
+    ({}, None, r"train: set max_steps \(optimizer steps\) or budget"),
+    ({"budget": {"dollars": 5}}, None, "train.budget: dollars needs smoke.price_per_gpu_hour"),
+    ({"budget": {"minutes": 5, "hours": 1}}, None, "train.budget"),
+    ({"budget": {"weeks": 1}}, None, "train.budget"),
+    ({"budget": {"minutes": 0}}, None, "train.budget.minutes"),
+])
+def test_bad_budgets_are_config_errors_naming_the_key(train, smoke, message):
+    with pytest.raises(ConfigError, match=message):
+        run_config.validate(minimal(train, smoke))
+
+
+def test_a_budget_alone_or_with_a_price_validates():
+    assert run_config.validate(minimal({"budget": {"minutes": 7}}))["train"]["max_steps"] is None
+    cfg = run_config.validate(minimal({"budget": {"dollars": 5}}, {"price_per_gpu_hour": 2.5}))
+    assert cfg["train"]["budget"] == {"dollars": 5}
