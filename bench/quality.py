@@ -1,0 +1,194 @@
+"""Bits per byte at equal wall time: Kiln's default train stage against a plain nanoGPT loop, on the
+same machine, tokenizer, training documents and held-out documents, in one run.
+
+    python bench/quality.py                               # the embedded default, both arms
+    python bench/quality.py --config 'train={budget: {minutes: 3}}'   # any --config override
+    python bench/quality.py --skip-plain --config 'model={n_layer: 6}'   # one recipe, Kiln's arm only
+
+Ours: `snakemake train` on the config (run name quality-bench, so results/<default run> is left
+alone): download, tokenizer, pretokenize, shard, the smoke gate (which turns a budget into steps and
+picks the precision) and the train stage, then the model read back through its Hugging Face export
+(transformers' AutoModelForCausalLM). Its wall time is the train stage's (benchmarks/train.tsv:
+process start, validation, checkpoints and export included).
+
+The baseline gets exactly that wall time: nanoGPT's recipe as the issue states it, a 4-layer,
+d_model 256, 4-head GPT-2 block (kiln.model.gpt, no biases) at seq 256, batch 8, AdamW 1e-3
+(betas 0.9/0.95, weight decay 0.1 on matrices), linear warmup over the first 2% of its time then
+cosine to 1e-4 by the end, gradient clip 1, bf16 autocast (--plain-precision), eager, random
+windows of the training documents tokenized whole (no FIM).
+
+Both are scored by one function: every document's tokens followed by EOS, back to back, cut into
+windows of seq_len + 1 that overlap by one token, so every token after the first is predicted once;
+bits per byte = total nats / ln 2 / the documents' UTF-8 bytes. The documents: the run's held-out
+split (tokens/val_ids.txt, the same files Kiln's eval reports on) and pip's own source
+(pip/_internal, which no run trains on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from kiln.data.encoders import Encoder
+from kiln.data.tokenizer import EOS, load_tokenizer, special_ids
+from kiln.model.build import build_model
+from kiln.model.registry import ModelConfig
+from kiln.train import device
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAIN = dict(n_layer=4, n_head=4, d_model=256, seq_len=256, batch=8, lr=1e-3, min_lr=1e-4, warmup=0.02)
+
+
+def run_kiln(args) -> Path:
+    """The train stage through Snakemake; returns the run's results folder."""
+    cmd = ["snakemake", "--cores", "all", "train", "--configfile", str(args.configfile),
+           "--config", f"run_name={args.run_name}", *args.config]
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, cwd=ROOT, check=True)
+    return ROOT / "results" / args.run_name
+
+
+def stage_seconds(run: Path, stage: str) -> float:
+    with open(run / "benchmarks" / f"{stage}.tsv", newline="") as f:
+        return float(next(csv.DictReader(f, delimiter="\t"))["s"])
+
+
+def split_texts(run: Path) -> tuple[list[str], list[str]]:
+    """(train texts, held-out texts) of the run's raw documents, split as its pretokenize stage did."""
+    held_ids = set((run / "tokens" / "val_ids.txt").read_text(encoding="utf-8").split("\n")) - {""}
+    train, held = [], []
+    for part in sorted((run / "raw").glob("*/part-*.parquet")):
+        table = pq.read_table(part, columns=["id", "text"]).to_pydict()
+        for doc_id, text in zip(table["id"], table["text"]):
+            (held if doc_id in held_ids else train).append(text)
+    return train, held
+
+
+def pip_texts() -> list[str]:
+    import pip
+    files = sorted(Path(pip.__file__).parent.joinpath("_internal").rglob("*.py"))
+    return [f.read_text(encoding="utf-8") for f in files]
+
+
+def token_stream(encoder: Encoder, texts: list[str]) -> tuple[np.ndarray, int]:
+    """(every text's ids then EOS, back to back; the texts' UTF-8 bytes)."""
+    eos = special_ids(encoder.tokenizer)[EOS]
+    ids = []
+    for doc in encoder.encode(texts):
+        ids += [doc, np.array([eos], dtype=doc.dtype)]
+    return np.concatenate(ids).astype(np.int64), sum(len(t.encode("utf-8")) for t in texts)
+
+
+@torch.no_grad()
+def bits_per_byte(logits_of, ids: np.ndarray, n_bytes: int, seq_len: int, batch: int = 16) -> float:
+    """Total next-token nats over the stream, windows of seq_len + 1 overlapping by one, per byte."""
+    starts = list(range(0, len(ids) - 1, seq_len))
+    total = 0.0
+    for i in range(0, len(starts), batch):
+        rows = [torch.from_numpy(ids[s : s + seq_len + 1]) for s in starts[i : i + batch]]
+        same = [r for r in rows if len(r) == seq_len + 1]
+        for group in ([torch.stack(same)] if same else []) + [r[None] for r in rows if len(r) != seq_len + 1]:
+            logits = logits_of(group[:, :-1]).float()
+            total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), group[:, 1:].flatten(),
+                                                       reduction="sum").item()
+    return total / math.log(2) / n_bytes
+
+
+def train_plain(train_ids: np.ndarray, vocab: int, seconds: float, bf16: bool, seed: int) -> tuple[torch.nn.Module, dict]:
+    """nanoGPT's loop for `seconds` of wall time (schedule by elapsed time: the loop knows its time,
+    not its step count). Returns the model in eval mode and {steps, tokens, tokens_per_s}."""
+    torch.manual_seed(seed)
+    p = PLAIN
+    cfg = ModelConfig(family="gpt2", vocab_size=vocab, seq_len=p["seq_len"], n_layer=p["n_layer"],
+                      n_head=p["n_head"], d_model=p["d_model"])
+    model = build_model(cfg).train()
+    decay = [w for w in model.parameters() if w.dim() >= 2]
+    other = [w for w in model.parameters() if w.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+                            lr=p["lr"], betas=(0.9, 0.95))
+    ctx = device.autocast(torch.device("cpu"), bf16)
+    data = torch.from_numpy(train_ids)
+    gen = torch.Generator().manual_seed(seed)
+    T, B = p["seq_len"], p["batch"]
+    start, steps = time.perf_counter(), 0
+    while (elapsed := time.perf_counter() - start) < seconds:
+        frac = elapsed / seconds
+        lr = p["lr"] * min(1.0, frac / p["warmup"]) if frac < p["warmup"] else \
+            p["min_lr"] + 0.5 * (1 + math.cos(math.pi * (frac - p["warmup"]) / (1 - p["warmup"]))) * (p["lr"] - p["min_lr"])
+        for group in opt.param_groups:
+            group["lr"] = lr
+        ix = torch.randint(len(data) - T - 1, (B,), generator=gen)
+        x = torch.stack([data[i : i + T] for i in ix])
+        y = torch.stack([data[i + 1 : i + 1 + T] for i in ix])
+        with ctx():
+            _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        steps += 1
+        if steps % 100 == 0:
+            print(f"plain loop: step {steps}, loss {loss.item():.3f}, {elapsed:.0f}/{seconds:.0f} s", flush=True)
+    wall = time.perf_counter() - start
+    return model.eval(), {"steps": steps, "tokens": steps * B * T, "tokens_per_s": steps * B * T / wall,
+                          "n_params": cfg.num_params(non_embedding=False)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configfile", type=Path, default=ROOT / "config" / "config.yaml")
+    parser.add_argument("--config", nargs="*", default=[], help="Snakemake --config overrides for Kiln's arm")
+    parser.add_argument("--run-name", default="quality-bench")
+    parser.add_argument("--skip-kiln", action="store_true", help="score the existing results/<run-name> train output")
+    parser.add_argument("--skip-plain", action="store_true", help="Kiln's arm only")
+    parser.add_argument("--plain-seconds", type=float, help="the baseline's wall time (default: Kiln's train stage's)")
+    parser.add_argument("--plain-precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--out", type=Path, help="write the figures here as JSON")
+    args = parser.parse_args()
+
+    run = ROOT / "results" / args.run_name if args.skip_kiln else run_kiln(args)
+    kiln_seconds = stage_seconds(run, "train")
+    tokenizer = load_tokenizer(run / "tokenizer" / "tokenizer.json")
+    encoder = Encoder(tokenizer, "tiktoken")
+    train_texts, held_texts = split_texts(run)
+    sets = {"held-out stdlib": token_stream(encoder, held_texts), "pip/_internal": token_stream(encoder, pip_texts())}
+
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(run / "train" / "hf").eval()
+    summary = json.loads((run / "train" / "summary.json").read_text())
+    seq_len = json.loads((run / "train" / "model_config.json").read_text())["seq_len"]
+    rows = {"kiln": {"wall_s": kiln_seconds, "tokens": summary["tokens_seen"], "tokens_per_s": summary["tokens_per_s"],
+                     **{name: bits_per_byte(lambda x: hf(x).logits, ids, nb, seq_len) for name, (ids, nb) in sets.items()}}}
+    if not args.skip_plain:
+        seconds = args.plain_seconds or kiln_seconds
+        train_ids, _ = token_stream(encoder, train_texts)
+        vocab = json.loads((run / "shards" / "manifest.json").read_text())["padded_vocab_size"]
+        model, info = train_plain(train_ids, vocab, seconds,
+                                  args.plain_precision == "bf16", args.seed)
+        rows["plain"] = {"wall_s": seconds, "tokens": info["tokens"], "tokens_per_s": info["tokens_per_s"],
+                         **{name: bits_per_byte(lambda x: model(x)[0], ids, nb, PLAIN["seq_len"])
+                            for name, (ids, nb) in sets.items()}}
+    print("\n| arm | wall s | tokens | tokens/s | " + " | ".join(f"bpb {s}" for s in sets) + " |")
+    print("|---|---:|---:|---:|" + "---:|" * len(sets))
+    for arm, r in rows.items():
+        print(f"| {arm} | {r['wall_s']:.0f} | {r['tokens'] or 0:,} | {r['tokens_per_s'] or 0:,.0f} | "
+              + " | ".join(f"{r[s]:.4f}" for s in sets) + " |")
+    if "plain" in rows:
+        print("ratio kiln/plain: " + ", ".join(f"{s} {rows['kiln'][s] / rows['plain'][s]:.3f}x" for s in sets))
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
