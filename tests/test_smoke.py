@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -119,7 +120,8 @@ def test_profile_step_writes_a_chrome_trace(shards, tmp_path):
     report = run_checks(smoke_sections(profile_step=4), shards, tmp_path)
     trace = json.loads((tmp_path / "trace.json").read_text(encoding="utf-8"))
     assert any(e.get("name") == "aten::mm" for e in trace["traceEvents"])
-    assert report["probe"]["measured_steps"] == 9  # the traced step is not timed
+    # 10 timed steps in spans of 2: the traced step's span (steps 3-4) is not timed
+    assert report["probe"]["measured_steps"] == 8
 
 
 def test_plan_reproduces_seed_000():
@@ -218,3 +220,28 @@ def test_the_probe_compiles_the_graph_train_compiles(shards, tmp_path, monkeypat
         trainer.train_step()
     assert graphs and all(g["grad"] and not g["dynamic"] for g in graphs), graphs
     assert smoke_graphs == graphs
+
+
+def test_a_burst_of_load_in_one_span_does_not_move_the_probes_figure(shards, tmp_path, monkeypatch):
+    """The median span counts: one step made 50x slower (a neighbour's burst) leaves the probe's step
+    time near the others', where a mean over the window would have grown by half."""
+    from kiln.train import smoke
+
+    real = smoke.Trainer.train_step
+    calls = {"n": 0}
+
+    def train_step(self):
+        calls["n"] += 1
+        start = time.perf_counter()
+        out = real(self)
+        if calls["n"] == 6:  # inside the second span of the timed steps
+            time.sleep(49 * (time.perf_counter() - start))
+        return out
+
+    sections = smoke_sections()
+    trainer = smoke.Trainer(sections, shards, max_steps=12)
+    monkeypatch.setattr(smoke.Trainer, "train_step", train_step)
+    _, _, measured = smoke.probe(trainer, steps=12, warmup=2)
+    monkeypatch.setattr(smoke.Trainer, "train_step", real)
+    _, _, quiet = smoke.probe(smoke.Trainer(sections, shards, max_steps=12), steps=12, warmup=2)
+    assert measured.measured_steps == 10 and measured.step_time_s < 2 * quiet.step_time_s

@@ -30,6 +30,7 @@ import gc
 import logging
 import math
 import os
+import statistics
 import tempfile
 import time
 from dataclasses import asdict
@@ -50,6 +51,7 @@ from kiln.train.trainer import Trainer
 from kiln.train.verdict import Check, Probe
 
 log = logging.getLogger("kiln.smoke")
+PROBE_SPANS = 4  # the probe's timed steps are timed in this many spans; the median span's rate counts
 PROCESS_START = time.time()  # at import, for a stage started without kiln.train.launch
 OOM_MESSAGES = ("out of memory", "can't allocate memory")
 
@@ -104,43 +106,53 @@ def _sync(dev: torch.device) -> None:
 def probe(trainer: Trainer, steps: int, warmup: int, trace_dir: Path | None = None,
           profile_step: int | None = None) -> tuple[list[float], list[float], Probe]:
     """Run `steps` optimizer steps; return per-step losses and gradient norms (mean over ranks) and
-    the throughput of the steps after `warmup`. The host waits on the device only at the start and
-    end of the timed span, as in the full run. With profile_step, that step (1-based) is traced
-    (trace.json for Perfetto / chrome://tracing; on CUDA also memory_snapshot.pickle for
-    pytorch.org/memory_viz) and left out of the timing."""
+    the throughput of the steps after `warmup`. The timed steps are cut into up to PROBE_SPANS spans
+    and the figure is the median span's: a neighbour's burst of load on a shared machine slows one
+    span, not the plan a budget is turned into steps with. The host waits on the device only at
+    span ends (a handful of syncs), as the full run waits at log steps. With profile_step, that step
+    (1-based) is traced (trace.json for Perfetto / chrome://tracing; on CUDA also
+    memory_snapshot.pickle for pytorch.org/memory_viz) and its span left out of the timing."""
     d = trainer.d
     losses, norms = [], []
-    timed_s, timed_steps, wait_start, t0 = 0.0, 0, 0.0, None
+    span = max(1, (steps - warmup) // PROBE_SPANS)
+    spans: list[tuple[float, int]] = []  # (seconds, steps) of each whole span without the traced step
+    started = time.perf_counter()
+    t0 = span_start = wait_start = 0.0
+    traced_here = False
     for i in range(1, steps + 1):
         if i == warmup + 1:
             _sync(d.device)
-            t0, wait_start = time.perf_counter(), trainer.data_wait_s
+            t0 = span_start = time.perf_counter()
+            wait_start, traced_here = trainer.data_wait_s, False
         if i == profile_step:
-            _sync(d.device)
-            if t0 is not None:
-                timed_s += time.perf_counter() - t0
             loss, norm = _traced_step(trainer, trace_dir if d.is_main else None)
-            t0 = time.perf_counter() if i > warmup else None
+            traced_here = True
         else:
             loss, norm, _ = trainer.train_step()
-            timed_steps += i > warmup
         losses.append(loss.detach())
         norms.append(norm.detach())
+        if i > warmup and ((i - warmup) % span == 0 or i == steps):
+            _sync(d.device)
+            now = time.perf_counter()
+            if not traced_here:
+                spans.append((now - span_start, (i - warmup - 1) % span + 1))
+            span_start, traced_here = now, False
         if d.is_main and (i % 10 == 0 or i == steps):
             log.info("probe step %d/%d", i, steps)
     _sync(d.device)
-    if t0 is not None:
-        timed_s += time.perf_counter() - t0
     loss_list = mean_across_ranks(torch.stack(losses), d.world).tolist()
     norm_list = torch.stack(norms).float().tolist()
-    tokens_per_s = timed_steps * trainer.plan.tokens_per_step / timed_s if timed_s else 0.0
+    step_s = statistics.median(sec / n for sec, n in spans) if spans else 0.0
+    tokens_per_s = trainer.plan.tokens_per_step / step_s if step_s else 0.0
     rates = Throughput(flops_per_token(trainer.model), peak_flops(d.device), d.world,
                        flops_per_token_torchtitan(trainer.model)).rates(tokens_per_s)
-    wait = trainer.data_wait_s - wait_start
+    timed_s = time.perf_counter() - t0 if steps > warmup else 0.0
     return loss_list, norm_list, Probe(
-        tokens_per_s=tokens_per_s, step_time_s=timed_s / timed_steps if timed_steps else 0.0,
-        data_wait_fraction=wait / timed_s if timed_s else 0.0, peak_memory_mb=memory_mb(d.device),
-        mfu=rates["mfu"], tflops=rates["tflops"], measured_steps=timed_steps, mfu_torchtitan=rates["mfu_torchtitan"])
+        tokens_per_s=tokens_per_s, step_time_s=step_s,
+        data_wait_fraction=(trainer.data_wait_s - wait_start) / timed_s if timed_s else 0.0,
+        peak_memory_mb=memory_mb(d.device), mfu=rates["mfu"], tflops=rates["tflops"],
+        measured_steps=sum(n for _, n in spans), mfu_torchtitan=rates["mfu_torchtitan"],
+        warmup_s=(t0 if steps > warmup else time.perf_counter()) - started)
 
 
 def _traced_step(trainer: Trainer, trace_dir: Path | None):
@@ -268,9 +280,11 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         checks.append(Check("init loss", abs(init - uniform) <= cfg["init_loss_tolerance"],
                             f"{init:.4f} nats", f"within {cfg['init_loss_tolerance']:g} of ln({vocab}) = {uniform:.4f}",
                             "" if abs(init - uniform) <= cfg["init_loss_tolerance"] else "check the initialisation scale"))
+        # train's start-up: this stage's so far, less what train does not do, plus the warm-up steps
+        startup_s = time.time() - launch_start() - extra_s
         losses, norms, measured = probe(trainer, cfg["steps"], cfg["warmup_steps"], out_dir,
                                         cfg["profile_step"])
-        startup_s = time.time() - launch_start() - extra_s - measured.step_time_s * measured.measured_steps
+        startup_s += measured.warmup_s
     except Exception as exc:  # noqa: BLE001 -- only an out-of-memory error is turned into a check
         if not is_out_of_memory(exc):
             raise
@@ -354,6 +368,7 @@ def _time_checkpoint(trainer: Trainer, out_dir: Path) -> float:
     started = time.perf_counter()
     state = trainer.state_dict()
     if trainer.d.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out_dir, prefix=".checkpoint-timing-") as scratch:
             checkpoint.save(Path(scratch), state, keep=1)
             took = time.perf_counter() - started

@@ -47,6 +47,7 @@ class Probe:
     tflops: float
     measured_steps: int
     mfu_torchtitan: float | None = None  # the same throughput under torchtitan's FLOP count (kiln.train.metrics)
+    warmup_s: float = 0.0  # the warm-up steps before the timed ones (compilation on a compiled run)
 
 
 @dataclass(frozen=True)
