@@ -4,7 +4,8 @@
 Runs the checks of kiln.train.smoke (preflight, causality, init loss, health, generalisation, data,
 overfit), each against its threshold in the `smoke` section, and prints them as a table. When all
 pass (or smoke.gate is false) it writes report.json (checks and measurements), plan.json and plan.md
-(tokens, time, cost, tokens per parameter and disk of the full run at the measured speed). When one
+(tokens, time, cost, tokens per parameter and disk of the full run at the measured speed; the steps
+a train.budget buys and the precision, both of which train reads from plan.json). When one
 fails and the gate is on, it writes nothing the train rule would take and exits non-zero, naming the
 checks that failed.
 """

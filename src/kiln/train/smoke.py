@@ -19,8 +19,11 @@ check the model before any long run. The checks, each against a threshold in the
   overfit         a fresh model memorises a handful of rows (FIM rows first) within a step budget:
                   lr 0, a broken schedule or broken data fail here
 
-The probe's steady-state figures (warm-up and compile steps left out) feed the plan
-(kiln.train.plan.full_run_plan). The stage script turns what run_checks finds into the gate's
+Before the probe, train.precision auto on a CPU is settled by timing a few steps in bf16 and in
+fp32 (pick_precision). The probe's steady-state figures (warm-up and compile steps left out, the
+median of a few spans) feed the plan (kiln.train.plan.full_run_plan), and with the stage's
+start-up, one validation and one checkpoint, timed here too (StageTimes), they turn a train.budget
+into steps (kiln.train.plan.budget_steps). The stage script turns what run_checks finds into the gate's
 verdict (kiln.train.verdict.SmokeReport), which train and the report read.
 """
 
