@@ -1,5 +1,5 @@
 """Readying the model for the run's ranks: activation checkpointing, torch.compile, then DDP or FSDP2
-(torchtitan's order); gradient-sync control for accumulation; full (unsharded) state dicts for checkpoints.
+(torchtitan's order); gradient-sync control for accumulation; full or sharded state dicts for checkpoints.
 
 Activation checkpointing (train.activation_checkpointing) is applied here, to the blocks, not asked
 of the model: a checkpointed block's forward runs under torch.utils.checkpoint (non-reentrant), so
@@ -16,18 +16,20 @@ RNG state is replayed on recompute, so dropout draws the same masks (tests/test_
   are sharded across ranks and gathered block by block, for models that do not fit DDP. With bf16
   the gathered parameters are bf16 and gradients are reduced in fp32.
 
-State dicts go through torch.distributed.checkpoint's helpers, which gather a sharded model onto
-rank 0 and key optimizer state by parameter name, so a checkpoint reads the same whichever
-strategy wrote it (and whichever reads it), on any number of ranks: one written by 2 FSDP ranks
-resumes on 1, and the reverse (tests/test_distributed.py). The price is rank 0 holding the whole
-state on its CPU at a save; checkpoints sharded on disk (DCP save/load per rank, resharded on
-load as torchtitan does) are not done here.
+Checkpoint state comes in two forms (kiln.train.checkpoint writes either; any run reads both), both
+through torch.distributed.checkpoint's helpers, which key optimizer state by parameter name:
+`full_model_state`/`full_optimizer_state` gather whole tensors onto rank 0's CPU (the `full`
+format: one file, rank 0 holding the whole state at a save), `sharded_state` is each rank's own part
+(the `sharded` format: every rank writes its shards, and a load reshards them onto this run's
+layout). Either way a checkpoint reads the same whichever strategy and rank count wrote it and
+whichever reads it: one written by 2 FSDP ranks resumes on 1, and the reverse (tests/test_distributed.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -133,6 +135,22 @@ def full_model_state(model: nn.Module) -> dict:
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """Optimizer state keyed by parameter name, whole and on CPU, on rank 0; collective under FSDP."""
     return get_optimizer_state_dict(model, optimizer, options=GATHER)
+
+
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """{"model", "optimizer"}: this rank's part, keyed by parameter name, without a gather (FSDP: its
+    shards, DTensors that say where they sit in the whole; DDP and one rank: the whole tensors), for
+    torch.distributed.checkpoint to write or to fill in place."""
+    return {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+
+
+def load_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, read: Callable[[dict], None]) -> None:
+    """Load a sharded checkpoint: `read` fills this rank's part (sharded_state's layout, whatever
+    layout wrote it) in place. Collective."""
+    state = sharded_state(model, optimizer)  # the optimizer's state is created here if it has none yet
+    read(state)
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict,
