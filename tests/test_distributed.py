@@ -10,7 +10,8 @@ with twice the accumulation, and a one-rank run on two (DDP and FSDP2), training
 per step (batch hashes) with the same losses, across an epoch boundary: from full checkpoints and
 from sharded ones (each rank's shards written by itself, async too, resharded on load), which eval's
 load_weights reads whole. The launch goes through the multi-node form of the command (static
-rendezvous at an explicit endpoint, nnodes 1), the single-node form runs in test_pipeline.
+rendezvous at an explicit endpoint, nnodes 1), the single-node form runs in test_pipeline. Two
+such launches of 2 ranks each, nnodes 2, make HSDP: a (2, 2) mesh, the losses of one rank.
 """
 
 from __future__ import annotations
@@ -231,6 +232,52 @@ def test_sharded_checkpoints_hold_each_ranks_own_shards_and_eval_reads_them_whol
     assert (base / "one-rank-long-sharded" / "checkpoints" / "step-0000006" / "shards").is_dir()
     for name in ("ddp", "fsdp-accum", "one-rank-long"):  # DDP's default, and asked for: one full file
         assert not list((base / name / "checkpoints").glob("*/shards"))
+
+
+@pytest.fixture(scope="module")
+def hsdp(launched):
+    """Two torchruns of 2 ranks each, nnodes 2 on this machine (2 "nodes"), with FSDP: HSDP. Its
+    mid-run (sharded) checkpoint then resumes on one rank."""
+    base, _, _ = launched
+    shards = base / "shards"
+    out = base / "hsdp"
+    sections = train_sections(nproc_per_node=2, nnodes=2, parallel="fsdp", micro_batch=2, batch_tokens=GLOBAL_BATCH,
+                              rdzv_endpoint=f"127.0.0.1:{_free_port()}", **COMMON)
+    plan = base / "hsdp-plan.json"
+    plan.write_text(json.dumps({"shards": str(shards), "checks_out": str(base / "hsdp-checks.json"),
+                                "runs": [{"out": str(out), "sections": sections}]}))
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
+               OMP_NUM_THREADS="1")
+    nodes = [subprocess.Popen(launch.command(sections["train"] | {"node_rank": rank},
+                                             [str(TESTS / "dist_worker.py"), str(plan)]),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+             for rank in (0, 1)]
+    for node in nodes:
+        output, _ = node.communicate(timeout=600)
+        assert node.returncode == 0, output[-5000:]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    resumed = _resume_from(out / "checkpoints" / f"step-{STEPS // 2:07d}", base / "one-rank-from-hsdp")
+    Trainer(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **COMMON), shards).fit(resumed)
+    torch.set_num_threads(before)
+    return out, resumed
+
+
+def test_fsdp_on_two_nodes_is_hsdp_with_the_losses_of_one_rank(launched, hsdp):
+    base, _, reference = launched
+    out, resumed = hsdp
+    result = json.loads((out / "result.json").read_text())
+    # Sharded within a node, replicated across: parameters are DTensors on a (nodes, ranks per node) mesh.
+    assert result["nnodes"] == 2 and result["sharded"]
+    assert result["mesh"] == {"shape": [2, 2], "dims": ["replicate", "shard"], "placements": ["R", "S(0)"]}
+    want = _losses(reference)
+    assert _losses(out) == pytest.approx(want, abs=1e-5, rel=0)
+    assert _losses(out) == pytest.approx(_losses(base / "fsdp-accum"), abs=1e-5, rel=0)  # 1-D FSDP2
+    _assert_same_weights(out, reference)
+    # Its checkpoint: one shard file per rank, read back onto one rank, which continues alike.
+    assert len(list((out / "checkpoints" / f"step-{STEPS // 2:07d}" / "shards").glob("*.distcp"))) == 4
+    assert [r["loss"] for r in _records(resumed)] == pytest.approx(want[STEPS // 2:], abs=1e-5, rel=0)
+    _assert_same_weights(resumed, reference)
 
 
 def test_a_stuck_rank_ends_the_job_within_the_collective_timeout(tmp_path):

@@ -14,7 +14,8 @@ RNG state is replayed on recompute, so dropout draws the same masks (tests/test_
   (16 bytes per parameter in fp32) fit on one device.
 - fsdp: FSDP2 `fully_shard` per block and at the root: parameters, gradients and optimizer state
   are sharded across ranks and gathered block by block, for models that do not fit DDP. With bf16
-  the gathered parameters are bf16 and gradients are reduced in fp32.
+  the gathered parameters are bf16 and gradients are reduced in fp32. On several nodes it is HSDP
+  (`device_mesh`): sharded across the ranks of a node, replicated across nodes.
 
 Checkpoint state comes in two forms (kiln.train.checkpoint writes either; any run reads both), both
 through torch.distributed.checkpoint's helpers, which key optimizer state by parameter name:
@@ -40,6 +41,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -66,7 +68,7 @@ def parallelize(model: nn.Module, d: Dist, *, strategy: str, compile_model: bool
         return model
     if strategy == "fsdp":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
-        mesh = torch.distributed.device_mesh.init_device_mesh(d.device.type, (d.world,))
+        mesh = device_mesh(d.device.type, d.world, d.nnodes)
         for block in model.blocks:
             fully_shard(block, mesh=mesh, mp_policy=policy)  # gathered for its forward, freed after
         fully_shard(model, mesh=mesh, mp_policy=policy)  # embedding, final norm, head
@@ -75,6 +77,17 @@ def parallelize(model: nn.Module, d: Dist, *, strategy: str, compile_model: bool
     # every gradient (4 bytes a parameter: 4.2 GB for llama3.2-1b) (kiln.train.memory counts them once).
     return DistributedDataParallel(model, device_ids=[d.local_rank] if d.device.type == "cuda" else None,
                                    gradient_as_bucket_view=True)
+
+
+def device_mesh(device_type: str, world: int, nnodes: int) -> DeviceMesh:
+    """FSDP's mesh. One node: 1-D ("shard",), every rank holding a shard. Several: HSDP, 2-D
+    ("replicate", "shard") of shape (nnodes, ranks per node), ranks numbered node by node as torchrun
+    does, so a row is a node: each block's all-gather and reduce-scatter stay on the node's fast links,
+    and only one all-reduce of the sharded gradients per step crosses nodes, at the price of each node
+    holding a whole copy of the sharded state."""
+    if nnodes > 1:
+        return init_device_mesh(device_type, (nnodes, world // nnodes), mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
