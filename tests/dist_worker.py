@@ -3,6 +3,8 @@ training runs in one launch (one process group, so the launch cost is paid once)
 
     torchrun --nproc_per_node 2 tests/dist_worker.py PLAN.json
 
+(or on 2 "nodes" of 2 ranks: two torchruns with --nnodes 2, test_distributed's HSDP launch).
+
 PLAN.json: {"shards": DIR, "checks_out": FILE, "runs": [{"out": DIR, "sections": {...},
 "resume_from": DIR/checkpoints/step-N (optional: copied in and named by LATEST before the run)}],
 "smoke": [{"out": DIR, "sections": {...}}]}. Training runs log greedy samples (synthetic.greedy_sampler);
@@ -20,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from kiln.data.loader import ShardRows, TrainBatches
@@ -79,10 +82,14 @@ def main() -> None:
         dist.barrier()
         trainer = Trainer(spec["sections"], Path(plan["shards"]))
         result = trainer.fit(out, sampler=greedy_sampler)
+        param = next(trainer.model.parameters())
+        mesh = param.device_mesh if isinstance(param, DTensor) else None  # FSDP's: 1-D, or 2-D for HSDP
         if d.is_main:
             (out / "result.json").write_text(json.dumps({
                 "losses": result.losses, "sharded": isinstance(trainer.model, FSDPModule),
-                "ddp": isinstance(trainer.wrapped, DistributedDataParallel)}))
+                "ddp": isinstance(trainer.wrapped, DistributedDataParallel), "nnodes": d.nnodes,
+                "mesh": mesh and {"shape": list(mesh.shape), "dims": list(mesh.mesh_dim_names),
+                                  "placements": [str(p) for p in param.placements]}}))
     for spec in plan.get("smoke", []):
         report = run_checks(spec["sections"], Path(plan["shards"]), Path(spec["out"]))
         if d.is_main:

@@ -183,3 +183,62 @@ def test_load_weights_of_a_torn_checkpoint_names_it(tmp_path):
     (folder / checkpoint.STATE).write_bytes(b"torn")
     with pytest.raises(KilnError, match=rf"{folder}: checkpoint unusable: state.pt is 4 bytes"):
         checkpoint.load_weights(folder)
+
+
+def _save_sharded(root: Path, step: int, async_save: bool = False, fault: str = "", keep: int = 5) -> Path:
+    """A sharded checkpoint from one process (no process group): state.pt without model or optimizer,
+    the tensors through DCP."""
+    saver = checkpoint.Saver(root, "sharded", keep, rank=0, world=1, async_save=async_save,
+                             faults=faults.parse(fault, 0))
+    weights = {"w": torch.full((64,), float(step))}
+    saver.save({"step": step, "fingerprint": "f", "tokens_seen": step},
+               {"model": weights, "optimizer": {"state": {"w": {"exp_avg": torch.ones(64)}}}})
+    weights["w"].fill_(-1.0)  # training goes on: an async save wrote the copy taken at the save
+    saver.wait()
+    return root / checkpoint.step_name(step)
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_sharded_checkpoint_lists_its_shards_and_reads_back(tmp_path, async_save):
+    folder = _save_sharded(tmp_path, 2, async_save)
+    files = json.loads((folder / checkpoint.MANIFEST).read_text())["files"]
+    assert sorted(files) == [f"{checkpoint.SHARDS}/.metadata", f"{checkpoint.SHARDS}/__0_0.distcp", checkpoint.STATE]
+    assert _marker(tmp_path) == "step-0000002" and [s for s, _ in checkpoint.kept(tmp_path)] == [2]
+    state = checkpoint.load_latest(tmp_path, "f")
+    assert "model" not in state and state[checkpoint.SHARDS] == folder / checkpoint.SHARDS
+    into = {"model": {"w": torch.zeros(64)}, "optimizer": {"state": {"w": {"exp_avg": torch.zeros(64)}}}}
+    checkpoint.read_shards(state[checkpoint.SHARDS], into)
+    assert into["model"]["w"].eq(2.0).all() and into["optimizer"]["state"]["w"]["exp_avg"].eq(1.0).all()
+    weights, at = checkpoint.load_weights(folder)  # eval: the model's entries only, whole
+    assert list(weights) == ["w"] and weights["w"].eq(2.0).all() and at == {"step": 2, "tokens": 2}
+
+
+@pytest.mark.parametrize("damage", ["shard truncated", "shard byte flipped", "index gone"])
+def test_a_torn_sharded_checkpoint_is_skipped_for_the_one_before(tmp_path, caplog, damage):
+    _save_sharded(tmp_path, 2)
+    newest = _save_sharded(tmp_path, 4)
+    shard = newest / checkpoint.SHARDS / "__0_0.distcp"
+    data = shard.read_bytes()
+    if damage == "shard truncated":
+        shard.write_bytes(data[:-8])
+    elif damage == "shard byte flipped":
+        shard.write_bytes(data[:-8] + bytes([data[-8] ^ 1]) + data[-7:])
+    else:
+        (newest / checkpoint.SHARDS / ".metadata").unlink()
+    with caplog.at_level(logging.WARNING, logger="kiln.checkpoint"):
+        assert checkpoint.load_latest(tmp_path, "f")["step"] == 2
+    assert f"checkpoint {newest} skipped" in caplog.text
+
+
+def test_a_kill_while_an_async_save_is_in_flight_leaves_the_previous_checkpoint(tmp_path):
+    script = (f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); from test_checkpoint import _save_sharded; "
+              f"from pathlib import Path; root = Path({str(tmp_path)!r}); _save_sharded(root, 2, True); "
+              f"_save_sharded(root, 3, True, fault='kill_in_save@3')")
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr
+    temps = [p for p in tmp_path.iterdir() if p.name.startswith(".step-0000003.tmp-")]
+    assert len(temps) == 1 and (temps[0] / checkpoint.SHARDS / "__0_0.distcp").is_file()  # shards written
+    assert not (temps[0] / checkpoint.MANIFEST).exists()
+    assert _marker(tmp_path) == "step-0000002" and checkpoint.load_latest(tmp_path, "f")["step"] == 2
+    checkpoint.remove_dead_temps(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [checkpoint.MARKER, "step-0000002"]

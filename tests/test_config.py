@@ -70,6 +70,8 @@ def _error(cfg: dict) -> str:
         (lambda c: c["model"].update(flavour="gpt5"), "model.flavour: 'gpt5' is not a known flavour"),
         (lambda c: c["train"].update(batch_tokens=1000), "train.batch_tokens: 1000 is not a multiple of 1 ranks"),
         (lambda c: c["train"].update(nnodes=2, node_rank=2, rdzv_endpoint="n0:29500"), "train.node_rank: 2 must be below"),
+        (lambda c: c["train"].update(async_checkpoint=True),  # ddp: auto is the full format
+         "train.async_checkpoint: needs sharded checkpoints, but train.checkpoint_format is auto under train.parallel ddp"),
         (lambda c: c["train"].update(rdzv_endpoint="n0"), "train.rdzv_endpoint: 'n0' does not match"),
         (lambda c: c["train"].update(schedule="linear"), "train.schedule: 'linear' is not one of"),
         (lambda c: c["train"].update(collective_timeout_s=0), "train.collective_timeout_s: 0 is less than or equal to"),
@@ -97,6 +99,16 @@ def test_missing_or_broken_file(tmp_path):
     bad.write_text("train: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         run_config.load(bad)
+
+
+def test_checkpoint_format_auto_is_sharded_under_fsdp_only(tiny):
+    formats = {}
+    for parallel in ("ddp", "fsdp"):
+        tiny["train"]["parallel"] = parallel
+        formats[parallel] = kiln_config.checkpoint_format(run_config.validate(tiny)["train"])
+    assert formats == {"ddp": "full", "fsdp": "sharded"}
+    tiny["train"].update(checkpoint_format="sharded", async_checkpoint=True, parallel="ddp")
+    assert kiln_config.checkpoint_format(run_config.validate(tiny)["train"]) == "sharded"
 
 
 def test_stage_params_carry_only_their_sections(tiny):

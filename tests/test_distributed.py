@@ -7,9 +7,11 @@ DDP changes nothing; FSDP2 in bf16 (bf16 gathers, fp32 reduction) learns; a DDP 
 under FSDP2; greedy samples logged during training match one rank's; the smoke gate's checks pass on
 2 ranks under DDP and FSDP2 (no collective left waiting). A run that loses a rank resumes on one
 with twice the accumulation, and a one-rank run on two (DDP and FSDP2), training on the same rows
-per step (batch hashes) with the same losses, across an epoch boundary. The launch goes through the
-multi-node form of the command (static rendezvous at an explicit endpoint, nnodes 1), the
-single-node form runs in test_pipeline.
+per step (batch hashes) with the same losses, across an epoch boundary: from full checkpoints and
+from sharded ones (each rank's shards written by itself, async too, resharded on load), which eval's
+load_weights reads whole. The launch goes through the multi-node form of the command (static
+rendezvous at an explicit endpoint, nnodes 1), the single-node form runs in test_pipeline. Two
+such launches of 2 ranks each, nnodes 2, make HSDP: a (2, 2) mesh, the losses of one rank.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 from synthetic import TRAIN_ROWS, greedy_sampler, smoke_sections, train_sections, write_shards
 
 from kiln.model.build import load_model
-from kiln.train import launch
+from kiln.train import checkpoint, launch
 from kiln.train.trainer import Trainer
 
 TESTS = Path(__file__).resolve().parent
@@ -39,14 +41,16 @@ GLOBAL_BATCH = 8 * 16  # tokens: 8 rows of seq_len 16 per optimizer step
 RUNS = {
     "ddp": ("ddp", 4, {}),  # 2 ranks x 4 rows
     "ddp-accum": ("ddp", 2, {"activation_checkpointing": "full"}),  # 2 ranks x 2 micro-batches x 2 rows
-    "fsdp-accum": ("fsdp", 2, {"activation_checkpointing": "selective"}),
+    "fsdp-accum": ("fsdp", 2, {"activation_checkpointing": "selective", "checkpoint_format": "full"}),
+    "fsdp-async": ("fsdp", 4, {"async_checkpoint": True}),  # sharded (auto under fsdp), written in the background
     "ddp-compiled": ("ddp", 2, {"compile": True}),  # each block compiled; accumulation as ddp-accum
     "fsdp-bf16": ("fsdp", 4, {"precision": "bf16"}),  # bf16 gathers and fp32 reduction: runs, learns
-    "fsdp-resumed": ("fsdp", 4, {}),  # resumes from ddp's mid-run checkpoint
+    "fsdp-resumed": ("fsdp", 4, {}),  # resumes from ddp's mid-run (full) checkpoint, saves sharded
     # 12 steps of 8 of the 64 rows cross an epoch boundary after step 8; checkpoints at 6 and 12.
     "ddp-long": ("ddp", 4, {"max_steps": 12, "checkpoint_every": 6}),
     "ddp-long-from-one-rank": ("ddp", 4, {"max_steps": 12, "checkpoint_every": 6}),  # one-rank-long's step 6
-    "fsdp-long-from-one-rank": ("fsdp", 2, {"max_steps": 12, "checkpoint_every": 6}),  # ... under FSDP2, accum 2
+    # ... under FSDP2, accum 2, from one-rank-long-sharded's step 6 (its shards resharded onto 2 ranks)
+    "fsdp-long-from-one-rank": ("fsdp", 2, {"max_steps": 12, "checkpoint_every": 6}),
 }
 LONG = {"max_steps": 12, "checkpoint_every": 6}
 
@@ -87,6 +91,8 @@ def launched(tmp_path_factory):
     torch.set_num_threads(1)
     # One rank x 2 micro-batches of 4 rows, before the launch: two ranks resume from its step 6.
     Trainer(train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, **COMMON | LONG), shards).fit(base / "one-rank-long")
+    Trainer(train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, checkpoint_format="sharded", **COMMON | LONG),
+            shards).fit(base / "one-rank-long-sharded")
     runs = []
     for name, (strategy, micro, extra) in RUNS.items():
         sections = train_sections(nproc_per_node=2, parallel=strategy, micro_batch=micro,
@@ -95,7 +101,8 @@ def launched(tmp_path_factory):
         if name == "fsdp-resumed":
             spec["resume_from"] = str(base / "ddp" / "checkpoints" / f"step-{STEPS // 2:07d}")
         if name.endswith("-from-one-rank"):
-            spec["resume_from"] = str(base / "one-rank-long" / "checkpoints" / "step-0000006")
+            source = "one-rank-long-sharded" if name.startswith("fsdp") else "one-rank-long"
+            spec["resume_from"] = str(base / source / "checkpoints" / "step-0000006")
         runs.append(spec)
     plan = base / "plan.json"
     smoke = [{"out": str(base / f"smoke-{strategy}"), "sections": smoke_sections(train={"nproc_per_node": 2, "parallel": strategy,
@@ -115,7 +122,7 @@ def launched(tmp_path_factory):
     Trainer(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **COMMON), shards).fit(reference,
                                                                                              sampler=greedy_sampler)
     # The node with rank 1 is lost after step 6: the run resumes on one rank with twice the accumulation.
-    for name in ("ddp-long", "fsdp-accum"):
+    for name in ("ddp-long", "fsdp-accum", "fsdp-async"):
         step = 6 if name == "ddp-long" else STEPS // 2
         out = _resume_from(base / name / "checkpoints" / f"step-{step:07d}", base / f"one-rank-from-{name}")
         extra = LONG if name == "ddp-long" else {}
@@ -136,7 +143,7 @@ def test_accumulation_skips_the_all_reduce_until_the_last_micro_batch(launched):
     assert checks["synced_equal"] and checks["synced_is_mean"]
 
 
-@pytest.mark.parametrize("name", ["ddp", "ddp-accum", "fsdp-accum", "ddp-compiled"])
+@pytest.mark.parametrize("name", ["ddp", "ddp-accum", "fsdp-accum", "ddp-compiled", "fsdp-async"])
 def test_two_ranks_match_one_rank_with_twice_the_batch(launched, name):
     base, _, reference = launched
     wrapped = json.loads((base / name / "result.json").read_text())
@@ -194,8 +201,9 @@ def test_two_and_one_rank_train_on_the_same_rows_per_step(launched):
 @pytest.mark.parametrize("resumed, uninterrupted, first", [
     ("one-rank-from-ddp-long", "ddp-long", 7),  # 2 ranks -> 1 rank x 2 micro-batches, across the epoch end
     ("one-rank-from-fsdp-accum", "fsdp-accum", STEPS // 2 + 1),  # an FSDP2 checkpoint on one rank
+    ("one-rank-from-fsdp-async", "fsdp-async", STEPS // 2 + 1),  # ... a sharded one, written async
     ("ddp-long-from-one-rank", "one-rank-long", 7),  # 1 rank -> 2 ranks under DDP
-    ("fsdp-long-from-one-rank", "one-rank-long", 7),  # ... and under FSDP2, sharded on load
+    ("fsdp-long-from-one-rank", "one-rank-long", 7),  # ... and under FSDP2, from one rank's shards
 ])
 def test_a_run_resumed_on_another_rank_count_continues_the_same_rows(launched, resumed, uninterrupted, first):
     base, _, _ = launched
@@ -206,6 +214,70 @@ def test_a_run_resumed_on_another_rank_count_continues_the_same_rows(launched, r
     assert [r["batch_hash"] for r in ours] == [r["batch_hash"] for r in theirs]
     assert [r["loss"] for r in ours] == pytest.approx([r["loss"] for r in theirs], abs=1e-5, rel=0)
     _assert_same_weights(base / resumed, base / uninterrupted)
+
+
+def test_sharded_checkpoints_hold_each_ranks_own_shards_and_eval_reads_them_whole(launched):
+    base, _, reference = launched
+    last = f"step-{STEPS:07d}"
+    for name in ("fsdp-async", "fsdp-resumed"):  # sharded under FSDP2 (auto), async or not
+        folder = base / name / "checkpoints" / last
+        assert sorted(p.name for p in (folder / "shards").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+        assert "model" not in torch.load(folder / "state.pt", weights_only=False)  # only in the shards
+        weights, at = checkpoint.load_weights(folder)  # one process, no process group: whole tensors
+        assert at["step"] == STEPS
+        final = load_model(base / name).state_dict()  # model.safetensors, gathered at the end
+        assert weights.keys() == final.keys()
+        for key in final:
+            assert weights[key].equal(final[key]), key
+    assert (base / "one-rank-long-sharded" / "checkpoints" / "step-0000006" / "shards").is_dir()
+    for name in ("ddp", "fsdp-accum", "one-rank-long"):  # DDP's default, and asked for: one full file
+        assert not list((base / name / "checkpoints").glob("*/shards"))
+
+
+@pytest.fixture(scope="module")
+def hsdp(launched):
+    """Two torchruns of 2 ranks each, nnodes 2 on this machine (2 "nodes"), with FSDP: HSDP. Its
+    mid-run (sharded) checkpoint then resumes on one rank."""
+    base, _, _ = launched
+    shards = base / "shards"
+    out = base / "hsdp"
+    sections = train_sections(nproc_per_node=2, nnodes=2, parallel="fsdp", micro_batch=2, batch_tokens=GLOBAL_BATCH,
+                              rdzv_endpoint=f"127.0.0.1:{_free_port()}", **COMMON)
+    plan = base / "hsdp-plan.json"
+    plan.write_text(json.dumps({"shards": str(shards), "checks_out": str(base / "hsdp-checks.json"),
+                                "runs": [{"out": str(out), "sections": sections}]}))
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
+               OMP_NUM_THREADS="1")
+    nodes = [subprocess.Popen(launch.command(sections["train"] | {"node_rank": rank},
+                                             [str(TESTS / "dist_worker.py"), str(plan)]),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+             for rank in (0, 1)]
+    for node in nodes:
+        output, _ = node.communicate(timeout=600)
+        assert node.returncode == 0, output[-5000:]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    resumed = _resume_from(out / "checkpoints" / f"step-{STEPS // 2:07d}", base / "one-rank-from-hsdp")
+    Trainer(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **COMMON), shards).fit(resumed)
+    torch.set_num_threads(before)
+    return out, resumed
+
+
+def test_fsdp_on_two_nodes_is_hsdp_with_the_losses_of_one_rank(launched, hsdp):
+    base, _, reference = launched
+    out, resumed = hsdp
+    result = json.loads((out / "result.json").read_text())
+    # Sharded within a node, replicated across: parameters are DTensors on a (nodes, ranks per node) mesh.
+    assert result["nnodes"] == 2 and result["sharded"]
+    assert result["mesh"] == {"shape": [2, 2], "dims": ["replicate", "shard"], "placements": ["R", "S(0)"]}
+    want = _losses(reference)
+    assert _losses(out) == pytest.approx(want, abs=1e-5, rel=0)
+    assert _losses(out) == pytest.approx(_losses(base / "fsdp-accum"), abs=1e-5, rel=0)  # 1-D FSDP2
+    _assert_same_weights(out, reference)
+    # Its checkpoint: one shard file per rank, read back onto one rank, which continues alike.
+    assert len(list((out / "checkpoints" / f"step-{STEPS // 2:07d}" / "shards").glob("*.distcp"))) == 4
+    assert [r["loss"] for r in _records(resumed)] == pytest.approx(want[STEPS // 2:], abs=1e-5, rel=0)
+    _assert_same_weights(resumed, reference)
 
 
 def test_a_stuck_rank_ends_the_job_within_the_collective_timeout(tmp_path):

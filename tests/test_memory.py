@@ -75,7 +75,7 @@ def _flagship(**overrides) -> tuple:
     return cfg, replace(Setting(micro_batch=6, world=4, parallel="ddp"), **overrides)
 
 
-def test_states_are_16_bytes_a_parameter_divided_by_fsdp_ranks():
+def test_states_are_16_bytes_a_parameter_divided_by_fsdp_ranks_of_a_node():
     cfg, s = _flagship()
     n = cfg.num_params(non_embedding=False)
     ddp = estimate(cfg, s).parts
@@ -84,6 +84,8 @@ def test_states_are_16_bytes_a_parameter_divided_by_fsdp_ranks():
     assert fsdp["weights"] == 4 * n // 4 and fsdp["optimizer"] == 8 * n // 4 and "DDP buckets" not in fsdp
     one = estimate(cfg, replace(s, world=1)).parts
     assert "DDP buckets" not in one and one["weights"] == 4 * n
+    hsdp = estimate(cfg, replace(s, parallel="fsdp", world=8, nnodes=2)).parts  # sharded within a node of 4
+    assert hsdp["weights"] == fsdp["weights"] and hsdp["optimizer"] == fsdp["optimizer"]
 
 
 def test_activations_grow_with_the_micro_batch_and_shrink_with_checkpointing():

@@ -107,6 +107,9 @@ def _check_relations(cfg: dict) -> list[str]:
         problems.append("train.budget: dollars needs smoke.price_per_gpu_hour, the price of one device-hour, above 0")
     if train["node_rank"] >= train["nnodes"]:
         problems.append(f"train.node_rank: {train['node_rank']} must be below train.nnodes={train['nnodes']}")
+    if train["async_checkpoint"] and checkpoint_format(train) != "sharded":
+        problems.append(f"train.async_checkpoint: needs sharded checkpoints, but train.checkpoint_format is "
+                        f"{train['checkpoint_format']} under train.parallel {train['parallel']} (full); set it to sharded")
     smoke = cfg["smoke"]
     if smoke["warmup_steps"] >= smoke["steps"]:
         problems.append(f"smoke.warmup_steps: {smoke['warmup_steps']} must be below smoke.steps={smoke['steps']}")
@@ -123,6 +126,14 @@ def _check_relations(cfg: dict) -> list[str]:
     if mixture and cfg["pretokenize"].get("train_tokens") is None:
         problems.append("pretokenize.mixture: weights need pretokenize.train_tokens, the train tokens to share")
     return problems
+
+
+def checkpoint_format(train: dict) -> str:
+    """A validated train section's checkpoint format: auto is sharded under FSDP (no rank gathers the
+    whole state) and full under DDP (one file, as before sharded checkpoints existed)."""
+    if train["checkpoint_format"] != "auto":
+        return train["checkpoint_format"]
+    return "sharded" if train["parallel"] == "fsdp" else "full"
 
 
 def validate(raw: dict) -> dict:

@@ -1,11 +1,21 @@
 """Checkpoints that continue a run exactly; a resume takes the newest one that is complete and reads.
 
-A checkpoint is a folder step-NNNNNNN/ holding state.pt (model, optimizer, step, tokens seen, each
-rank's RNG states, the data loader's position, the loss-spike detector and a fingerprint of what the
-run trains on) and, written last, complete.json: the step, the fingerprint, and each file's size and
-sha256. The folder is written under a temporary name, every file and the folder fsynced, then renamed
-into place; only then does the LATEST marker (fsynced too) move to it. So a kill at any moment leaves
-the previous checkpoint as it was, and a full disk is a KilnError with no temporary left.
+A checkpoint is a folder step-NNNNNNN/ holding state.pt (step, tokens seen, each rank's RNG states,
+the data loader's position, the loss-spike detector and a fingerprint of what the run trains on),
+the model and optimizer, and, written last, complete.json: the step, the fingerprint, and each file's
+size and sha256. The model and optimizer are in one of two formats (train.checkpoint_format):
+
+- full: inside state.pt, whole, gathered onto rank 0, which writes the file alone.
+- sharded: in shards/, torch.distributed.checkpoint's (DCP) files: every rank writes its own part
+  (`__<rank>_0.distcp`) and rank 0 the index (`.metadata`). Nothing is gathered, and a load reshards
+  onto the reading run's ranks and layout. With train.async_checkpoint the shards are copied to host
+  memory at the save step and written by a background thread while training goes on (`Saver`).
+
+Both are written the same way: under a temporary folder name (rank 0 makes it and tells the others),
+every file and the folder fsynced, complete.json once every rank's files are in, then renamed into
+place; only then does the LATEST marker (fsynced too) move to it. So a kill at any moment, an async
+save still in flight included, leaves the previous checkpoint as it was, and a full disk is a
+KilnError with no temporary left. A run reads either format whatever it writes.
 
 A resume does not trust LATEST (a run killed between the rename and the marker, or a lost marker,
 would otherwise restart from an older step or from scratch): it takes the newest folder whose
@@ -18,22 +28,30 @@ never removed; folders past it (an unreadable one that was skipped, or the histo
 KILN_RESUME_FROM rollback discarded) are removed.
 
 This module alone knows that layout: the eval stage lists a run's checkpoints with `kept` and reads
-one's weights with `load_weights`. Every read unpickles with weights_only=True (tensors and plain
-containers only, so a checkpoint file cannot run code when loaded), allowing the three NumPy types
-that the saved NumPy RNG state is made of.
+one's weights with `load_weights` (a sharded one's too, whole, in one process). Every read unpickles
+with weights_only=True (tensors and plain containers only, so a checkpoint file cannot run code when
+loaded), allowing the three NumPy types that the saved NumPy RNG state is made of. DCP's own files
+are not held to that: its index (shards/.metadata) and the optimizer's hyperparameters are plain
+pickles, so a sharded checkpoint is only as safe to load as its source is trusted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
 import re
 import shutil
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from kiln.errors import KilnError
 from kiln.io import atomic_dir, atomic_file, fsync_path, sha256_file, write_json
@@ -45,12 +63,15 @@ log = logging.getLogger("kiln.checkpoint")
 MARKER = "LATEST"
 STATE = "state.pt"
 MANIFEST = "complete.json"
+SHARDS = "shards"  # the sharded format's DCP folder; a loaded state names it under this key
 RESUME_ENV = "KILN_RESUME_FROM"
 _NAME = re.compile(r"step-(\d+)")
 # np.random.get_state() is ("MT19937", uint32 array, pos, has_gauss, gauss): the globals its pickle
 # names (an array pickles as _reconstruct, found this way under NumPy 1 and 2 alike). Nothing else in
 # a checkpoint needs more than weights_only's defaults.
 NUMPY_RNG_GLOBALS = [np.empty(0).__reduce__()[0], np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+# DCP warns at every save and load without a process group; one rank without one is what we mean.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
 class Unreadable(Exception):
@@ -79,16 +100,86 @@ def step_name(step: int) -> str:
 
 
 def save(root: Path, state: dict, keep: int, faults: Faults = NONE) -> Path:
-    """Write state as root/step-NNNNNNN (complete.json last, all fsynced), point LATEST at it, keep
-    the newest `keep` complete checkpoints up to it."""
+    """Write state (model and optimizer included: the full format) as root/step-NNNNNNN
+    (complete.json last, all fsynced), point LATEST at it, keep the newest `keep` complete
+    checkpoints up to it. Rank 0 alone."""
     name = step_name(state["step"])
     with atomic_dir(root / name, durable=True) as tmp:
-        torch.save(state, tmp / STATE)
-        fsync_path(tmp / STATE)
-        faults.during_save(state["step"])
-        write_json(tmp / MANIFEST, {"step": state["step"], "fingerprint": state["fingerprint"],
-                                    "files": {STATE: {"bytes": (tmp / STATE).stat().st_size,
-                                                      "sha256": sha256_file(tmp / STATE)}}})
+        _write_state(tmp, state, faults)
+    return _publish(root, name, keep)
+
+
+class Saver:
+    """A run's checkpoint writer in train.checkpoint_format, one on every rank, `save` called by every
+    rank at the same steps. At most one async save is in flight: the next save, and `wait`, first see
+    it renamed into place (or raise its error)."""
+
+    def __init__(self, root: Path, fmt: str, keep: int, *, rank: int, world: int, async_save: bool = False,
+                 faults: Faults = NONE):
+        self.root, self.sharded, self.keep, self.faults = Path(root), fmt == "sharded", keep, faults
+        self.rank, self.world = rank, world
+        self._pending: Future | None = None
+        self._commits = ThreadPoolExecutor(1, thread_name_prefix="kiln-checkpoint") if async_save else None
+        # The background writes' collectives get their own (CPU) group, so they never interleave with
+        # the training step's on the default one (torchtitan does the same).
+        self._group = dist.new_group(backend="gloo") if async_save and world > 1 else None
+
+    def save(self, state: dict, shards: dict | None = None) -> None:
+        """Full format: `state` is everything, rank 0's written. Sharded: `state` is all but model and
+        optimizer (rank 0's written to state.pt), `shards` this rank's parallel.sharded_state."""
+        self.wait()
+        name = step_name(state["step"])
+        if not self.sharded:
+            if self.rank == 0:
+                save(self.root, state, self.keep, self.faults)
+            return
+        with contextlib.ExitStack() as stack:  # rank 0: the temp folder removed on any error
+            tmp = stack.enter_context(atomic_dir(self.root / name, durable=True)) if self.rank == 0 else None
+            if self.world > 1:
+                box = [tmp]
+                dist.broadcast_object_list(box, src=0)
+                tmp = box[0]
+            if self._commits is None:
+                dcp.save(shards, checkpoint_id=tmp / SHARDS, no_dist=self.world == 1)
+                if self.rank == 0:
+                    _write_state(tmp, state, self.faults)
+            else:  # returns once the shards are copied to host memory: training may change them now
+                written = dcp.async_save(shards, checkpoint_id=tmp / SHARDS, process_group=self._group,
+                                         no_dist=self.world == 1)
+                self._pending = self._commits.submit(self._commit, stack.pop_all(), tmp, state, written)
+                return
+        if self.rank == 0:
+            _publish(self.root, name, self.keep)
+
+    def wait(self) -> None:
+        """Until the save in flight, if any, is in place (rank 0: renamed, LATEST moved); raises its error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _commit(self, stack: contextlib.ExitStack, tmp: Path, state: dict, written: Future) -> None:
+        with stack:  # rank 0: renamed into place on success, removed on an error
+            written.result()  # on rank 0, DCP's coordinator: every rank's shards are written and fsynced
+            if self.rank == 0:
+                _write_state(tmp, state, self.faults)
+        if self.rank == 0:
+            _publish(self.root, step_name(state["step"]), self.keep)
+
+
+def _write_state(folder: Path, state: dict, faults: Faults) -> None:
+    """state.pt, then complete.json naming every file in the folder (the shards too), each fsynced."""
+    torch.save(state, folder / STATE)
+    fsync_path(folder / STATE)
+    faults.during_save(state["step"])
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    write_json(folder / MANIFEST, {"step": state["step"], "fingerprint": state["fingerprint"],
+                                   "files": {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size,
+                                                                                "sha256": sha256_file(p)}
+                                             for p in files}})
+
+
+def _publish(root: Path, name: str, keep: int) -> Path:
+    """Point LATEST at the checkpoint just renamed into place and prune."""
     with atomic_file(root / MARKER, durable=True) as tmp:
         tmp.write_text(name + "\n", encoding="utf-8")
     for old in _prunable(root, name, keep):
@@ -155,15 +246,35 @@ def kept(root: Path) -> list[tuple[int, Path]]:
 
 
 def load_weights(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
-    """(model state dict on CPU, {step, tokens}) of the checkpoint in `folder`, for inference. The
-    file is memory-mapped, so the optimizer state (twice the weights) is never read from disk (nor
-    hashed: the sizes are checked)."""
+    """(model state dict on CPU, {step, tokens}) of the checkpoint in `folder`, for inference, in one
+    process. Full format: state.pt is memory-mapped, so the optimizer state (twice the weights) is
+    never read from disk (nor hashed: the sizes are checked); sharded: only the model's entries of
+    the shards are read, whole whatever ranks wrote them."""
     folder = Path(folder)
     try:
         state = _load(folder, verify_hash=False, mmap=True)
+        weights = _model_from_shards(state[SHARDS]) if SHARDS in state else state["model"]
     except Unreadable as exc:
         raise KilnError(f"{folder}: checkpoint unusable: {exc}") from exc
-    return state["model"], {"step": int(state["step"]), "tokens": int(state["tokens_seen"])}
+    return weights, {"step": int(state["step"]), "tokens": int(state["tokens_seen"])}
+
+
+def read_shards(shards: Path, into: dict) -> None:
+    """Fill `into` (parallel.sharded_state's layout, this run's ranks) in place from a sharded
+    checkpoint's `shards` folder (a loaded state's SHARDS), resharded from whatever layout wrote it.
+    Collective when there is a process group."""
+    dcp.load(into, checkpoint_id=shards, no_dist=not dist.is_initialized())
+
+
+def _model_from_shards(shards: Path) -> dict[str, torch.Tensor]:
+    try:
+        entries = dcp.FileSystemReader(shards).read_metadata().state_dict_metadata
+        model = {key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
+                 for key, meta in entries.items() if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)}
+        dcp.load({"model": model}, checkpoint_id=shards, no_dist=True)
+    except Exception as exc:  # the sizes matched complete.json: a file's content is wrong
+        raise Unreadable(f"{SHARDS}/ does not load ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from exc
+    return model
 
 
 def _complete(folder: Path) -> str | None:
@@ -196,6 +307,9 @@ def _load(folder: Path, verify_hash: bool = True, mmap: bool = False) -> dict:
                 raise Unreadable(f"{name}'s sha256 differs from the one {MANIFEST} recorded")
     try:
         with torch.serialization.safe_globals(NUMPY_RNG_GLOBALS):
-            return torch.load(folder / STATE, map_location="cpu", weights_only=True, mmap=mmap)
+            state = torch.load(folder / STATE, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # torn zip, a foreign pickle, an I/O error: all mean "cannot resume from it"
         raise Unreadable(f"{STATE} does not load ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from exc
+    if (folder / SHARDS).is_dir():  # the sharded format: model and optimizer are read by read_shards
+        state[SHARDS] = folder / SHARDS
+    return state

@@ -35,6 +35,7 @@ class Dist:
     local_rank: int
     world: int
     device: torch.device
+    nnodes: int = 1  # torchrun's nodes: WORLD_SIZE / LOCAL_WORLD_SIZE (FSDP shards within one, kiln.train.parallel)
 
     @property
     def is_main(self) -> bool:
@@ -42,18 +43,23 @@ class Dist:
 
 
 def init_distributed(device_setting: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> Dist:
-    """This process's rank and device (train.device: auto, cuda or cpu), joining the process group
-    when there are several ranks, its collectives failing after timeout_s (train.collective_timeout_s)."""
+    """This process's rank, device (train.device: auto, cuda or cpu) and node count, joining the
+    process group when there are several ranks, its collectives failing after timeout_s
+    (train.collective_timeout_s)."""
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if per_node < 1 or world % per_node:
+        raise KilnError(f"train: WORLD_SIZE {world} is not a whole number of nodes of LOCAL_WORLD_SIZE {per_node} "
+                        "ranks (torchrun sets both: every node must run train.nproc_per_node ranks)")
     device = select_device(device_setting, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
                                 device_id=device if device.type == "cuda" else None, timeout=timedelta(seconds=timeout_s))
-    return Dist(rank, local_rank, world, device)
+    return Dist(rank, local_rank, world, device, world // per_node)
 
 
 def mean_across_ranks(value: torch.Tensor, world: int) -> torch.Tensor:

@@ -6,7 +6,8 @@ x seq_len tokens, C = d_model, K = key/value width n_kv_head x head dim, F = d_f
 L layers):
 
 - weights, gradients, AdamW's two moments: 4 + 4 + 8 bytes per parameter, fp32 (bf16 autocast keeps
-  fp32 master weights); FSDP divides all three by W. DDP on several ranks adds its gradient buckets
+  fp32 master weights); FSDP divides all three by W (HSDP on several nodes: by the ranks of a node,
+  kiln.train.parallel.device_mesh). DDP on several ranks adds its gradient buckets
   (4N; Kiln's DDP makes the gradients views into them, so they are the gradients' memory from the
   first step on).
 - activations, what autograd keeps from the forward pass for backward, per layer per token, counted
@@ -65,6 +66,7 @@ class Setting:
 
     micro_batch: int
     world: int = 1
+    nnodes: int = 1  # FSDP on several nodes is HSDP: sharded across a node's world // nnodes ranks
     parallel: str = "ddp"
     activation_checkpointing: str = "none"
     bf16: bool = True
@@ -131,7 +133,7 @@ def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
     tokens, L, C, V = s.micro_batch * cfg.seq_len, cfg.n_layer, cfg.d_model, cfg.vocab_size
     n = cfg.num_params(non_embedding=False)
     fsdp = s.parallel == "fsdp" and s.world > 1
-    shard = s.world if fsdp else 1
+    shard = s.world // s.nnodes if fsdp else 1
     mat, per_layer = layer_params(cfg)
     ckpt = set(checkpointed_blocks(s.activation_checkpointing, L))
     full_layer = layer_activation_bytes(cfg, tokens, s.bf16, s.compiled, s.cuda)
@@ -181,6 +183,7 @@ def setting_of(train: dict, *, cuda: bool = True, world: int | None = None, bf16
     train.precision says, compiled unless train.compile is false), or as a run decided it (smoke)."""
     return Setting(
         micro_batch=train["micro_batch"], world=world or train["nproc_per_node"] * train["nnodes"],
+        nnodes=train["nnodes"],
         parallel=train["parallel"], activation_checkpointing=train["activation_checkpointing"],
         bf16=train["precision"] in ("bf16", "auto") if bf16 is None else bf16,  # auto is bf16 on a GPU
         compiled=(train["compile"] is True or (train["compile"] == "auto" and cuda)) if compiled is None else compiled,

@@ -1,5 +1,5 @@
 """Readying the model for the run's ranks: activation checkpointing, torch.compile, then DDP or FSDP2
-(torchtitan's order); gradient-sync control for accumulation; full (unsharded) state dicts for checkpoints.
+(torchtitan's order); gradient-sync control for accumulation; full or sharded state dicts for checkpoints.
 
 Activation checkpointing (train.activation_checkpointing) is applied here, to the blocks, not asked
 of the model: a checkpointed block's forward runs under torch.utils.checkpoint (non-reentrant), so
@@ -14,20 +14,23 @@ RNG state is replayed on recompute, so dropout draws the same masks (tests/test_
   (16 bytes per parameter in fp32) fit on one device.
 - fsdp: FSDP2 `fully_shard` per block and at the root: parameters, gradients and optimizer state
   are sharded across ranks and gathered block by block, for models that do not fit DDP. With bf16
-  the gathered parameters are bf16 and gradients are reduced in fp32.
+  the gathered parameters are bf16 and gradients are reduced in fp32. On several nodes it is HSDP
+  (`device_mesh`): sharded across the ranks of a node, replicated across nodes.
 
-State dicts go through torch.distributed.checkpoint's helpers, which gather a sharded model onto
-rank 0 and key optimizer state by parameter name, so a checkpoint reads the same whichever
-strategy wrote it (and whichever reads it), on any number of ranks: one written by 2 FSDP ranks
-resumes on 1, and the reverse (tests/test_distributed.py). The price is rank 0 holding the whole
-state on its CPU at a save; checkpoints sharded on disk (DCP save/load per rank, resharded on
-load as torchtitan does) are not done here.
+Checkpoint state comes in two forms (kiln.train.checkpoint writes either; any run reads both), both
+through torch.distributed.checkpoint's helpers, which key optimizer state by parameter name:
+`full_model_state`/`full_optimizer_state` gather whole tensors onto rank 0's CPU (the `full`
+format: one file, rank 0 holding the whole state at a save), `sharded_state` is each rank's own part
+(the `sharded` format: every rank writes its shards, and a load reshards them onto this run's
+layout). Either way a checkpoint reads the same whichever strategy and rank count wrote it and
+whichever reads it: one written by 2 FSDP ranks resumes on 1, and the reverse (tests/test_distributed.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -38,6 +41,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -64,7 +68,7 @@ def parallelize(model: nn.Module, d: Dist, *, strategy: str, compile_model: bool
         return model
     if strategy == "fsdp":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
-        mesh = torch.distributed.device_mesh.init_device_mesh(d.device.type, (d.world,))
+        mesh = device_mesh(d.device.type, d.world, d.nnodes)
         for block in model.blocks:
             fully_shard(block, mesh=mesh, mp_policy=policy)  # gathered for its forward, freed after
         fully_shard(model, mesh=mesh, mp_policy=policy)  # embedding, final norm, head
@@ -73,6 +77,17 @@ def parallelize(model: nn.Module, d: Dist, *, strategy: str, compile_model: bool
     # every gradient (4 bytes a parameter: 4.2 GB for llama3.2-1b) (kiln.train.memory counts them once).
     return DistributedDataParallel(model, device_ids=[d.local_rank] if d.device.type == "cuda" else None,
                                    gradient_as_bucket_view=True)
+
+
+def device_mesh(device_type: str, world: int, nnodes: int) -> DeviceMesh:
+    """FSDP's mesh. One node: 1-D ("shard",), every rank holding a shard. Several: HSDP, 2-D
+    ("replicate", "shard") of shape (nnodes, ranks per node), ranks numbered node by node as torchrun
+    does, so a row is a node: each block's all-gather and reduce-scatter stay on the node's fast links,
+    and only one all-reduce of the sharded gradients per step crosses nodes, at the price of each node
+    holding a whole copy of the sharded state."""
+    if nnodes > 1:
+        return init_device_mesh(device_type, (nnodes, world // nnodes), mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
@@ -133,6 +148,22 @@ def full_model_state(model: nn.Module) -> dict:
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """Optimizer state keyed by parameter name, whole and on CPU, on rank 0; collective under FSDP."""
     return get_optimizer_state_dict(model, optimizer, options=GATHER)
+
+
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """{"model", "optimizer"}: this rank's part, keyed by parameter name, without a gather (FSDP: its
+    shards, DTensors that say where they sit in the whole; DDP and one rank: the whole tensors), for
+    torch.distributed.checkpoint to write or to fill in place."""
+    return {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+
+
+def load_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, read: Callable[[dict], None]) -> None:
+    """Load a sharded checkpoint: `read` fills this rank's part (sharded_state's layout, whatever
+    layout wrote it) in place. Collective."""
+    state = sharded_state(model, optimizer)  # the optimizer's state is created here if it has none yet
+    read(state)
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict,

@@ -4,8 +4,9 @@ A Trainer holds what a run is made of: the model (kiln.model), readied for the r
 (kiln.train.parallel), AdamW (kiln.train.optim), the LR schedule (kiln.train.schedule), the data
 stream (kiln.data.loader) and the batch plan (kiln.train.plan). `train_step` is one optimizer step:
 grad_accum micro-batches of micro_batch rows on each of W ranks, gradients synced on the last one
-only. `state_dict`/`load_state_dict` are what a checkpoint holds. `fit` runs the loop: logging,
-validation, checkpoints, resume.
+only. `state_dict` (with model and optimizer, full or sharded: `_save_checkpoint`) and
+`load_state_dict` are what a checkpoint holds. `fit` runs the loop: logging, validation,
+checkpoints, resume.
 
 The host waits on the device only at log and checkpoint steps: losses and gradient norms stay
 device tensors in between, so on a GPU the host runs ahead queueing work; between them it reads one
@@ -20,6 +21,7 @@ KILN_FAULT injects each of these (kiln.train.faults).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -34,6 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from kiln.config import checkpoint_format
 from kiln.data.loader import ShardRows, TrainBatches, eval_batches
 from kiln.data.shards import tokens_per_byte
 from kiln.errors import ExitCode, KilnError, RunStopped
@@ -133,15 +136,25 @@ class Trainer:
         return fingerprint.of_run(self.cfg.to_dict(), self.rows.manifest, self.seed, self.batches.global_rows)
 
     def state_dict(self) -> dict:
-        """Everything needed to continue exactly (on rank 0; collective under FSDP)."""
+        """Everything needed to continue exactly but model and optimizer (on rank 0; collective)."""
         return {"step": self.step, "tokens_seen": self.tokens_seen,
-                "model": parallel.full_model_state(self.model),
-                "optimizer": parallel.full_optimizer_state(self.model, self.optimizer),
                 "data": self.batches.state_dict(), "rng": self._rng_states(), "fingerprint": self.fingerprint,
                 "config": self.sections, "skipped": self.skipped, "spikes": self.spikes.state_dict()}
 
+    def _save_checkpoint(self) -> None:
+        """A checkpoint of this step in train.checkpoint_format (fit's saver). Collective."""
+        if self.saver.sharded:  # each rank's own part, nothing gathered
+            self.saver.save(self.state_dict(), parallel.sharded_state(self.model, self.optimizer))
+            return
+        self.saver.save(self.state_dict() | {"model": parallel.full_model_state(self.model),
+                                             "optimizer": parallel.full_optimizer_state(self.model, self.optimizer)})
+
     def load_state_dict(self, state: dict) -> None:
-        parallel.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+        if checkpoint.SHARDS in state:
+            read = functools.partial(checkpoint.read_shards, state[checkpoint.SHARDS])
+            parallel.load_sharded_state(self.model, self.optimizer, read)
+        else:
+            parallel.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
         self.batches.load_state_dict(state["data"])
         # Each rank's own RNG states (dropout draws), when the checkpoint has as many ranks as this run.
         ranks = state["rng"]
@@ -255,6 +268,8 @@ class Trainer:
         log_every = train["log_every"]
         unread, window, window_tokens = [], _Window(), 0
         self.faults = faults.from_env(d.rank)
+        self.saver = checkpoint.Saver(ckpt_root, checkpoint_format(train), train["keep_checkpoints"], rank=d.rank,
+                                      world=d.world, async_save=train["async_checkpoint"], faults=self.faults)
         self.stop.install()  # restored when fit ends, and by run() whatever happens
         loop_start = time.perf_counter()
         while self.step < self.max_steps:
@@ -295,12 +310,11 @@ class Trainer:
                 sink.log(record)
                 meter.restart()  # validation is not training time
             if saving or preempted:
-                with meter.paused():  # not training time: left out of tokens/s
-                    state = self.state_dict()
-                    if d.is_main:
-                        checkpoint.save(ckpt_root, state, keep=train["keep_checkpoints"], faults=self.faults)
+                with meter.paused():  # not training time: left out of tokens/s (an async save's writing
+                    self._save_checkpoint()  # overlaps the steps after it, and counts as theirs)
             if preempted:
                 self._stop_fit(sink, self._preemption_stop(ckpt_root))
+        self.saver.wait()
         sink.close()
         self.stop.restore()
         result.wall_s = time.perf_counter() - loop_start
@@ -365,6 +379,7 @@ class Trainer:
         return None
 
     def _preemption_stop(self, ckpt_root: Path) -> RunStopped:
+        self.saver.wait()  # an async save: this rank's shards written (rank 0: the checkpoint in place)
         if self.d.world > 1:  # rank 0 has written the checkpoint before any rank exits
             torch.distributed.barrier()
         signal = self.stop.received or "a preemption signal on another rank"
@@ -372,8 +387,8 @@ class Trainer:
                           f"({self._last_checkpoint(ckpt_root)}); rerun the same command to continue from "
                           f"step {self.step + 1}", ExitCode.PREEMPTED)
 
-    @staticmethod
-    def _last_checkpoint(ckpt_root: Path) -> str:
+    def _last_checkpoint(self, ckpt_root: Path) -> str:
+        self.saver.wait()  # an async save in flight is the last one once it is in place
         found = checkpoint.kept(ckpt_root)
         return str(found[-1][1]) if found else "none (a rerun starts from step 0)"
 
