@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from kiln import config as kiln_config
 from kiln import run_config
@@ -36,7 +37,7 @@ from kiln.train import device
 from kiln.train.metrics import flops_per_token, memory_mb, peak_flops
 from kiln.train.trainer import Trainer
 
-DEFAULT_MODEL = {"n_layer": 4, "n_head": 4, "d_model": 256}  # config/config.yaml's model
+DEFAULT_MODEL = yaml.safe_load(kiln_config.EMBEDDED_DEFAULT.read_text(encoding="utf-8"))["model"]  # the embedded default's
 BASELINE, OURS = "nanoGPT eager loop", "kiln Trainer.train_step"
 
 
@@ -155,7 +156,7 @@ def main() -> None:
         tokens = args.steps * args.micro_batch * args.seq_len
         flops, peak = flops_per_token(ours.model), peak_flops(ours.d.device)
         name = torch.cuda.get_device_name() if ours.d.device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-        print(f"{name}; {args.flavour or 'default-config GPT'}: {ours.model.num_params(non_embedding=False):,} parameters, "
+        print(f"{name}; {args.flavour or 'default-config model'}: {ours.model.num_params(non_embedding=False):,} parameters, "
               f"batch {args.micro_batch} x {args.seq_len}, {args.precision}, ours compiled: "
               f"{device.use_compile(args.compile, ours.d.device)}; {args.rounds} rounds x {args.steps} steps\n")
         print("| loop | tokens/s (median) | min-max | TFLOP/s | MFU |\n|---|---:|---:|---:|---:|")
