@@ -30,6 +30,7 @@ import argparse
 import csv
 import json
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -48,12 +49,17 @@ PLAIN = dict(n_layer=4, n_head=4, d_model=256, seq_len=256, batch=8, lr=1e-3, mi
 
 
 def run_kiln(args) -> Path:
-    """The train stage through Snakemake; returns the run's results folder."""
+    """The train stage through Snakemake, afresh (the run's smoke and train folders are the bench's
+    own: removed first, so the budget is planned on this machine now and no checkpoint is resumed);
+    returns the run's results folder."""
+    run = ROOT / "results" / args.run_name
+    for stage in ("smoke", "train"):
+        shutil.rmtree(run / stage, ignore_errors=True)
     cmd = ["snakemake", "--cores", "all", "train", "--configfile", str(args.configfile),
            "--config", f"run_name={args.run_name}", *args.config]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
-    return ROOT / "results" / args.run_name
+    return run
 
 
 def stage_seconds(run: Path, stage: str) -> float:
