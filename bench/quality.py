@@ -42,6 +42,7 @@ import torch
 
 from kiln.data.encoders import Encoder
 from kiln.data.tokenizer import EOS, load_tokenizer, special_ids
+from kiln.eval.perplexity import bits_per_byte
 from kiln.train import device
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,8 +95,9 @@ def token_stream(encoder: Encoder, texts: list[str]) -> tuple[np.ndarray, int]:
 
 
 @torch.no_grad()
-def bits_per_byte(logits_of, ids: np.ndarray, n_bytes: int, seq_len: int, batch: int = 16) -> float:
-    """Total next-token nats over the stream, windows of seq_len + 1 overlapping by one, per byte."""
+def stream_bits_per_byte(logits_of, ids: np.ndarray, n_bytes: int, seq_len: int, batch: int = 16) -> float:
+    """Next-token loss over the stream, in windows of seq_len + 1 overlapping by one (every token
+    after the first predicted once), in bits per byte of the texts (kiln.eval.perplexity's formula)."""
     starts = list(range(0, len(ids) - 1, seq_len))
     total = 0.0
     for i in range(0, len(starts), batch):
@@ -105,7 +107,7 @@ def bits_per_byte(logits_of, ids: np.ndarray, n_bytes: int, seq_len: int, batch:
             logits = logits_of(group[:, :-1]).float()
             total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), group[:, 1:].flatten(),
                                                        reduction="sum").item()
-    return total / math.log(2) / n_bytes
+    return bits_per_byte(total / (len(ids) - 1), len(ids) - 1, n_bytes)
 
 
 class NanoGPT(torch.nn.Module):
@@ -204,7 +206,7 @@ def main() -> None:
     summary = json.loads((run / "train" / "summary.json").read_text())
     seq_len = json.loads((run / "train" / "model_config.json").read_text())["seq_len"]
     rows = {"kiln": {"wall_s": kiln_seconds, "tokens": summary["tokens_seen"], "tokens_per_s": summary["tokens_per_s"],
-                     **{name: bits_per_byte(lambda x: hf(x).logits, ids, nb, seq_len) for name, (ids, nb) in sets.items()}}}
+                     **{name: stream_bits_per_byte(lambda x: hf(x).logits, ids, nb, seq_len) for name, (ids, nb) in sets.items()}}}
     if not args.skip_plain:
         seconds = args.plain_seconds or kiln_seconds
         train_ids, _ = token_stream(encoder, train_texts)
@@ -212,7 +214,7 @@ def main() -> None:
         model, info = train_plain(train_ids, vocab, seconds,
                                   args.plain_precision == "bf16", args.seed)
         rows["plain"] = {"wall_s": seconds, "tokens": info["tokens"], "tokens_per_s": info["tokens_per_s"],
-                         **{name: bits_per_byte(model, ids, nb, PLAIN["seq_len"])
+                         **{name: stream_bits_per_byte(model, ids, nb, PLAIN["seq_len"])
                             for name, (ids, nb) in sets.items()}}
     print("\n| arm | wall s | tokens | tokens/s | " + " | ".join(f"bpb {s}" for s in sets) + " |")
     print("|---|---:|---:|---:|" + "---:|" * len(sets))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import matplotlib
 
+from kiln.train.plan import budget_text
 from kiln.train.tables import checks_table, format_eta
 from kiln.train.verdict import SmokeReport
 
@@ -151,10 +152,7 @@ def _config_summary(cfg: dict, train_result: dict) -> list[str]:
 
 
 def _budget_note(budget: dict | None) -> str:
-    if not budget:
-        return ""
-    (unit, amount), = budget.items()
-    return f" (what a budget of {amount:g} {unit} bought)"
+    return f" (what a budget of {budget_text(budget)} bought)" if budget else ""
 
 
 def _smoke_section(smoke: SmokeReport, plan: dict, train: dict) -> list[str]:

@@ -99,32 +99,42 @@ class StageTimes:
     checkpoint_s: float
 
 
+def _stage_cost(times: StageTimes, eval_every: int, checkpoint_every: int) -> tuple[float, float]:
+    """(fixed seconds, seconds per step) of a train stage: start-up, the last step's validation and
+    checkpoint and the final model (about one more checkpoint's writing); each step, with its share
+    of a validation every eval_every steps and a checkpoint every checkpoint_every."""
+    fixed = times.startup_s + times.validation_s + 2 * times.checkpoint_s
+    return fixed, times.step_s + times.validation_s / eval_every + times.checkpoint_s / checkpoint_every
+
+
 def steps_within(budget_s: float, times: StageTimes, *, eval_every: int, checkpoint_every: int,
                  cap: int | None = None) -> int:
-    """The most steps whose stage fits in budget_s: start-up, the steps, a validation every
-    eval_every steps and a checkpoint every checkpoint_every, plus the last step's validation and
-    checkpoint and the final model (about one more checkpoint's writing). At most `cap`; 0 when
-    even the fixed costs do not fit."""
-    per_step = times.step_s + times.validation_s / eval_every + times.checkpoint_s / checkpoint_every
-    fixed = times.startup_s + times.validation_s + 2 * times.checkpoint_s
+    """The most steps whose stage (_stage_cost) fits in budget_s; at most `cap`; 0 when even the
+    fixed costs do not fit."""
+    fixed, per_step = _stage_cost(times, eval_every, checkpoint_every)
     steps = max(0, math.floor((budget_s - fixed) / per_step)) if per_step > 0 else 0
     return min(steps, cap) if cap is not None else steps
+
+
+def budget_text(budget: dict) -> str:
+    """A train.budget as words: {"minutes": 7} -> "7 minutes"."""
+    (unit, amount), = budget.items()
+    return f"{amount:g} {unit}"
 
 
 def budget_steps(train: dict, times: StageTimes, world: int, price_per_gpu_hour: float | None) -> dict:
     """The steps train.budget buys at the measured times, and what the stage is then expected to
     take: {budget, budget_s, max_steps, stage_s}. A budget too small for the warmup is an error."""
     budget_s = budget_seconds(train["budget"], world, price_per_gpu_hour)
-    steps = steps_within(budget_s, times, eval_every=train["eval_every"], checkpoint_every=train["checkpoint_every"],
-                         cap=train["max_steps"])
+    every = {"eval_every": train["eval_every"], "checkpoint_every": train["checkpoint_every"]}
+    steps = steps_within(budget_s, times, **every, cap=train["max_steps"])
     if steps <= train["warmup_steps"]:
         raise KilnError(
             f"train.budget: {train['budget']} ({budget_s:,.0f} s of the train stage) buys {steps} steps at "
             f"{times.step_s:.3f} s/step after {times.startup_s:.0f} s of start-up, not more than "
             f"train.warmup_steps={train['warmup_steps']}: raise the budget or lower warmup_steps")
-    stage_s = (times.startup_s + steps * times.step_s + (steps // train["eval_every"] + 1) * times.validation_s
-               + (steps // train["checkpoint_every"] + 2) * times.checkpoint_s)
-    return {"budget": train["budget"], "budget_s": budget_s, "max_steps": steps, "stage_s": stage_s}
+    fixed, per_step = _stage_cost(times, **every)
+    return {"budget": train["budget"], "budget_s": budget_s, "max_steps": steps, "stage_s": fixed + steps * per_step}
 
 
 @dataclass(frozen=True)

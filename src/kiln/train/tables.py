@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from kiln.train.plan import CHINCHILLA_TOKENS_PER_PARAM
+from kiln.train.plan import CHINCHILLA_TOKENS_PER_PARAM, budget_text
 from kiln.train.verdict import Check
 
 
@@ -53,9 +53,8 @@ def render_plan(plan: dict) -> str:
                  f"{_size(plan['checkpoint_bytes'])} + the final weights twice (safetensors, HF export)"),
     ]
     if plan.get("budget"):
-        (unit, amount), = plan["budget"].items()
         t = plan["stage_times"]
-        rows.append(("budget", f"{amount:g} {unit} = {plan['budget_s']:,.0f} s of the train stage buys "
+        rows.append(("budget", f"{budget_text(plan['budget'])} = {plan['budget_s']:,.0f} s of the train stage buys "
                                f"{plan['max_steps']:,} steps at {t['step_s']:.3f} s/step, after {t['startup_s']:.0f} s "
                                f"of start-up, with validations of {t['validation_s']:.1f} s and checkpoints of "
                                f"{t['checkpoint_s']:.1f} s: the stage should take {plan['stage_s']:,.0f} s"))

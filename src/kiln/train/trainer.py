@@ -109,6 +109,7 @@ class Trainer:
         self.rows, self.val_rows = ShardRows(shard_dir, "train"), ShardRows(shard_dir, "val")
         manifest = self.rows.manifest
         self.cfg = resolve(sections["model"], manifest["padded_vocab_size"], manifest["seq_len"])
+        self.tokens_per_byte = {split: tokens_per_byte(manifest, split) for split in ("train", "val")}
         self.plan = plan_batch(train["batch_tokens"], train["micro_batch"], self.cfg.seq_len, self.d.world)
         with torch.device(self.d.device):  # initialised where it trains: no host copy of a 1B model
             self.model = build_model(self.cfg)
@@ -419,7 +420,7 @@ class Trainer:
 
     def _bits_per_byte(self, loss: float, split: str) -> float | None:
         """loss (nats/token) in bits per byte of the split's documents; None without byte counts."""
-        ratio = tokens_per_byte(self.rows.manifest, split)
+        ratio = self.tokens_per_byte[split]
         return None if ratio is None else loss / math.log(2) * ratio
 
     def _print_progress(self, record: dict, meter: Throughput) -> None:
