@@ -5,17 +5,23 @@
 from pathlib import Path
 
 from kiln import config as kiln_config
+from kiln import layout as kiln_layout
 from kiln import run_config
 
 
-# Which run: the files given with --configfile, exactly as written (no `configfile:` directive here,
+# Which runs: the files given with --configfile, exactly as written (no `configfile:` directive here,
 # so a run file is never merged over the embedded default), or config/config.yaml when none is
-# given; --config key=value overrides on top. Defaults are filled in and every cross-field rule is
-# checked now, before any job starts; an error names the key path (kiln.config, kiln.run_config).
+# given; --config key=value overrides on top. A config with a `sweep` is one run per arm
+# (kiln.sweep). Defaults are filled in and every cross-field rule is checked now, before any job
+# starts; an error names the key path (kiln.config, kiln.run_config).
+EXPERIMENT = run_config.resolve_experiment(workflow.config_settings.configfiles, workflow.config_settings.config)
+RUNS = EXPERIMENT.runs
+SWEEP = EXPERIMENT.name if EXPERIMENT.sweep else None
 config.clear()
-config.update(run_config.resolve(workflow.config_settings.configfiles, workflow.config_settings.config))
-
-RUN = f"results/{config['run_name']}"
+config.update(RUNS[EXPERIMENT.name] if not SWEEP else {"run_name": SWEEP, "runs": RUNS})
+# Where each run's stages land (kiln.layout): data stages under results/data/<stage>-<key>, shared by
+# every run whose data sections are equal; smoke, train, eval and report under results/<run>/.
+LAYOUTS = {run: kiln_layout.Layout(cfg) for run, cfg in RUNS.items()}
 
 # `snakemake --report report.html` gathers the outputs marked with report() in the rules.
 report: "workflow/report/workflow.rst"
@@ -32,13 +38,25 @@ include: "workflow/rules/smoke.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/eval.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/sweep.smk"
 
 
 rule all:
     input:
-        rules.report.output.report,
+        [layout.output("report") for layout in LAYOUTS.values()],
+        sweep_outputs(),
     default_target: True
 
 
+onstart:
+    for run, layout in LAYOUTS.items():
+        layout.write()  # results/<run>/layout.json: where its data stages are, for kiln status
+    if SWEEP:
+        kiln_layout.write_sweep_index(SWEEP, list(RUNS))
+
+
 onsuccess:
-    print(f"Kiln: run '{config['run_name']}' is complete; the report is {RUN}/report.md")
+    for run, layout in LAYOUTS.items():
+        print(f"Kiln: run '{run}' is complete; the report is {layout.output('report')}")
+    if SWEEP:
+        print(f"Kiln: sweep '{SWEEP}' is complete; the overlay report is {sweep_outputs()[0]}")

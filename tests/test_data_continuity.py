@@ -134,7 +134,7 @@ def test_the_batch_hash_follows_the_rows(shards, reference, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# A checkpoint of another run is refused, naming what changed
+# A checkpoint of another run, asked for by name, is refused, naming what changed
 
 
 def _changed_shards(shards: Path, tmp_path: Path, what: str) -> Path:
@@ -151,11 +151,15 @@ def _changed_shards(shards: Path, tmp_path: Path, what: str) -> Path:
     ("shards", {}, r"train shards: train-00000.bin sha256 [0-9a-f]{12}… in the checkpoint, [0-9a-f]{12}… now"),
     ("tokenizer", {}, r"tokenizer: sha256 None in the checkpoint, f{12}… now"),
     (None, {"model": {"n_layer": 1, "n_head": 2, "d_model": 16}}, r"model.d_model: 32 in the checkpoint, 16 now"),
-    (None, {"micro_batch": 4, "batch_tokens": 4 * SEQ_LEN}, r"global batch: 8 rows per step in the checkpoint, 4 now"),
+    (None, {"micro_batch": 4, "batch_tokens": 4 * SEQ_LEN},
+     rf"train.batch_tokens: {8 * SEQ_LEN} in the checkpoint, {4 * SEQ_LEN} now"),
     (None, {"seed": 8}, r"seed: 7 in the checkpoint, 8 now"),
 ])
 def test_a_checkpoint_of_another_run_is_refused_naming_what_changed(shards, reference, tmp_path, what, sections,
-                                                                     message):
+                                                                     message, monkeypatch):
+    """Asked for by name (KILN_RESUME_FROM), a checkpoint of other data or settings is an error naming
+    what changed; without a name such a run starts over (tests/test_trainer.py)."""
+    monkeypatch.setenv(checkpoint.RESUME_ENV, "step-0000012")
     data = _changed_shards(shards, tmp_path, what) if what else shards
     out = _resume_from(reference / "checkpoints" / "step-0000012", tmp_path / "run")
     sections = dict(sections)

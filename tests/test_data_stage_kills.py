@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "tests" / "configs" / "tiny.yaml"
+from tiny import ROOT, TINY, tiny_layout
+
 VENV_BIN = str(Path(sys.executable).parent)
-OUTPUTS = {"download": "raw", "pretokenize": "tokens", "shard": "shards"}  # stage -> its folder in results/tiny
-DATA = ("raw", "tokenizer", "tokens", "shards")
+KILLED = ("download", "pretokenize", "shard")  # the stages that write a folder, in DAG order
+DATA = ("download", "tokenizer", "pretokenize", "shard")
 
 
 def snakemake(workdir: Path, *args: str, fault: str | None = None) -> subprocess.CompletedProcess:
@@ -39,10 +39,11 @@ def snakemake(workdir: Path, *args: str, fault: str | None = None) -> subprocess
     )
 
 
-def files(run: Path) -> dict[str, str]:
-    """sha256 of every file, hidden ones included, under the data stages' folders of a run."""
-    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for folder in DATA for p in sorted((run / folder).rglob("*")) if p.is_file()}
+def files(workdir: Path) -> dict[str, str]:
+    """sha256 of every file, hidden ones included, under the tiny run's data stages' folders."""
+    paths = tiny_layout(workdir)
+    return {str(p.relative_to(paths.data_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for stage in DATA for p in sorted(paths.folder(stage).rglob("*")) if p.is_file()}
 
 
 def processes_in(workdir: Path) -> list[str]:
@@ -67,7 +68,7 @@ def settled(workdir: Path, wait_s: float = 30.0) -> list[str]:
 
 
 def leftovers(run: Path) -> list[str]:
-    """Temporary or staging entries anywhere in the run folder."""
+    """Temporary or staging entries anywhere under `run` (results/data: the data stages' folders)."""
     return sorted(str(p.relative_to(run)) for p in run.rglob(".*") if ".tmp-" in p.name or p.name.endswith(".partial"))
 
 
@@ -76,9 +77,9 @@ def clean(tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("clean")
     result = snakemake(workdir)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    run = workdir / "results" / "tiny"
-    assert len(list((run / "raw" / "stdlib").glob("part-*.parquet"))) >= 2  # so download@2 is mid-output
-    assert len(list((run / "shards").glob("train-*.bin"))) >= 2  # so shard@1 is mid-output
+    paths = tiny_layout(workdir)
+    assert len(list((paths.folder("download") / "stdlib").glob("part-*.parquet"))) >= 2  # so download@2 is mid-output
+    assert len(list(paths.folder("shard").glob("train-*.bin"))) >= 2  # so shard@1 is mid-output
     return workdir
 
 
@@ -91,21 +92,23 @@ def test_a_data_stage_killed_mid_output_is_regenerated_byte_for_byte(clean, tmp_
     else:  # the clean run's upstream stages, up to date, and this stage forced to run again
         shutil.copytree(clean, workdir, symlinks=True)
         force = ("--forcerun", stage)
-    run = workdir / "results" / "tiny"
+    paths = tiny_layout(workdir)
+    run = paths.data_dir
 
     killed = snakemake(workdir, *force, fault=f"{stage}@{n}")
     assert killed.returncode != 0, killed.stdout[-2000:]
     assert f"Error in rule {stage}" in killed.stdout + killed.stderr
-    assert not (run / OUTPUTS[stage]).exists(), "the killed stage published its output"
+    assert not paths.folder(stage).exists(), "the killed stage published its output"
     assert settled(workdir) == [], "the killed stage left processes running (pretokenize's pool workers)"
     if stage == "download":  # the complete parts stay staged for the rerun to resume from
-        assert list((run / ".raw.partial" / "stdlib").glob("part-00000.parquet"))
+        staged = paths.folder("download").with_name(f".{paths.folder('download').name}.partial")
+        assert list((staged / "stdlib").glob("part-00000.parquet"))
 
     rerun = snakemake(workdir)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-    for later in list(OUTPUTS)[list(OUTPUTS).index(stage):]:  # the stage and every one after it ran again
+    for later in KILLED[KILLED.index(stage):]:  # the stage and every one after it ran again
         assert f"rule {later}:" in rerun.stderr + rerun.stdout, rerun.stderr[-3000:]
-    assert files(run) == files(clean / "results" / "tiny")
+    assert files(workdir) == files(clean)
     assert leftovers(run) == []
 
 

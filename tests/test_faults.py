@@ -1,7 +1,8 @@
 """Faults injected into real training runs through KILN_FAULT (kiln.train.faults), in-process on one
 rank: a non-finite loss or gradient is never applied and never saved (stop, or skip up to a cap), a
 loss spike is logged and its detector's state survives a resume, a preemption signal saves the step
-it lands in and the rerun continues exactly, a full disk mid-save is a clear error; and on two ranks
+it lands in and the rerun continues exactly, a held rank waits for that signal however fast it trains,
+a full disk mid-save is a clear error; and on two ranks
 (torchrun, tests/fault_worker.py) a step non-finite on one rank is skipped by both. Kills and
 preemption through Snakemake: test_kill_resume.py."""
 
@@ -11,7 +12,11 @@ import json
 import math
 import os
 import shutil
+import signal as signals
 import subprocess
+import threading
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -20,7 +25,8 @@ from synthetic import TINY_MODEL, train_sections, write_shards
 
 from kiln.errors import ExitCode, KilnError, RunStopped
 from kiln.model.build import load_model
-from kiln.train import checkpoint, launch
+from kiln.train import checkpoint, faults, launch
+from kiln.train.preemption import StopSignal
 from kiln.train.trainer import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -125,6 +131,50 @@ def test_a_preemption_signal_saves_that_step_and_the_rerun_continues_exactly(sha
         assert torch.equal(load_model(out).state_dict()[key], value), key
 
 
+def test_hold_waits_at_its_step_until_a_preemption_signal_has_arrived():
+    held, stop = faults.parse("hold@3", 0), StopSignal()
+    assert faults.parse("hold@3:1", 0) == faults.NONE  # another rank's
+    other_step = threading.Thread(target=held.hold_until_signalled, args=(2, stop), daemon=True)
+    other_step.start()
+    other_step.join(timeout=10)
+    assert not other_step.is_alive(), "hold@3 waited at step 2"
+    signalled = threading.Timer(0.5, setattr, (stop, "received", "SIGTERM"))
+    start = time.monotonic()
+    signalled.start()
+    held.hold_until_signalled(3, stop)
+    assert stop.received == "SIGTERM" and time.monotonic() - start >= 0.5  # returned only once signalled
+    held.hold_until_signalled(3, stop)  # signalled already: goes on at once
+
+
+def test_a_held_run_waits_for_the_signal_then_saves_that_step(shards, tmp_path, monkeypatch):
+    # The signal is sent only once the rank sleeps in hold (so the test does not depend on how fast
+    # the steps before it run); without hold in Trainer.fit none is sent and the run finishes.
+    sleeping = threading.Event()
+
+    def sleep(seconds: float) -> None:
+        sleeping.set()
+        time.sleep(seconds)
+
+    def preempt() -> None:
+        if sleeping.wait(timeout=300):
+            os.kill(os.getpid(), signals.SIGUSR1)
+
+    monkeypatch.setattr(faults, "time", types.SimpleNamespace(sleep=sleep))
+    monkeypatch.setenv("KILN_FAULT", "hold@4")
+    sender = threading.Thread(target=preempt, daemon=True)
+    sender.start()
+    out = tmp_path / "run"
+    with pytest.raises(RunStopped, match=r"SIGUSR1: every rank saved step 4 .*step-0000004.*from step 5") as stopped:
+        run(train_sections(max_steps=12, log_every=1, checkpoint_every=10), shards, out)
+    sender.join(timeout=10)
+    assert stopped.value.exit_code == ExitCode.PREEMPTED
+    assert [r["step"] for r in _records(out)] == [1, 2, 3, 4]
+    # The rerun starts at step 5, after the held step: the same KILN_FAULT does not hold it again.
+    monkeypatch.setattr(faults, "time", time)
+    run(train_sections(max_steps=12, log_every=1, checkpoint_every=10), shards, out)
+    assert [r["step"] for r in _records(out)] == list(range(1, 13))
+
+
 def test_a_full_disk_while_checkpointing_is_a_clear_error_and_the_previous_checkpoint_stays(shards, tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_FAULT", "enospc@4")
     out = tmp_path / "run"
@@ -139,6 +189,8 @@ def test_a_malformed_fault_spec_names_the_variable(shards, tmp_path, monkeypatch
     monkeypatch.setenv("KILN_FAULT", "nan@3")
     with pytest.raises(KilnError, match=r"KILN_FAULT: 'nan@3' is not kind@step\[:rank\] with kind one of nan_loss"):
         run(train_sections(max_steps=3), shards, tmp_path / "run")
+    with pytest.raises(KilnError, match=r"kind one of nan_loss, .*, enospc, hold$"):
+        faults.parse("hold@3,wait@4", 0)
 
 
 def test_on_two_ranks_a_step_non_finite_on_one_rank_is_skipped_by_both(tmp_path):

@@ -7,7 +7,8 @@ state must be restored), faults injected through KILN_FAULT (kiln.train.faults).
   newest complete checkpoint (10, 10, 15), and the loss of every step and the final weights are
   bitwise those of an uninterrupted run.
 - SIGTERM to one rank at step 13: both ranks save step 13, the job exits 75 and the rerun resumes at
-  step 14; then SIGUSR1 to torchrun, which passes it to both ranks: the same.
+  step 14; then SIGUSR1 to torchrun, which passes it to both ranks: the same (both hold at that step
+  until it reaches them, so the step saved does not depend on how many steps run meanwhile).
 """
 
 from __future__ import annotations
@@ -127,13 +128,15 @@ def test_a_preempted_train_saves_on_every_rank_exits_75_and_the_rerun_continues(
     assert "kiln.train.launch: the ranks exited with code 75 (PREEMPTED)" in one_rank.train_log
     assert "step-0000013" in _checkpoints(workdir) and max(_losses(workdir)) == 13
 
-    # SIGUSR1 to torchrun, which passes it on to both ranks (kiln.train.launch asks it to): they
-    # agree on a step, at most one later than the one it was sent in.
-    forwarded = snakemake(workdir, target, "sigusr1_parent@16:0")
+    # SIGUSR1 to torchrun, which passes it on to both ranks (kiln.train.launch asks it to). Each rank
+    # holds at step 16 until the signal has reached it (KILN_FAULT hold): without that, how many steps
+    # ran while torchrun passed it on would depend on the machine's speed (a fast one could even reach
+    # the last step, which is never a preemption). A rank torchrun did not pass it to would wait there.
+    forwarded = snakemake(workdir, target, "sigusr1_parent@16:0,hold@16")
     assert forwarded.returncode != 0 and "returned non-zero exit status 75" in forwarded.stderr
     assert "resumed from step 13" in forwarded.train_log
     saved = int(re.search(r"SIGUSR1: every rank saved step (\d+)", forwarded.train_log).group(1))
-    assert saved in (16, 17) and forwarded.train_log.count(f"every rank saved step {saved}") == 2
+    assert saved == 16 and forwarded.train_log.count(f"every rank saved step {saved}") == 2
     assert f"step-{saved:07d}" in _checkpoints(workdir)
 
     last = snakemake(workdir, target)

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tiny import ROOT, TINY, tiny_layout
+
 from kiln.train.plan import StageTimes, steps_within
 from kiln.train.schedule import lr_at
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "tests" / "configs" / "tiny.yaml"
 VENV_BIN = str(Path(sys.executable).parent)
 
 
@@ -42,12 +42,19 @@ def finished_run(tmp_path_factory):
 
 
 def test_every_artifact_is_there(finished_run):
-    _, run, _ = finished_run
+    workdir, run, _ = finished_run
+    paths = tiny_layout(workdir)
+    data = {stage: paths.folder(stage) for stage in ("download", "tokenizer", "pretokenize", "shard")}
+    assert all(folder.parent == workdir / "results" / "data" for folder in data.values())
+    shared = [data["download"] / "manifest.json", data["download"] / "stdlib" / "part-00000.parquet",
+              data["tokenizer"] / "tokenizer.json", data["tokenizer"] / "stats.json",
+              *(data["pretokenize"] / name for name in ("train.bin", "val.bin", "val_ids.txt", "meta.json")),
+              *(data["shard"] / name for name in ("manifest.json", "train-00000.bin", "val-00000.bin"))]
+    assert [p for p in shared if not p.is_file()] == []
+    for stage in data:
+        assert Path(paths.log(stage)).exists() and Path(paths.benchmark(stage)).exists()
+    assert json.loads((run / "layout.json").read_text())["data"]["shard"] == f"data/{data['shard'].name}"
     expected = [
-        "raw/manifest.json", "raw/stdlib/part-00000.parquet",
-        "tokenizer/tokenizer.json", "tokenizer/stats.json",
-        "tokens/train.bin", "tokens/val.bin", "tokens/val_ids.txt", "tokens/meta.json",
-        "shards/manifest.json", "shards/train-00000.bin", "shards/val-00000.bin",
         "smoke/report.json", "smoke/plan.json", "smoke/plan.md", "train/samples.jsonl",
         "train/model.safetensors", "train/model_config.json", "train/metrics.jsonl", "train/summary.json",
         "train/checkpoints/LATEST", "train/hf/config.json", "train/hf/model.safetensors", "train/hf/tokenizer.json",
@@ -56,9 +63,9 @@ def test_every_artifact_is_there(finished_run):
     ]
     missing = [p for p in expected if not (run / p).is_file()]
     assert not missing
-    for stage in ("download", "tokenizer", "pretokenize", "shard", "smoke", "train", "eval", "report"):
+    for stage in ("smoke", "train", "eval", "report"):
         assert (run / "logs" / f"{stage}.log").exists() and (run / "benchmarks" / f"{stage}.tsv").exists()
-    assert not list(run.rglob(".*.tmp-*")), "temporary files left behind"
+    assert not list((workdir / "results").rglob(".*.tmp-*")), "temporary files left behind"
 
 
 def test_model_beats_the_unigram_baseline(finished_run):
@@ -105,8 +112,11 @@ def test_a_single_stage_can_be_targeted(finished_run):
     workdir, _, _ = finished_run
     by_rule = snakemake(workdir, "--configfile", str(TINY), "-n", "--forcerun", "shard", "--until", "shard")
     assert planned_rules(by_rule) == {"shard"}, by_rule.stdout
-    by_file = snakemake(workdir, "--configfile", str(TINY), "-n", "-f", "results/tiny/tokenizer/stats.json")
+    stats = Path(tiny_layout(workdir).output("tokenizer", "stats.json")).relative_to(workdir)
+    by_file = snakemake(workdir, "--configfile", str(TINY), "-n", "-f", str(stats))
     assert planned_rules(by_file) == {"tokenizer"}, by_file.stdout
+    until = snakemake(workdir, "--configfile", str(TINY), "-n", "--forcerun", "train", "--until", "train")
+    assert planned_rules(until) == {"train"}, until.stdout
 
 
 def test_bad_config_fails_before_any_job(tmp_path):
@@ -127,9 +137,10 @@ def test_empty_corpus_fails_in_download(tmp_path):
     bad.write_text(yaml.safe_dump(cfg))
     result = snakemake(tmp_path, "--configfile", str(bad))
     assert result.returncode != 0
-    log = (tmp_path / "results" / "tiny" / "logs" / "download.log").read_text()
+    paths = tiny_layout(tmp_path, bad)
+    log = Path(paths.log("download")).read_text()
     assert "source 'stdlib' (stdlib) produced no documents" in log
-    assert not (tmp_path / "results" / "tiny" / "raw").exists()
+    assert not paths.folder("download").exists()
 
 
 def test_lint_is_clean(tmp_path):
@@ -152,8 +163,7 @@ def test_a_time_budget_becomes_the_steps_train_runs(finished_run, tmp_path):
     workdir, _, _ = finished_run
     copy = tmp_path / "copy"
     shutil.copytree(workdir, copy, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete"))
-    shutil.rmtree(copy / "results" / "tiny" / "train")  # its checkpoints would be resumed
-    result = snakemake(copy, "train", "--configfile", str(TINY),
+    result = snakemake(copy, "--until", "train", "--configfile", str(TINY),
                        "--config", "train={budget: {minutes: 0.75}, max_steps: null, precision: auto}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert set(re.findall(r"^(?:local)?rule (\w+):", result.stdout + result.stderr, flags=re.M)) == {"smoke", "train"}
@@ -171,6 +181,11 @@ def test_a_time_budget_becomes_the_steps_train_runs(finished_run, tmp_path):
     last = records[-1]
     assert last["step"] == steps and last["lr"] == pytest.approx(
         lr_at(steps - 1, lr=0.005, min_lr=0.0005, warmup_steps=5, max_steps=steps))
-    val = json.loads((run / "shards" / "manifest.json").read_text())["sources"]["stdlib"]["val"]
+    val = json.loads((tiny_layout(copy).folder("shard") / "manifest.json").read_text())["sources"]["stdlib"]["val"]
     assert last["val_bpb"] == pytest.approx(last["val_loss"] / math.log(2) * val["tokens"] / val["bytes"])
-    assert "bits/byte" in (run / "logs" / "train.log").read_text()
+    train_log = (run / "logs" / "train.log").read_text()
+    assert "bits/byte" in train_log
+    # The finished 200-step run was another trajectory: set aside, not resumed (0 steps) and not deleted.
+    assert "train: starting from step 0: the run there finished at step-0000200" in train_log
+    [aside] = (run / "train" / "superseded").iterdir()
+    assert (aside / "checkpoints" / "step-0000200" / "complete.json").is_file()

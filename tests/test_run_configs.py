@@ -22,7 +22,15 @@ from kiln.model.registry import FLAVOURS, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
-RUN_FILES = sorted(ROOT.glob("config/experiments/*.yaml")) + [ROOT / "tests" / "configs" / "tiny.yaml"]
+EXPERIMENTS = sorted(ROOT.glob("config/experiments/*.yaml"))
+RUN_FILES = [p for p in EXPERIMENTS if "sweep" not in kiln_config.read_yaml(p)] + [ROOT / "tests" / "configs" / "tiny.yaml"]
+# Each shipped sweep and the run file it is given after (its header says so).
+SWEEPS = {
+    "stdlib-lr-sweep.yaml": ROOT / "config" / "config.yaml",
+    "fineweb-edu-lr-sweep.yaml": ROOT / "config" / "experiments" / "fineweb-edu-gpt2-124m.yaml",
+    "fineweb-edu-batch-sweep.yaml": ROOT / "config" / "experiments" / "fineweb-edu-gpt2-124m.yaml",
+    "fineweb-edu-ladder.yaml": ROOT / "config" / "experiments" / "fineweb-edu-gpt2-124m.yaml",
+}
 ENV = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
 
 
@@ -133,3 +141,51 @@ def test_plan_turns_a_budget_into_steps_at_the_assumed_speed():
     assert half["max_steps"] == pytest.approx(25_000, abs=1) and half["cost"] == pytest.approx(full["cost"] / 2, rel=1e-3)
     capped = kiln_plan("--configfile", seed, "--config", "train={budget: {hours: 1000}}")
     assert capped["max_steps"] == 50_000  # train.max_steps caps what a budget buys
+
+
+def test_every_shipped_sweep_is_listed_with_its_base():
+    shipped = {p.name for p in EXPERIMENTS if "sweep" in kiln_config.read_yaml(p)}
+    assert shipped == set(SWEEPS)
+    for name, base in SWEEPS.items():
+        assert f"--configfile {base.relative_to(ROOT)} config/experiments/{name}" in (ROOT / "config" / "experiments" / name).read_text()
+
+
+def job_counts(result: subprocess.CompletedProcess) -> dict[str, int]:
+    """Snakemake's "Job stats" table of a dry run: jobs per rule."""
+    table = result.stdout[result.stdout.index("Job stats:"):].split("\n\n")[0].splitlines()[3:]
+    return {rule: int(count) for rule, count in (line.split() for line in table)}
+
+
+@pytest.mark.parametrize("name", sorted(SWEEPS))
+def test_a_sweep_builds_its_data_once_and_each_arm_gets_its_values(tmp_path, name):
+    base, sweep_file = SWEEPS[name], ROOT / "config" / "experiments" / name
+    result = dry_run(tmp_path, "--configfile", str(base), str(sweep_file))
+    from kiln import run_config
+
+    experiment = run_config.resolve_experiment([base, sweep_file])
+    arms = len(experiment.runs)
+    assert arms == 3 and job_counts(result) == {"download": 1, "tokenizer": 1, "pretokenize": 1, "shard": 1, "smoke": arms,
+                                                "train": arms, "eval": arms, "report": arms, "sweep_report": 1,
+                                                "all": 1, "total": 4 * arms + 6}
+    trains = re.findall(r"--params '(\{[^']*\})' --shards \S+ --smoke results/([^/]+)/smoke", result.stdout)
+    assert sorted(run for _, run in trains) == sorted(experiment.runs)
+    for params, run in trains:
+        assert json.loads(params)["train"] == experiment.runs[run]["train"]
+        assert json.loads(params)["model"] == experiment.runs[run]["model"]
+    plan = kiln_plan("--configfile", str(base), str(sweep_file))
+    assert set(plan["runs"]) == set(experiment.runs)
+    assert plan["total"]["device_hours"] == pytest.approx(sum(p["device_hours"] for p in plan["runs"].values()))
+
+
+def test_seed_002s_exercises_as_shipped():
+    base = str(ROOT / "config" / "experiments" / "fineweb-edu-gpt2-124m.yaml")
+    sweeps = {name: kiln_plan("--configfile", base, str(ROOT / "config" / "experiments" / name))["runs"]
+              for name in ("fineweb-edu-lr-sweep.yaml", "fineweb-edu-batch-sweep.yaml", "fineweb-edu-ladder.yaml")}
+    lrs = sweeps["fineweb-edu-lr-sweep.yaml"]
+    assert sorted(lrs) == ["fineweb-edu-lr-sweep-lr-0.0003", "fineweb-edu-lr-sweep-lr-0.0006", "fineweb-edu-lr-sweep-lr-0.0012"]
+    batches = sweeps["fineweb-edu-batch-sweep.yaml"]
+    assert sorted(p["tokens_per_step"] for p in batches.values()) == [131_072, 524_288, 2_097_152]
+    assert all(p["total_tokens"] == pytest.approx(10e9, rel=0.001) for p in batches.values())  # same tokens, other steps
+    ladder = sweeps["fineweb-edu-ladder.yaml"]
+    assert sorted(round(p["n_params"] / 1e6) for p in ladder.values()) == [124, 355, 774]
+    assert all(p["memory"]["fits"] for p in ladder.values())  # every rung fits an H100 as configured

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln import main, status
+from kiln import layout, main, status
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["download", "tokenizer", "pretokenize", "shard", "smoke", "train", "eval", "report"]
@@ -38,24 +38,39 @@ def metrics_line(step: int) -> str:
                        "tokens_per_s": 41558.8, "tflops": 0.0368, "mfu": None, "memory_mb": 400.7}) + "\n"
 
 
+KEYS = {stage: f"{i:012x}" for i, stage in enumerate(layout.DATA_STAGES, 1)}  # results/data/<folder>-<key>
+
+
+def paths_of(run: Path) -> layout.Layout:
+    return layout.Layout.read(run)
+
+
+def stage_file(run: Path, rel: str, stage: str) -> Path:
+    """A file FILES names (as an older Kiln laid it out in the run folder) where the run's layout puts it."""
+    paths = paths_of(run)
+    inside = rel.split("/", 1)[1] if layout.BY_NAME[stage].folder else rel
+    return paths.folder(stage) / inside
+
+
 def finish(run: Path, stage: str, seconds: float = 13.71) -> None:
     """Leave what a finished stage leaves: its outputs, log and benchmark."""
+    paths = paths_of(run)
     for rel in FILES[stage]:
-        (run / rel).parent.mkdir(parents=True, exist_ok=True)
-        (run / rel).write_text("x")
+        path = stage_file(run, rel, stage)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x")
     if stage == "smoke":
-        (run / "smoke" / "plan.json").write_text(json.dumps({"ranks": 1, "tokens_per_step": 1024, "max_steps": 200,
-                                                             "tokens_per_s": 43382.3, "eta_s": 4.7}))
-    (run / "logs").mkdir(exist_ok=True)
-    (run / "logs" / f"{stage}.log").write_text(f"{stage}: done\n")
-    (run / "benchmarks").mkdir(exist_ok=True)
-    (run / "benchmarks" / f"{stage}.tsv").write_text(BENCHMARK.format(s=seconds))
+        Path(paths.output("smoke", "plan.json")).write_text(json.dumps(
+            {"ranks": 1, "tokens_per_step": 1024, "max_steps": 200, "tokens_per_s": 43382.3, "eta_s": 4.7}))
+    for path, text in ((paths.log(stage), f"{stage}: done\n"), (paths.benchmark(stage), BENCHMARK.format(s=seconds))):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
 
 
 def start(workdir: Path, stage: str, job_id: str | None = None) -> None:
     """What Snakemake writes when it starts (or submits) a job: an incomplete marker per output."""
-    for rel in status.STAGE_OUTPUTS[stage]:
-        path = status.marker_path(workdir, f"results/tiny/{rel}")
+    for output in paths_of(workdir / "results" / "tiny").outputs(stage):
+        path = status.marker_path(workdir, Path(output).relative_to(workdir).as_posix())
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"external_jobid": job_id}))
 
@@ -71,7 +86,7 @@ def hold_lock(workdir: Path) -> None:
 def workdir(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + os.environ["PATH"])
     (tmp_path / "bin").mkdir()
-    (tmp_path / "results" / "tiny").mkdir(parents=True)
+    layout.Layout(run="tiny", root=tmp_path / "results", keys=KEYS).write()  # what snakemake's onstart writes
     return tmp_path
 
 
@@ -92,10 +107,15 @@ def states(workdir: Path) -> dict[str, str]:
 
 
 def test_outputs_are_the_rules_declared_outputs():
-    for stage, outputs in status.STAGE_OUTPUTS.items():
-        rule = (ROOT / "workflow" / "rules" / f"{stage}.smk").read_text()
+    """kiln.layout.STAGES, which status reads, is what the rules declare (their outputs are built
+    from it: a rule that spelled a path itself would fail here)."""
+    pattern = layout.Layout.pattern()
+    for stage in layout.STAGES:
+        rule = (ROOT / "workflow" / "rules" / f"{stage.name}.smk").read_text()
         block = rule.split("output:")[1].split("params:")[0]
-        assert tuple(re.findall(r'f"\{RUN\}/([^"]+)"', block)) == outputs, stage
+        declared = re.findall(r'P\.output\("(\w+)"(?:, "([^"]+)")?\)', block)
+        assert declared and all(s == stage.name for s, _ in declared), stage.name
+        assert [pattern.output(s, n or None) for s, n in declared] == pattern.outputs(stage.name), stage.name
 
 
 def test_a_finished_run(workdir, capsys):
@@ -135,6 +155,7 @@ def test_a_failed_stage_shows_its_log_tail(workdir, capsys):
     run = workdir / "results" / "tiny"
     for stage in STAGES[:4]:
         finish(run, stage)
+    (run / "logs").mkdir(exist_ok=True)
     (run / "logs" / "smoke.log").write_text(SMOKE_FAILURE)
     code, out = kiln_status(workdir, capsys=capsys)
     assert code == 0
@@ -156,6 +177,7 @@ def test_a_failure_older_than_the_running_snakemake_is_pending(workdir):
     run = workdir / "results" / "tiny"
     for stage in STAGES[:4]:
         finish(run, stage)
+    (run / "logs").mkdir(exist_ok=True)
     (run / "logs" / "smoke.log").write_text(SMOKE_FAILURE)
     os.utime(run / "logs" / "smoke.log", (1e9, 1e9))  # yesterday's attempt; a new Snakemake now holds the folder
     hold_lock(workdir)
@@ -236,3 +258,35 @@ def test_a_real_snakemake_job_sees_itself_running(workdir):
     seen = json.loads((workdir / "seen.json").read_text())
     assert [s["state"] for s in seen["stages"]] == ["done"] * 5 + ["running", "pending", "pending"]
     assert states(workdir)["train"] == "done"
+
+
+def test_a_run_folder_of_an_older_kiln_still_reads(tmp_path, capsys):
+    """Before shared data stages, raw/, tokenizer/, tokens/ and shards/ sat in the run folder and no
+    layout.json was written: such a folder reads as it was, with a note saying what changed."""
+    run = tmp_path / "results" / "tiny"
+    for stage in STAGES:
+        for rel in FILES[stage] + (["smoke/plan.json"] if stage == "smoke" else []):
+            (run / rel).parent.mkdir(parents=True, exist_ok=True)
+            (run / rel).write_text("x")
+        (run / "logs").mkdir(exist_ok=True)
+        (run / "logs" / f"{stage}.log").write_text("done\n")
+    assert [s.state for s in status.inspect_run(tmp_path, run)] == ["done"] * 8
+    code, out = kiln_status(tmp_path, capsys=capsys)
+    assert code == 0 and "raw/, tokenizer/, tokens/, shards/ are data stages from an older Kiln" in out
+    assert f"now live in {tmp_path / 'results' / 'data'}/" in out
+
+
+def test_a_sweep_lists_its_arms(workdir, capsys):
+    layout.write_sweep_index("lr", ["lr-a", "lr-b"], workdir / "results")
+    for arm in ("lr-a", "lr-b"):
+        layout.Layout(run=arm, root=workdir / "results", keys=KEYS).write()
+    for stage in STAGES:
+        finish(workdir / "results" / "lr-a", stage, seconds=10.0)
+    for stage in STAGES[:4]:
+        finish(workdir / "results" / "lr-b", stage)  # the data stages are the same folders as lr-a's
+    code = main.main(["status", "results/lr", "--directory", str(workdir)])
+    out = capsys.readouterr().out
+    assert code == 0 and "sweep lr (" in out and "2 arms" in out
+    assert re.search(r"^  lr-a  complete in \S+: .*results/lr-a/report.md$", out, re.M)
+    assert re.search(r"^  lr-b  stopped after shard; next: smoke$", out, re.M)
+    assert "overlay report: not yet" in out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import shutil
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 import torch
 from synthetic import PADDED_VOCAB, SEQ_LEN, TRAIN_ROWS, train_sections, write_shards
 
+from kiln import layout
 from kiln.data.loader import ShardRows, TrainBatches
 from kiln.errors import KilnError
 from kiln.eval.generate import generate
@@ -189,6 +191,7 @@ def test_resume_in_place_after_losing_the_final_checkpoint(shards, tmp_path, uni
     out = tmp_path / "inplace"
     shutil.copytree(full, out)
     shutil.rmtree(out / "checkpoints" / f"step-{N:07d}")
+    (out / "checkpoints" / checkpoint.FINISHED).unlink()  # killed before the end: it never finished
     (out / "model.safetensors").unlink()
     (out / "checkpoints" / checkpoint.MARKER).write_text(f"step-{N // 2:07d}\n")
     result = run(copy.deepcopy(sections), shards, out)
@@ -196,30 +199,58 @@ def test_resume_in_place_after_losing_the_final_checkpoint(shards, tmp_path, uni
 
 
 def test_resume_when_a_newer_checkpoint_was_written_but_latest_not_moved(shards, tmp_path, uninterrupted):
-    """Killed between renaming step-N into place and moving LATEST: step N is complete (its
-    complete.json is there), so the resume starts from it, not from the older step LATEST names."""
+    """Killed between renaming step-N into place and moving LATEST (and so before the run finished):
+    step N is complete (its complete.json is there), so the resume starts from it, not from the
+    older step LATEST names, and trains nothing."""
     sections, full = uninterrupted
-    sections = copy.deepcopy(sections)
-    # The step count and checkpoint cadence are not part of the fingerprint.
-    sections["train"].update(max_steps=N + 2, checkpoint_every=2, keep_checkpoints=1)
     out = tmp_path / "stale-marker"
     shutil.copytree(full, out)
+    (out / "checkpoints" / checkpoint.FINISHED).unlink()
     (out / "checkpoints" / checkpoint.MARKER).write_text(f"step-{N // 2:07d}\n")
-    result = run(sections, shards, out)
-    assert [r["step"] for r in _records(out)][-2:] == [N, N + 2] and len(result.losses) == 1  # only step N+2 ran
-    root = out / "checkpoints"
-    assert (root / checkpoint.MARKER).read_text().strip() == f"step-{N + 2:07d}"
-    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == [f"step-{N + 2:07d}"]
+    result = run(copy.deepcopy(sections), shards, out)
+    assert result.losses == [] and _records(out) == _records(full)
+    assert not (out / layout.SUPERSEDED).exists()
+    _assert_same_weights(load_model(out).state_dict(), load_model(full).state_dict())
 
 
-def test_rerun_of_a_finished_run_changes_nothing(shards, tmp_path, uninterrupted):
+def test_rerun_of_a_finished_run_trains_again_from_the_start(shards, tmp_path, uninterrupted, caplog):
+    """What `--forcerun train` does on a finished run: the train job starts over (the same weights
+    again, deterministic on CPU), the finished run's checkpoints and metrics set aside, not deleted."""
     sections, full = uninterrupted
     out = tmp_path / "again"
     shutil.copytree(full, out)
-    result = run(copy.deepcopy(sections), shards, out)
-    assert result.losses == []
-    assert _records(out) == _records(full)
+    with caplog.at_level(logging.WARNING, logger="kiln.train"):
+        result = run(copy.deepcopy(sections), shards, out)
+    assert len(result.losses) == N // 2  # every log step of the run, not zero
+    assert _comparable(_records(out)) == _comparable(_records(full))
     _assert_same_weights(load_model(out).state_dict(), load_model(full).state_dict())
+    [aside] = (out / layout.SUPERSEDED).iterdir()
+    assert sorted(p.name for p in aside.iterdir()) == ["checkpoints", "metrics.jsonl", "samples.jsonl"]
+    assert _records(aside.parent / aside.name) == _records(full)
+    assert (aside / "checkpoints" / f"step-{N:07d}" / checkpoint.MANIFEST).is_file()
+    [line] = [r.getMessage() for r in caplog.records if "starting from step 0" in r.getMessage()]
+    assert f"the run there finished at step-{N:07d}" in line and str(aside) in line
+
+
+def test_a_changed_training_setting_starts_over_naming_it(shards, tmp_path, uninterrupted, caplog):
+    """An interrupted run rerun with another lr does not resume the old trajectory: it trains the
+    new setting from step 0 (the weights of a fresh run at that lr) and says what changed."""
+    sections, full = uninterrupted
+    out = tmp_path / "changed"
+    shutil.copytree(full, out)
+    (out / "checkpoints" / checkpoint.FINISHED).unlink()  # interrupted, not finished
+    shutil.rmtree(out / "checkpoints" / f"step-{N:07d}")
+    changed = copy.deepcopy(sections)
+    changed["train"]["lr"] = sections["train"]["lr"] / 2
+    with caplog.at_level(logging.WARNING, logger="kiln.train"):
+        run(copy.deepcopy(changed), shards, out)
+    fresh = tmp_path / "fresh"
+    run(copy.deepcopy(changed), shards, fresh)
+    _assert_same_weights(load_model(out).state_dict(), load_model(fresh).state_dict())
+    assert _comparable(_records(out)) == _comparable(_records(fresh))
+    message = " ".join(r.getMessage() for r in caplog.records)
+    assert f"step-{N // 2:07d} was trained with other settings: train.lr: {sections['train']['lr']!r} in the checkpoint, " \
+           f"{changed['train']['lr']!r} now" in message
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,11 +261,13 @@ def test_keep_checkpoints_prunes_old_ones(shards, tmp_path):
     out = tmp_path / "run"
     run(train_sections(max_steps=8, log_every=2, checkpoint_every=2, keep_checkpoints=2), shards, out)
     root = out / "checkpoints"
-    assert sorted(p.name for p in root.iterdir()) == [checkpoint.MARKER, "step-0000006", "step-0000008"]
+    assert sorted(p.name for p in root.iterdir()) == [checkpoint.FINISHED, checkpoint.MARKER, "step-0000006", "step-0000008"]
     assert root.joinpath(checkpoint.MARKER).read_text().strip() == "step-0000008"
 
 
-def test_load_latest_refuses_another_runs_checkpoint(shards, tmp_path):
+def test_a_checkpoint_asked_for_by_name_must_be_this_runs(shards, tmp_path, monkeypatch):
+    """KILN_RESUME_FROM resumes on purpose: a checkpoint of another model, seed or training setting
+    is then an error naming what differs, never a silent fresh start."""
     out = tmp_path / "run"
     run(train_sections(max_steps=4, log_every=2, checkpoint_every=2, keep_checkpoints=1), shards, out)
     root = out / "checkpoints"
@@ -242,16 +275,18 @@ def test_load_latest_refuses_another_runs_checkpoint(shards, tmp_path):
     assert checkpoint.load_latest(root, fingerprint)["step"] == 4
     with pytest.raises(KilnError, match="fingerprint"):
         checkpoint.load_latest(root, "0" * 64)
-    # The trainer refuses to resume a checkpoint made with another model shape or seed.
-    with pytest.raises(KilnError, match="fingerprint"):
+    monkeypatch.setenv(checkpoint.RESUME_ENV, "step-0000004")
+    with pytest.raises(KilnError, match="model.d_model: 32 in the checkpoint, 16 now"):
         run(train_sections(model={"n_layer": 1, "n_head": 2, "d_model": 16}, max_steps=4), shards, out)
     other_seed = train_sections(max_steps=4)
     other_seed["seed"] += 1
-    with pytest.raises(KilnError, match="fingerprint"):
+    with pytest.raises(KilnError, match="seed: 7 in the checkpoint, 8 now"):
         run(other_seed, shards, out)
-    # ...but not one with a different LR or step count (not part of the fingerprint).
-    run(train_sections(max_steps=6, log_every=2, lr=5e-3), shards, out)
-    assert checkpoint.load_latest(root, fingerprint)["step"] == 6
+    with pytest.raises(KilnError, match=r"train.lr: 0.01 in the checkpoint, 0.005 now"):
+        run(train_sections(max_steps=4, lr=5e-3), shards, out)
+    with pytest.raises(KilnError, match=r"steps trained: 4 in the checkpoint, 6 now"):
+        run(train_sections(max_steps=6), shards, out)
+    assert checkpoint.kept(root)[-1][0] == 4 and not (out / layout.SUPERSEDED).exists()
 
 
 def test_load_latest_ignores_half_written_checkpoint(shards, tmp_path):

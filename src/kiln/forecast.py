@@ -89,15 +89,56 @@ def _run(args: argparse.Namespace) -> int:
     overrides: dict = {}
     for text in args.config or []:
         overrides |= _override(text)
-    plan = predict(run_config.resolve(args.configfile or [], overrides))
+    experiment = run_config.resolve_experiment(args.configfile or [], overrides)
+    plans = {run: predict(cfg) for run, cfg in experiment.runs.items()}
+    if experiment.sweep:
+        return _sweep(experiment.name, plans, args.json)
+    plan = plans[experiment.name]
     if args.json:
         print(json.dumps(plan, indent=2))
         return 0
+    print(_titled(render_plan(plan), plan))
+    return 0
+
+
+def _titled(text: str, plan: dict, run: str | None = None) -> str:
     source = plan["predicted_from"]
-    print(render_plan(plan).replace(
+    return text.replace(
         "# Plan for the full run",
-        f"# Plan for the full run (predicted: {source['gpu']} at {source['peak_tflops']:g} TFLOP/s bf16 x "
-        f"MFU {source['mfu']:g}; the smoke stage measures it)", 1))
+        f"# Plan for {run or 'the full run'} (predicted: {source['gpu']} at {source['peak_tflops']:g} TFLOP/s bf16 x "
+        f"MFU {source['mfu']:g}; the smoke stage measures it)", 1)
+
+
+def sweep_total(plans: dict[str, dict]) -> dict:
+    """The whole sweep: its arms' time, device-hours and cost added up (as if run one after another;
+    arms run side by side where the devices allow, which shortens the wall time, not the device-hours)."""
+    costs = [p["cost"] for p in plans.values()]
+    return {"arms": len(plans), "eta_h": sum(p["eta_h"] for p in plans.values()),
+            "device_hours": sum(p["device_hours"] for p in plans.values()),
+            "cost": sum(costs) if all(c is not None for c in costs) else None,
+            "disk_bytes": sum(p["disk_bytes"] for p in plans.values()),
+            "all_fit": all(p["memory"]["fits"] for p in plans.values())}
+
+
+def _sweep(name: str, plans: dict[str, dict], as_json: bool) -> int:
+    total = sweep_total(plans)
+    if as_json:
+        print(json.dumps({"sweep": name, "runs": plans, "total": total}, indent=2))
+        return 0
+    rows = [("arm", "params", "steps", "tokens", "time", "device-hours", "cost", "memory/GPU", "fits")]
+    for run, p in plans.items():
+        rows.append((run, f"{p['n_params'] / 1e6:,.1f}M", f"{p['max_steps']:,}", f"{p['total_tokens']:,}",
+                     f"{p['eta_h']:.2f} h", f"{p['device_hours']:.1f}", "" if p["cost"] is None else f"${p['cost']:,.2f}",
+                     f"{p['memory']['gib_per_gpu']:.1f} GiB", "yes" if p["memory"]["fits"] else "NO"))
+    cost = "" if total["cost"] is None else f"${total['cost']:,.2f}"
+    rows.append(("total", "", "", "", f"{total['eta_h']:.2f} h", f"{total['device_hours']:.1f}", cost, "",
+                 "yes" if total["all_fit"] else "NO"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    print(f"# Sweep {name}: {len(plans)} arms, each priced below in full\n")
+    print("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows))
+    print("\n(time adds the arms up as if run one after another; arms run side by side where the devices allow)\n")
+    for run, plan in plans.items():
+        print(_titled(render_plan(plan), plan, run) + "\n")
     return 0
 
 

@@ -9,10 +9,12 @@ config means the same thing wherever it is read.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from kiln import config as kiln_config
+from kiln import layout, sweep
 from kiln.config import ConfigError
 from kiln.data.special_tokens import BYTE_ALPHABET, SMALLEST_VOCAB, SPECIAL_TOKENS
 from kiln.errors import KilnError
@@ -53,6 +55,44 @@ def resolve(configfiles: Sequence[str | Path] = (), overrides: Mapping | None = 
     return validate(kiln_config.resolve(configfiles, overrides))
 
 
+@dataclass(frozen=True)
+class Experiment:
+    """What one `snakemake` call runs: a single run, or the arms of a sweep (kiln.sweep)."""
+
+    name: str  # the config's run_name: the run's, or the sweep's (its overlay report's folder)
+    sweep: dict | None  # the config's sweep section, None for a single run
+    runs: dict[str, dict]  # {run name: validated config}
+
+
+def resolve_experiment(configfiles: Sequence[str | Path] = (), overrides: Mapping | None = None) -> Experiment:
+    """The runs of `snakemake --configfile F... --config K=V...`: one, or one per arm of the config's
+    sweep, each validated on its own (an arm's problems are named with the arm)."""
+    raw = kiln_config.resolve(configfiles, overrides)
+    spec = raw.get(sweep.SWEEP)
+    if spec is not None and not isinstance(spec, dict):
+        raise ConfigError(f"sweep: expected a mapping of dotted keys to lists (and/or variants), got {type(spec).__name__}")
+    if not spec:
+        cfg = validate({k: v for k, v in raw.items() if k != sweep.SWEEP})
+        layout.check_run_name(cfg["run_name"])
+        return Experiment(cfg["run_name"], None, {cfg["run_name"]: cfg})
+    if not isinstance(raw.get("run_name"), str):
+        raise ConfigError("run_name: a sweep needs a run_name (its arms are <run_name>-<arm>)")
+    runs = {}
+    for run, arm in sweep.expand(raw).items():
+        try:
+            runs[run] = validate(arm)
+        except ConfigError as exc:
+            raise ConfigError(f"sweep arm {run}: {exc}") from None
+    for run in [raw["run_name"], *runs]:
+        layout.check_run_name(run)
+    return Experiment(raw["run_name"], spec, runs)
+
+
 def load(path: str | Path) -> dict:
-    """One run file, validated: what `snakemake --configfile path` runs."""
-    return resolve([path])
+    """One run file, validated: what `snakemake --configfile path` runs. A sweep is several runs: an
+    error naming them (a stage run by hand takes one arm's settings)."""
+    experiment = resolve_experiment([path])
+    if experiment.sweep:
+        raise ConfigError(f"{path}: a sweep of {len(experiment.runs)} runs ({', '.join(experiment.runs)}); "
+                          "a stage run by hand takes one run's config: write that arm's settings to a file")
+    return experiment.runs[experiment.name]

@@ -2,15 +2,20 @@
 (Slurm jobs on other hosts). It reads only files that Snakemake and Kiln leave in the working
 directory, the folder that holds results/, so it needs neither torch nor a Snakemake process:
 
-- each stage's declared outputs under results/<run>/ (STAGE_OUTPUTS mirrors workflow/rules/*.smk);
+- results/<run>/layout.json (kiln.layout, written when snakemake starts): where the run's data
+  stages are (results/data/<stage>-<key>, shared with other runs); each stage's declared outputs
+  there and under results/<run>/ (kiln.layout.STAGES, which the rules declare);
 - Snakemake's incomplete markers, .snakemake/incomplete/<urlsafe base64 of the output path as the
   rule spells it>, written when a job starts (or is submitted to Slurm) and removed when it ends,
   each holding {"external_jobid": the Slurm job id, or null}; .snakemake/locks/ exists while a
   Snakemake process holds the folder;
 - the slurm executor's job logs, .snakemake/slurm_logs/rule_<rule>/<jobid>.log (it deletes those of
   successful jobs unless told to keep them), and squeue/sacct when they are on PATH;
-- results/<run>/logs/<stage>.log, benchmarks/<stage>.tsv, train/metrics.jsonl,
-  train/checkpoints/LATEST and smoke/plan.json (max_steps, tokens per step).
+- each stage's log and benchmark, train/metrics.jsonl, train/checkpoints/LATEST and smoke/plan.json
+  (max_steps, tokens per step).
+
+`kiln status results/<sweep>` lists the sweep's arms, one line each. A run folder of an older Kiln
+(its data stages inside it) reads as it was laid out.
 """
 
 from __future__ import annotations
@@ -26,20 +31,11 @@ import sys
 import time
 from pathlib import Path
 
+from kiln import layout as kiln_layout
 from kiln.errors import KilnError
+from kiln.layout import Layout
 from kiln.train.tables import format_eta
 
-# Outputs as declared in workflow/rules/<stage>.smk, relative to results/<run>/, in DAG order.
-STAGE_OUTPUTS = {
-    "download": ("raw",),
-    "tokenizer": ("tokenizer/tokenizer.json", "tokenizer/stats.json"),
-    "pretokenize": ("tokens",),
-    "shard": ("shards",),
-    "smoke": ("smoke/report.json", "smoke/plan.json", "smoke/plan.md"),
-    "train": ("train/model.safetensors", "train/model_config.json", "train/summary.json", "train/hf"),
-    "eval": ("eval/metrics.json", "eval/samples.json"),
-    "report": ("report.md", "loss.png"),
-}
 # Slurm states after which the job will never write its outputs.
 SLURM_FAILED = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 LOG_TAIL_LINES = 12
@@ -138,14 +134,15 @@ def json_or_empty(path: Path) -> dict:
         return {}
 
 
-def train_progress(run_dir: Path) -> dict | None:
-    record = last_record(run_dir / "train" / "metrics.jsonl")
+def train_progress(paths: Layout) -> dict | None:
+    train = paths.folder("train")
+    record = last_record(train / kiln_layout.METRICS)
     if record is None:
         return None
-    plan = json_or_empty(run_dir / "smoke" / "plan.json")
+    plan = json_or_empty(Path(paths.output("smoke", "plan.json")))
     max_steps, rate = plan.get("max_steps"), record.get("tokens_per_s")
     tokens_per_step = plan.get("tokens_per_step") or record["tokens"] / max(record["step"], 1)
-    latest = run_dir / "train" / "checkpoints" / "LATEST"
+    latest = train / kiln_layout.CHECKPOINTS / "LATEST"
     checkpoint = re.search(r"\d+", latest.read_text()) if latest.exists() else None
     return {"step": record["step"], "max_steps": max_steps, "loss": record.get("loss"),
             "val_loss": record.get("val_loss"), "tokens_per_s": rate,
@@ -167,15 +164,14 @@ def benchmark_seconds(path: Path) -> float | None:
         return None
 
 
-def inspect_stage(workdir: Path, run_dir: Path, name: str, upstream_done: bool,
+def inspect_stage(workdir: Path, paths: Layout, name: str, upstream_done: bool,
                   locked_since: float | None) -> StageStatus:
     """done: every output there and none marked incomplete; running: marked (Slurm has not ended
     the job, or a Snakemake still holds the folder); failed: the job ended without its outputs;
     pending: not started, or failed before the Snakemake now running, which will redo it."""
-    rel_run = run_dir.relative_to(workdir).as_posix()
-    outputs = {rel: run_dir / rel for rel in STAGE_OUTPUTS[name]}
-    markers = {m: t for m in (marker_path(workdir, f"{rel_run}/{rel}") for rel in outputs) if (t := mtime(m))}
-    log = run_dir / "logs" / f"{name}.log"
+    outputs = {Path(p).relative_to(workdir).as_posix(): Path(p) for p in paths.outputs(name)}
+    markers = {m: t for m in (marker_path(workdir, rel) for rel in outputs) if (t := mtime(m))}
+    log = Path(paths.log(name))
     status = StageStatus(name, missing=[rel for rel, p in outputs.items() if not p.exists()],
                          log=str(log.relative_to(workdir)) if log.exists() else None)
     if markers:
@@ -190,14 +186,14 @@ def inspect_stage(workdir: Path, run_dir: Path, name: str, upstream_done: bool,
             status.note = "interrupted: no Snakemake holds the folder; rerun with --rerun-incomplete"
     elif not status.missing:
         newest_output = max(mtime(p) or 0 for p in outputs.values())
-        status.state, status.seconds = "done", benchmark_seconds(run_dir / "benchmarks" / f"{name}.tsv")
+        status.state, status.seconds = "done", benchmark_seconds(Path(paths.benchmark(name)))
         status.job = find_slurm_job(workdir, name, None, newest_output)
     elif log.exists() and upstream_done and (locked_since is None or (mtime(log) or 0) >= locked_since):
         # A log older than the running Snakemake's lock is an earlier attempt that it will redo.
         status.state = "failed"
         status.job = find_slurm_job(workdir, name, None, 0)
     if name == "train":
-        status.progress = train_progress(run_dir)
+        status.progress = train_progress(paths)
     elif name == "smoke" and status.state == "running":
         status.progress = smoke_progress(log)
     if status.progress and status.state != "running":
@@ -208,12 +204,13 @@ def inspect_stage(workdir: Path, run_dir: Path, name: str, upstream_done: bool,
 
 
 def inspect_run(workdir: Path, run_dir: Path) -> list[StageStatus]:
+    paths = Layout.read(run_dir)
     locks = list((workdir / ".snakemake" / "locks").glob("*.lock"))
     locked_since = min((t for p in locks if (t := mtime(p))), default=None)
     stages: list[StageStatus] = []
-    for name in STAGE_OUTPUTS:  # the DAG is a chain: each stage needs every one before it
+    for name in (stage.name for stage in kiln_layout.STAGES):  # a chain: each stage needs every one before it
         upstream_done = all(s.state == "done" for s in stages)
-        stages.append(inspect_stage(workdir, run_dir, name, upstream_done, locked_since))
+        stages.append(inspect_stage(workdir, paths, name, upstream_done, locked_since))
     return stages
 
 
@@ -300,6 +297,9 @@ def run(args: argparse.Namespace) -> int:
         raise KilnError(f"{run_dir}: no such run folder; run `kiln status results/<run>` from the folder "
                         "holding results/ (where snakemake ran), or pass --directory")
     workdir = run_dir.parents[1]  # the Snakefile puts every run at results/<run> of the working directory
+    arms = kiln_layout.read_sweep_index(run_dir)
+    if arms is not None:
+        return _sweep(args, workdir, run_dir, arms)
     stages = inspect_run(workdir, run_dir)
     summary = overall(run_dir, stages)
     if args.stage:
@@ -311,15 +311,41 @@ def run(args: argparse.Namespace) -> int:
         print()
     else:
         print(render_detail(stages[0]) if args.stage else render_table(run_dir, stages))
+        paths = Layout.read(run_dir)
+        if paths.legacy:
+            print("\n" + kiln_layout.legacy_message(run_dir, kiln_layout.legacy_data(run_dir)))
+    return 0
+
+
+def _sweep(args: argparse.Namespace, workdir: Path, sweep_dir: Path, arms: list[str]) -> int:
+    """One line per arm: where it stands (the arm's own folder has the detail)."""
+    rows = {}
+    for arm in arms:
+        arm_dir = sweep_dir.parent / arm
+        try:
+            rows[arm] = overall(arm_dir, inspect_run(workdir, arm_dir))
+        except KilnError as exc:
+            rows[arm] = str(exc).split(": ", 1)[-1]
+    report = Path(kiln_layout.sweep_outputs(sweep_dir.name, sweep_dir.parent)["report"])
+    summary = f"overlay report: {report}" if report.exists() else "overlay report: not yet (after every arm)"
+    if args.json:
+        json.dump({"sweep": sweep_dir.name, "arms": rows, "report": summary}, sys.stdout, indent=1)
+        print()
+        return 0
+    width = max(len(arm) for arm in arms)
+    print(f"sweep {sweep_dir.name} ({sweep_dir}): {len(arms)} arms")
+    for arm, line in rows.items():
+        print(f"  {arm.ljust(width)}  {line}")
+    print(summary)
     return 0
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("status", help="where a run stands: each stage's state, Slurm job and progress",
                                    description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir", metavar="run", help="the run's folder, results/<run_name>")
+    parser.add_argument("run_dir", metavar="run", help="the run's folder, results/<run_name> (or a sweep's)")
     parser.add_argument("--directory", type=Path, default=Path("."),
                         help="the working directory snakemake ran in, holding results/ (default: here)")
-    parser.add_argument("--stage", choices=list(STAGE_OUTPUTS), help="show one stage in detail")
+    parser.add_argument("--stage", choices=[stage.name for stage in kiln_layout.STAGES], help="show one stage in detail")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(run=run)

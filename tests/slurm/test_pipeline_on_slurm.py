@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tiny import tiny_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "configs" / "tiny.yaml"
@@ -29,6 +30,7 @@ STAGES = {"download", "tokenizer", "pretokenize", "shard", "smoke", "train", "ev
 # fp32 sums run in another order with another thread count, and the curves are compared.
 ONE_NODE_TWO_RANKS = ("--config", "train={nproc_per_node: 2, micro_batch: 8}", "--set-threads", "smoke=2", "train=2")
 TWO_NODES_ONE_RANK = ("--config", "train={nnodes: 2, micro_batch: 8}", "--set-threads", "smoke=1", "train=1")
+HOLD_STEP = 150  # after the first checkpoint (100), before the last step (200); a log step
 
 pytestmark = pytest.mark.slurm
 
@@ -72,7 +74,7 @@ def losses(run_dir: Path) -> dict[int, float]:
 def pipeline(slurm_cluster, tmp_path_factory):
     """The whole tiny DAG on Slurm (two ranks on one node), and the shards of a local run."""
     local = tmp_path_factory.mktemp("local")
-    result = run(slurm_cluster, snakemake_argv(local, "results/tiny/shards", slurm=False), local / "snakemake.log")
+    result = run(slurm_cluster, snakemake_argv(local, "--until", "shard", slurm=False), local / "snakemake.log")
     assert result.returncode == 0, result.stdout[-3000:]
     workdir = tmp_path_factory.mktemp("on-slurm")
     result = run(slurm_cluster, snakemake_argv(workdir, *ONE_NODE_TWO_RANKS), workdir / "snakemake.log")
@@ -101,7 +103,7 @@ def test_gpu_stages_hold_the_gpus_and_nodes_of_the_train_section_and_data_stages
 
 def test_shards_are_byte_identical_to_a_local_runs(pipeline):
     workdir, local, _, _ = pipeline
-    on_slurm, here = workdir / "results" / "tiny" / "shards", local / "results" / "tiny" / "shards"
+    on_slurm, here = tiny_layout(workdir).folder("shard"), tiny_layout(local).folder("shard")
     names = sorted(p.name for p in here.iterdir())
     assert names == sorted(p.name for p in on_slurm.iterdir()) and "manifest.json" in names
     for name in names:
@@ -111,7 +113,9 @@ def test_shards_are_byte_identical_to_a_local_runs(pipeline):
 @pytest.fixture(scope="module")
 def two_nodes(slurm_cluster, pipeline, tmp_path_factory):
     """Train on two nodes from the pipeline's data stages; scancel it once its first checkpoint is
-    on disk, then rerun the same command, as a user would."""
+    on disk, then rerun the same command, as a user would. The first job holds at HOLD_STEP until
+    scancel's SIGTERM reaches its ranks (KILN_FAULT hold): however fast this machine trains, it is
+    still running when scancel comes, rather than done with its last 100 steps."""
     source, _, _, _ = pipeline
     workdir = tmp_path_factory.mktemp("two-nodes")
     keep = shutil.ignore_patterns("smoke", "train", "eval", "report.md", "loss.png")
@@ -120,7 +124,8 @@ def two_nodes(slurm_cluster, pipeline, tmp_path_factory):
     env = slurm_cluster.env(dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ["PATH"]))
     first_log = workdir / "first.log"
     with first_log.open("w") as out:
-        first = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+        first = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                 env=dict(env, KILN_FAULT=f"hold@{HOLD_STEP}"))
         latest = workdir / "results" / "tiny" / "train" / "checkpoints" / "LATEST"
         deadline = time.monotonic() + 600
         while not latest.exists():

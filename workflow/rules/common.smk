@@ -1,8 +1,24 @@
-# Helpers shared by the stage rules.
+# Helpers shared by the stage rules. Every path comes from kiln.layout: P holds the rules' patterns,
+# {run} for a run's own stages and {key} for a shared data stage's content key; LAYOUTS[run] a
+# run's concrete paths, DATA[(stage, key)] the config that a data stage's key stands for.
 
 import json
+import re
+import sys
 
 CONDA_ENV = "../../envs/kiln.yaml"  # relative to the .smk file that uses it
+P = kiln_layout.Layout.pattern()
+DATA = {(stage, layout.keys[stage]): RUNS[run] for run, layout in LAYOUTS.items() for stage in kiln_layout.DATA_STAGES}
+
+
+wildcard_constraints:
+    run="|".join(re.escape(run) for run in RUNS),
+    key="[0-9a-f]{%d}" % kiln_layout.KEY_CHARS,
+
+
+for _run, _layout in LAYOUTS.items():  # data folders an older Kiln kept in the run folder
+    if (_found := kiln_layout.legacy_data(_layout.run_dir)):
+        print(f"Kiln: {kiln_layout.legacy_message(_layout.run_dir, _found, _layout)}", file=sys.stderr)
 
 
 def script(stage):
@@ -10,45 +26,59 @@ def script(stage):
     return SCRIPTS / f"{stage}.py"
 
 
-def stage_params(stage):
-    """The config sections `stage` reads, as canonical JSON: the rule's params, so a change to
-    them (and only to them) reruns the stage."""
-    return kiln_config.stage_params(config, stage)
+def run_params(stage):
+    """The config sections a run's `stage` reads, as canonical JSON: the rule's params, so a change
+    to them (and only to them) reruns the stage."""
+    return lambda wildcards: kiln_config.stage_params(RUNS[wildcards.run], stage)
 
 
-def log_of(stage):
-    return f"{RUN}/logs/{stage}.log"
+def data_params(stage):
+    """The same for a shared data stage, from the config its key stands for."""
+    return lambda wildcards: kiln_config.stage_params(DATA[(stage, wildcards.key)], stage)
 
 
-def benchmark_of(stage):
-    return f"{RUN}/benchmarks/{stage}.tsv"
+def upstream(stage, name=None, of="run"):
+    """An input: `stage`'s output (or its output `name`) for this job's run (of="run") or for the
+    data key of the job's own data stage (of=<that stage>)."""
+    if of == "run":
+        return lambda wildcards: LAYOUTS[wildcards.run].output(stage, name)
+    return lambda wildcards: kiln_layout.Layout(DATA[(of, wildcards.key)]).output(stage, name)
+
+
+def sweep_outputs():
+    """The sweep's overlay report (workflow/rules/sweep.smk), when this config is a sweep."""
+    return list(kiln_layout.sweep_outputs(SWEEP).values()) if SWEEP else []
 
 
 def threads_per_rank(wildcards, threads):
     """torchrun sets OMP_NUM_THREADS=1 per process; give each rank its share of the job's cores."""
-    return max(1, threads // config["train"]["nproc_per_node"])
+    return max(1, threads // RUNS[wildcards.run]["train"]["nproc_per_node"])
 
 
-def launch_settings():
+def launch_settings(wildcards):
     """What kiln.train.launch needs to start the ranks (torchrun; srun across nodes), as JSON."""
     keys = ("nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint")
-    return json.dumps({key: config["train"][key] for key in keys})
+    return json.dumps({key: RUNS[wildcards.run]["train"][key] for key in keys})
 
 
 def rank_resources(ranks=True):
-    """What a stage that runs on the training hardware asks a cluster for, read from train's settings
-    (the one place they are set): train.nnodes nodes and train.nproc_per_node GPUs on each
+    """What a stage that runs on the training hardware asks a cluster for, read from the run's train
+    settings (the one place they are set): train.nnodes nodes and train.nproc_per_node GPUs on each
     (`gres=gpu:N` is per node; the plugin's `gpu` would be a total), none when train.device is cpu.
     Partition, account, time and memory are the profile's (profiles/slurm). Several nodes: one task
     per node and the `mpi` resource, so the job's shell runs once, on the first node, where
     kiln.train.launch starts one srun task per node. `tasks_per_gpu=0` keeps the slurm plugin from
-    turning `tasks` into --ntasks-per-gpu. ranks=False (eval): one process, on one node."""
-    train = config["train"]
-    nodes = train["nnodes"] if ranks else 1
-    per_node = train["nproc_per_node"] if ranks else 1
-    res = {"nodes": nodes, "tasks": nodes, "tasks_per_gpu": 0}
-    if train["device"] != "cpu":
-        res["gres"] = f"gpu:{per_node}"
-    if nodes > 1:
-        res["mpi"] = "srun"
-    return res
+    turning `tasks` into --ntasks-per-gpu. ranks=False (eval): one process, on one node. Each a
+    function of the job's run, so every arm of a sweep asks for its own."""
+
+    def nodes(wildcards):
+        return RUNS[wildcards.run]["train"]["nnodes"] if ranks else 1
+
+    def gres(wildcards):
+        train = RUNS[wildcards.run]["train"]
+        return "" if train["device"] == "cpu" else f"gpu:{train['nproc_per_node'] if ranks else 1}"
+
+    def mpi(wildcards):
+        return "srun" if nodes(wildcards) > 1 else ""
+
+    return {"nodes": nodes, "tasks": nodes, "tasks_per_gpu": 0, "gres": gres, "mpi": mpi}

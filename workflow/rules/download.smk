@@ -1,14 +1,14 @@
 rule download:
     output:
-        raw=directory(f"{RUN}/raw"),
+        raw=directory(P.output("download")),
     params:
         script=script("download"),
-        cfg=stage_params("download"),
+        cfg=data_params("download"),
     conda:
         CONDA_ENV
     log:
-        log_of("download"),
+        P.log("download"),
     benchmark:
-        benchmark_of("download")
+        P.benchmark("download")
     shell:
         "python {params.script} --params {params.cfg:q} --out {output.raw} > {log} 2>&1"

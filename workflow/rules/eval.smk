@@ -1,16 +1,16 @@
 rule eval:
     input:
         model=rules.train.output.model,
-        shards=rules.shard.output.shards,
-        tokens=rules.pretokenize.output.tokens,
-        raw=rules.download.output.raw,
-        tokenizer=rules.tokenizer.output.tokenizer,
+        shards=upstream("shard"),
+        tokens=upstream("pretokenize"),
+        raw=upstream("download"),
+        tokenizer=upstream("tokenizer", "tokenizer.json"),
     output:
-        metrics=f"{RUN}/eval/metrics.json",
-        samples=f"{RUN}/eval/samples.json",
+        metrics=P.output("eval", "metrics.json"),
+        samples=P.output("eval", "samples.json"),
     params:
         script=script("eval"),
-        cfg=stage_params("eval"),
+        cfg=run_params("eval"),
         model_dir=lambda w, input: Path(input.model).parent,
         out=lambda w, output: Path(output.metrics).parent,
     threads: 64
@@ -19,9 +19,9 @@ rule eval:
     conda:
         CONDA_ENV
     log:
-        log_of("eval"),
+        P.log("eval"),
     benchmark:
-        benchmark_of("eval")
+        P.benchmark("eval")
     shell:
         "python {params.script} --params {params.cfg:q} --model {params.model_dir} --shards {input.shards}"
         " --tokens {input.tokens} --raw {input.raw} --tokenizer {input.tokenizer} --out {params.out}"

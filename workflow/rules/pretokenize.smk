@@ -1,19 +1,19 @@
 rule pretokenize:
     input:
-        raw=rules.download.output.raw,
-        tokenizer=rules.tokenizer.output.tokenizer,
+        raw=upstream("download", of="pretokenize"),
+        tokenizer=upstream("tokenizer", "tokenizer.json", of="pretokenize"),
     output:
-        tokens=directory(f"{RUN}/tokens"),
+        tokens=directory(P.output("pretokenize")),
     params:
         script=script("pretokenize"),
-        cfg=stage_params("pretokenize"),
+        cfg=data_params("pretokenize"),
     threads: 64
     conda:
         CONDA_ENV
     log:
-        log_of("pretokenize"),
+        P.log("pretokenize"),
     benchmark:
-        benchmark_of("pretokenize")
+        P.benchmark("pretokenize")
     shell:
         "python {params.script} --params {params.cfg:q} --raw {input.raw} --tokenizer {input.tokenizer}"
         " --out {output.tokens} --workers {threads} > {log} 2>&1"

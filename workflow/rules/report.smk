@@ -1,25 +1,25 @@
 rule report:
     input:
-        rules.tokenizer.output.stats,
-        rules.shard.output.shards,
+        upstream("tokenizer", "stats.json"),
+        upstream("shard"),
         rules.smoke.output.report,
         rules.smoke.output.plan,
         rules.train.output.summary,
         rules.eval.output.metrics,
         rules.eval.output.samples,
     output:
-        report=report(f"{RUN}/report.md", caption="../report/report_md.rst", category="Report"),
-        plot=report(f"{RUN}/loss.png", caption="../report/loss.rst", category="Training"),
+        report=report(P.output("report", "report.md"), caption="../report/report_md.rst", category="Report"),
+        plot=report(P.output("report", "loss.png"), caption="../report/loss.rst", category="Training"),
     params:
         script=script("report"),
-        cfg=stage_params("report"),
-        results=lambda w, output: Path(output.report).parent,
+        cfg=run_params("report"),
+        results=lambda w: LAYOUTS[w.run].root,
     conda:
         CONDA_ENV
     log:
-        log_of("report"),
+        P.log("report"),
     benchmark:
-        benchmark_of("report")
+        P.benchmark("report")
     shell:
         "python {params.script} --params {params.cfg:q} --results {params.results}"
         " --report {output.report} --plot {output.plot} > {log} 2>&1"

@@ -1,16 +1,16 @@
 rule shard:
     input:
-        tokens=rules.pretokenize.output.tokens,
+        tokens=upstream("pretokenize", of="shard"),
     output:
-        shards=directory(f"{RUN}/shards"),
+        shards=directory(P.output("shard")),
     params:
         script=script("shard"),
-        cfg=stage_params("shard"),
+        cfg=data_params("shard"),
     conda:
         CONDA_ENV
     log:
-        log_of("shard"),
+        P.log("shard"),
     benchmark:
-        benchmark_of("shard")
+        P.benchmark("shard")
     shell:
         "python {params.script} --params {params.cfg:q} --tokens {input.tokens} --out {output.shards} > {log} 2>&1"

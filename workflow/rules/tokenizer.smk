@@ -1,19 +1,19 @@
 rule tokenizer:
     input:
-        raw=rules.download.output.raw,
+        raw=upstream("download", of="tokenizer"),
     output:
-        tokenizer=f"{RUN}/tokenizer/tokenizer.json",
-        stats=f"{RUN}/tokenizer/stats.json",
+        tokenizer=P.output("tokenizer", "tokenizer.json"),
+        stats=P.output("tokenizer", "stats.json"),
     params:
         script=script("tokenizer"),
-        cfg=stage_params("tokenizer"),
+        cfg=data_params("tokenizer"),
     threads: 64
     conda:
         CONDA_ENV
     log:
-        log_of("tokenizer"),
+        P.log("tokenizer"),
     benchmark:
-        benchmark_of("tokenizer")
+        P.benchmark("tokenizer")
     shell:
         "RAYON_NUM_THREADS={threads} python {params.script} --params {params.cfg:q} --raw {input.raw}"
         " --tokenizer {output.tokenizer} --stats {output.stats} > {log} 2>&1"

@@ -1,24 +1,25 @@
 # Reads the smoke report so that train never starts unless the smoke gate passed. Ends with a
 # Hugging Face export (train/hf: weights, config, tokenizer) that transformers loads as it is.
 # metrics.jsonl, samples.jsonl and checkpoints/ are not declared outputs on purpose: Snakemake
-# deletes a job's outputs before rerunning it, and a killed run resumes from them.
+# deletes a job's outputs before rerunning it, and a killed run resumes from them (a rerun whose
+# training settings changed, or of a finished run, sets them aside and starts over: kiln.train.trainer).
 # The shell execs the launcher: Slurm's preemption signal reaches every process of the job step, and
 # a shell left in between would die of it at once, ending the job while the ranks still save.
 rule train:
     input:
-        shards=rules.shard.output.shards,
+        shards=upstream("shard"),
         smoke=rules.smoke.output.report,
         plan=rules.smoke.output.plan,
-        tokenizer=rules.tokenizer.output.tokenizer,
+        tokenizer=upstream("tokenizer", "tokenizer.json"),
     output:
-        model=f"{RUN}/train/model.safetensors",
-        model_config=f"{RUN}/train/model_config.json",
-        summary=f"{RUN}/train/summary.json",
-        hf=directory(f"{RUN}/train/hf"),
+        model=P.output("train", "model.safetensors"),
+        model_config=P.output("train", "model_config.json"),
+        summary=P.output("train", "summary.json"),
+        hf=directory(P.output("train", "hf")),
     params:
         script=script("train"),
-        cfg=stage_params("train"),
-        launch=launch_settings(),
+        cfg=run_params("train"),
+        launch=launch_settings,
         rank_threads=threads_per_rank,
         out=lambda w, output: Path(output.model).parent,
     threads: 64
@@ -27,9 +28,9 @@ rule train:
     conda:
         CONDA_ENV
     log:
-        log_of("train"),
+        P.log("train"),
     benchmark:
-        benchmark_of("train")
+        P.benchmark("train")
     shell:
         "exec python -m kiln.train.launch --train {params.launch:q} -- {params.script} --params {params.cfg:q}"
         " --shards {input.shards} --smoke {input.smoke} --plan {input.plan} --tokenizer {input.tokenizer} --out {params.out}"

@@ -1,17 +1,23 @@
-# Not part of `all`: run it on demand (snakemake --cores 1 verify), e.g. after copying shards.
-rule verify:
+# Not part of `all`: run it on demand (snakemake --cores 1 verify), e.g. after copying shards. Each
+# shard folder's report lands beside it: results/data/shards-<key>.verified.json.
+rule verify_shards:
     input:
-        shards=rules.shard.output.shards,
+        shards=P.output("shard"),
     output:
-        f"{RUN}/shards.verified.json",
+        P.verified(),
     params:
         script=script("shard"),
-        cfg=stage_params("shard"),
+        cfg=data_params("shard"),
     conda:
         CONDA_ENV
     log:
-        log_of("verify"),
+        P.log("shard", "verify"),
     benchmark:
-        benchmark_of("verify")
+        P.benchmark("shard", "verify")
     shell:
         "python {params.script} --params {params.cfg:q} --verify --out {input.shards} --report {output} > {log} 2>&1"
+
+
+rule verify:
+    input:
+        sorted({layout.verified() for layout in LAYOUTS.values()}),

@@ -1,7 +1,8 @@
 """train stage: the full run. Launch under torchrun (one process per device; gloo on CPU).
 
 Writes into --out: metrics.jsonl (one JSON object per log step; wandb/ too unless wandb.mode is
-disabled), samples.jsonl (greedy completions of train.samples.prompts at every validation), checkpoints/ (resumable; a rerun continues from the newest complete one), and at the end
+disabled), samples.jsonl (greedy completions of train.samples.prompts at every validation), checkpoints/ (resumable: a rerun with the same training settings continues from the newest complete one;
+one with other settings, or of a finished run, sets them aside under superseded/ and starts over), and at the end
 model.safetensors + model_config.json, summary.json, and hf/: the model in Hugging Face format
 (config.json, model.safetensors, tokenizer files) for `AutoModelForCausalLM.from_pretrained`.
 """

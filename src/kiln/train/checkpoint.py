@@ -57,10 +57,11 @@ from kiln.errors import KilnError
 from kiln.io import atomic_dir, atomic_file, fsync_path, sha256_file, write_json
 from kiln.io import remove_dead_temps as _remove_dead_temps
 from kiln.train.faults import NONE, Faults
-from kiln.train.fingerprint import require_same
+from kiln.train.fingerprint import differences, require_same
 
 log = logging.getLogger("kiln.checkpoint")
 MARKER = "LATEST"
+FINISHED = "FINISHED"  # written when the run trained all its steps: a rerun after it trains again
 STATE = "state.pt"
 MANIFEST = "complete.json"
 SHARDS = "shards"  # the sharded format's DCP folder; a loaded state names it under this key
@@ -227,6 +228,39 @@ def load_latest(root: Path, fingerprint: dict | str, requested: str | Path | Non
         raise KilnError(f"{root}: no checkpoint there reads ({', '.join(finished)}: see the warnings above); "
                         f"move them away to start over, or set {RESUME_ENV} to one to see why")
     return None
+
+
+def mark_finished(root: Path, step: int) -> None:
+    """Record that the run in root trained to its last step (rank 0, once its final weights are
+    saved): a later train job on this folder was asked to train again, and starts over."""
+    with atomic_file(Path(root) / FINISHED, durable=True) as tmp:
+        tmp.write_text(step_name(step) + "\n", encoding="utf-8")
+
+
+def clear_finished(root: Path) -> None:
+    (Path(root) / FINISHED).unlink(missing_ok=True)
+
+
+def superseded_by(root: Path, fingerprint: dict) -> str | None:
+    """Why the checkpoints under root must not be resumed by a run with `fingerprint`, or None when
+    they may: the run there finished (a rerun of a finished train stage trains again), or the newest
+    complete checkpoint's fingerprint (read from its complete.json, no state loaded) differs, naming
+    each setting that changed."""
+    root = Path(root)
+    if (root / FINISHED).is_file():
+        return f"the run there finished at {(root / FINISHED).read_text(encoding='utf-8').strip()}; a rerun trains again"
+    found = kept(root)
+    if not found:
+        return None
+    try:
+        saved = json.loads((found[-1][1] / MANIFEST).read_text(encoding="utf-8"))["fingerprint"]
+    except (OSError, ValueError, KeyError):
+        return None  # unreadable: load_latest skips it and says why
+    if saved == fingerprint:
+        return None
+    what = differences(saved, fingerprint) if isinstance(saved, dict) else [
+        "a bare digest (a checkpoint of an older Kiln)"]
+    return f"{found[-1][1].name} was trained with other settings: {'; '.join(what) or 'fingerprint parts differ'}"
 
 
 def _same_run(state: dict, folder: Path, fingerprint: dict | str, root: Path) -> dict:

@@ -16,6 +16,10 @@ rank has the fault. Kinds:
     sigkill         the rank SIGKILLs itself as the step starts (a node lost, the OOM killer)
     kill_in_save    the checkpoint of this step is SIGKILLed half-written (its file written, not renamed)
     enospc          writing the checkpoint of this step fails with ENOSPC (a full disk)
+    hold            the rank waits as the step starts (sleeping, not spinning) until it has itself
+                    received a preemption signal (SIGTERM or SIGUSR1), then runs the step; the ranks
+                    then save the same step and exit 75 as for any preemption: a job that runs until it
+                    is signalled, e.g. Slurm's time-limit warning, however fast the machine trains
 
 Only Trainer.fit (the train stage) reads it, at its start; the smoke stage's steps never fault.
 """
@@ -26,15 +30,17 @@ import errno
 import os
 import re
 import signal
+import time
 from dataclasses import dataclass
 
 from kiln.errors import KilnError
 
 ENV = "KILN_FAULT"
 KINDS = ("nan_loss", "inf_grad", "spike", "sigterm", "sigusr1", "sigterm_parent", "sigusr1_parent", "sigkill",
-         "kill_in_save", "enospc")
+         "kill_in_save", "enospc", "hold")
 SPIKE_FACTOR = 10.0
 _SIGNALS = {"sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1, "sigkill": signal.SIGKILL}
+HOLD_POLL_S = 0.2  # how often a held rank looks for the signal
 _ITEM = re.compile(r"(?P<kind>\w+)@(?P<step>\d+)(?::(?P<rank>\d+))?")
 
 
@@ -58,6 +64,14 @@ class Faults:
         for kind, sig in (("sigterm_parent", signal.SIGTERM), ("sigusr1_parent", signal.SIGUSR1)):
             if self.at(kind, step):
                 os.kill(os.getppid(), sig)
+
+    def hold_until_signalled(self, step: int, stop) -> None:
+        """At the start of `step`, if hold is planned for it, wait until `stop` (the trainer's
+        kiln.train.preemption.StopSignal) has received a preemption signal, in short sleeps: the
+        signal handler runs between them."""
+        if self.at("hold", step):
+            while stop.received is None:
+                time.sleep(HOLD_POLL_S)
 
     def during_save(self, step: int) -> None:
         """Called by kiln.train.checkpoint.save with the checkpoint's files written, not yet renamed."""

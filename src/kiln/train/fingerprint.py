@@ -7,24 +7,39 @@ The fingerprint is a small dict saved in every checkpoint:
                 tokens/meta.json, the shard stage in its manifest; None for folders made before)
   shards        {split: {file: sha256}} from the shard manifest
   seed          the run's seed (initial weights, data order)
-  global_batch  rows per optimizer step (train.batch_tokens / seq_len)
+  train         every train setting that shapes the trajectory (optimiser, schedule, steps or
+                budget, global batch, precision, ...), with the steps the run trains (`steps`: a
+                budget's, from the smoke stage's plan)
 
-The rank count, micro-batch and gradient accumulation are not in it: the data order is a function
-of the global sample index (kiln.data.loader), so a run may resume on fewer or more ranks with the
-same global batch and see the same rows per step.
+What does not shape the trajectory stays out (NOT_TRAJECTORY): logging, validation and checkpoint
+cadence, the rank layout and where it runs, and the micro-batch at equal global batch. The data
+order is a function of the global sample index (kiln.data.loader), so a run may resume on fewer or
+more ranks with the same global batch and see the same rows per step. A train key not listed there
+is part of the fingerprint: a setting added later restarts a run rather than resume it wrongly.
 """
 
 from __future__ import annotations
 
 from kiln.errors import KilnError
 
-PARTS = ("model", "tokenizer", "shards", "seed", "global_batch")
+PARTS = ("model", "tokenizer", "shards", "seed", "train")
+NOT_TRAJECTORY = frozenset({
+    "nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "device", "parallel", "collective_timeout_s",
+    "micro_batch", "compile", "activation_checkpointing", "log_every", "eval_every", "eval_batches", "samples",
+    "checkpoint_every", "keep_checkpoints", "checkpoint_format", "async_checkpoint", "nonfinite", "spike_factor",
+})
 
 
-def of_run(model: dict, manifest: dict, seed: int, global_batch: int) -> dict:
+def trajectory(train: dict, steps: int) -> dict:
+    """The train settings a checkpoint must share with the run that resumes it, and the steps it trains."""
+    return {key: value for key, value in sorted(train.items()) if key not in NOT_TRAJECTORY} | {"steps": steps}
+
+
+def of_run(model: dict, manifest: dict, seed: int, train: dict) -> dict:
+    """`train` is `trajectory(...)`'s dict."""
     shards = {split: {s["file"]: s["sha256"] for s in entry["shards"]} for split, entry in manifest["splits"].items()}
     return {"model": model, "tokenizer": manifest.get("tokenizer_sha256"), "shards": shards, "seed": seed,
-            "global_batch": global_batch}
+            "train": train}
 
 
 def _short(value) -> str:
@@ -57,9 +72,13 @@ def differences(saved: dict, current: dict) -> list[str]:
             out.append(f"model.{key}: {old_model.get(key)!r} in the checkpoint, {new_model.get(key)!r} now")
     if saved.get("seed") != current.get("seed"):
         out.append(f"seed: {saved.get('seed')} in the checkpoint, {current.get('seed')} now")
-    if saved.get("global_batch") != current.get("global_batch"):
-        out.append(f"global batch: {saved.get('global_batch')} rows per step in the checkpoint, "
-                   f"{current.get('global_batch')} now (train.batch_tokens)")
+    old_train, new_train = saved.get("train", {}), current.get("train", {})
+    for key in sorted(set(old_train) | set(new_train)):
+        if old_train.get(key) != new_train.get(key):
+            where = "steps trained" if key == "steps" else f"train.{key}"
+            out.append(f"{where}: {old_train.get(key)!r} in the checkpoint, {new_train.get(key)!r} now")
+    for part in sorted((set(saved) | set(current)) - set(PARTS)):  # parts of an older Kiln's fingerprint
+        out.append(f"{part}: only in {'the checkpoint' if part in saved else 'this run'} (a checkpoint of an older Kiln)")
     return out
 
 

@@ -30,6 +30,7 @@ from typing import Callable
 
 import torch
 
+from kiln import layout
 from kiln.errors import KilnError
 from kiln.train.peaks import peak_flops_of
 
@@ -125,7 +126,7 @@ class MetricsSink:
                  resume_step: int = 0):
         self.enabled = enabled
         self.file = self._open(path, resume_step) if enabled else None
-        self.samples_file = self._open(path.with_name("samples.jsonl"), resume_step) if enabled else None
+        self.samples_file = self._open(path.with_name(layout.SAMPLES), resume_step) if enabled else None
         self.wandb = None
         if enabled and wandb_cfg["mode"] != "disabled":
             import wandb

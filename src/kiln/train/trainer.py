@@ -40,6 +40,7 @@ from kiln.config import checkpoint_format
 from kiln.data.loader import ShardRows, TrainBatches, eval_batches
 from kiln.data.shards import tokens_per_byte
 from kiln.errors import ExitCode, KilnError, RunStopped
+from kiln import layout
 from kiln.io import remove_dead_temps
 from kiln.model.build import build_model, save_model
 from kiln.model.registry import resolve
@@ -125,6 +126,7 @@ class Trainer:
                                     self.plan.grad_accum)
         self.lr_at = schedule_from_config(train, self.max_steps)
         self.step, self.tokens_seen, self.data_wait_s = 0, 0, 0.0
+        self.elapsed_s, self._loop_start = 0.0, None  # the training wall time of earlier attempts; this one's start
         self.skipped = 0  # batches whose update was not applied (non-finite loss or gradient)
         self.spikes = SpikeDetector(train["spike_factor"])
         self.faults, self.stop = faults.NONE, StopSignal()  # fit() sets both; the smoke stage has neither
@@ -133,14 +135,17 @@ class Trainer:
     @property
     def fingerprint(self) -> dict:
         """What a checkpoint must share with the run resuming it (kiln.train.fingerprint): model,
-        tokenizer, shards, seed, global batch; not the rank layout, which may change on resume."""
-        return fingerprint.of_run(self.cfg.to_dict(), self.rows.manifest, self.seed, self.batches.global_rows)
+        tokenizer, shards, seed and the train settings that shape the trajectory (steps included);
+        not the rank layout, which may change on resume, nor logging and checkpoint cadence."""
+        return fingerprint.of_run(self.cfg.to_dict(), self.rows.manifest, self.seed,
+                                  fingerprint.trajectory(self.train_cfg, self.max_steps))
 
     def state_dict(self) -> dict:
         """Everything needed to continue exactly but model and optimizer (on rank 0; collective)."""
         return {"step": self.step, "tokens_seen": self.tokens_seen,
                 "data": self.batches.state_dict(), "rng": self._rng_states(), "fingerprint": self.fingerprint,
-                "config": self.sections, "skipped": self.skipped, "spikes": self.spikes.state_dict()}
+                "config": self.sections, "skipped": self.skipped, "spikes": self.spikes.state_dict(),
+                "elapsed_s": self.elapsed_s + self._since_start()}
 
     def _save_checkpoint(self) -> None:
         """A checkpoint of this step in train.checkpoint_format (fit's saver). Collective."""
@@ -162,6 +167,7 @@ class Trainer:
         checkpoint.set_rng_state(ranks[self.d.rank] if len(ranks) == self.d.world else ranks[0])
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
         self.skipped = state.get("skipped", 0)
+        self.elapsed_s = state.get("elapsed_s", 0.0)
         if "spikes" in state:
             self.spikes.load_state_dict(state["spikes"])
 
@@ -247,12 +253,18 @@ class Trainer:
         kiln.train.smoke.) A preemption signal ends it with RunStopped(PREEMPTED) once every rank
         has saved the same step; a non-finite step with RunStopped(NONFINITE) per train.nonfinite."""
         train, d = self.train_cfg, self.d
-        ckpt_root = out_dir / "checkpoints"
+        ckpt_root = out_dir / layout.CHECKPOINTS
         if d.is_main:  # what a killed run's writers left; a live writer's temps are left alone
             checkpoint.remove_dead_temps(ckpt_root)
             for path in remove_dead_temps(out_dir):
                 log.info("removed %s, left by a writer that died", path)
-        state = checkpoint.load_latest(ckpt_root, self.fingerprint, os.environ.get(checkpoint.RESUME_ENV))
+        requested = os.environ.get(checkpoint.RESUME_ENV)
+        if requested:  # resumed on purpose: an error if it is another run's, and no longer finished
+            if d.is_main:
+                checkpoint.clear_finished(ckpt_root)
+        else:
+            self._set_aside_superseded(out_dir)
+        state = checkpoint.load_latest(ckpt_root, self.fingerprint, requested)
         if state is not None:
             self.load_state_dict(state)
             log.info("resumed from step %d (%d tokens seen)", self.step, self.tokens_seen)
@@ -262,7 +274,7 @@ class Trainer:
             log.info("model: %s, %s parameters; %d ranks (%s) x %d micro-batches x %d rows x %d tokens = %d tokens/step",
                      self.cfg.to_dict(), f"{result.n_params:,}", d.world, train["parallel"], self.plan.grad_accum,
                      self.plan.micro_batch, self.cfg.seq_len, self.plan.tokens_per_step)
-        sink = MetricsSink(out_dir / "metrics.jsonl", self.sections.get("wandb", {"mode": "disabled"}),
+        sink = MetricsSink(out_dir / layout.METRICS, self.sections.get("wandb", {"mode": "disabled"}),
                            self.sections, enabled=d.is_main, resume_step=self.step)
         meter = Throughput(flops_per_token(self.model), peak_flops(d.device), d.world,
                            flops_per_token_torchtitan(self.model))
@@ -272,9 +284,10 @@ class Trainer:
         self.saver = checkpoint.Saver(ckpt_root, checkpoint_format(train), train["keep_checkpoints"], rank=d.rank,
                                       world=d.world, async_save=train["async_checkpoint"], faults=self.faults)
         self.stop.install()  # restored when fit ends, and by run() whatever happens
-        loop_start = time.perf_counter()
+        loop_start = self._loop_start = time.perf_counter()
         while self.step < self.max_steps:
             self.faults.signal_self(self.step + 1)
+            self.faults.hold_until_signalled(self.step + 1, self.stop)
             loss, grad_norm, lr = self.train_step()
             unread.append((self.step, loss, grad_norm, self.flags))
             window_tokens += self.plan.tokens_per_step
@@ -290,7 +303,8 @@ class Trainer:
                 mean_loss = window.mean_loss()
                 rates = meter.window(window_tokens, last=done == self.max_steps)
                 record = {"step": done, "loss": mean_loss, "bpb": self._bits_per_byte(mean_loss, "train"), "lr": lr, "grad_norm": grad_norm.item(),
-                          "tokens": self.tokens_seen, **rates, "memory_mb": memory_mb(d.device),
+                          "tokens": self.tokens_seen, "elapsed_s": self.elapsed_s + self._since_start(), **rates,
+                          "memory_mb": memory_mb(d.device),
                           "batch_hash": self._batch_hash()}
                 record.update(window.events())
                 window, window_tokens = _Window(), 0
@@ -329,7 +343,24 @@ class Trainer:
         weights = parallel.full_model_state(self.model)
         if d.is_main:
             save_model(self.cfg, weights, out_dir)
+            checkpoint.mark_finished(ckpt_root, self.step)
         return result
+
+    def _since_start(self) -> float:
+        return 0.0 if self._loop_start is None else time.perf_counter() - self._loop_start
+
+    def _set_aside_superseded(self, out_dir: Path) -> None:
+        """A train job on a folder whose checkpoints are another trajectory's (settings changed) or
+        of a finished run (asked to train again) starts over: rank 0 moves that trajectory's files
+        to train/superseded/<time>/ (kiln.layout.set_aside), never deletes them; every rank waits."""
+        if self.d.is_main:
+            why = checkpoint.superseded_by(out_dir / layout.CHECKPOINTS, self.fingerprint)
+            if why is not None:
+                moved = layout.set_aside(out_dir)
+                log.warning("train: starting from step 0: %s; the earlier run's checkpoints and metrics are in %s",
+                            why, moved)
+        if self.d.world > 1:
+            torch.distributed.barrier()
 
     def _preempted(self, unread: list, synced: bool) -> bool:
         """Whether a rank got a preemption signal, decided alike on every rank: from the flags of this

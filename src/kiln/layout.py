@@ -1,0 +1,228 @@
+"""Where everything lands under results/: the one owner of the run layout.
+
+Data stages are shared by content. Their folders sit under results/data/, each named by its stage
+and a key, the hash of every config section that shapes it and everything upstream of it
+(the sections each stage reads are kiln.config.STAGE_SECTIONS):
+
+    results/data/raw-<key>/                 download      key of: download
+    results/data/tokenizer-<key>/           tokenizer     ... + seed, tokenizer
+    results/data/tokens-<key>/              pretokenize   ... + pretokenize
+    results/data/shards-<key>/              shard         ... + shard
+    results/data/logs/<stage>-<key>.log, results/data/benchmarks/<stage>-<key>.tsv
+
+so runs (and sweep arms) with equal data sections use one copy, built once, and a run whose data
+settings differ gets its own folders: nothing built for one setting is ever handed to another.
+The stages that belong to one run sit under its folder:
+
+    results/<run>/smoke/  train/  eval/  report.md  loss.png  logs/  benchmarks/
+    results/<run>/layout.json               where this run's data stages are (for kiln status)
+
+A sweep's arms are runs named <sweep>-<arm>; the sweep's overlay report is results/<sweep>/sweep.md
+(with sweep.png and sweep.json), and results/<sweep>/layout.json lists the arms.
+
+The rules (workflow/rules/*.smk), the stage scripts, `kiln status` and the report read their paths
+from here; nothing else spells them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiln import config as kiln_config
+from kiln.errors import KilnError
+from kiln.io import read_json, write_json
+
+RESULTS = "results"
+DATA = "data"  # results/data/: the shared stages; no run may be called this
+LAYOUT_FILE = "layout.json"
+KEY_CHARS = 12  # hex digits of sha256: collisions are out of reach for any number of runs
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    folder: str  # the stage's folder name ("" for the report: its files sit in the run folder)
+    outputs: tuple[str, ...]  # declared outputs inside the folder; () when the folder itself is the output
+    shared: bool  # built once per data key under results/data/, or per run
+
+
+STAGES = (
+    Stage("download", "raw", (), True),
+    Stage("tokenizer", "tokenizer", ("tokenizer.json", "stats.json"), True),
+    Stage("pretokenize", "tokens", (), True),
+    Stage("shard", "shards", (), True),
+    Stage("smoke", "smoke", ("report.json", "plan.json", "plan.md"), False),
+    Stage("train", "train", ("model.safetensors", "model_config.json", "summary.json", "hf"), False),
+    Stage("eval", "eval", ("metrics.json", "samples.json"), False),
+    Stage("report", "", ("report.md", "loss.png"), False),
+)
+BY_NAME = {stage.name: stage for stage in STAGES}
+DATA_STAGES = tuple(stage.name for stage in STAGES if stage.shared)
+RUN_STAGES = tuple(stage.name for stage in STAGES if not stage.shared)
+# The train folder's files that belong to one training trajectory, set aside together when a rerun
+# starts the trajectory over (kiln.train.trainer); the checkpoints last, so a kill part-way leaves
+# them where the next attempt finds them and sets them aside again.
+METRICS, SAMPLES, CHECKPOINTS = "metrics.jsonl", "samples.jsonl", "checkpoints"
+TRAJECTORY = (METRICS, SAMPLES, "wandb", CHECKPOINTS)
+SUPERSEDED = "superseded"
+
+
+def data_sections(cfg: dict, stage: str) -> dict:
+    """The config sections that shape a data stage's output: its own and those of every stage
+    upstream of it."""
+    upto = DATA_STAGES[: DATA_STAGES.index(stage) + 1]
+    names = sorted({name for s in upto for name in kiln_config.STAGE_SECTIONS[s]})
+    return {name: cfg[name] for name in names}
+
+
+def data_key(cfg: dict, stage: str) -> str:
+    text = json.dumps(data_sections(cfg, stage), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:KEY_CHARS]
+
+
+class Layout:
+    """The paths of one run: `Layout(cfg)` for a validated config, under `root` (results/).
+    `run` may be a Snakemake wildcard ("{run}") to build a rule's patterns; `keys` then holds
+    "{key}" for every data stage unless a config is given."""
+
+    def __init__(self, cfg: dict | None = None, *, run: str | None = None, root: str | Path = RESULTS,
+                 keys: dict[str, str] | None = None, legacy: bool = False):
+        self.root = Path(root)
+        self.run = run if run is not None else cfg["run_name"]
+        self.keys = keys if keys is not None else {stage: data_key(cfg, stage) for stage in DATA_STAGES}
+        self.legacy = legacy  # a run folder of an older Kiln, its data stages inside it (read, never written)
+
+    @classmethod
+    def pattern(cls, root: str | Path = RESULTS) -> "Layout":
+        """Every path with Snakemake wildcards: {run} for the run, {key} for a data stage's key."""
+        return cls(run="{run}", root=root, keys={stage: "{key}" for stage in DATA_STAGES})
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / self.run
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / DATA
+
+    def folder(self, stage: str) -> Path:
+        spec = BY_NAME[stage]
+        if spec.shared and not self.legacy:
+            return self.data_dir / f"{spec.folder}-{self.keys[stage]}"
+        return self.run_dir / spec.folder if spec.folder else self.run_dir
+
+    def output(self, stage: str, name: str | None = None) -> str:
+        """A declared output of `stage` (the folder itself when the stage declares none, or `name`)."""
+        spec = BY_NAME[stage]
+        if not spec.outputs:
+            return str(self.folder(stage))
+        name = name or spec.outputs[0]
+        if name not in spec.outputs:
+            raise KeyError(f"{stage} declares no output {name!r} (it declares {', '.join(spec.outputs)})")
+        return str(self.folder(stage) / name)
+
+    def outputs(self, stage: str) -> list[str]:
+        spec = BY_NAME[stage]
+        return [self.output(stage, name) for name in spec.outputs] or [self.output(stage)]
+
+    def log(self, stage: str, job: str | None = None) -> str:
+        """The log of `stage`'s job (or of another job, `job`, on the same folder, e.g. verify)."""
+        return str(self._aux("logs", stage, job or stage, "log"))
+
+    def benchmark(self, stage: str, job: str | None = None) -> str:
+        return str(self._aux("benchmarks", stage, job or stage, "tsv"))
+
+    def _aux(self, kind: str, stage: str, job: str, ext: str) -> Path:
+        if BY_NAME[stage].shared and not self.legacy:
+            return self.data_dir / kind / f"{job}-{self.keys[stage]}.{ext}"
+        return self.run_dir / kind / f"{job}.{ext}"
+
+    def verified(self) -> str:
+        """The on-demand shard check's report, beside the shard folder it checks."""
+        return f"{self.folder('shard')}.verified.json"
+
+    def to_json(self) -> dict:
+        return {"run": self.run, "data": {stage: str(self.folder(stage).relative_to(self.root))
+                                          for stage in DATA_STAGES},
+                "keys": self.keys}
+
+    def write(self) -> None:
+        """results/<run>/layout.json: where this run's data stages are, for `kiln status`."""
+        write_json(self.run_dir / LAYOUT_FILE, self.to_json())
+
+    @classmethod
+    def read(cls, run_dir: Path) -> "Layout":
+        """The layout a run folder records (results/<run>/layout.json). A folder of an older Kiln,
+        its data stages inside it, reads as it was laid out (`legacy`); a folder no snakemake has
+        started jobs for yet is an error."""
+        run_dir = Path(run_dir)
+        path = run_dir / LAYOUT_FILE
+        if path.is_file():
+            saved = read_json(path)
+            if "keys" in saved:
+                return cls(run=saved["run"], root=run_dir.parent, keys=saved["keys"])
+        if legacy_data(run_dir):
+            return cls(run=run_dir.name, root=run_dir.parent, keys={}, legacy=True)
+        raise KilnError(f"{run_dir}: no {LAYOUT_FILE}: no snakemake has started jobs for this run yet "
+                        "(it is written when snakemake starts)")
+
+
+def set_aside(train_dir: Path) -> Path | None:
+    """Move a superseded trajectory's files (TRAJECTORY) to train/superseded/<UTC time>/, each with
+    one rename; None when there were none."""
+    train_dir = Path(train_dir)
+    present = [train_dir / name for name in TRAJECTORY if (train_dir / name).exists()]
+    if not present:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest = train_dir / SUPERSEDED / stamp
+    n = 1
+    while dest.exists():
+        dest, n = train_dir / SUPERSEDED / f"{stamp}-{n}", n + 1
+    dest.mkdir(parents=True)
+    for path in present:
+        os.replace(path, dest / path.name)
+    return dest
+
+
+def sweep_outputs(name: str, root: str | Path = RESULTS) -> dict[str, str]:
+    """The overlay report of the sweep `name` (its arms are runs of their own): results/<name>/."""
+    folder = Path(root) / name
+    return {"report": str(folder / "sweep.md"), "plot": str(folder / "sweep.png"), "table": str(folder / "sweep.json")}
+
+
+def write_sweep_index(name: str, runs: list[str], root: str | Path = RESULTS) -> None:
+    """results/<sweep>/layout.json: the sweep's arms, for `kiln status results/<sweep>`."""
+    write_json(Path(root) / name / LAYOUT_FILE, {"sweep": name, "arms": list(runs)})
+
+
+def read_sweep_index(folder: Path) -> list[str] | None:
+    """The arms of the sweep whose folder this is, or None when it is not a sweep's."""
+    path = Path(folder) / LAYOUT_FILE
+    saved = read_json(path) if path.is_file() else {}
+    return saved.get("arms") if "sweep" in saved else None
+
+
+def legacy_data(run_dir: Path) -> list[str]:
+    """The data-stage folders an older Kiln kept inside the run folder."""
+    return [BY_NAME[s].folder for s in DATA_STAGES if (Path(run_dir) / BY_NAME[s].folder).exists()]
+
+
+def legacy_message(run_dir: Path, found: list[str], layout: Layout | None = None) -> str:
+    where = (f"; if they were made with the data settings of this config, move them instead of rebuilding: "
+             + "; ".join(f"mv {run_dir / BY_NAME[s].folder} {layout.folder(s)}" for s in DATA_STAGES
+                         if BY_NAME[s].folder in found)) if layout is not None else ""
+    return (f"{run_dir}: {', '.join(f + '/' for f in found)} are data stages from an older Kiln, which kept them "
+            f"in each run's folder; they are no longer read: data stages now live in {Path(run_dir).parent / DATA}/, "
+            f"shared by every run with the same data settings, and are rebuilt there{where}. "
+            f"Delete the old folders once you no longer need them")
+
+
+def check_run_name(run: str) -> None:
+    if run == DATA:
+        raise KilnError(f"run_name: {DATA!r} is reserved: {RESULTS}/{DATA}/ holds the data stages that runs share")
