@@ -2,7 +2,7 @@
 and against the raw batch-encode speed of the encoders, on the same corpus and machine, in one run.
 
     python bench/dataprep.py                                   # the default corpus (Python stdlib)
-    python bench/dataprep.py --raw results/stdlib-code/raw --tokenizer results/stdlib-code/tokenizer/tokenizer.json
+    python bench/dataprep.py --raw results/data/raw-<key> --tokenizer results/data/tokenizer-<key>/tokenizer.json   # kiln status shows the keys
 
 Measured, each as corpus bytes per second of wall time (best of --repeat rounds, taken in turns):
 - seeds' recipe (seed 003): `datasets.map` with a per-row encode, save/load, then a Python list

@@ -5,7 +5,7 @@ same machine, tokenizer, training documents and held-out documents, in one run.
     python bench/quality.py --config 'train={budget: {minutes: 3}}'   # any --config override
     python bench/quality.py --skip-plain --config 'model={n_layer: 6}'   # one recipe, Kiln's arm only
 
-Ours: `snakemake train` on the config (run name quality-bench, so results/<default run> is left
+Ours: `snakemake --until train` on the config (run name quality-bench, so results/<default run> is left
 alone): download, tokenizer, pretokenize, shard, the smoke gate (which turns a budget into steps and
 picks the precision) and the train stage, then the model read back through its Hugging Face export
 (transformers' AutoModelForCausalLM). Its wall time is the train stage's (benchmarks/train.tsv:
@@ -30,7 +30,6 @@ import argparse
 import csv
 import json
 import math
-import shutil
 import subprocess
 import sys
 import time
@@ -40,39 +39,44 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
+from kiln import run_config
 from kiln.data.encoders import Encoder
 from kiln.data.tokenizer import EOS, load_tokenizer, special_ids
 from kiln.eval.perplexity import bits_per_byte
+from kiln.layout import Layout
 from kiln.train import device
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAIN = dict(n_layer=4, n_head=4, d_model=256, seq_len=256, batch=8, lr=1e-3, min_lr=1e-4, warmup=0.02)
 
 
-def run_kiln(args) -> Path:
-    """The train stage through Snakemake, afresh (the run's smoke and train folders are the bench's
-    own: removed first, so the budget is planned on this machine now and no checkpoint is resumed);
-    returns the run's results folder."""
-    run = ROOT / "results" / args.run_name
-    for stage in ("smoke", "train"):
-        shutil.rmtree(run / stage, ignore_errors=True)
-    cmd = ["snakemake", "--cores", "all", "train", "--configfile", str(args.configfile),
-           "--config", f"run_name={args.run_name}", *args.config]
+def layout_of(args) -> Layout:
+    """Where the bench's run lands (kiln.layout): its own run folder, the default's data folders."""
+    overrides = dict(text.split("=", 1) for text in args.config) | {"run_name": args.run_name}
+    return Layout(run_config.resolve([args.configfile], overrides), root=ROOT / "results")
+
+
+def run_kiln(args) -> Layout:
+    """The train stage through Snakemake, afresh: the smoke stage forced to run again (so the budget is
+    planned on this machine now), and with it train, which sets the previous bench run's checkpoints
+    aside rather than resume them (a finished run's train job trains again)."""
+    cmd = ["snakemake", "--cores", "all", "--until", "train", "--forcerun", "smoke", "--configfile",
+           str(args.configfile), "--config", f"run_name={args.run_name}", *args.config]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
-    return run
+    return layout_of(args)
 
 
-def stage_seconds(run: Path, stage: str) -> float:
-    with open(run / "benchmarks" / f"{stage}.tsv", newline="") as f:
+def stage_seconds(paths: Layout, stage: str) -> float:
+    with open(paths.benchmark(stage), newline="") as f:
         return float(next(csv.DictReader(f, delimiter="\t"))["s"])
 
 
-def split_texts(run: Path) -> tuple[list[str], list[str]]:
+def split_texts(paths: Layout) -> tuple[list[str], list[str]]:
     """(train texts, held-out texts) of the run's raw documents, split as its pretokenize stage did."""
-    held_ids = set((run / "tokens" / "val_ids.txt").read_text(encoding="utf-8").split("\n")) - {""}
+    held_ids = set((paths.folder("pretokenize") / "val_ids.txt").read_text(encoding="utf-8").split("\n")) - {""}
     train, held = [], []
-    for part in sorted((run / "raw").glob("*/part-*.parquet")):
+    for part in sorted(paths.folder("download").glob("*/part-*.parquet")):
         table = pq.read_table(part, columns=["id", "text"]).to_pydict()
         for doc_id, text in zip(table["id"], table["text"]):
             (held if doc_id in held_ids else train).append(text)
@@ -194,23 +198,24 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
 
-    run = ROOT / "results" / args.run_name if args.skip_kiln else run_kiln(args)
-    kiln_seconds = stage_seconds(run, "train")
-    tokenizer = load_tokenizer(run / "tokenizer" / "tokenizer.json")
+    paths = layout_of(args) if args.skip_kiln else run_kiln(args)
+    train_dir = paths.folder("train")
+    kiln_seconds = stage_seconds(paths, "train")
+    tokenizer = load_tokenizer(paths.output("tokenizer", "tokenizer.json"))
     encoder = Encoder(tokenizer, "tiktoken")
-    train_texts, held_texts = split_texts(run)
+    train_texts, held_texts = split_texts(paths)
     sets = {"held-out stdlib": token_stream(encoder, held_texts), "pip/_internal": token_stream(encoder, pip_texts())}
 
     from transformers import AutoModelForCausalLM
-    hf = AutoModelForCausalLM.from_pretrained(run / "train" / "hf").eval()
-    summary = json.loads((run / "train" / "summary.json").read_text())
-    seq_len = json.loads((run / "train" / "model_config.json").read_text())["seq_len"]
+    hf = AutoModelForCausalLM.from_pretrained(train_dir / "hf").eval()
+    summary = json.loads((train_dir / "summary.json").read_text())
+    seq_len = json.loads((train_dir / "model_config.json").read_text())["seq_len"]
     rows = {"kiln": {"wall_s": kiln_seconds, "tokens": summary["tokens_seen"], "tokens_per_s": summary["tokens_per_s"],
                      **{name: stream_bits_per_byte(lambda x: hf(x).logits, ids, nb, seq_len) for name, (ids, nb) in sets.items()}}}
     if not args.skip_plain:
         seconds = args.plain_seconds or kiln_seconds
         train_ids, _ = token_stream(encoder, train_texts)
-        vocab = json.loads((run / "shards" / "manifest.json").read_text())["padded_vocab_size"]
+        vocab = json.loads((paths.folder("shard") / "manifest.json").read_text())["padded_vocab_size"]
         model, info = train_plain(train_ids, vocab, seconds,
                                   args.plain_precision == "bf16", args.seed)
         rows["plain"] = {"wall_s": seconds, "tokens": info["tokens"], "tokens_per_s": info["tokens_per_s"],

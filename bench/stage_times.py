@@ -12,7 +12,8 @@ import argparse
 import csv
 from pathlib import Path
 
-STAGES = ["download", "tokenizer", "pretokenize", "shard", "smoke", "train", "eval", "report"]
+from kiln.layout import STAGES, Layout
+
 BUDGET_S = 15 * 60
 
 
@@ -20,10 +21,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="results/<run>")
     args = parser.parse_args()
+    paths = Layout.read(args.run_dir)  # the data stages' benchmarks are in the shared folders it used
     print("| stage | wall s | CPU s | max RSS MiB |\n|---|---:|---:|---:|")
     total = 0.0
-    for stage in STAGES:
-        path = args.run_dir / "benchmarks" / f"{stage}.tsv"
+    for stage in (s.name for s in STAGES):
+        path = Path(paths.benchmark(stage))
         if not path.exists():
             print(f"| {stage} | not run | | |")
             continue

@@ -30,7 +30,8 @@ def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def planned_rules(result: subprocess.CompletedProcess) -> set[str]:
-    return set(re.findall(r"^(?:local)?rule (\w+):", result.stdout, flags=re.M)) - {"all"}
+    """The rules Snakemake planned (a dry run) or ran (it logs them on stderr then)."""
+    return set(re.findall(r"^(?:local)?rule (\w+):", result.stdout + result.stderr, flags=re.M)) - {"all"}
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +190,113 @@ def test_a_time_budget_becomes_the_steps_train_runs(finished_run, tmp_path):
     assert "train: starting from step 0: the run there finished at step-0000200" in train_log
     [aside] = (run / "train" / "superseded").iterdir()
     assert (aside / "checkpoints" / "step-0000200" / "complete.json").is_file()
+
+
+def model_weights(path: Path) -> dict:
+    from safetensors.numpy import load_file
+
+    return load_file(str(path))
+
+
+def test_a_changed_lr_trains_the_changed_lr_and_another_run_shares_the_data(finished_run, tmp_path):
+    """A user finishes a run, changes train.lr and reruns: the train job trains the new lr from step 0
+    (not a resume of the finished run with 0 steps), the old checkpoints set aside. Its weights are
+    bitwise those of a fresh run at that lr, which, as another run of the same data, builds no data."""
+    workdir, _, _ = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete"))
+    changed = snakemake(copy, "--configfile", str(TINY), "--config", "train={lr: 0.004}")
+    assert changed.returncode == 0, changed.stdout[-3000:] + changed.stderr[-3000:]
+    assert planned_rules(changed) == {"smoke", "train", "eval", "report"}
+    train_log = (copy / "results" / "tiny" / "logs" / "train.log").read_text()
+    assert "train: starting from step 0: the run there finished at step-0000200" in train_log
+    assert "resumed from step" not in train_log
+    records = [json.loads(line) for line in (copy / "results" / "tiny" / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(10, 201, 10))
+
+    fresh = snakemake(copy, "--configfile", str(TINY), "--config", "run_name=tiny-fresh", "train={lr: 0.004}")
+    assert fresh.returncode == 0, fresh.stdout[-3000:] + fresh.stderr[-3000:]
+    assert planned_rules(fresh) == {"smoke", "train", "eval", "report"}  # the data stages were already built
+    ours = model_weights(copy / "results" / "tiny" / "train" / "model.safetensors")
+    theirs = model_weights(copy / "results" / "tiny-fresh" / "train" / "model.safetensors")
+    original = model_weights(workdir / "results" / "tiny" / "train" / "model.safetensors")
+    assert ours.keys() == theirs.keys() and all((ours[k] == theirs[k]).all() for k in ours)
+    assert any((ours[k] != original[k]).any() for k in ours)  # not the lr 0.005 model exported again
+    assert json.loads((copy / "results" / "tiny-fresh" / "layout.json").read_text())["data"] == \
+        json.loads((copy / "results" / "tiny" / "layout.json").read_text())["data"]
+
+
+def test_forcerun_train_on_a_finished_run_trains_it_again(finished_run, tmp_path):
+    """README's "redo a stage": --forcerun train on a finished run trains from step 0 (the same
+    weights, deterministic on CPU) and keeps the finished run's checkpoints under superseded/."""
+    workdir, run, _ = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete"))
+    redo = snakemake(copy, "--configfile", str(TINY), "--forcerun", "train", "--until", "train")
+    assert redo.returncode == 0, redo.stdout[-3000:] + redo.stderr[-3000:]
+    assert planned_rules(redo) == {"train"}
+    train = copy / "results" / "tiny" / "train"
+    assert [json.loads(line)["step"] for line in (train / "metrics.jsonl").read_text().splitlines()] == list(range(10, 201, 10))
+    [aside] = (train / "superseded").iterdir()
+    assert (aside / "checkpoints" / "step-0000200" / "complete.json").is_file() and (aside / "metrics.jsonl").is_file()
+    ours, before = model_weights(train / "model.safetensors"), model_weights(run / "train" / "model.safetensors")
+    assert all((ours[k] == before[k]).all() for k in before)
+
+
+SWEEP = ROOT / "config" / "experiments" / "stdlib-lr-sweep.yaml"
+
+
+def test_a_three_arm_sweep_builds_the_data_once_and_overlays_the_arms(tmp_path):
+    """The shipped CPU sweep over the tiny run's data (README: how to sweep): Snakemake's own job list
+    has each data stage once and smoke, train, eval and report once per arm; the overlay report marks
+    the arm with the lowest held-out loss; kiln status lists the arms. Then a fourth value added to
+    the sweep runs that arm alone."""
+    argv = ("--configfile", str(TINY), str(SWEEP), "--config", "train={budget: null}")
+    result = snakemake(tmp_path, *argv)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    table = out[out.index("Job stats:"):].split("\n\n")[0].splitlines()[3:]
+    counts = {rule: int(n) for rule, n in (line.split() for line in table)}
+    assert counts == {"download": 1, "tokenizer": 1, "pretokenize": 1, "shard": 1, "smoke": 3, "train": 3, "eval": 3,
+                      "report": 3, "sweep_report": 1, "all": 1, "total": 18}
+    arms = [f"stdlib-lr-sweep-lr-{lr}" for lr in ("0.002", "0.008", "0.02")]
+    results = tmp_path / "results"
+    val = {arm: json.loads((results / arm / "eval" / "metrics.json").read_text())["val_loss"] for arm in arms}
+    assert len(set(val.values())) == 3 and all((results / arm / "report.md").is_file() for arm in arms)
+    summary = json.loads((results / "stdlib-lr-sweep" / "sweep.json").read_text())
+    assert summary["best"] == min(val, key=val.get)
+    assert [a["values"] for a in summary["arms"]] == [{"train.lr": lr} for lr in (0.002, 0.008, 0.02)]
+    report = (results / "stdlib-lr-sweep" / "sweep.md").read_text()
+    assert f"| {summary['best']} **best** | 0.0" in report and all(arm in report for arm in arms)
+    assert (results / "stdlib-lr-sweep" / "sweep.png").stat().st_size > 10_000
+    status = subprocess.run([VENV_BIN + "/kiln", "status", "results/stdlib-lr-sweep", "--directory", str(tmp_path)],
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0 and status.stdout.count(" complete in ") == 3, status.stdout
+
+    wider = tmp_path / "wider.yaml"
+    wider.write_text(SWEEP.read_text().replace("[0.002, 0.008, 0.02]", "[0.002, 0.008, 0.02, 0.001]"))
+    again = snakemake(tmp_path, "-n", "--configfile", str(TINY), str(wider), "--config", "train={budget: null}")
+    assert again.returncode == 0 and planned_rules(again) == {"smoke", "train", "eval", "report", "sweep_report"}
+    assert again.stdout.count("results/stdlib-lr-sweep-lr-0.001/train/summary.json") >= 1
+    assert "stdlib-lr-sweep-lr-0.002/train/summary.json" not in again.stdout.split("rule train:")[1].split("rule ")[0]
+
+
+def test_a_run_continues_from_a_finished_runs_weights(finished_run, tmp_path):
+    """README's "how to continue": a second run with train.init_from {run: tiny} on the same data builds
+    no data, validates before its first step at exactly the source's last validation, trains its own
+    50 steps, and its report names where the weights came from."""
+    workdir, _, _ = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete"))
+    result = snakemake(copy, "--configfile", str(TINY), "--config", "run_name=tiny-continued",
+                       "train={init_from: {run: tiny}, max_steps: 50, warmup_steps: 0, lr: 0.001, min_lr: 0.0001}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert planned_rules(result) == {"smoke", "train", "eval", "report"}
+    source = [json.loads(line) for line in (copy / "results" / "tiny" / "train" / "metrics.jsonl").read_text().splitlines()]
+    continued = [json.loads(line) for line in
+                 (copy / "results" / "tiny-continued" / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert continued[0]["step"] == 0 and continued[0]["val_loss"] == pytest.approx(source[-1]["val_loss"], rel=1e-6)
+    assert [r["step"] for r in continued] == [0, 10, 20, 30, 40, 50]
+    assert continued[1]["loss"] < source[0]["loss"] - 1  # it starts trained
+    report = (copy / "results" / "tiny-continued" / "report.md").read_text()
+    assert "| initial weights | run results/tiny/train (weights) |" in report

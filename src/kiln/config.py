@@ -105,6 +105,12 @@ def _check_relations(cfg: dict) -> list[str]:
         )
     if "dollars" in (train["budget"] or {}) and not cfg["smoke"]["price_per_gpu_hour"]:
         problems.append("train.budget: dollars needs smoke.price_per_gpu_hour, the price of one device-hour, above 0")
+    init = train["init_from"]
+    if init is not None and len({"run", "checkpoint", "hf"} & set(init)) != 1:
+        problems.append("train.init_from: give exactly one of run, checkpoint or hf")
+    elif init is not None and init.get("optimizer") and "hf" in init:
+        problems.append("train.init_from.optimizer: a Hugging Face export holds no optimizer state; "
+                        "use run or checkpoint")
     if train["node_rank"] >= train["nnodes"]:
         problems.append(f"train.node_rank: {train['node_rank']} must be below train.nnodes={train['nnodes']}")
     if train["async_checkpoint"] and checkpoint_format(train) != "sharded":

@@ -172,6 +172,24 @@ class Layout:
                         "(it is written when snakemake starts)")
 
 
+def init_folder(spec: dict, root: str | Path = RESULTS) -> Path:
+    """What train.init_from reads: {run: NAME} is results/NAME/train; {checkpoint: F} and {hf: F}
+    are the folder F."""
+    if "run" in spec:
+        return Layout(run=spec["run"], root=root, keys={}).folder("train")
+    return Path(spec["checkpoint"] if "checkpoint" in spec else spec["hf"])
+
+
+def init_input(spec: dict | None, root: str | Path = RESULTS) -> list[str]:
+    """The train rule's input for train.init_from (another run's final weights, or the folder), so
+    the run waits for it and reruns when it changes; none for a random init."""
+    if not spec:
+        return []
+    if "run" in spec:
+        return [Layout(run=spec["run"], root=root, keys={}).output("train", "model.safetensors")]
+    return [str(init_folder(spec, root))]
+
+
 def set_aside(train_dir: Path) -> Path | None:
     """Move a superseded trajectory's files (TRAJECTORY) to train/superseded/<UTC time>/, each with
     one rename; None when there were none."""

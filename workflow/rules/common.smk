@@ -50,6 +50,12 @@ def sweep_outputs():
     return list(kiln_layout.sweep_outputs(SWEEP).values()) if SWEEP else []
 
 
+def init_source(wildcards):
+    """What train.init_from reads (another run's final weights, a checkpoint or an HF export), so the
+    run waits for it and reruns when it changes; nothing for a run from a random init."""
+    return kiln_layout.init_input(RUNS[wildcards.run]["train"]["init_from"])
+
+
 def threads_per_rank(wildcards, threads):
     """torchrun sets OMP_NUM_THREADS=1 per process; give each rank its share of the job's cores."""
     return max(1, threads // RUNS[wildcards.run]["train"]["nproc_per_node"])

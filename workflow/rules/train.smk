@@ -11,6 +11,7 @@ rule train:
         smoke=rules.smoke.output.report,
         plan=rules.smoke.output.plan,
         tokenizer=upstream("tokenizer", "tokenizer.json"),
+        init=init_source,
     output:
         model=P.output("train", "model.safetensors"),
         model_config=P.output("train", "model_config.json"),

@@ -27,6 +27,8 @@ def plot_loss(records: list[dict], png: Path, unigram: float | None = None, refe
     per token) a right-hand axis reads the curves in bits per byte."""
     fig, (ax, ax_lr, ax_speed, ax_mfu) = plt.subplots(4, 1, figsize=(7, 8.5), dpi=120, sharex=True,
                                                       gridspec_kw={"height_ratios": [3, 1, 1, 1]})
+    val = [r for r in records if "val_loss" in r]  # step 0 too, in a run started from other weights
+    records = [r for r in records if "loss" in r]  # training log steps
     steps = [r["step"] for r in records]
     ax_lr.plot(steps, [r["lr"] for r in records], lw=1.2, color="tab:green")
     ax_lr.set_ylabel("learning rate")
@@ -45,7 +47,6 @@ def plot_loss(records: list[dict], png: Path, unigram: float | None = None, refe
     for a in (ax_lr, ax_speed, ax_mfu):
         a.grid(alpha=0.3)
     ax.plot(steps, [r["loss"] for r in records], label="train loss", lw=1.2)
-    val = [r for r in records if "val_loss" in r]
     if val:
         ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="val loss", lw=1.2)
     if unigram is not None:
@@ -148,6 +149,7 @@ def _config_summary(cfg: dict, train_result: dict) -> list[str]:
         f"| optimisation | {train_result['steps']:,} steps{_budget_note(train['budget'])}, lr {train['lr']:g} -> {train['min_lr']:g} ({train['schedule']}, "
         f"{train['warmup_steps']} warmup), weight decay {train['weight_decay']:g}, clip {train['grad_clip']:g}, {train['precision']} |",
         f"| seed | {cfg['seed']} |",
+        f"| initial weights | {train_result.get('init_from') or 'random (seed)'} |",
     ]
 
 

@@ -77,7 +77,7 @@ def collect(runs: dict[str, dict], varied: list[str], results: Path) -> tuple[li
                         train_loss=losses[-1] if losses else None, val_loss=metrics["val_loss"],
                         val_bpb=metrics.get("val_bits_per_byte"), tokens_per_s=summary["tokens_per_s"],
                         time_s=time_s, cost=time_s / 3600 * ranks * price if price else None,
-                        init_from=metrics.get("init_from")))
+                        init_from=summary.get("init_from")))
         curves[run] = records
     return arms, curves
 

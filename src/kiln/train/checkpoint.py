@@ -293,6 +293,15 @@ def load_weights(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
     return weights, {"step": int(state["step"]), "tokens": int(state["tokens_seen"])}
 
 
+def load_full(folder: Path) -> dict:
+    """The whole state of the checkpoint in `folder` (hash-checked), e.g. another run's optimizer
+    state for train.init_from; an error saying why when it does not read."""
+    try:
+        return _load(Path(folder))
+    except Unreadable as exc:
+        raise KilnError(f"{folder}: checkpoint unusable: {exc}") from exc
+
+
 def read_shards(shards: Path, into: dict) -> None:
     """Fill `into` (parallel.sharded_state's layout, this run's ranks) in place from a sharded
     checkpoint's `shards` folder (a loaded state's SHARDS), resharded from whatever layout wrote it.

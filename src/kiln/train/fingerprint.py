@@ -30,9 +30,11 @@ NOT_TRAJECTORY = frozenset({
 })
 
 
-def trajectory(train: dict, steps: int) -> dict:
-    """The train settings a checkpoint must share with the run that resumes it, and the steps it trains."""
-    return {key: value for key, value in sorted(train.items()) if key not in NOT_TRAJECTORY} | {"steps": steps}
+def trajectory(train: dict, steps: int, init_sha256: str | None = None) -> dict:
+    """The train settings a checkpoint must share with the run that resumes it, the steps it trains
+    and, for a run started from another model's weights (train.init_from), what those were."""
+    own = {key: value for key, value in sorted(train.items()) if key not in NOT_TRAJECTORY} | {"steps": steps}
+    return own | ({"init_from_sha256": init_sha256} if init_sha256 else {})
 
 
 def of_run(model: dict, manifest: dict, seed: int, train: dict) -> dict:
@@ -75,8 +77,9 @@ def differences(saved: dict, current: dict) -> list[str]:
     old_train, new_train = saved.get("train", {}), current.get("train", {})
     for key in sorted(set(old_train) | set(new_train)):
         if old_train.get(key) != new_train.get(key):
-            where = "steps trained" if key == "steps" else f"train.{key}"
-            out.append(f"{where}: {old_train.get(key)!r} in the checkpoint, {new_train.get(key)!r} now")
+            where = {"steps": "steps trained", "init_from_sha256": "train.init_from's weights (sha256)"}.get(
+                key, f"train.{key}")
+            out.append(f"{where}: {_short(old_train.get(key))} in the checkpoint, {_short(new_train.get(key))} now")
     for part in sorted((set(saved) | set(current)) - set(PARTS)):  # parts of an older Kiln's fingerprint
         out.append(f"{part}: only in {'the checkpoint' if part in saved else 'this run'} (a checkpoint of an older Kiln)")
     return out

@@ -166,6 +166,11 @@ def load_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, read:
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
+def load_full_model_state(model: nn.Module, model_state: dict) -> None:
+    """Whole weights (every rank passes all of them) into the model, each rank keeping its part."""
+    set_model_state_dict(model, model_state, options=SCATTER)
+
+
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict,
                     optimizer_state: dict) -> None:
     set_model_state_dict(model, model_state, options=SCATTER)

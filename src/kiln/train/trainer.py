@@ -44,10 +44,11 @@ from kiln import layout
 from kiln.io import remove_dead_temps
 from kiln.model.build import build_model, save_model
 from kiln.model.registry import resolve
-from kiln.train import checkpoint, device, faults, fingerprint, parallel
+from kiln.train import checkpoint, device, faults, fingerprint, init_from, parallel
 from kiln.train.distributed import (collective_deadline, init_distributed, max_across_ranks, mean_across_ranks,
                                     shutdown, sum_across_ranks)
 from kiln.train.health import SpikeDetector
+from kiln.train.init_from import InitSource
 from kiln.train.metrics import (MetricsSink, Throughput, flops_per_token, flops_per_token_torchtitan, memory_mb,
                                 peak_flops)
 from kiln.train.optim import build_adamw
@@ -80,6 +81,7 @@ class RunResult:
     tokens_seen: int = 0
     wall_s: float = 0.0  # the loop's wall time in this process, validation and checkpoints included
     is_main: bool = True  # rank 0, the rank that writes reports
+    init_from: str | None = None  # where the initial weights came from (train.init_from), None: a random init
 
 
 def seed_rank_stream(seed: int, rank: int) -> None:
@@ -131,6 +133,8 @@ class Trainer:
         self.spikes = SpikeDetector(train["spike_factor"])
         self.faults, self.stop = faults.NONE, StopSignal()  # fit() sets both; the smoke stage has neither
         self.flags = torch.zeros(2, device=self.d.device)  # the last step's [non-finite, stop signal]
+        self.init_source: InitSource | None = None  # train.init_from, resolved by fit (which knows results/)
+        self.init_sha256: str | None = None
 
     @property
     def fingerprint(self) -> dict:
@@ -138,7 +142,7 @@ class Trainer:
         tokenizer, shards, seed and the train settings that shape the trajectory (steps included);
         not the rank layout, which may change on resume, nor logging and checkpoint cadence."""
         return fingerprint.of_run(self.cfg.to_dict(), self.rows.manifest, self.seed,
-                                  fingerprint.trajectory(self.train_cfg, self.max_steps))
+                                  fingerprint.trajectory(self.train_cfg, self.max_steps, self.init_sha256))
 
     def state_dict(self) -> dict:
         """Everything needed to continue exactly but model and optimizer (on rank 0; collective)."""
@@ -258,6 +262,9 @@ class Trainer:
             checkpoint.remove_dead_temps(ckpt_root)
             for path in remove_dead_temps(out_dir):
                 log.info("removed %s, left by a writer that died", path)
+        if train["init_from"]:  # out_dir is results/<run>/train: a source run is named under results/
+            self.init_source = InitSource.of(train["init_from"], out_dir.parents[1])
+            self.init_sha256 = self.init_source.identity()
         requested = os.environ.get(checkpoint.RESUME_ENV)
         if requested:  # resumed on purpose: an error if it is another run's, and no longer finished
             if d.is_main:
@@ -268,8 +275,11 @@ class Trainer:
         if state is not None:
             self.load_state_dict(state)
             log.info("resumed from step %d (%d tokens seen)", self.step, self.tokens_seen)
+        elif self.init_source is not None:
+            self._start_from(self.init_source)
         result = RunResult(n_params=self.model.num_params(non_embedding=False), is_main=d.is_main,
-                           tokens_per_step=self.plan.tokens_per_step, grad_accum=self.plan.grad_accum)
+                           tokens_per_step=self.plan.tokens_per_step, grad_accum=self.plan.grad_accum,
+                           init_from=self.init_source.describe() if self.init_source else None)
         if d.is_main:
             log.info("model: %s, %s parameters; %d ranks (%s) x %d micro-batches x %d rows x %d tokens = %d tokens/step",
                      self.cfg.to_dict(), f"{result.n_params:,}", d.world, train["parallel"], self.plan.grad_accum,
@@ -278,6 +288,8 @@ class Trainer:
                            self.sections, enabled=d.is_main, resume_step=self.step)
         meter = Throughput(flops_per_token(self.model), peak_flops(d.device), d.world,
                            flops_per_token_torchtitan(self.model))
+        if self.step == 0 and self.init_source is not None:  # where the source left off, before any step
+            self._log_start_validation(sink, sampler)
         log_every = train["log_every"]
         unread, window, window_tokens = [], _Window(), 0
         self.faults = faults.from_env(d.rank)
@@ -345,6 +357,36 @@ class Trainer:
             save_model(self.cfg, weights, out_dir)
             checkpoint.mark_finished(ckpt_root, self.step)
         return result
+
+    def _start_from(self, source: InitSource) -> None:
+        """Load train.init_from's weights (and AdamW state, when asked) into the fresh model. The
+        optimizer's hyperparameters stay this run's: only the moments and step counts are taken."""
+        weights = source.weights()
+        ours = self.model.state_dict()
+        if self.cfg.tie_embeddings and "lm_head.weight" not in weights:
+            weights["lm_head.weight"] = weights["wte.weight"]
+        init_from.check_same_shape(source, weights, ours)
+        init_from.check_same_tokenizer(source, self.rows.manifest.get("tokenizer_sha256"))
+        if source.optimizer:
+            settings = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
+            parallel.load_full_state(self.model, self.optimizer, weights, source.optimizer_state())
+            for group, own in zip(self.optimizer.param_groups, settings):
+                group.update(own)
+        else:
+            parallel.load_full_model_state(self.model, weights)
+        if self.d.is_main:
+            log.info("train: starting from %s, not from a random init", source.describe())
+
+    def _log_start_validation(self, sink: MetricsSink, sampler: Sampler | None) -> None:
+        """A validation at step 0 of a run that starts from another model's weights, in metrics.jsonl
+        (step 0, tokens 0, no training figures): the source's last validation, on this run's data."""
+        record = {"step": 0, "tokens": 0, "val_loss": self.evaluate(), "init_from": self.init_source.describe()}
+        record["val_bpb"] = self._bits_per_byte(record["val_loss"], "val")
+        samples = self._sample(sampler)
+        if self.d.is_main:
+            log.info("step 0 | val loss %.4f (the weights of %s)", record["val_loss"], self.init_source.describe())
+            sink.log_samples(0, samples)
+        sink.log(record)
 
     def _since_start(self) -> float:
         return 0.0 if self._loop_start is None else time.perf_counter() - self._loop_start

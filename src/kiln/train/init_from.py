@@ -1,0 +1,123 @@
+"""train.init_from: start a run from another model's weights (continued training, mid-training on
+other data, more steps than a finished run had), never by resuming that run's checkpoints.
+
+A source is one of
+    {run: NAME}             results/NAME/train: its final weights (model.safetensors); with
+                            optimizer: true, the AdamW state of its newest checkpoint
+    {checkpoint: FOLDER}    a checkpoint folder (kiln.train.checkpoint); optimizer: true takes its AdamW state
+    {hf: FOLDER}            a Hugging Face export (kiln.model.hf.load), weights only
+
+The schedule, steps, data and seed are the new run's own; its model shape must be the source's (an
+error names the first weight that differs), and so must its tokenizer where the source records it.
+What the source is goes into the fingerprint (`identity`: the sha256 of its weights file), so a
+source that is retrained restarts the runs that continue it rather than resume them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kiln import layout
+from kiln.errors import KilnError
+from kiln.io import read_json, sha256_file
+from kiln.model import hf
+from kiln.model.build import WEIGHTS_FILE, load_model
+from kiln.train import checkpoint
+
+KINDS = ("run", "checkpoint", "hf")
+
+
+@dataclass(frozen=True)
+class InitSource:
+    kind: str
+    folder: Path  # what is read: a train folder, a checkpoint folder or an HF export
+    optimizer: bool
+
+    @classmethod
+    def of(cls, spec: dict, results: str | Path = layout.RESULTS) -> "InitSource":
+        kind = next(k for k in KINDS if k in spec)
+        return cls(kind, layout.init_folder(spec, results), bool(spec.get("optimizer")))
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.folder}" + (" (weights and optimizer state)" if self.optimizer else " (weights)")
+
+    def _checkpoint_folder(self) -> Path:
+        if self.kind == "checkpoint":
+            return self.folder
+        found = checkpoint.kept(self.folder / layout.CHECKPOINTS)
+        if not found:
+            raise KilnError(f"train.init_from: {self.folder / layout.CHECKPOINTS} holds no complete checkpoint to take "
+                            "the optimizer state from (optimizer: true)")
+        return found[-1][1]
+
+    def identity(self) -> str:
+        """sha256 of what the weights are read from (and the checkpoint, with the optimizer state)."""
+        if self.kind == "checkpoint":
+            files = [self.folder / checkpoint.MANIFEST]
+        else:
+            files = [self.folder / WEIGHTS_FILE]
+            if self.optimizer:
+                files.append(self._checkpoint_folder() / checkpoint.MANIFEST)
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise KilnError(f"train.init_from: {', '.join(missing)} not found (is {self.folder} a {self.kind}?)")
+        return hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The source's model state dict on the CPU, under Kiln's parameter names. A GPT-2 export of
+        a bias-free model carries zero biases (transformers' GPT-2 always has them): those are left out."""
+        if self.kind == "hf":
+            state = hf.load(self.folder).state_dict()
+            return {k: v for k, v in state.items() if not (k.endswith(".bias") and not v.any())}
+        if self.kind == "run":
+            return load_model(self.folder).state_dict()
+        return checkpoint.load_weights(self.folder)[0]
+
+    def optimizer_state(self) -> dict:
+        """The full-format AdamW state of the source's checkpoint."""
+        folder = self._checkpoint_folder()
+        state = checkpoint.load_full(folder)
+        if "optimizer" not in state:
+            raise KilnError(f"train.init_from: {folder} is a sharded checkpoint; taking its optimizer state is not "
+                            "supported: drop optimizer: true, or continue from a full-format checkpoint")
+        return state["optimizer"]
+
+    def tokenizer_sha256(self) -> str | None:
+        """The tokenizer the source was trained with, where it records it."""
+        if self.kind == "hf":
+            path = self.folder / "tokenizer.json"
+            return sha256_file(path) if path.is_file() else None
+        folder = self.folder if self.kind == "checkpoint" else self._newest_or_none()
+        if folder is None:
+            return None
+        return read_json(folder / checkpoint.MANIFEST)["fingerprint"].get("tokenizer")
+
+    def _newest_or_none(self) -> Path | None:
+        found = checkpoint.kept(self.folder / layout.CHECKPOINTS)
+        return found[-1][1] if found else None
+
+
+def check_same_shape(source: InitSource, theirs: dict[str, torch.Tensor], ours: dict[str, torch.Tensor]) -> None:
+    """An error naming the first weight whose name or shape differs between source and model."""
+    missing, extra = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
+    if missing or extra:
+        raise KilnError(f"train.init_from: {source.describe()} is another architecture than this run's model: "
+                        f"{len(missing)} weights missing ({', '.join(missing[:3])}), {len(extra)} not in this model "
+                        f"({', '.join(extra[:3])}); set model: to the source's shape")
+    for name in ours:
+        if tuple(theirs[name].shape) != tuple(ours[name].shape):
+            raise KilnError(f"train.init_from: {source.describe()}: weight {name} is {tuple(theirs[name].shape)}, "
+                            f"this run's model has {tuple(ours[name].shape)}; set model: to the source's shape "
+                            "(and tokenizer: to its tokenizer)")
+
+
+def check_same_tokenizer(source: InitSource, shards_tokenizer: str | None) -> None:
+    theirs = source.tokenizer_sha256()
+    if theirs and shards_tokenizer and theirs != shards_tokenizer:
+        raise KilnError(f"train.init_from: {source.describe()} was trained with another tokenizer (sha256 "
+                        f"{theirs[:12]}…) than this run's shards (sha256 {shards_tokenizer[:12]}…): token ids would "
+                        "mean other things; give this run the source's tokenizer (tokenizer: {kind: file, path: ...})")
