@@ -22,9 +22,18 @@ def tiny() -> dict:
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
 def test_shipped_configs_validate(path):
-    cfg = run_config.load(path)
-    train = cfg["train"]
-    assert train["budget"] is not None or train["max_steps"] > train["warmup_steps"]
+    """A run file alone; a sweep file over the run it is given after (tests/test_run_configs.py runs
+    those through Snakemake), every arm validated."""
+    if "sweep" in kiln_config.read_yaml(path):
+        base = ROOT / "config" / ("config.yaml" if path.name.startswith("stdlib") else "experiments/fineweb-edu-gpt2-124m.yaml")
+        runs = run_config.resolve_experiment([base, path]).runs
+        with pytest.raises(ConfigError, match="a sweep of 3 runs"):
+            run_config.load(path)
+    else:
+        runs = {"run": run_config.load(path)}
+    for cfg in runs.values():
+        train = cfg["train"]
+        assert train["budget"] is not None or train["max_steps"] > train["warmup_steps"]
 
 
 def test_defaults_are_filled_without_touching_the_input(tiny):

@@ -91,8 +91,9 @@ def resolve_experiment(configfiles: Sequence[str | Path] = (), overrides: Mappin
 def load(path: str | Path) -> dict:
     """One run file, validated: what `snakemake --configfile path` runs. A sweep is several runs: an
     error naming them (a stage run by hand takes one arm's settings)."""
-    experiment = resolve_experiment([path])
-    if experiment.sweep:
-        raise ConfigError(f"{path}: a sweep of {len(experiment.runs)} runs ({', '.join(experiment.runs)}); "
-                          "a stage run by hand takes one run's config: write that arm's settings to a file")
-    return experiment.runs[experiment.name]
+    spec = kiln_config.read_yaml(path).get(sweep.SWEEP)
+    if spec:
+        arms = list(sweep.arm_overrides(spec))
+        raise ConfigError(f"{path}: a sweep of {len(arms)} runs ({', '.join(arms)}); a stage run by hand takes "
+                          "one run's config: write that arm's settings to a file")
+    return resolve([path])
