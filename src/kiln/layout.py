@@ -232,9 +232,10 @@ def legacy_data(run_dir: Path) -> list[str]:
 
 
 def legacy_message(run_dir: Path, found: list[str], layout: Layout | None = None) -> str:
+    moves = [f"mv {run_dir / BY_NAME[s].folder} {layout.folder(s)}" for s in DATA_STAGES
+             if layout is not None and BY_NAME[s].folder in found]
     where = (f"; if they were made with the data settings of this config, move them instead of rebuilding: "
-             + "; ".join(f"mv {run_dir / BY_NAME[s].folder} {layout.folder(s)}" for s in DATA_STAGES
-                         if BY_NAME[s].folder in found)) if layout is not None else ""
+             f"mkdir -p {layout.data_dir}; " + "; ".join(moves)) if moves else ""
     return (f"{run_dir}: {', '.join(f + '/' for f in found)} are data stages from an older Kiln, which kept them "
             f"in each run's folder; they are no longer read: data stages now live in {Path(run_dir).parent / DATA}/, "
             f"shared by every run with the same data settings, and are rebuilt there{where}. "

@@ -92,7 +92,10 @@ def test_a_train_job_at_its_time_limit_saves_and_the_rerun_continues(slurm_clust
     assert re.findall(r"every rank saved step (\d+)", log) == [str(step)] * 2, log[-4000:]  # both ranks, one step
     assert "the ranks exited with code 75 (PREEMPTED)" in log and "exit status 75" in first.stdout
     [row] = slurm_cluster.wait_done([train_job(first.stdout)])
-    assert row["State"] == "FAILED", row  # it ended itself (exit 75) before Slurm's kill (TIMEOUT)
+    # FAILED: it ended itself (exit 75) on the profile's warning signal, before the limit. Under load
+    # slurmctld has been seen to send no warning and only the time limit's own SIGTERM (state TIMEOUT,
+    # then SIGKILL after KillWait): the ranks save on that one just the same, as asserted above.
+    assert row["State"] in ("FAILED", "TIMEOUT"), row
     checkpoints = workdir / "results" / "tiny" / "train" / "checkpoints"
     assert (checkpoints / f"step-{step:07d}" / "complete.json").is_file()
 

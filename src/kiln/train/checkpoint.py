@@ -21,8 +21,11 @@ A resume does not trust LATEST (a run killed between the rename and the marker, 
 would otherwise restart from an older step or from scratch): it takes the newest folder whose
 complete.json is there and whose files match it; a torn or unreadable one is skipped with a log line
 and the one before it tried. A checkpoint asked for by name (KILN_RESUME_FROM, or eval's
-`load_weights`) is an error when it does not read. A checkpoint of another run (kiln.train.fingerprint:
-model, tokenizer, shards, seed, global batch) is an error naming what differs. Pruning keeps the
+`load_weights`) is an error when it does not read. A checkpoint of another trajectory
+(kiln.train.fingerprint: model, tokenizer, shards, seed, training settings) is an error naming what
+differs; before that, a train job sets such checkpoints aside (`superseded_by` says why, from
+complete.json alone) and starts over, as it does after FINISHED, the marker a run that trained all
+its steps leaves (`mark_finished`): a train job on a finished run was asked to train again. Pruning keeps the
 newest `keep` complete checkpoints up to the one just written, so the newest complete checkpoint is
 never removed; folders past it (an unreadable one that was skipped, or the history a
 KILN_RESUME_FROM rollback discarded) are removed.

@@ -93,6 +93,6 @@ def require_same(saved: dict | str, current: dict | str, where: str, root) -> No
     if isinstance(saved, dict) and isinstance(current, dict):
         what = "; ".join(differences(saved, current)) or "fingerprint parts differ"
     else:
-        what = "one is a bare digest (a checkpoint from an older Kiln): model, data, seed or global batch changed"
+        what = "one is a bare digest (a checkpoint from an older Kiln): model, data, seed or training settings changed"
     raise KilnError(f"{where}: checkpoint fingerprint does not match this run's: {what}; delete {root} to "
                     "start over, or restore what changed")

@@ -26,7 +26,7 @@ from kiln.errors import KilnError
 from kiln.io import read_json, sha256_file
 from kiln.model import hf
 from kiln.model.build import WEIGHTS_FILE, load_model
-from kiln.train import checkpoint
+from kiln.train import checkpoint, parallel
 
 KINDS = ("run", "checkpoint", "hf")
 
@@ -121,3 +121,22 @@ def check_same_tokenizer(source: InitSource, shards_tokenizer: str | None) -> No
         raise KilnError(f"train.init_from: {source.describe()} was trained with another tokenizer (sha256 "
                         f"{theirs[:12]}…) than this run's shards (sha256 {shards_tokenizer[:12]}…): token ids would "
                         "mean other things; give this run the source's tokenizer (tokenizer: {kind: file, path: ...})")
+
+
+def load_into(source: InitSource, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              shards_tokenizer: str | None) -> None:
+    """Load the source's weights (and AdamW state, when asked) into a fresh, parallelized model (every
+    rank passes the whole state and keeps its part). The optimizer's hyperparameters stay this
+    run's: only the moments and step counts are taken."""
+    weights = source.weights()
+    if "lm_head.weight" not in weights and "lm_head.weight" in model.state_dict():  # a tied head
+        weights["lm_head.weight"] = weights["wte.weight"]
+    check_same_shape(source, weights, model.state_dict())
+    check_same_tokenizer(source, shards_tokenizer)
+    if not source.optimizer:
+        parallel.load_full_model_state(model, weights)
+        return
+    settings = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    parallel.load_full_state(model, optimizer, weights, source.optimizer_state())
+    for group, own in zip(optimizer.param_groups, settings):
+        group.update(own)

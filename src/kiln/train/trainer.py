@@ -262,21 +262,7 @@ class Trainer:
             checkpoint.remove_dead_temps(ckpt_root)
             for path in remove_dead_temps(out_dir):
                 log.info("removed %s, left by a writer that died", path)
-        if train["init_from"]:  # out_dir is results/<run>/train: a source run is named under results/
-            self.init_source = InitSource.of(train["init_from"], out_dir.parents[1])
-            self.init_sha256 = self.init_source.identity()
-        requested = os.environ.get(checkpoint.RESUME_ENV)
-        if requested:  # resumed on purpose: an error if it is another run's, and no longer finished
-            if d.is_main:
-                checkpoint.clear_finished(ckpt_root)
-        else:
-            self._set_aside_superseded(out_dir)
-        state = checkpoint.load_latest(ckpt_root, self.fingerprint, requested)
-        if state is not None:
-            self.load_state_dict(state)
-            log.info("resumed from step %d (%d tokens seen)", self.step, self.tokens_seen)
-        elif self.init_source is not None:
-            self._start_from(self.init_source)
+        self._resume_or_start(out_dir)
         result = RunResult(n_params=self.model.num_params(non_embedding=False), is_main=d.is_main,
                            tokens_per_step=self.plan.tokens_per_step, grad_accum=self.plan.grad_accum,
                            init_from=self.init_source.describe() if self.init_source else None)
@@ -358,22 +344,27 @@ class Trainer:
             checkpoint.mark_finished(ckpt_root, self.step)
         return result
 
+    def _resume_or_start(self, out_dir: Path) -> None:
+        """Continue the newest checkpoint of this trajectory (or the one KILN_RESUME_FROM names); else
+        start over, setting aside another trajectory's checkpoints, from train.init_from's weights
+        or the random init."""
+        ckpt_root = out_dir / layout.CHECKPOINTS
+        if self.train_cfg["init_from"]:  # out_dir is results/<run>/train: a source run is named under results/
+            self.init_source = InitSource.of(self.train_cfg["init_from"], out_dir.parents[1])
+            self.init_sha256 = self.init_source.identity()
+        requested = os.environ.get(checkpoint.RESUME_ENV)
+        if requested and self.d.is_main:  # resumed on purpose: an error if it is another run's; not finished now
+            checkpoint.clear_finished(ckpt_root)
+        superseded = not requested and self._superseded(out_dir)
+        state = None if superseded else checkpoint.load_latest(ckpt_root, self.fingerprint, requested)
+        if state is not None:
+            self.load_state_dict(state)
+            log.info("resumed from step %d (%d tokens seen)", self.step, self.tokens_seen)
+        elif self.init_source is not None:
+            self._start_from(self.init_source)
+
     def _start_from(self, source: InitSource) -> None:
-        """Load train.init_from's weights (and AdamW state, when asked) into the fresh model. The
-        optimizer's hyperparameters stay this run's: only the moments and step counts are taken."""
-        weights = source.weights()
-        ours = self.model.state_dict()
-        if self.cfg.tie_embeddings and "lm_head.weight" not in weights:
-            weights["lm_head.weight"] = weights["wte.weight"]
-        init_from.check_same_shape(source, weights, ours)
-        init_from.check_same_tokenizer(source, self.rows.manifest.get("tokenizer_sha256"))
-        if source.optimizer:
-            settings = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
-            parallel.load_full_state(self.model, self.optimizer, weights, source.optimizer_state())
-            for group, own in zip(self.optimizer.param_groups, settings):
-                group.update(own)
-        else:
-            parallel.load_full_model_state(self.model, weights)
+        init_from.load_into(source, self.model, self.optimizer, self.rows.manifest.get("tokenizer_sha256"))
         if self.d.is_main:
             log.info("train: starting from %s, not from a random init", source.describe())
 
@@ -391,18 +382,18 @@ class Trainer:
     def _since_start(self) -> float:
         return 0.0 if self._loop_start is None else time.perf_counter() - self._loop_start
 
-    def _set_aside_superseded(self, out_dir: Path) -> None:
-        """A train job on a folder whose checkpoints are another trajectory's (settings changed) or
-        of a finished run (asked to train again) starts over: rank 0 moves that trajectory's files
-        to train/superseded/<time>/ (kiln.layout.set_aside), never deletes them; every rank waits."""
-        if self.d.is_main:
-            why = checkpoint.superseded_by(out_dir / layout.CHECKPOINTS, self.fingerprint)
-            if why is not None:
-                moved = layout.set_aside(out_dir)
-                log.warning("train: starting from step 0: %s; the earlier run's checkpoints and metrics are in %s",
-                            why, moved)
-        if self.d.world > 1:
-            torch.distributed.barrier()
+    def _superseded(self, out_dir: Path) -> bool:
+        """Whether the checkpoints in out_dir are another trajectory's (settings changed) or a
+        finished run's (asked to train again): then the run starts over, and rank 0 moves that
+        trajectory's files to train/superseded/<time>/ (kiln.layout.set_aside), never deleting them.
+        No collective: every rank reads the same files and so decides alike (a rank that looks after
+        rank 0 has moved them finds nothing to resume, which is the same decision)."""
+        why = checkpoint.superseded_by(out_dir / layout.CHECKPOINTS, self.fingerprint)
+        if why is not None and self.d.is_main:
+            moved = layout.set_aside(out_dir)
+            log.warning("train: starting from step 0: %s; the earlier run's checkpoints and metrics are in %s",
+                        why, moved)
+        return why is not None
 
     def _preempted(self, unread: list, synced: bool) -> bool:
         """Whether a rank got a preemption signal, decided alike on every rank: from the flags of this
