@@ -40,7 +40,7 @@ from kiln.io import read_json, write_json
 RESULTS = "results"
 DATA = "data"  # results/data/: the shared stages; no run may be called this
 LAYOUT_FILE = "layout.json"
-KEY_CHARS = 12  # hex digits of sha256: collisions are out of reach for any number of runs
+KEY_CHARS = 12  # hex digits of sha256, 48 bits: a collision would take millions of distinct data settings
 
 
 @dataclass(frozen=True)

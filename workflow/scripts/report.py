@@ -5,7 +5,7 @@ from pathlib import Path
 from kiln.cli import run_main, stage_config, stage_parser
 from kiln.eval.report import plot_loss, read_metrics, render
 from kiln.io import atomic_file, read_json
-from kiln.layout import Layout
+from kiln.layout import METRICS, SAMPLES, Layout
 from kiln.train.verdict import SmokeReport
 
 
@@ -28,13 +28,13 @@ def main() -> None:
         "smoke": SmokeReport.load(paths.output("smoke", "report.json")),
         "plan": read_json(paths.output("smoke", "plan.json")),
         "train": read_json(paths.output("train", "summary.json")),
-        "train_samples": read_metrics(train / "samples.jsonl"),
+        "train_samples": read_metrics(train / SAMPLES),
         "eval": read_json(paths.output("eval", "metrics.json")),
         "samples": read_json(paths.output("eval", "samples.json")),
     }
     with atomic_file(args.plot) as tmp:
         ev = data["eval"]
-        plot_loss(read_metrics(train / "metrics.jsonl"), tmp, ev["unigram_val_loss"], cfg["eval"]["reference"],
+        plot_loss(read_metrics(train / METRICS), tmp, ev["unigram_val_loss"], cfg["eval"]["reference"],
                   bits_per_nat=ev["val_bits_per_byte"] / ev["val_loss"])
     with atomic_file(args.report) as tmp:
         tmp.write_text(render(cfg["run_name"], data, args.plot.name), encoding="utf-8")

@@ -20,7 +20,7 @@ import numpy as np
 
 from kiln.eval.report import read_metrics
 from kiln.io import read_json
-from kiln.layout import Layout
+from kiln.layout import METRICS, Layout
 from kiln.train.tables import format_eta
 
 matplotlib.use("Agg")
@@ -66,7 +66,7 @@ def collect(runs: dict[str, dict], varied: list[str], results: Path) -> tuple[li
         paths = Layout(cfg, root=results)
         summary = read_json(paths.output("train", "summary.json"))
         metrics = read_json(paths.output("eval", "metrics.json"))
-        records = read_metrics(paths.folder("train") / "metrics.jsonl")
+        records = read_metrics(paths.folder("train") / METRICS)
         time_s = _stage_seconds(paths, summary)
         train = cfg["train"]
         price = cfg["smoke"]["price_per_gpu_hour"]
