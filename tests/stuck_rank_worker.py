@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from kiln.cli import run_main
 from kiln.errors import KilnError
 from kiln.train.trainer import Trainer, run
 
@@ -34,8 +35,8 @@ def main() -> None:
         run(sections, shards, Path(plan["out"]))
     except KilnError as exc:
         Path(plan["error_out"]).write_text(str(exc))
-        sys.exit(1)
+        raise  # and end as a stage script ends (kiln.cli.run_main)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

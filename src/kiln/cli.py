@@ -16,7 +16,7 @@ from typing import Callable
 
 from kiln import config as kiln_config
 from kiln import run_config
-from kiln.errors import EXIT_FILE_ENV, KilnError
+from kiln.errors import EXIT_FILE_ENV, CollectiveTimeout, KilnError
 from kiln.io import write_json
 
 
@@ -51,6 +51,11 @@ def run_main(main: Callable[[], None]) -> None:
     except KilnError as exc:
         logging.getLogger("kiln").error("%s", exc)
         _report_exit(int(exc.exit_code), str(exc))
+        if isinstance(exc, CollectiveTimeout):  # a broken process group can hang the exit: leave now
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(int(exc.exit_code))
         sys.exit(int(exc.exit_code))
 
 

@@ -38,3 +38,10 @@ class RunStopped(KilnError):
     def __init__(self, message: str, exit_code: ExitCode):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class CollectiveTimeout(KilnError):
+    """A collective waited past train.collective_timeout_s: another rank is stuck or dead. The process
+    group is broken, and its destructor can wait forever at interpreter exit for gloo threads that
+    never finish (pytorch/pytorch#56297), so a stage ending with this leaves with os._exit
+    (kiln.cli.run_main) once its message and exit code are written."""

@@ -22,7 +22,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from kiln.errors import KilnError
+from kiln.errors import CollectiveTimeout, KilnError
 from kiln.train.device import select_device
 
 DEFAULT_TIMEOUT_S = 600  # the schema's default for train.collective_timeout_s
@@ -87,7 +87,7 @@ def collective_deadline(timeout_s: float):
         if not _TIMEOUT.search(str(exc)):
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise KilnError(
+        raise CollectiveTimeout(
             f"train: a collective waited more than train.collective_timeout_s = {timeout_s:g} s for another "
             f"rank, which is stuck or dead (its log lines say which); raise the key if a step, compilation "
             f"or checkpoint save takes longer than that. ({first})"
