@@ -15,7 +15,6 @@ would have added the data stages twice more, which the last line prices from the
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import shutil
 import subprocess
@@ -24,14 +23,10 @@ import time
 from pathlib import Path
 
 from kiln import run_config
+from kiln.io import benchmark_seconds as seconds
 from kiln.layout import DATA_STAGES, RUN_STAGES, Layout, sweep_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def seconds(path: str | Path) -> float:
-    with open(path, newline="") as f:
-        return float(next(csv.DictReader(f, delimiter="\t"))["s"])
 
 
 def main() -> int:

@@ -155,3 +155,12 @@ def stable_hash(*parts: object) -> int:
     (unlike built-in hash(), which is salted per process)."""
     text = "\x1f".join(str(p) for p in parts)
     return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little")
+
+
+def benchmark_seconds(path: str | Path) -> float | None:
+    """The wall time (`s` column) of a Snakemake benchmark file: a header line, then one line per
+    repeat; None when it is absent or unreadable."""
+    try:
+        return float(Path(path).read_text().splitlines()[1].split("\t")[0])
+    except (OSError, IndexError, ValueError):
+        return None

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from kiln import layout as kiln_layout
 from kiln.errors import KilnError
+from kiln.io import benchmark_seconds
 from kiln.layout import Layout
 from kiln.train.tables import format_eta
 
@@ -154,14 +155,6 @@ def smoke_progress(log: Path) -> dict | None:
     """Smoke writes no metrics file; its log counts the probe's steps ("probe step 8/12")."""
     found = re.findall(r"probe step (\d+)/(\d+)", log.read_text(errors="replace")) if log.exists() else []
     return {"step": int(found[-1][0]), "max_steps": int(found[-1][1])} if found else None
-
-
-def benchmark_seconds(path: Path) -> float | None:
-    """The `s` column of Snakemake's benchmark file (header line, then one line per repeat)."""
-    try:
-        return float(path.read_text().splitlines()[1].split("\t")[0])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def inspect_stage(workdir: Path, paths: Layout, name: str, upstream_done: bool,

@@ -19,7 +19,7 @@ import matplotlib
 import numpy as np
 
 from kiln.eval.report import read_metrics
-from kiln.io import read_json
+from kiln.io import benchmark_seconds, read_json
 from kiln.layout import METRICS, Layout
 from kiln.train.tables import format_eta
 
@@ -53,10 +53,9 @@ def _get(cfg: dict, dotted: str):
 
 
 def _stage_seconds(paths: Layout, summary: dict) -> float:
-    try:
-        return float(Path(paths.benchmark("train")).read_text().splitlines()[1].split("\t")[0])
-    except (OSError, IndexError, ValueError):
-        return summary.get("wall_s", 0.0)
+    """The train stage's wall time (its benchmark), else the loop's."""
+    seconds = benchmark_seconds(paths.benchmark("train"))
+    return summary.get("wall_s", 0.0) if seconds is None else seconds
 
 
 def collect(runs: dict[str, dict], varied: list[str], results: Path) -> tuple[list[Arm], dict[str, list[dict]]]:

@@ -48,11 +48,11 @@ class InitSource:
     def _checkpoint_folder(self) -> Path:
         if self.kind == "checkpoint":
             return self.folder
-        found = checkpoint.kept(self.folder / layout.CHECKPOINTS)
-        if not found:
+        newest = self._newest_or_none()
+        if newest is None:
             raise KilnError(f"train.init_from: {self.folder / layout.CHECKPOINTS} holds no complete checkpoint to take "
                             "the optimizer state from (optimizer: true)")
-        return found[-1][1]
+        return newest
 
     def identity(self) -> str:
         """sha256 of what the weights are read from (and the checkpoint, with the optimizer state)."""
