@@ -6,12 +6,16 @@ import math
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
 
 from kiln.data.fim import MIDDLE, PREFIX, SUFFIX
 from kiln.data.sources import Document
 from kiln.eval import contamination
-from kiln.eval.infill import _prompt, edit_similarity, make_problems
+from kiln.eval.infill import _prompt, edit_similarity, make_problems, not_run_reason
+from kiln.eval.lm_tasks import LOCAL_TASKS, current_names
 from kiln.eval.perplexity import bits_per_byte
+from kiln.eval.stream import TokenFile
 
 CODE = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(12))
 DOCS = [Document(f"d/{i}", CODE.replace("x", f"v{i}"), f"{i}.py", "d") for i in range(6)]
@@ -57,12 +61,12 @@ def test_edit_similarity():
     assert 0 < edit_similarity("return y", "return x") < 1
 
 
-def test_ngram_hashes_and_overlap():
+def test_ngram_hashes_and_overlap(tmp_path):
     train = np.arange(1000) % 97
-    index = contamination.train_index(train, chunk=50)  # chunks overlap, no window lost
-    assert np.array_equal(index, np.unique(contamination.ngram_hashes(train)))
+    train_file = TokenFile(tmp_path / "train.bin", "uint16")
+    train.astype(np.uint16).tofile(train_file.path)
     seen, unseen = list(train[100:140]), [1000 + i for i in range(40)]
-    result = contamination.overlap(index, [seen, unseen, [1, 2]])
+    result = contamination.overlaps(train_file, {"set": [seen, unseen, [1, 2]]}, chunk=50)["set"]
     assert result["items"] == 3 and result["contaminated_items"] == 1
     assert result["ngram_overlap"] == pytest.approx(28 / 56)
 
@@ -88,3 +92,21 @@ def test_a_reference_in_bits_per_byte_is_drawn_and_compared_in_bits_per_byte(tmp
     png = tmp_path / "loss.png"
     plot_loss(records, png, unigram=6.0, reference=plain, bits_per_nat=bits_per_nat)
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_infilling_is_skipped_only_for_a_model_that_never_saw_fim(tokenizer):
+    meta = {"splits": {"train": {"docs": 10}}, "fim_modes": {"none": 10, "psm": 0, "spm": 0, "middle_only": 0}}
+    assert not_run_reason(meta, tokenizer, None).startswith("trained without FIM: none of the 10 train documents")
+    with_fim = {**meta, "fim_modes": {"none": 9, "psm": 0, "spm": 1, "middle_only": 0}}
+    assert not_run_reason(with_fim, tokenizer, None) is None
+    assert not_run_reason(meta, tokenizer, {"run": "code-base"}) is None  # its start may have seen FIM
+    assert not_run_reason({"splits": meta["splits"]}, tokenizer, None) is None  # an older token folder cannot say
+    plain = Tokenizer(WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>"))
+    assert not_run_reason(with_fim, plain, None) == "the tokenizer has no FIM tokens"
+
+
+def test_local_tasks_are_named_for_what_they_measure_and_the_old_names_still_run(caplog):
+    assert LOCAL_TASKS == ("kiln_heldout_next_line", "kiln_heldout_perplexity")
+    asked = ["kiln_code_perplexity", "hellaswag", "kiln_heldout_perplexity", "kiln_next_line"]
+    assert current_names(asked) == ["kiln_heldout_perplexity", "hellaswag", "kiln_heldout_next_line"]
+    assert "kiln_code_perplexity is now called kiln_heldout_perplexity" in caplog.text

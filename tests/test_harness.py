@@ -92,10 +92,10 @@ def test_local_tasks_run_through_simple_evaluate(docs, checkpoint, tokenizer, to
     tasks_dir = write_local_tasks(docs, tmp_path / "tasks", seed=1, max_docs=4, tokenizer=tokenizer)
     results = run_lm_eval("kiln", {"pretrained": str(checkpoint), "tokenizer": str(tokenizer_path)},
                           list(LOCAL_TASKS), tasks_dir, limit=2)
-    assert set(results) == {"kiln_code_perplexity", "kiln_next_line"}
-    bpb = results["kiln_code_perplexity"]["bits_per_byte,none"]
+    assert set(results) == {"kiln_heldout_perplexity", "kiln_heldout_next_line"}
+    bpb = results["kiln_heldout_perplexity"]["bits_per_byte,none"]
     assert 0 < bpb < 20
-    assert results["kiln_next_line"]["exact_match,none"] == 0.0  # an untrained model
+    assert results["kiln_heldout_next_line"]["exact_match,none"] == 0.0  # an untrained model
 
 
 def test_hf_export_through_lm_eval_hf_agrees(docs, checkpoint, tokenizer, tokenizer_path, tmp_path):
@@ -106,7 +106,7 @@ def test_hf_export_through_lm_eval_hf_agrees(docs, checkpoint, tokenizer, tokeni
     hf_dir = tmp_path / "hf"
     export(load_model(checkpoint), hf_dir, tokenizer_path)
     tasks_dir = write_local_tasks(docs, tmp_path / "tasks", seed=1, max_docs=3, tokenizer=tokenizer)
-    task = ["kiln_code_perplexity"]
+    task = ["kiln_heldout_perplexity"]
     ours = run_lm_eval("kiln", {"pretrained": str(checkpoint), "tokenizer": str(tokenizer_path)}, task, tasks_dir)
     theirs = run_lm_eval("hf", {"pretrained": str(hf_dir), "dtype": "float32", "device": "cpu"}, task, tasks_dir)
     metric = "bits_per_byte,none"

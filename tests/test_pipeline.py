@@ -82,8 +82,8 @@ def test_model_beats_the_unigram_baseline(finished_run):
     assert steps == sorted(set(steps)) and steps[-1] == 200
     samples = [json.loads(line) for line in (run / "train" / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in samples] == [50, 100, 150, 200] and {s["prompt"] for s in samples} == {"import json\n"}
-    assert set(metrics["contamination"]) == {"val_documents", "infill_problems", "lm_eval kiln_code_perplexity",
-                                             "lm_eval kiln_next_line"}
+    assert set(metrics["contamination"]) == {"val_documents", "infill_problems", "lm_eval kiln_heldout_perplexity",
+                                             "lm_eval kiln_heldout_next_line"}
     assert {"stdlib"} == set(metrics["val_by_source"]) and [c["step"] for c in metrics["checkpoints"]] == [100, 200]
     report = (run / "report.md").read_text()
     for section in ("loss.png", "unigram", "## Smoke gate", "Plan against the full run", "Samples during training",

@@ -12,6 +12,7 @@ import dataclasses
 import math
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -205,3 +206,27 @@ def test_checkpoint_curve_without_checkpoints_or_past_latest(run_dir, held_out, 
     # a final model of unknown step (no summary.json) comes last
     unknown = dict(final, step=None)
     assert [e["step"] for e in checkpoint_curve(bare, held_out, unknown)] == [10, 20, 30, None]
+
+
+def test_eval_of_a_run_trained_without_fim_skips_infilling_and_says_so(run_dir, tokenizer_path, tmp_path):
+    """The whole eval stage on the mixture run, whose pretokenize.fim.rate is 0: no infilling problem
+    is built or decoded, the metrics and the report say why, and the rest is measured as ever."""
+    import yaml
+
+    from kiln import config as kiln_config
+    from kiln import run_config
+    from kiln.eval.report import _eval_tables
+    from kiln.eval.suite import RunPaths, evaluate
+
+    raw = yaml.safe_load((Path(__file__).parent / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["eval"] = {"max_batches": 2, "prompts": ["def "], "max_new_tokens": 2, "infill_docs": 4,
+                   "lm_eval": {"tasks": [], "max_docs": 2}}
+    cfg = kiln_config.stage_sections(run_config.validate(raw), "eval")["eval"]
+    paths = RunPaths(run_dir / "train", run_dir / "shards", run_dir / "tokens", run_dir / "raw", tokenizer_path)
+    metrics, samples = evaluate(paths, cfg, SEED, tmp_path)
+    assert metrics["infill"] == {"not_run": "trained without FIM: none of the "
+                                 f"{read_json(run_dir / 'tokens' / 'meta.json')['splits']['train']['docs']:,} train "
+                                 "documents was FIM-transformed (pretokenize.fim.rate 0)"}
+    assert samples["infill"] == [] and set(metrics["contamination"]) == {"val_documents"}
+    assert metrics["contamination"]["val_documents"]["items"] > 0 and metrics["unigram_val_loss"] > 0
+    assert "not run: trained without FIM" in "\n".join(_eval_tables(metrics))

@@ -1,5 +1,6 @@
 """eval stage: held-out loss, perplexity and bits per byte (against a unigram baseline), completions
-of fixed prompts, FIM infilling (single/multi-line, PSM/SPM), lm-eval tasks and 13-gram contamination.
+of fixed prompts, FIM infilling (single/multi-line, PSM/SPM; not for a model trained without FIM),
+lm-eval tasks and 13-gram contamination.
 
 Writes eval/metrics.json and eval/samples.json (and lm-eval's local task files under eval/). The
 model runs where train ran (train.device): on a GPU under train.precision's autocast, else on the CPU
@@ -31,12 +32,16 @@ def main() -> None:
     logging.getLogger("kiln.eval").info("eval on %s (train.device %s, train.precision %s)", device,
                                         train["device"], train["precision"])
     paths = RunPaths(args.model, args.shards, args.tokens, args.raw, args.tokenizer)
-    metrics, samples = evaluate(paths, cfg["eval"], cfg["seed"], args.out, device, train["precision"])
+    metrics, samples = evaluate(paths, cfg["eval"], cfg["seed"], args.out, device, train["precision"],
+                                train.get("init_from"))
     write_json(args.out / "samples.json", samples)
     write_json(args.out / "metrics.json", metrics)
+    infill = metrics["infill"]
+    infill = (f"infill not run ({infill['not_run']})" if "not_run" in infill
+              else f"infill exact match {infill['all']['exact_match']}")
     print(f"eval: val loss {metrics['val_loss']:.4f} (unigram {metrics['unigram_val_loss']:.4f}), "
-          f"{metrics['val_bits_per_byte']:.3f} bits/byte (unigram {metrics['unigram_bits_per_byte']:.3f}), infill exact match "
-          f"{metrics['infill']['all']['exact_match']} -> {args.out}")
+          f"{metrics['val_bits_per_byte']:.3f} bits/byte (unigram {metrics['unigram_bits_per_byte']:.3f}), {infill} "
+          f"-> {args.out}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """lm-evaluation-harness adapter: a Kiln checkpoint as an lm-eval model named "kiln".
 
     lm_eval --model kiln --model_args pretrained=results/<run>/train,tokenizer=results/<run>/tokenizer/tokenizer.json \
-            --tasks kiln_code_perplexity --include_path <tasks dir>
+            --tasks kiln_heldout_perplexity --include_path <tasks dir>
     # on a GPU, under bf16 autocast as the eval stage runs it there: add --device cuda and precision=bf16
 
 `TemplateLM` turns loglikelihood requests into token pairs; this class scores them in batches

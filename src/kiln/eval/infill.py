@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kiln.data.fim import MIDDLE, PREFIX, SUFFIX
+from kiln.data.fim import MIDDLE, MODES, PREFIX, SUFFIX
 from kiln.data.sources import Document
 from kiln.data.tokenizer import EOS
 from kiln.eval.generate import generate
@@ -52,6 +52,24 @@ def _problem(doc: Document, span: str, seed: int) -> InfillProblem | None:
         return None
     i = rng.choice(starts)
     return InfillProblem(doc.id, span, "".join(lines[:i]), "".join(lines[i : i + n]), "".join(lines[i + n :]))
+
+
+def not_run_reason(meta: dict, tokenizer, init_from: dict | None) -> str | None:
+    """Why infilling is not measured for this run, or None when it is. A model that never saw a FIM
+    sentinel cannot infill (its completions of "<fim_middle>" are noise, not a score): that is a run
+    whose train split (the token folder's meta.json `fim_modes`, what pretokenize actually wrote)
+    holds no FIM-transformed document, e.g. pretokenize.fim.rate 0 for prose, and that started from
+    random weights (train.init_from's source may have seen FIM: then it is measured), or one whose
+    tokenizer has no FIM tokens. A token folder older than `fim_modes` cannot say: measured."""
+    if any(tokenizer.token_to_id(token) is None for token in (PREFIX, SUFFIX, MIDDLE)):
+        return "the tokenizer has no FIM tokens"
+    modes = meta.get("fim_modes")
+    if modes is None or init_from is not None:
+        return None
+    if not any(modes.get(mode, 0) for mode in MODES):
+        return (f"trained without FIM: none of the {meta['splits']['train']['docs']:,} train documents was "
+                "FIM-transformed (pretokenize.fim.rate 0)")
+    return None
 
 
 def make_problems(docs: list[Document], n_docs: int, seed: int) -> list[InfillProblem]:

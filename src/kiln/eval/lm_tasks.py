@@ -2,15 +2,19 @@
 
 The task definitions ship in kiln/eval/tasks/*.yaml; their data files are written per run from the
 validation split (which training never sees), with the files' folder filled into the YAML, so the
-same tasks run offline on any corpus:
-- kiln_code_perplexity: whole held-out documents, rolling loglikelihood (bits per byte, perplexity);
-- kiln_next_line: context lines -> the next non-blank line, greedy, exact match (the context cut at
-  a token boundary of the whole text, see _next_line_example).
+same tasks run offline on any corpus, code or prose; they are named for what they measure:
+- kiln_heldout_perplexity: whole held-out documents of the run's own corpus, rolling loglikelihood
+  (bits per byte, perplexity);
+- kiln_heldout_next_line: context lines -> the next non-blank line, greedy, exact match (the context
+  cut at a token boundary of the whole text, see _next_line_example).
+They were kiln_code_perplexity and kiln_next_line; a config that still names those gets the new
+ones, with a warning (`current_names`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 
@@ -19,8 +23,23 @@ from tokenizers import Tokenizer
 from kiln.data.sources import Document
 from kiln.io import stable_hash
 
+log = logging.getLogger("kiln.eval")
 TASKS_DIR = Path(__file__).with_name("tasks")
 LOCAL_TASKS = tuple(sorted(p.stem for p in TASKS_DIR.glob("*.yaml")))
+RENAMED = {"kiln_code_perplexity": "kiln_heldout_perplexity", "kiln_next_line": "kiln_heldout_next_line"}
+
+
+def current_names(tasks: list[str]) -> list[str]:
+    """eval.lm_eval.tasks with the local tasks' former names replaced by their names now (a warning
+    for each), each task once, in the order given."""
+    out: list[str] = []
+    for task in tasks:
+        if task in RENAMED:
+            log.warning("eval.lm_eval.tasks: %s is now called %s; running %s", task, RENAMED[task], RENAMED[task])
+            task = RENAMED[task]
+        if task not in out:
+            out.append(task)
+    return out
 CONTEXT_LINES = 24
 
 
@@ -50,7 +69,7 @@ def write_local_tasks(docs: list[Document], out_dir: Path, seed: int, max_docs: 
     """Write the task YAMLs and their data files under out_dir; return the folder for include_path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     chosen = sorted(docs, key=lambda d: stable_hash(seed, "lm-eval", d.id))[:max_docs]
-    with open(out_dir / "code_documents.jsonl", "w", encoding="utf-8") as f:
+    with open(out_dir / "heldout_documents.jsonl", "w", encoding="utf-8") as f:
         for doc in chosen:
             f.write(json.dumps({"id": doc.id, "text": doc.text}) + "\n")
     with open(out_dir / "next_line.jsonl", "w", encoding="utf-8") as f:
@@ -70,8 +89,8 @@ def local_task_texts(tasks_dir: Path) -> dict[str, list[str]]:
     def rows(name: str) -> list[dict]:
         return [json.loads(line) for line in (tasks_dir / name).read_text(encoding="utf-8").splitlines() if line]
 
-    return {"kiln_code_perplexity": [r["text"] for r in rows("code_documents.jsonl")],
-            "kiln_next_line": [r["context"] + r["target"] for r in rows("next_line.jsonl")]}
+    return {"kiln_heldout_perplexity": [r["text"] for r in rows("heldout_documents.jsonl")],
+            "kiln_heldout_next_line": [r["context"] + r["target"] for r in rows("next_line.jsonl")]}
 
 
 def run_lm_eval(model: str, model_args: dict, tasks: list[str], include_path: Path,

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 
 from kiln.data.loader import ShardRows, eval_batches
+from kiln.errors import KilnError
+from kiln.eval.stream import CHUNK, TokenFile
 
 
 @torch.no_grad()
@@ -29,15 +31,12 @@ def batches_loss(model: torch.nn.Module, batches: Iterable[torch.Tensor]) -> tup
     total, n = 0.0, 0
     for batch in batches:
         batch = batch.to(device)  # (B, T + 1)
-        logits, _ = model(batch[:, :-1])  # (B, T, V)
-        # The loss is taken in fp32. fp32 logits (no autocast: every CPU eval) go in one call; bf16
-        # ones (autocast on a GPU) a row at a time, so the fp32 copy is one row's (T, V), not the
-        # batch's: 1 GiB instead of 16 for 16 rows of 8192 tokens over a 32k vocabulary.
-        rows = len(logits) if logits.dtype == torch.float32 else 1
-        for chunk, targets in zip(logits.split(rows), batch[:, 1:].split(rows)):
-            total += torch.nn.functional.cross_entropy(
-                chunk.float().flatten(0, 1), targets.flatten(), reduction="sum"
-            ).item()
+        # With targets the model returns the loss of training's chunked head (kiln.model.loss): the
+        # (B, T, V) logits and their fp32 copy never exist (16 rows of 8192 tokens over a 32k
+        # vocabulary: 8 GiB of bf16 logits, 16 of fp32), and under a GPU's bf16 autocast each chunk
+        # is computed as training computes it (bf16 logits, loss in fp32).
+        _, loss = model(batch[:, :-1], batch[:, 1:])
+        total += loss.item() * batch[:, 1:].numel()
         n += batch[:, 1:].numel()
     return total / n, n
 
@@ -47,11 +46,24 @@ def val_rows_loss(model: torch.nn.Module, rows: ShardRows, micro_batch: int, max
     return batches_loss(model, eval_batches(rows, micro_batch, max_batches))
 
 
-def unigram_loss(train_tokens: np.ndarray, rows: ShardRows, vocab_size: int, micro_batch: int,
-                 max_batches: int) -> float:
+def unigram_counts(train: TokenFile, vocab_size: int, chunk: int = CHUNK) -> np.ndarray:
+    """How often each id occurs in the train split: (vocab_size,) int64, exactly np.bincount's, counted a
+    piece at a time (kiln.eval.stream) so memory is the vocabulary's and one piece's, not the split's
+    (np.bincount of the whole split first copies it to int64: 8 bytes a token, 80 GB at 10B tokens)."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for piece in train.chunks(chunk):
+        found = np.bincount(piece, minlength=vocab_size)
+        if len(found) > vocab_size:
+            raise KilnError(f"{train.path}: token id {len(found) - 1} is outside the padded vocabulary of "
+                            f"{vocab_size} (meta.json padded_vocab_size): the token folder and its meta.json disagree")
+        counts += found
+    return counts
+
+
+def unigram_loss(train: TokenFile, rows: ShardRows, vocab_size: int, micro_batch: int, max_batches: int) -> float:
     """Cross-entropy on the same val targets of a unigram model fit to the train split
     (add-one smoothed): the loss of a model that has learnt token frequencies and nothing else."""
-    counts = np.bincount(train_tokens, minlength=vocab_size).astype(np.float64) + 1.0
+    counts = unigram_counts(train, vocab_size).astype(np.float64) + 1.0
     log_probs = np.log(counts / counts.sum())
     total, n = 0.0, 0
     for batch in eval_batches(rows, micro_batch, max_batches):

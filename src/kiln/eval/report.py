@@ -38,7 +38,7 @@ def plot_loss(records: list[dict], png: Path, unigram: float | None = None, refe
         ax_mfu.plot(steps, [100 * r["mfu"] for r in records], lw=1.2, color="tab:red", label="Kiln's FLOP count")
         if all(r.get("mfu_torchtitan") is not None for r in records):
             ax_mfu.plot(steps, [100 * r["mfu_torchtitan"] for r in records], lw=1.2, ls="--", color="tab:red",
-                        label="torchtitan's")
+                        label="torchtitan transformers-backend count")
             ax_mfu.legend(fontsize="small")
         ax_mfu.set_ylabel("MFU (%)")
     else:
@@ -95,7 +95,7 @@ def render(run: str, data: dict, png_name: str) -> str:
         f"| steps | {train['steps']:,} |",
         f"| tokens seen | {train['tokens_seen']:,} |",
         f"| tokens/s (steady state; checkpoints and validation left out) | {train['tokens_per_s']:,.0f} |",
-        f"| MFU, Kiln's count / torchtitan's | {_pct(train['mfu'])} / {_pct(train.get('mfu_torchtitan'))} |", "",
+        f"| MFU, Kiln's count / torchtitan transformers-backend count | {_pct(train['mfu'])} / {_pct(train.get('mfu_torchtitan'))} |", "",
         *_training_samples(data["train_samples"]),
         "## Evaluation (held-out split)", "",
         "| metric | model | unigram baseline |", "|---|---:|---:|",
@@ -109,7 +109,7 @@ def render(run: str, data: dict, png_name: str) -> str:
     for row in data["samples"]["completions"]:
         lines += [f"Prompt `{row['prompt']!r}`, greedy:", "", _fence(row["prompt"] + row["greedy"]), "",
                   "sampled:", "", _fence(row["prompt"] + row["sampled"]), ""]
-    lines += ["## Infilling examples", ""]
+    lines += ["## Infilling examples", ""] if data["samples"]["infill"] else []
     for ex in data["samples"]["infill"][:6]:
         mark = "exact" if ex["exact_match"] else f"similarity {ex['edit_similarity']:.2f}"
         lines += [f"`{ex['doc_id']}` ({ex['span']}, {ex['layout']}, {mark}):", "",
@@ -168,7 +168,7 @@ def _smoke_section(smoke: SmokeReport, plan: dict, train: dict) -> list[str]:
               f"| tokens | {plan['total_tokens']:,} | {train['tokens_seen']:,} |",
               f"| tokens/s | {plan['tokens_per_s']:,.0f} | {train['tokens_per_s']:,.0f} |",
               f"| MFU, Kiln's FLOP count (6N + 12·L·H·Q·T) | {mfu(smoke.measurements.probe.mfu)} | {mfu(train['mfu'])} |",
-              f"| MFU, torchtitan's count (6(N - embeddings) + 6·L·H·Q·T) | "
+              f"| MFU, torchtitan transformers-backend count (6(N - embeddings) + 6·L·H·Q·T) | "
               f"{mfu(smoke.measurements.probe.mfu_torchtitan)} | {mfu(train.get('mfu_torchtitan'))} |",
               f"| time | {format_eta(plan['eta_s'])} | {format_eta(train['wall_s'])} (with validation and checkpoints) |",
               f"| tokens per parameter | {plan['tokens_per_param']:.2f} | |"]
@@ -206,10 +206,13 @@ def _eval_tables(ev: dict) -> list[str]:
     lines += ["", "### Checkpoints kept", "", "| step | tokens | val loss | bits per byte |", "|---:|---:|---:|---:|"]
     lines += [f"| {_number(c['step'])}{' (final)' if c['final'] else ''} | {_number(c['tokens'])} | "
               f"{c['val_loss']:.4f} | {c['val_bits_per_byte']:.4f} |" for c in ev["checkpoints"]]
-    lines += ["", "### Fill-in-the-middle (held-out code)", "",
-             "| span / layout | problems | exact match | edit similarity |", "|---|---:|---:|---:|"]
-    lines += [f"| {name} | {row['problems']} | {_number(row['exact_match'])} | {_number(row['edit_similarity'])} |"
-              for name, row in ev["infill"].items()]
+    lines += ["", "### Fill-in-the-middle (held-out documents)", ""]
+    if "not_run" in ev["infill"]:  # kiln.eval.infill.not_run_reason
+        lines += [f"not run: {ev['infill']['not_run']}"]
+    else:
+        lines += ["| span / layout | problems | exact match | edit similarity |", "|---|---:|---:|---:|"]
+        lines += [f"| {name} | {row['problems']} | {_number(row['exact_match'])} | {_number(row['edit_similarity'])} |"
+                  for name, row in ev["infill"].items()]
     lines += ["", "### lm-evaluation-harness", "", "| task | metric | value |", "|---|---|---:|"]
     for task, metrics in ev["lm_eval"].items():
         lines += [f"| {task} | {metric.split(',')[0]} | {_number(value) if not isinstance(value, str) else value} |"

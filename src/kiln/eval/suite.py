@@ -5,9 +5,14 @@
   (`checkpoints`: a curve over training, read from the train folder's checkpoints/, which is optional:
   without it the curve is the final model alone);
 - completions of fixed prompts (greedy and sampled);
-- FIM infilling (single/multi-line, PSM/SPM): exact match and edit similarity;
+- FIM infilling (single/multi-line, PSM/SPM): exact match and edit similarity; not run for a model
+  trained without FIM (kiln.eval.infill.not_run_reason), which could only score noise;
 - lm-eval tasks through the "kiln" model (local ones built from the held-out split);
 - 13-gram contamination of each eval set against the training tokens.
+
+Nothing here holds the train split in memory: the unigram counts and the contamination check each
+stream it once, a piece at a time (kiln.eval.stream), so the stage's memory is the model's, the
+held-out data's and the vocabulary's, at 10M train tokens as at 20B (bench/eval_memory.py).
 
 The model runs on the device train.device names (kiln.train.device.select_device): on a GPU under
 train's bf16 autocast, on the CPU in fp32 as always (kiln.train.device.eval_autocast). Each model
@@ -30,9 +35,10 @@ from kiln.data.sources import read_documents
 from kiln.data.tokenizer import load_tokenizer
 from kiln.eval import contamination
 from kiln.eval.healing import complete
-from kiln.eval.infill import make_problems, run_infill
-from kiln.eval.lm_tasks import LOCAL_TASKS, local_task_texts, run_lm_eval, write_local_tasks
+from kiln.eval.infill import make_problems, not_run_reason, run_infill
+from kiln.eval.lm_tasks import LOCAL_TASKS, current_names, local_task_texts, run_lm_eval, write_local_tasks
 from kiln.eval.perplexity import bits_per_byte, range_loss, source_ranges, unigram_loss, val_rows_loss
+from kiln.eval.stream import TokenFile
 from kiln.io import read_json
 from kiln.model.build import CONFIG_FILE, build_model, load_model
 from kiln.model.registry import ModelConfig
@@ -157,14 +163,14 @@ def checkpoint_curve(model_dir: Path, held_out: HeldOut, final: dict, device: to
     return sorted(curve, key=lambda e: (e["step"] is None, e["step"] or 0))
 
 
-def _lm_eval(paths: RunPaths, cfg: dict, val_docs, tokenizer, tasks_dir: Path, seed: int, device: torch.device,
-             precision: str) -> dict:
+def _lm_eval(paths: RunPaths, cfg: dict, tasks: list[str], val_docs, tokenizer, tasks_dir: Path, seed: int,
+             device: torch.device, precision: str) -> dict:
     """lm-eval results by task; tasks that cannot be loaded (a hub task offline) are reported, not fatal."""
     write_local_tasks(val_docs, tasks_dir, seed, cfg["max_docs"], tokenizer)
     model_args = {"pretrained": str(paths.model), "tokenizer": str(paths.tokenizer), "device": str(device),
                   "precision": precision}
     results = {}
-    for task in cfg["tasks"]:
+    for task in tasks:
         try:
             results.update(run_lm_eval("kiln", model_args, [task], tasks_dir, limit=cfg["limit"]))
         except Exception as exc:  # lm-eval raises many kinds for a task it cannot fetch or build
@@ -176,15 +182,16 @@ def _lm_eval(paths: RunPaths, cfg: dict, val_docs, tokenizer, tasks_dir: Path, s
 
 
 def evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path, device: torch.device = CPU,
-             precision: str = "fp32") -> tuple[dict, dict]:
+             precision: str = "fp32", init_from: dict | None = None) -> tuple[dict, dict]:
     """(metrics, samples) for the run, the model on `device` with train.precision's autocast there
-    (eval_autocast); lm-eval's task files go under work_dir."""
+    (eval_autocast); lm-eval's task files go under work_dir. init_from: train.init_from (whether the
+    model may have seen FIM before this run's data)."""
     with eval_autocast(device, precision)():
-        return _evaluate(paths, cfg, seed, work_dir, device, precision)
+        return _evaluate(paths, cfg, seed, work_dir, device, precision, init_from)
 
 
 def _evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path, device: torch.device,
-              precision: str) -> tuple[dict, dict]:
+              precision: str, init_from: dict | None) -> tuple[dict, dict]:
     torch.manual_seed(seed)
     model, tokenizer = load_model(paths.model, device), load_tokenizer(paths.tokenizer)
     meta = read_json(paths.tokens / "meta.json")
@@ -202,30 +209,35 @@ def _evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path, device: tor
     if len(held_out.ranges) > 1:
         final["by_source"] = {s: {"loss": m["loss"], "bits_per_byte": m["bits_per_byte"]} for s, m in by_source.items()}
     curve = checkpoint_curve(paths.model, held_out, final, device)
-    train_ids = np.memmap(paths.tokens / "train.bin", dtype=meta["dtype"], mode="r")
-    unigram = unigram_loss(train_ids, val_rows, meta["padded_vocab_size"], BATCH, cfg["max_batches"])
+    train = TokenFile(paths.tokens / "train.bin", meta["dtype"])
+    log.info("unigram baseline: counting %d training tokens", len(train))
+    unigram = unigram_loss(train, val_rows, meta["padded_vocab_size"], BATCH, cfg["max_batches"])
     val = meta["splits"]["val"]
     val_ids = set((paths.tokens / "val_ids.txt").read_text(encoding="utf-8").split("\n"))
     val_docs = [d for d in read_documents(paths.raw, read_json(paths.raw / "manifest.json")) if d.id in val_ids]
 
-    log.info("infilling on %d held-out documents", cfg["infill_docs"])
-    problems = make_problems(val_docs, cfg["infill_docs"], seed)
-    infill = run_infill(model, tokenizer, problems)
-    log.info("lm-eval tasks: %s", ", ".join(cfg["lm_eval"]["tasks"]))
-    harness = _lm_eval(paths, cfg["lm_eval"], val_docs, tokenizer, work_dir / "lm_eval_tasks", seed, device,
+    skip_infill = not_run_reason(meta, tokenizer, init_from)
+    if skip_infill:
+        log.info("infilling not run: %s", skip_infill)
+        problems, infill = [], {"scores": {"not_run": skip_infill}, "examples": []}
+    else:
+        log.info("infilling on %d held-out documents", cfg["infill_docs"])
+        problems = make_problems(val_docs, cfg["infill_docs"], seed)
+        infill = run_infill(model, tokenizer, problems)
+    tasks = current_names(cfg["lm_eval"]["tasks"])
+    log.info("lm-eval tasks: %s", ", ".join(tasks))
+    harness = _lm_eval(paths, cfg["lm_eval"], tasks, val_docs, tokenizer, work_dir / "lm_eval_tasks", seed, device,
                        precision)
 
-    log.info("13-gram contamination against %d training tokens", len(train_ids))
-    index = contamination.train_index(train_ids)
+    log.info("13-gram contamination against %d training tokens", len(train))
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
-    contaminated = {
-        "val_documents": contamination.overlap(index, [encode(d.text) for d in val_docs]),
-        "infill_problems": contamination.overlap(index, [encode(p.prefix[-2000:] + p.middle + p.suffix[:2000])
-                                                         for p in problems]),
-    }
+    sets = {"val_documents": [encode(d.text) for d in val_docs]}
+    if not skip_infill:
+        sets["infill_problems"] = [encode(p.prefix[-2000:] + p.middle + p.suffix[:2000]) for p in problems]
     for task, texts in local_task_texts(work_dir / "lm_eval_tasks").items():
-        if task in cfg["lm_eval"]["tasks"]:
-            contaminated[f"lm_eval {task}"] = contamination.overlap(index, [encode(t) for t in texts])
+        if task in tasks:
+            sets[f"lm_eval {task}"] = [encode(t) for t in texts]
+    contaminated = contamination.overlaps(train, sets)
     metrics = {
         "val_loss": loss, "val_perplexity": math.exp(loss),
         "val_bits_per_byte": bits_per_byte(loss, val["tokens"], val["bytes"]),
