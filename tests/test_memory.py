@@ -118,3 +118,60 @@ def test_setting_of_a_train_section_on_a_gpu_and_on_the_cpu():
     assert not setting_of(train, cuda=False).compiled  # compile auto: off on the CPU
     assert setting_of(train, world=8).world == 8
     assert estimate(resolve({"n_layer": 1, "n_head": 1, "d_model": 8}, 64, 16), gpu).total < GIB
+
+
+def test_fsdp_accumulation_keeps_every_gradient_whole_until_the_last_micro_batch():
+    """Under FSDP, grad_sync turns requires_gradient_sync off for all but the last micro-batch, so
+    FSDP2 keeps each block's gradient unsharded in fp32 (FSDPParam.to_accumulated_grad_if_needed)
+    between micro-batches: 4 bytes a parameter on every rank, not 4/W. DDP's no_sync accumulates
+    into the buckets it already holds."""
+    cfg, s = _flagship(parallel="fsdp", micro_batch=3)
+    n = cfg.num_params(non_embedding=False)
+    synced, accumulating = estimate(cfg, s), estimate(cfg, replace(s, grad_accum=2))
+    assert accumulating.parts["accumulated gradients"] == 4 * n and "accumulated gradients" not in synced.parts
+    assert accumulating.total - synced.total >= 4 * n - 4 * n // s.world - 4 * cfg.vocab_size * cfg.d_model
+    ddp = replace(s, parallel="ddp")
+    assert estimate(cfg, replace(ddp, grad_accum=2)).total == estimate(cfg, ddp).total
+    # the advice counts it: a smaller micro-batch under FSDP means accumulation, so whole gradients
+    offered = dict(changes_to_fit(cfg, replace(s, micro_batch=6), 40))
+    for what, est in offered.items():
+        if "train.micro_batch" in what:
+            assert est.parts.get("accumulated gradients") == 4 * n
+    assert setting_of(_sections({"n_layer": 1, "n_head": 1, "d_model": 8}, 16, 2, "bf16", "none")["train"],
+                      grad_accum=4).grad_accum == 4
+
+
+@pytest.mark.parametrize("bf16,compiled", [(True, False), (True, True), (False, False)])
+def test_the_per_layer_count_is_what_autograd_saves_for_kilns_block(bf16, compiled):
+    """kiln.train.memory's activations and weight copies of one Llama block, against the storages
+    autograd keeps for its backward (saved-tensor hooks; bench/saved_tensors.py prints the same
+    beside transformers' LlamaDecoderLayer, which keeps the same bytes). Compiled is
+    aot_eager_decomp_partition: inductor's partitioner, which keeps what inductor keeps (the bench
+    shows both)."""
+    import torch
+
+    from kiln.model.llama import Block, rope_tables
+    from kiln.train.cpu_memory import saved_for_backward
+    from kiln.train.memory import layer_activation_bytes, layer_params
+
+    cfg = resolve({"family": "llama", "n_layer": 1, "n_head": 4, "n_kv_head": 2, "d_model": 128}, 512, 128)
+    batch, tokens = 3, 3 * cfg.seq_len  # 384 tokens: no activation has a weight's shape (C 128, K 64, F 512)
+    torch.manual_seed(0)
+    block = Block(cfg)
+    cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
+    fn = torch.compile(block, backend="aot_eager_decomp_partition") if compiled else block
+    x = torch.randn(batch, cfg.seq_len, cfg.d_model, requires_grad=True)
+
+    def forward():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            return fn(x, cos, sin)
+
+    forward().sum().backward()  # compiles
+    _, saved = saved_for_backward(forward, exclude=[*block.parameters(), cos, sin])
+    weights = {tuple(p.shape) for p in block.parameters()} | {tuple(p.shape)[::-1] for p in block.parameters()}
+    tables = {(cfg.seq_len, cfg.head_dim)}  # cos and sin cast to bf16 by each block: per block, not per token
+    copies = sum(s.nbytes for s in saved if s.shape in weights)
+    activations = sum(s.nbytes for s in saved if s.shape not in weights | tables)
+    assert activations == pytest.approx(layer_activation_bytes(cfg, tokens, bf16, compiled), rel=0.02)
+    mat, _ = layer_params(cfg)
+    assert copies == (2 * mat if bf16 else 0)

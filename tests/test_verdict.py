@@ -110,7 +110,7 @@ def test_report_shows_the_gate_and_its_checks():
     assert "| overfit | FAIL | figure | threshold | detail |" in text
     assert "| MFU, Kiln's FLOP count (6N + 12·L·H·Q·T) | 25.0% | 20.0% |" in text and "| time | 2h00m | 2h01m" in text
     # both conventions side by side; a report.json written before the second one reads n/a
-    assert "| MFU, torchtitan's count (6(N - embeddings) + 6·L·H·Q·T) | n/a | 16.0% |" in text
+    assert "| MFU, torchtitan transformers-backend count (6(N - embeddings) + 6·L·H·Q·T) | n/a | 16.0% |" in text
 
 
 def test_the_report_stage_does_not_import_torch():

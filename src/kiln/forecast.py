@@ -24,13 +24,17 @@ from kiln.errors import KilnError
 from kiln.model.registry import resolve as resolve_model
 from kiln.train.memory import fit_report, setting_of
 from kiln.train.peaks import GPUS, gpu_of
-from kiln.train.plan import StageTimes, budget_steps, full_run_plan, plan_batch
+from kiln.train.plan import StageTimes, budget_steps, full_run_plan, kept_checkpoints, plan_batch
 from kiln.train.tables import render_plan
 
 # Token counts of tiktoken's named encodings (tiktoken's own n_vocab), so a run on one of them is
 # priced without fetching its ranks file.
 TIKTOKEN_VOCAB = {"gpt2": 50257, "r50k_base": 50257, "p50k_base": 50281, "cl100k_base": 100277, "o200k_base": 200019}
 ADAMW_BYTES_PER_PARAM = 4 + 4 + 4  # fp32 weights + exp_avg + exp_avg_sq: what a checkpoint holds
+# Text bytes a token, for a disk figure when the config gives no token count: ~3.6 for Python on
+# seed 000's 32k vocabulary, ~4.8 for GPT-2's on FineWeb-Edu (their configs); the lower counts more
+# tokens, so more disk.
+TEXT_BYTES_PER_TOKEN = 4
 
 
 def model_vocab(tokenizer: dict) -> int:
@@ -45,6 +49,21 @@ def model_vocab(tokenizer: dict) -> int:
         return padded_vocab_size(id_space(with_special_tokens(load_tokenizer(tokenizer["path"]))))
     raise KilnError(f"tokenizer: cannot tell the vocabulary size of {tokenizer} before the tokenizer stage; "
                     f"known tiktoken encodings: {', '.join(TIKTOKEN_VOCAB)}")
+
+
+def data_disk(cfg: dict, vocab: int) -> dict[str, int | None]:
+    """Bytes the data stages leave on disk, by stage: the download (kiln.data.raw's zstd parquet, at
+    most the sources' text budgets, download.sources[].max_bytes), the pretokenized ids (train.bin,
+    val.bin) and the shards (the same ids again, in rows): every token is stored twice. None where
+    the config does not bound it."""
+    sources = cfg["download"]["sources"]
+    raw = sum(s["max_bytes"] for s in sources) if all(s.get("max_bytes") for s in sources) else None
+    pre = cfg["pretokenize"]
+    tokens = (pre["train_tokens"] + pre["val_tokens"] if pre.get("train_tokens")
+              else raw // TEXT_BYTES_PER_TOKEN if raw else None)  # unset train_tokens: every document
+    itemsize = 2 if vocab <= 2**16 else 4  # kiln.data.pretokenize.token_dtype
+    ids = None if tokens is None else tokens * itemsize
+    return {"raw": raw, "pretokenized": ids, "shards": ids}
 
 
 def predict(cfg: dict) -> dict:
@@ -64,12 +83,17 @@ def predict(cfg: dict) -> dict:
     # (the smoke stage measures it), so it counts as nothing: this is the most the budget buys.
     times = StageTimes(step_s=batch.tokens_per_step / tokens_per_s, startup_s=0.0, validation_s=0.0, checkpoint_s=0.0)
     budget = budget_steps(train, times, batch.world, cfg["smoke"]["price_per_gpu_hour"]) if train["budget"] else {}
-    plan = full_run_plan(batch=batch, max_steps=budget.get("max_steps", train["max_steps"]),
+    max_steps = budget.get("max_steps", train["max_steps"])
+    newest, milestones = kept_checkpoints(max_steps, train["checkpoint_every"], train["keep_checkpoints"],
+                                          train["keep_checkpoint_every"])
+    plan = full_run_plan(batch=batch, max_steps=max_steps,
                          tokens_per_s=tokens_per_s, n_params=n_params,
                          train_tokens=cfg["pretokenize"].get("train_tokens") or 0,
-                         checkpoint_bytes=ADAMW_BYTES_PER_PARAM * n_params, keep_checkpoints=train["keep_checkpoints"],
-                         model_bytes=4 * n_params, price_per_gpu_hour=cfg["smoke"]["price_per_gpu_hour"])
-    memory = fit_report(model, setting_of(train, world=batch.world), gpu.fragment, gpu.memory_gib)
+                         checkpoint_bytes=ADAMW_BYTES_PER_PARAM * n_params, keep_checkpoints=newest,
+                         model_bytes=4 * n_params, price_per_gpu_hour=cfg["smoke"]["price_per_gpu_hour"],
+                         milestones=milestones, data_bytes=data_disk(cfg, model.vocab_size))
+    memory = fit_report(model, setting_of(train, world=batch.world, grad_accum=batch.grad_accum), gpu.fragment,
+                        gpu.memory_gib)
     if budget:
         plan |= budget | {"stage_times": asdict(times)}
     return plan | {"memory": memory,
@@ -113,10 +137,13 @@ def sweep_total(plans: dict[str, dict]) -> dict:
     """The whole sweep: its arms' time, device-hours and cost added up (as if run one after another;
     arms run side by side where the devices allow, which shortens the wall time, not the device-hours)."""
     costs = [p["cost"] for p in plans.values()]
+    # the data stages run once for arms that share their data (a sweep's usually do): counted once
+    data = {tuple(sorted(p.get("data_bytes", {}).items())) for p in plans.values()}
+    runs = sum(p["disk_bytes"] - sum(v for v in p.get("data_bytes", {}).values() if v) for p in plans.values())
     return {"arms": len(plans), "eta_h": sum(p["eta_h"] for p in plans.values()),
             "device_hours": sum(p["device_hours"] for p in plans.values()),
             "cost": sum(costs) if all(c is not None for c in costs) else None,
-            "disk_bytes": sum(p["disk_bytes"] for p in plans.values()),
+            "disk_bytes": runs + sum(v for d in data for _, v in d if v),
             "all_fit": all(p["memory"]["fits"] for p in plans.values())}
 
 

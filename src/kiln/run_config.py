@@ -36,6 +36,10 @@ def _cross_layer_problems(cfg: dict) -> list[str]:
         plan_batch(train["batch_tokens"], train["micro_batch"], cfg["shard"]["seq_len"], world)
     except KilnError as exc:
         problems.append(str(exc))
+    every, period = train["keep_checkpoint_every"], train["checkpoint_every"]
+    if every % period:
+        problems.append(f"train.keep_checkpoint_every: {every} is not a multiple of train.checkpoint_every={period}, "
+                        f"so no checkpoint would fall on it (e.g. {max(1, every // period) * period})")
     return problems
 
 

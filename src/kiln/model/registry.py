@@ -104,9 +104,10 @@ class ModelConfig:
         return 6 * self.num_params(non_embedding=True) + 12 * self.n_layer * self.n_head * self.head_dim * self.seq_len
 
     def flops_per_token_torchtitan(self) -> float:
-        """torchtitan's convention (its get_num_flop_per_token): 6 x the parameters without any
-        embedding table (a tied one too, though it is also the head) + 6 L H Q T, the attention
-        term halved for the causal mask."""
+        """torchtitan's transformers-backend convention (get_dense_model_nparams_and_flops with
+        head_dims = Q, what seed 000's log printed): 6 x the parameters without any embedding table
+        (a tied one too, though it is also the head) + 6 L H Q T, the attention term halved for the
+        causal mask. torchtitan's native llama3 passes head_dims = 2Q: 12 L H Q T, as Kiln counts."""
         n = self.num_params(non_embedding=True) - (self.vocab_size * self.d_model if self.tie_embeddings else 0)
         return 6 * n + 6 * self.n_layer * self.n_head * self.head_dim * self.seq_len
 

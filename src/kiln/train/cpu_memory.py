@@ -45,3 +45,32 @@ def tensor_bytes(tensors) -> int:
             storage = t.untyped_storage()
             seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
+
+
+@dataclass(frozen=True)
+class Saved:
+    """One storage autograd keeps for backward."""
+
+    nbytes: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def saved_for_backward(fn: Callable[[], T], exclude=()) -> tuple[T, list[Saved]]:
+    """Run fn with autograd's saved-tensor hooks on; return what it returned and what its graph keeps
+    for backward, one entry per distinct storage (a tensor several ops save, or views of one, counted
+    once), leaving out the storages of `exclude` (parameters, shared tables: alive anyway). It sees
+    through torch.compile: AOTAutograd's compiled function saves its tensors through the same hooks,
+    so eager and compiled blocks are counted alike (bench/saved_tensors.py, tests/test_memory.py)."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, Saved] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            seen.setdefault(storage.data_ptr(), Saved(storage.nbytes(), t.dtype, tuple(t.shape)))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, list(seen.values())

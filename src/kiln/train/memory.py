@@ -9,7 +9,12 @@ L layers):
   fp32 master weights); FSDP divides all three by W (HSDP on several nodes: by the ranks of a node,
   kiln.train.parallel.device_mesh). DDP on several ranks adds its gradient buckets
   (4N; Kiln's DDP makes the gradients views into them, so they are the gradients' memory from the
-  first step on).
+  first step on). FSDP with gradient accumulation keeps every gradient whole (4N, not divided by
+  W) from the first micro-batch's backward to the last one's reduce-scatter: kiln.train.parallel.
+  grad_sync turns FSDP2's requires_gradient_sync off for all but the last micro-batch, and FSDP2's
+  post-backward then keeps each block's unsharded gradient, upcast to the fp32 reduce dtype
+  (FSDPParam.to_accumulated_grad_if_needed), instead of reduce-scattering it. DDP's no_sync
+  accumulates into the buckets it already has: nothing more.
 - activations, what autograd keeps from the forward pass for backward, per layer per token, counted
   tensor by tensor from the models (tests/test_memory.py checks the totals against torch's CPU
   profiler). With a = 2 bytes (bf16 autocast) or 4 (fp32):
@@ -25,7 +30,12 @@ L layers):
             llama 4C + a(5C + 2K + 3F)    matmul-sized tensors, recomputing norms and pointwise ops
                                           (measured with aot_eager_decomp_partition, the same
                                           partitioner; identical to inductor's on the CPU)
-  plus a few bytes per token (norm statistics, attention's log-sum-exp: 4 x heads). Under bf16
+  plus a few bytes per token (norm statistics, attention's log-sum-exp: 4 x heads). These are what
+  autograd saves, byte for byte, for Kiln's block and for transformers' LlamaDecoderLayer alike
+  (bench/saved_tensors.py; tests/test_memory.py pins them). Seed 000's 70.2 GiB under torchtitan is
+  the same count in all-bf16 training (8 bytes a parameter of states, a bf16 residual stream: 2C
+  where Kiln keeps 4C) plus its whole logits; Kiln's fp32 weights and AdamW state are what put the
+  seed's setting over an H100 under DDP, not its blocks. Under bf16
   autocast (without FSDP) each matmul also keeps its bf16 weight copy, 2 bytes per weight, until its
   backward. A checkpointed block keeps only its input (4C, fp32) and recomputes the rest when
   backward reaches it (train.activation_checkpointing: full, every block; selective, every other).
@@ -72,6 +82,7 @@ class Setting:
     bf16: bool = True
     compiled: bool = True
     cuda: bool = True  # on a CPU, attention with dropout runs SDPA's math kernel (below)
+    grad_accum: int = 1  # micro-batches per optimizer step on each rank (FSDP: whole gradients between them)
 
 
 @dataclass(frozen=True)
@@ -161,15 +172,21 @@ def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
     def grad(count: int) -> int:  # gradient bytes of `count` parameters, unless they live in DDP's buckets
         return 0 if buckets else 4 * count // shard
 
+    # FSDP accumulating (module docstring): every gradient whole and fp32 through each backward but the
+    # last one's, where blocks reduce-scatter one by one; so the peak is an earlier micro-batch's, with
+    # no sharded gradient yet.
+    accumulated = 4 * n if fsdp and s.grad_accum > 1 else 0
     acts, copies, grads = sum(kept) + outside, sum(kept_casts), grad(head)
-    candidates = {"backward start": {"activations": acts, "weight copies": copies, "gradients": grads,
-                                     "loss chunk": loss_chunk}}
+    candidates = {"backward start": {"activations": acts, "weight copies": copies,
+                                     "gradients": 0 if accumulated else grads,
+                                     "accumulated gradients": accumulated, "loss chunk": loss_chunk}}
     for i in reversed(range(L)):
         recompute = full_layer if i in ckpt else 0
         # + the gradients flowing through the block: of its output and of its input, (B*T, C) fp32
         candidates[f"block {i} backward"] = {"activations": acts + recompute + 8 * C * tokens,
                                              "weight copies": copies + (casts if i in ckpt else 0),
-                                             "gradients": grads + grad(per_layer)}
+                                             "gradients": 0 if accumulated else grads + grad(per_layer),
+                                             "accumulated gradients": accumulated}
         acts, copies, grads = acts - kept[i], copies - kept_casts[i], grads + grad(per_layer)
     candidates["optimizer step"] = {"gradients": grad(n)}
     peak_at = max(candidates, key=lambda k: sum(candidates[k].values()))
@@ -178,10 +195,12 @@ def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
 
 
 def setting_of(train: dict, *, cuda: bool = True, world: int | None = None, bf16: bool | None = None,
-               compiled: bool | None = None) -> Setting:
+               compiled: bool | None = None, grad_accum: int = 1) -> Setting:
     """The Setting a validated train section means: on a GPU by default (`kiln plan`: bf16 as
-    train.precision says, compiled unless train.compile is false), or as a run decided it (smoke)."""
+    train.precision says, compiled unless train.compile is false), or as a run decided it (smoke).
+    grad_accum: micro-batches per step (kiln.train.plan.plan_batch's, which needs shard.seq_len)."""
     return Setting(
+        grad_accum=grad_accum,
         micro_batch=train["micro_batch"], world=world or train["nproc_per_node"] * train["nnodes"],
         nnodes=train["nnodes"],
         parallel=train["parallel"], activation_checkpointing=train["activation_checkpointing"],
@@ -215,13 +234,16 @@ def changes_to_fit(cfg: ModelConfig, s: Setting, memory_gib: float, limit: int =
         return " + ".join(out)
 
     singles = [replace(s, activation_checkpointing=m) for m in ac_order[1:]]
-    singles += [replace(s, micro_batch=m) for m in micros[1:2]] + [replace(s, parallel=p) for p in parallels[1:]]
+    def smaller(m: int) -> Setting:  # micro-batch m, the global batch kept by more accumulation
+        return replace(s, micro_batch=m, grad_accum=s.grad_accum * s.micro_batch // m)
+
+    singles += [smaller(m) for m in micros[1:2]] + [replace(s, parallel=p) for p in parallels[1:]]
     found = [(describe(t), e) for t in singles if fits(e := estimate(cfg, t), memory_gib)]
     if not found:
         for ac in ac_order:
             for micro in micros:
                 for parallel in parallels:
-                    t = replace(s, activation_checkpointing=ac, micro_batch=micro, parallel=parallel)
+                    t = replace(smaller(micro), activation_checkpointing=ac, parallel=parallel)
                     if t != s and fits(e := estimate(cfg, t), memory_gib):
                         return [(describe(t), e)]
     return found[:limit]
@@ -235,6 +257,7 @@ def fit_report(cfg: ModelConfig, s: Setting, gpu_name: str, memory_gib: float) -
     return {"gib_per_gpu": est.gib, "parts_gib": {k: v / GIB for k, v in est.parts.items()}, "peak_at": est.peak_at,
             "assumes": f"micro-batch {s.micro_batch} x {cfg.seq_len}, {'bf16' if s.bf16 else 'fp32'}, "
                        f"{'compiled' if s.compiled else 'eager'}, activation checkpointing {s.activation_checkpointing}, "
-                       f"{s.world} rank{'s' if s.world > 1 else ''} ({s.parallel})",
+                       f"{s.world} rank{'s' if s.world > 1 else ''} ({s.parallel})"
+                       + (f", {s.grad_accum} micro-batches a step" if s.grad_accum > 1 else ""),
             "gpu": gpu_name, "gpu_memory_gib": memory_gib, "usable_gib": FIT_FRACTION * memory_gib, "fits": ok,
             "changes": [] if ok else [{"set": what, "gib_per_gpu": e.gib} for what, e in changes_to_fit(cfg, s, memory_gib)]}

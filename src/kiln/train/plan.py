@@ -47,14 +47,26 @@ def plan_batch(batch_tokens: int | None, micro_batch: int, seq_len: int, world: 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal at ~20 tokens per parameter
 
 
+def kept_checkpoints(max_steps: int, checkpoint_every: int, keep: int, milestone_every: int = 0) -> tuple[int, int]:
+    """(newest, milestones): the checkpoints a finished run leaves under kiln.train.checkpoint's pruning.
+    Train saves every checkpoint_every steps and at the last; pruning keeps the newest `keep` of them
+    and, besides, every one at a multiple of milestone_every (train.keep_checkpoint_every)."""
+    steps = sorted(set(range(checkpoint_every, max_steps + 1, checkpoint_every)) | {max_steps})
+    newest = set(steps[-keep:])
+    return len(newest), sum(1 for s in steps if milestone_every and s % milestone_every == 0 and s not in newest)
+
+
 def full_run_plan(*, batch: BatchPlan, max_steps: int, tokens_per_s: float, n_params: int,
                   train_tokens: int, checkpoint_bytes: int, keep_checkpoints: int, model_bytes: int,
-                  price_per_gpu_hour: float | None = None) -> dict:
+                  price_per_gpu_hour: float | None = None, milestones: int = 0,
+                  data_bytes: dict[str, int | None] | None = None) -> dict:
     """What the full run will take, from the smoke stage's steady-state tokens/s (all ranks together).
 
     Total tokens are max_steps x the global batch; time is that over tokens/s; cost is the
     device-hours (time x ranks) at price_per_gpu_hour. Disk counts the checkpoints kept at the same
-    time plus the final weights twice (model.safetensors and the Hugging Face export)."""
+    time (the newest keep_checkpoints and the milestones), the final weights twice (model.safetensors
+    and the Hugging Face export) and, when given, what the data stages leave (data_bytes by stage,
+    kiln.forecast.data_disk; None for a part the config does not bound, left out of the sum)."""
     total_tokens = max_steps * batch.tokens_per_step
     eta_s = total_tokens / tokens_per_s if tokens_per_s > 0 else float("inf")
     device_hours = eta_s / 3600 * batch.world
@@ -70,7 +82,9 @@ def full_run_plan(*, batch: BatchPlan, max_steps: int, tokens_per_s: float, n_pa
         "chinchilla_tokens": CHINCHILLA_TOKENS_PER_PARAM * n_params,
         "train_tokens": train_tokens, "epochs": total_tokens / train_tokens if train_tokens else None,
         "checkpoint_bytes": checkpoint_bytes, "keep_checkpoints": keep_checkpoints,
-        "disk_bytes": keep_checkpoints * checkpoint_bytes + 2 * model_bytes,
+        "milestone_checkpoints": milestones, "model_bytes": model_bytes, "data_bytes": data_bytes or {},
+        "disk_bytes": (keep_checkpoints + milestones) * checkpoint_bytes + 2 * model_bytes
+                      + sum(v for v in (data_bytes or {}).values() if v),
     }
 
 

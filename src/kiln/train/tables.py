@@ -49,8 +49,7 @@ def render_plan(plan: dict) -> str:
         ("tokens per parameter", f"{plan['tokens_per_param']:.2f} for {plan['n_params']:,} parameters "
                                  f"({ratio:.2f}x Chinchilla's {CHINCHILLA_TOKENS_PER_PARAM})"),
         ("epochs of the train split", f"{epochs} of {plan['train_tokens']:,} tokens{repeat}"),
-        ("disk", f"{_size(plan['disk_bytes'])}: {plan['keep_checkpoints']} checkpoints of "
-                 f"{_size(plan['checkpoint_bytes'])} + the final weights twice (safetensors, HF export)"),
+        ("disk", disk_text(plan)),
     ]
     if plan.get("budget"):
         t = plan["stage_times"]
@@ -67,6 +66,28 @@ def render_plan(plan: dict) -> str:
         rows += memory_rows(plan["memory"])
     return "\n".join(["# Plan for the full run", "", "| | |", "|---|---|",
                       *(f"| {k} | {v} |" for k, v in rows), ""])
+
+
+def disk_text(plan: dict) -> str:
+    """The plan's disk figure and what it adds up: the data stages' parts when the plan has them
+    (`kiln plan`; the smoke stage's plan counts the run's own files), the checkpoints kept at once
+    (the newest and the milestones) and the final weights twice."""
+    data = plan.get("data_bytes") or {}
+    parts = []
+    if "raw" in data:
+        parts.append(f"raw text {_size(data['raw'])} at most (zstd parquet: less on disk)" if data["raw"]
+                     else "raw text not counted (a source without download max_bytes)")
+    if "pretokenized" in data:
+        parts.append(f"the token ids twice, pretokenized and sharded ({_size(data['pretokenized'])} each)"
+                     if data["pretokenized"] else "token ids not counted (no pretokenize.train_tokens or max_bytes)")
+    milestones = plan.get("milestone_checkpoints", 0)
+    kept = f"{plan['keep_checkpoints']} checkpoints"
+    if milestones:
+        kept += f" + {milestones} milestone{'s' if milestones > 1 else ''}"
+    parts.append(f"{kept} of {_size(plan['checkpoint_bytes'])}")
+    weights = f" ({_size(2 * plan['model_bytes'])})" if "model_bytes" in plan else ""
+    parts.append(f"the final weights twice{weights}: safetensors and the HF export")
+    return f"{_size(plan['disk_bytes'])}: " + "; ".join(parts)
 
 
 def memory_rows(memory: dict) -> list[tuple[str, str]]:

@@ -46,7 +46,7 @@ class Probe:
     mfu: float | None
     tflops: float
     measured_steps: int
-    mfu_torchtitan: float | None = None  # the same throughput under torchtitan's FLOP count (kiln.train.metrics)
+    mfu_torchtitan: float | None = None  # the same throughput under torchtitan's transformers-backend FLOP count (kiln.train.metrics)
     warmup_s: float = 0.0  # the warm-up steps before the timed ones (compilation on a compiled run)
 
 
@@ -69,6 +69,7 @@ class Measurements:
     times: StageTimes  # what train spends besides steps, for a budget's step count
     precision: str  # what the probe ran: train.precision, or auto's pick
     precision_tokens_per_s: dict[str, float] = field(default_factory=dict)  # auto's candidates, timed
+    checkpoint_written_bytes: int = 0  # on disk, the checkpoint timed for times.checkpoint_s (0: an older report)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Measurements:
