@@ -1,16 +1,22 @@
-"""What bench/gpu_check.py's checks share: the check's context (dry run or GPU, scratch folder), the
-train-stage sections they build trainers from, and Kiln's throughput over timed train steps."""
+"""What bench/gpu_check.py's checks share: the check's context (dry run or GPU, scratch folder, the
+end of its time budget, its progress notes), the train-stage sections they build trainers from, and
+Kiln's throughput over timed train steps, as many as the budget leaves time for."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import math
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 from train_throughput import train_sections  # bench/ is the script's sys.path[0]
 
+from kiln.data.shards import shard_split
+from kiln.io import write_json
 from kiln.model.registry import FLAVOURS
 from kiln.train.memory import GIB
 from kiln.train.metrics import Throughput, flops_per_token, flops_per_token_torchtitan, memory_mb, peak_flops
@@ -24,6 +30,21 @@ TINY_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32}  # dry-run shapes
 class Ctx:
     dry: bool  # CPU dry run: CUDA hidden, tiny shapes
     work: Path  # this check's scratch folder
+    deadline: float = math.inf  # time.monotonic() at which the check's budget runs out
+    started: float = field(default_factory=time.monotonic)
+
+    PROGRESS = "progress.tsv"  # in `work`: what the check was doing, for the row of a check over budget
+
+    def left(self) -> float:
+        """Seconds left of the check's budget."""
+        return self.deadline - time.monotonic()
+
+    def note(self, what: str) -> None:
+        """Record what the check is doing now (and the figures it has so far): the row of a check
+        stopped over budget quotes the last note instead of only "over budget"."""
+        self.work.mkdir(parents=True, exist_ok=True)
+        with open(self.work / self.PROGRESS, "a") as f:
+            f.write(f"{time.monotonic() - self.started:.0f}\t{what}\n")
 
     def folder(self, name: str) -> Path:
         (self.work / name).mkdir(parents=True, exist_ok=True)
@@ -65,6 +86,20 @@ def sections(ctx: Ctx, flavour: str | None, seq_len: int, micro_batch: int,
     return out
 
 
+def word_shards(out: Path, seq: int, rows: int) -> Path:
+    """Shards of EOS-separated words from a fixed lexicon (within a word the next id is certain), so a
+    few steps train a model worth evaluating; synthetic_shards' manifest layout."""
+    rng = np.random.default_rng(0)
+    words = [rng.integers(1, 500, size=int(rng.integers(3, 8))) for _ in range(40)]
+    # ~6 tokens a word (EOS included): rows * seq / 2 words fill both splits' rows * (seq + 1) tokens
+    stream = np.concatenate([np.append(words[i], 0) for i in rng.integers(0, len(words), size=rows * seq // 2)])
+    splits = {s: shard_split(stream[i * rows * (seq + 1):(i + 1) * rows * (seq + 1)].astype(np.uint16), out, s,
+                             seq + 1, rows, 512) for i, s in enumerate(("train", "val"))}
+    write_json(out / "manifest.json", {"seq_len": seq, "row_len": seq + 1, "dtype": "uint16", "vocab_size": 500,
+                                       "padded_vocab_size": 512, "splits": splits})
+    return out
+
+
 def size(n_bytes: float) -> str:
     return f"{n_bytes / GIB:.2f} GiB" if n_bytes >= GIB else f"{n_bytes / 2**20:.1f} MiB"
 
@@ -73,14 +108,23 @@ def pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def timed_steps(trainer: Trainer, warmup: int, steps: int) -> tuple[dict, float]:
+def timed_steps(trainer: Trainer, warmup: int, steps: int, ctx: Ctx | None = None,
+                reserve_s: float = 5.0) -> tuple[dict, float]:
     """Kiln's Throughput (tokens/s, TFLOP/s, MFU per device) over `steps` train steps after `warmup`
-    untimed ones, read as the train stage reads it: one host sync at the end of the window."""
-    for _ in range(warmup):
+    untimed ones, read as the train stage reads it: one host sync at the end of the window. With
+    `ctx`, the last warm-up step is timed and the window cut to what the budget leaves (less
+    `reserve_s`, at least 2 steps): a slow compile costs timed steps, not the row's figures.
+    rates["steps"] is the window's length."""
+    for i in range(warmup):
+        start = time.perf_counter()
         trainer.train_step()[0].item()
+        if ctx is not None and i == warmup - 1:
+            step_s = time.perf_counter() - start
+            steps = max(2, min(steps, int((ctx.left() - reserve_s) / step_s)))
+            ctx.note(f"warm ({step_s * 1000:.0f} ms a step); timing {steps} steps")
     meter = Throughput(flops_per_token(trainer.model), peak_flops(trainer.d.device), trainer.d.world,
                        flops_per_token_torchtitan(trainer.model))
     for _ in range(steps):
         loss = trainer.train_step()[0]
     loss.item()
-    return meter.window(steps * trainer.plan.tokens_per_step, last=True), memory_mb(trainer.d.device)
+    return meter.window(steps * trainer.plan.tokens_per_step, last=True) | {"steps": steps}, memory_mb(trainer.d.device)

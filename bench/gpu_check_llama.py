@@ -20,7 +20,7 @@ from kiln.train.memory import Setting, estimate
 from kiln.train.trainer import Trainer
 
 MFU_TARGET = 0.45  # llama3.2-1b at seq 8192, under Kiln's FLOP count (kiln.train.metrics)
-MFU_TARGET_TORCHTITAN = 0.354  # the same throughput under torchtitan's count (x 7.45e9 / 9.46e9 FLOPs a token)
+MFU_TARGET_TORCHTITAN = 0.354  # the same throughput under torchtitan transformers-backend count (x 7.45e9 / 9.46e9 FLOPs a token)
 ESTIMATE_TOLERANCE = 0.15  # kiln.train.memory against torch.cuda.max_memory_allocated, as on the CPU
 LOSS_PEAK_RATIO = 0.25  # the chunked loss's peak against the plain loss's (0.27x on the CPU at 4k rows)
 
@@ -61,9 +61,10 @@ def _dry_eager_peak(trainer: Trainer) -> int:
 
 
 def check_llama_mfu(ctx: Ctx) -> list[tuple[str, str]]:
-    """llama3.2-1b at seq 8192, the largest micro-batch that fits, compiled: MFU by Kiln's count and
-    torchtitan's; kiln.train.memory's estimate against torch.cuda.max_memory_allocated of the eager
-    steps at 1 and 2 rows and of the compiled steps."""
+    """llama3.2-1b at seq 8192, the largest micro-batch that fits, compiled as train compiles it
+    (Trainer: kiln.train.parallel.compile_blocks, per block), timed steps as many as the budget
+    leaves room for (at most 6): MFU by Kiln's count and torchtitan's; kiln.train.memory's estimate
+    against torch.cuda.max_memory_allocated of the eager steps at 1 and 2 rows and of the compiled steps."""
     seq = 64 if ctx.dry else 8192
     shards = synthetic_shards(ctx.folder("shards"), 512 if ctx.dry else 32768, seq, rows=32, seed=1337)
     if ctx.dry:
@@ -71,25 +72,30 @@ def check_llama_mfu(ctx: Ctx) -> list[tuple[str, str]]:
         micro, per_row, measured = 2, 0.0, [(2, False, _dry_eager_peak(eager), _estimated(eager, 2, False))]
         del eager
     else:
+        ctx.note("eager steps at 1 and 2 rows")
         micro, per_row, peaks = _fitting_micro_batch(ctx, shards, seq)
+        ctx.note(f"eager peaks {size(peaks[0])} and {size(peaks[1])} at 1 and 2 rows: micro-batch {micro}; "
+                 "building it compiled (per block, as train)")
         torch.cuda.reset_peak_memory_stats()
         measured = []
     trainer = Trainer(sections(ctx, "llama3.2-1b", seq, micro), shards)
     if not ctx.dry:
         measured = [(rows, False, peak, _estimated(trainer, rows, False)) for rows, peak in zip((1, 2), peaks)]
-    rates, mem = timed_steps(trainer, warmup=1 if ctx.dry else 2, steps=2 if ctx.dry else 6)
+    ctx.note("compiling (the first warm-up step)")
+    rates, mem = timed_steps(trainer, warmup=1 if ctx.dry else 2, steps=2 if ctx.dry else 6, ctx=ctx)
     if not ctx.dry:  # compiled, as train runs it
         measured.append((micro, True, torch.cuda.max_memory_allocated(), _estimated(trainer, micro, True)))
     ok = ctx.dry or (rates["mfu"] or 0.0) >= MFU_TARGET
     ok_tt = ctx.dry or (rates["mfu_torchtitan"] or 0.0) >= MFU_TARGET_TORCHTITAN
     fit = "" if ctx.dry else f" ({per_row:.1f} GiB a row, eager)"
-    at = f"{rates['tokens_per_s']:,.0f} tok/s per device at micro-batch {micro}{fit}, peak {mem / 1024:.1f} GiB"
+    at = (f"{rates['tokens_per_s']:,.0f} tok/s per device at micro-batch {micro}{fit} over {rates['steps']} steps, "
+          f"peak {mem / 1024:.1f} GiB")
     ratios = [est / peak for _, _, peak, est in measured]
     memory = "; ".join(f"{rows} row{'s' if rows > 1 else ''} {'compiled' if compiled else 'eager'}: estimated "
                        f"{size(est)}, measured {size(peak)} ({est / peak:.2f}x)"
                        for rows, compiled, peak, est in measured)
     return [ctx.verdict(ok, f"MFU {pct(rates['mfu'])}, {at}"),
-            ctx.verdict(ok_tt, f"MFU {pct(rates['mfu_torchtitan'])} under torchtitan's count, {at}"),
+            ctx.verdict(ok_tt, f"MFU {pct(rates['mfu_torchtitan'])} under torchtitan transformers-backend count, {at}"),
             ctx.verdict(all(abs(r - 1) <= ESTIMATE_TOLERANCE for r in ratios), memory)]
 
 

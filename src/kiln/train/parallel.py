@@ -1,5 +1,5 @@
-"""Readying the model for the run's ranks: activation checkpointing, torch.compile, then DDP or FSDP2
-(torchtitan's order); gradient-sync control for accumulation; full or sharded state dicts for checkpoints.
+"""Readying the model for the run's ranks: activation checkpointing, torch.compile (per block), then
+DDP or FSDP2 (torchtitan's order); gradient-sync control for accumulation; full or sharded state dicts for checkpoints.
 
 Activation checkpointing (train.activation_checkpointing) is applied here, to the blocks, not asked
 of the model: a checkpointed block's forward runs under torch.utils.checkpoint (non-reentrant), so
@@ -11,7 +11,8 @@ RNG state is replayed on recompute, so dropout draws the same masks (tests/test_
 
 - ddp (default): every rank holds the whole model; gradients are all-reduced (averaged) in buckets
   overlapping the backward pass. Fastest while the model, its gradients and AdamW's two moments
-  (16 bytes per parameter in fp32) fit on one device.
+  (16 bytes per parameter in fp32) fit on one device. Buffers are not broadcast before each forward
+  (NO_BUFFER_SYNC): the only ones are derived tables every rank builds alike.
 - fsdp: FSDP2 `fully_shard` per block and at the root: parameters, gradients and optimizer state
   are sharded across ranks and gathered block by block, for models that do not fit DDP. With bf16
   the gathered parameters are bf16 and gradients are reduced in fp32. On several nodes it is HSDP
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from typing import Callable
 
 import torch
@@ -54,6 +56,14 @@ STRATEGIES = ("ddp", "fsdp")
 GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU
 SCATTER = StateDictOptions(full_state_dict=True)  # every rank passes the whole state; each keeps its part
 
+# DDP broadcasts rank 0's buffers before every forward by default. Kiln's only buffers are llama's
+# RoPE cos/sin tables, derived from the config on every rank alike and never trained (GPT has none),
+# so that is NCCL traffic for nothing each step. torch 2.13 renamed the switch forward_sync_buffers
+# (which still syncs once at construction) and deprecated broadcast_buffers; older torch has only the latter.
+NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
+                  if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+                  else {"broadcast_buffers": False})
+
 
 def parallelize(model: nn.Module, d: Dist, *, strategy: str, compile_model: bool,
                 activation_checkpointing: str, bf16: bool) -> nn.Module:
@@ -63,7 +73,7 @@ def parallelize(model: nn.Module, d: Dist, *, strategy: str, compile_model: bool
         raise ValueError(f"unknown parallel strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
     apply_activation_checkpointing(model, activation_checkpointing)
     if compile_model:
-        _compile(model, per_block=d.world > 1)
+        compile_blocks(model)
     if d.world == 1:  # nothing to replicate or shard across
         return model
     if strategy == "fsdp":
@@ -76,7 +86,7 @@ def parallelize(model: nn.Module, d: Dist, *, strategy: str, compile_model: bool
     # Gradients as views into DDP's all-reduce buckets: without it the buckets are a second copy of
     # every gradient (4 bytes a parameter: 4.2 GB for llama3.2-1b) (kiln.train.memory counts them once).
     return DistributedDataParallel(model, device_ids=[d.local_rank] if d.device.type == "cuda" else None,
-                                   gradient_as_bucket_view=True)
+                                   gradient_as_bucket_view=True, **NO_BUFFER_SYNC)
 
 
 def device_mesh(device_type: str, world: int, nnodes: int) -> DeviceMesh:
@@ -106,16 +116,17 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
         block.forward = recomputed
 
 
-def _compile(model: nn.Module, per_block: bool) -> None:
-    """torch.compile in place (parameter names keep no "_orig_mod." prefix). One rank: the whole
-    model, one graph, the most fusion. Several: each block on its own (torchtitan's choice), so the
-    backward hands out gradients block by block and the all-reduce / reduce-scatter overlaps it
-    (a whole-model graph would release every gradient at once, at the end)."""
-    if not per_block:
-        model.compile()
-        return
+def compile_blocks(model: nn.Module, backend: str | Callable = "inductor") -> None:
+    """torch.compile each block in place (parameter names keep no "_orig_mod." prefix), on one rank
+    as on several: torchtitan's choice, and what seed 000 measured. The blocks share their class and
+    shapes, so dynamo traces one graph and reuses it for every block (their weights are the graph's
+    inputs): compile time does not grow with depth (a 16-layer llama on the CPU, inductor cold:
+    about 1/3.5 of a whole-model compile's, bench/compile_time.py). Across ranks the backward hands
+    out gradients block by block, so the all-reduce / reduce-scatter overlaps it. What stays eager:
+    the embedding, the final norm and the chunked loss. bench/gpu_check.py calls this too, with the
+    aot_eager backend in its CPU dry run."""
     for block in model.blocks:
-        block.compile()
+        block.compile(backend=backend)
 
 
 def grad_sync(wrapped: nn.Module, sync: bool):
