@@ -8,7 +8,10 @@ training runs in one launch (one process group, so the launch cost is paid once)
 PLAN.json: {"shards": DIR, "checks_out": FILE, "runs": [{"out": DIR, "sections": {...},
 "resume_from": DIR/checkpoints/step-N (optional: copied in and named by LATEST before the run)}],
 "smoke": [{"out": DIR, "sections": {...}}]}. Training runs log greedy samples (synthetic.greedy_sampler);
-smoke runs write report.json (the checks, the probe's figures and batch plan) from rank 0.
+smoke runs write report.json (the checks, the probe's figures and batch plan) from rank 0. Each rank of
+a run writes resume-rank<R>.json: the files it sha256'd through kiln.train.checkpoint, and, for the
+state it resumed from, how many of its tensors there were and whether each lay in a memory mapping of
+that checkpoint's state.pt (/proc/self/maps), rather than in memory of its own.
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from kiln.data.loader import ShardRows, TrainBatches
+from kiln.model.build import build_model
+from kiln.model.registry import resolve
 from kiln.train import checkpoint
 from kiln.train.distributed import init_distributed, shutdown
-from kiln.train.parallel import grad_sync
+from kiln.train.parallel import grad_sync, parallelize
 from kiln.train.smoke import run_checks
 from kiln.train.trainer import Trainer
 from synthetic import greedy_sampler
@@ -58,6 +63,20 @@ def check_grad_sync(rank: int) -> dict:
             "synced_is_mean": torch.allclose(synced[0], (local[0] + local[1]) / 2)}
 
 
+def check_ddp_buffers(d) -> dict:
+    """parallelize's DDP broadcasts no buffers before a forward (llama's RoPE tables are derived on
+    every rank alike): a table changed on rank 1 after wrapping is still rank 1's own after a step."""
+    torch.manual_seed(0)
+    model = build_model(resolve({"family": "llama", "n_layer": 1, "n_head": 2, "n_kv_head": 1, "d_model": 16}, 64, 8))
+    ddp = parallelize(model, d, strategy="ddp", compile_model=False, activation_checkpointing="none", bf16=False)
+    if d.rank == 1:
+        model.rope_cos.add_(1.0)
+    idx = torch.arange(8)[None]
+    ddp(idx, idx)[1].backward()
+    tables = gathered(model.rope_cos)
+    return {"buffers_kept": not torch.equal(tables[0], tables[1])}
+
+
 def check_disjoint_rows(shards: Path, rank: int, world: int) -> dict:
     """One epoch of this rank's batches shares no row with the other rank's; together they cover it."""
     rows = ShardRows(shards, "train")
@@ -68,11 +87,59 @@ def check_disjoint_rows(shards: Path, rank: int, world: int) -> dict:
     return {"disjoint": not (seen[0] & seen[1]), "rows_covered": sum(len(t) for t in everyone)}
 
 
+HASHED: list[str] = []  # the files this rank sha256'd through kiln.train.checkpoint, in order
+RESUMED: list[dict] = []
+RESUMING: dict = {}  # "state": the state.pt of the checkpoint this run is to resume from
+
+
+def _count_hashes() -> None:
+    real = checkpoint.sha256_file
+
+    def sha256_file(path, *args, **kwargs):
+        HASHED.append(str(Path(path).resolve()))
+        return real(path, *args, **kwargs)
+
+    checkpoint.sha256_file = sha256_file
+
+
+def _file_mappings(path: Path) -> list[tuple[int, int]]:
+    """Address ranges of this process mapped from `path`."""
+    ranges = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] == str(path.resolve()):
+            lo, hi = fields[0].split("-")
+            ranges.append((int(lo, 16), int(hi, 16)))
+    return ranges
+
+
+def _record_resumes() -> None:
+    real = Trainer.load_state_dict
+
+    def load_state_dict(self, state):
+        mapped = _file_mappings(RESUMING["state"]) if "state" in RESUMING else []
+        tensors = [t for part in ("model", "optimizer") for t in _tensors(state.get(part, {}))]
+        RESUMED.append({"tensors": len(tensors), "sharded": checkpoint.SHARDS in state,
+                        "mapped": sum(any(lo <= t.data_ptr() < hi for lo, hi in mapped) for t in tensors)})
+        return real(self, state)
+
+    Trainer.load_state_dict = load_state_dict
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    if torch.is_tensor(tree):
+        return [tree] if tree.numel() else []
+    items = tree.values() if isinstance(tree, dict) else tree if isinstance(tree, (list, tuple)) else []
+    return [t for item in items for t in _tensors(item)]
+
+
 def main() -> None:
     plan = json.loads(Path(sys.argv[1]).read_text())
     torch.set_num_threads(1)
     d = init_distributed()
-    checks = {"world": d.world, **check_grad_sync(d.rank), **check_disjoint_rows(Path(plan["shards"]), d.rank, d.world)}
+    _count_hashes()
+    _record_resumes()
+    checks = {"world": d.world, **check_grad_sync(d.rank), **check_ddp_buffers(d), **check_disjoint_rows(Path(plan["shards"]), d.rank, d.world)}
     for spec in plan["runs"]:
         out = Path(spec["out"])
         if spec.get("resume_from") and d.is_main:
@@ -81,7 +148,11 @@ def main() -> None:
             (out / "checkpoints" / checkpoint.MARKER).write_text(source.name + "\n")
         dist.barrier()
         trainer = Trainer(spec["sections"], Path(plan["shards"]))
+        HASHED.clear(), RESUMED.clear(), RESUMING.clear()
+        if spec.get("resume_from"):
+            RESUMING["state"] = out / "checkpoints" / Path(spec["resume_from"]).name / checkpoint.STATE
         result = trainer.fit(out, sampler=greedy_sampler)
+        (out / f"resume-rank{d.rank}.json").write_text(json.dumps({"hashed": HASHED, "resumed": RESUMED}))
         param = next(trainer.model.parameters())
         mesh = param.device_mesh if isinstance(param, DTensor) else None  # FSDP's: 1-D, or 2-D for HSDP
         if d.is_main:

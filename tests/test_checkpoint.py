@@ -126,6 +126,24 @@ def test_pruning_never_removes_the_newest_complete_checkpoint(tmp_path):
     assert _dirs(tmp_path) == ["step-0000003", "step-0000004"]
 
 
+def test_pruning_keeps_milestones_besides_the_newest(tmp_path):
+    """train.keep_checkpoint_every: every checkpoint at a multiple of it stays, besides the newest
+    `keep`; a milestone past the one just written (a discarded history) goes like any other."""
+    for step in range(10, 70, 10):
+        state = {"step": step, "fingerprint": "f", "tokens_seen": step}
+        checkpoint.save(tmp_path, state, keep=2, faults=faults.NONE, milestone_every=20)
+    assert _dirs(tmp_path) == ["step-0000020", "step-0000040", "step-0000050", "step-0000060"]
+    saver = checkpoint.Saver(tmp_path, "full", 2, rank=0, world=1, milestone_every=20)  # what train builds
+    saver.save({"step": 70, "fingerprint": "f", "tokens_seen": 70})
+    assert _dirs(tmp_path) == ["step-0000020", "step-0000040", "step-0000060", "step-0000070"]
+    # a rollback to step 30 (KILN_RESUME_FROM) discards the history after it, milestones too
+    checkpoint.save(tmp_path, {"step": 30, "fingerprint": "f", "tokens_seen": 30}, keep=2, milestone_every=20)
+    assert _dirs(tmp_path) == ["step-0000020", "step-0000030"]
+    # without milestones, only the newest `keep`
+    checkpoint.save(tmp_path, {"step": 40, "fingerprint": "f", "tokens_seen": 40}, keep=1)
+    assert _dirs(tmp_path) == ["step-0000040"]
+
+
 def test_a_full_disk_mid_save_is_a_clear_error_and_leaves_the_previous_checkpoint(tmp_path):
     _save(tmp_path, 2)
     before = (tmp_path / "step-0000002" / checkpoint.STATE).read_bytes()

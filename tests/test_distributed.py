@@ -143,6 +143,13 @@ def test_accumulation_skips_the_all_reduce_until_the_last_micro_batch(launched):
     assert checks["synced_equal"] and checks["synced_is_mean"]
 
 
+def test_ddp_broadcasts_no_buffers_before_a_forward(launched):
+    """kiln.train.parallel wraps DDP without the per-forward buffer broadcast (the RoPE tables are
+    derived, not trained: broadcasting them every step is NCCL traffic for nothing)."""
+    _, checks, _ = launched
+    assert checks["buffers_kept"], "rank 0's buffers overwrote rank 1's in the forward"
+
+
 @pytest.mark.parametrize("name", ["ddp", "ddp-accum", "fsdp-accum", "ddp-compiled", "fsdp-async"])
 def test_two_ranks_match_one_rank_with_twice_the_batch(launched, name):
     base, _, reference = launched
@@ -216,6 +223,30 @@ def test_a_run_resumed_on_another_rank_count_continues_the_same_rows(launched, r
     _assert_same_weights(base / resumed, base / uninterrupted)
 
 
+@pytest.mark.parametrize("name, step", [
+    ("fsdp-resumed", STEPS // 2),  # a full checkpoint (ddp's) resumed by 2 ranks
+    ("ddp-long-from-one-rank", 6),  # ... written by one rank
+    ("fsdp-long-from-one-rank", 6),  # a sharded one: state.pt without model and optimizer
+])
+def test_a_resume_hashes_the_checkpoint_once_and_every_rank_maps_it(launched, name, step):
+    """Rank 0 alone hashes the files of the checkpoint a 2-rank run resumes, each once, and tells rank 1
+    which checkpoint it is; every rank memory-maps its state.pt, so the ranks of a node share one copy
+    in the page cache instead of each reading the whole state into its own memory (issue 18: 8 ranks
+    x 12.5 GB for a 1B in the full format). The worker records both (dist_worker.py)."""
+    base = launched[0]
+    ranks = [json.loads((base / name / f"resume-rank{r}.json").read_text()) for r in (0, 1)]
+    folder = (base / name / "checkpoints" / f"step-{step:07d}").resolve()
+    files = json.loads((folder / checkpoint.MANIFEST).read_text())["files"]
+    assert sorted(h for h in ranks[0]["hashed"] if h.startswith(f"{folder}/")) == sorted(str(folder / f) for f in files)
+    assert ranks[1]["hashed"] == []  # rank 1 writes no manifest either
+    for rank in ranks:
+        (resumed,) = rank["resumed"]
+        if resumed["sharded"]:  # model and optimizer come from the shards, each rank reading its part
+            assert resumed["tensors"] == 0
+        else:
+            assert resumed["tensors"] > 0 and resumed["mapped"] == resumed["tensors"]
+
+
 def test_sharded_checkpoints_hold_each_ranks_own_shards_and_eval_reads_them_whole(launched):
     base, _, reference = launched
     last = f"step-{STEPS:07d}"
@@ -281,7 +312,8 @@ def test_fsdp_on_two_nodes_is_hsdp_with_the_losses_of_one_rank(launched, hsdp):
 
 
 def test_a_stuck_rank_ends_the_job_within_the_collective_timeout(tmp_path):
-    """Rank 1 sleeps for an hour instead of training; rank 0's first all-reduce gives up after
+    """Rank 1 sleeps for an hour instead of training; rank 0's first collective (the resume's: which
+    checkpoint, if any, every rank continues; kiln.train.checkpoint.resume_state) gives up after
     train.collective_timeout_s (2 s here) with an error naming the key, and torchrun ends the job. Without
     the key passed to the process group, gloo would wait torch's default 30 min and the launch below
     would outlive its 300 s allowance."""
@@ -304,4 +336,5 @@ def test_a_stuck_rank_ends_the_job_within_the_collective_timeout(tmp_path):
     assert job.returncode != 0, output[-3000:]
     error = (tmp_path / "error.txt").read_text()
     assert "a collective waited more than train.collective_timeout_s = 2 s for another rank" in error, output[-3000:]
-    assert (tmp_path / "run" / "metrics.jsonl").read_text() == ""  # no step completed
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert not metrics.exists() or metrics.read_text() == ""  # no step completed

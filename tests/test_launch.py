@@ -2,6 +2,7 @@
 path (srun + c10d on the allocation's first host) runs for real in tests/slurm/test_pipeline_on_slurm.py;
 torchrun passing a rank's code and a signal on, in tests/test_kill_resume.py."""
 
+import json
 import signal
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import sys
 import pytest
 
 from kiln.errors import KilnError
-from kiln.train.launch import command, run_ranks
+from kiln.train.launch import command, main, resubmission_refused, run_ranks
 
 ONE_NODE = {"nproc_per_node": 4, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": ""}
 
@@ -50,3 +51,38 @@ def test_the_launcher_exits_with_the_code_a_rank_left_else_its_childs():
     assert run_ranks([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]) == 137
     env = "import os, sys; sys.exit(0 if os.environ['PET_SIGNALS_TO_HANDLE'].endswith('SIGUSR1') else 1)"
     assert run_ranks([sys.executable, "-c", env]) == 0  # torchrun is asked to pass SIGUSR1 on
+
+
+def test_a_resubmitted_train_job_trains_only_after_a_preemption(tmp_path, capsys):
+    """Snakemake resubmits a failed train job whatever failed (train.max_resubmits): attempt 2 onwards
+    goes on after exit 75 or a job that left no code (killed at its limit), and after any other code
+    exits at once with it, recording that, so each further resubmission does the same."""
+    record = tmp_path / "train" / "jobs.jsonl"
+    args = ["--train", json.dumps(ONE_NODE), "--max-resubmits", "2", "--record", str(record), "--", "train.py"]
+
+    def write(*codes):
+        record.parent.mkdir(exist_ok=True)
+        record.write_text("".join(json.dumps({"attempt": n + 1, "code": c}) + "\n" for n, c in enumerate(codes)))
+
+    assert resubmission_refused(record, 1, 2) is None  # no record yet: a first attempt always trains
+    write(1)
+    assert resubmission_refused(record, 1, 2) is None  # a new snakemake command after a fix: attempt 1 again
+    write(None, 75)
+    assert resubmission_refused(record, 2, 2) is None
+    write(None, 75, None)  # attempt 2 started and was killed without a code
+    assert resubmission_refused(record, 3, 2) is None
+    assert resubmission_refused(record, 4, 2)[0] == 75  # past train.max_resubmits (a sweep's larger bound)
+
+    write(None, 1)  # a config error, a crash
+    with record.open("a") as f:  # the failed job's end line names the copy of its log
+        f.write(json.dumps({"attempt": 1, "code": 1, "log": "logs/train.job-41.log"}) + "\n")
+    assert main(["--attempt", "2", *args]) == 1
+    err = capsys.readouterr().err
+    assert "not training, the job before it exited with code 1, not 75 (preempted)" in err
+    assert "its log: logs/train.job-41.log" in err
+    assert json.loads(record.read_text().splitlines()[-1])["code"] == 1  # the next resubmission refuses too
+    assert main(["--attempt", "3", *args]) == 1
+    write(None, 76)
+    assert main(["--attempt", "2", *args]) == 76  # a non-finite loss comes back on a resume
+    write(None, 0)  # finished; Snakemake failed the job over its outputs: never train it again
+    assert main(["--attempt", "2", *args]) == 0

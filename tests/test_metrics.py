@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from kiln import layout
 from kiln.errors import KilnError
 from kiln.model.build import build_model
 from kiln.model.registry import resolve
@@ -125,3 +126,29 @@ def test_metrics_file_torn_last_line_is_dropped_on_resume(tmp_path, caplog):
     path.write_text(lines[0] + "\n" + "garbage\n" + lines[1] + "\n")
     with pytest.raises(KilnError, match=r"metrics.jsonl: line 2 is not JSON: 'garbage'"):
         MetricsSink(path, {"mode": "disabled"}, {}, resume_step=30)
+
+
+def test_a_resumed_sink_continues_the_same_wandb_run_and_a_set_aside_trajectory_takes_its_id(tmp_path, monkeypatch):
+    """wandb offline, as the default config writes it: the second sink in the same train folder (a job
+    resumed after a preemption) opens the first one's W&B run; once the trajectory is set aside
+    (Trainer._superseded: a restart from step 0), the next sink opens a new one."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    train_dir = tmp_path / "train"
+    cfg = {"mode": "offline", "project": "kiln-test"}
+
+    def one_job(resume_step: int) -> str:
+        sink = MetricsSink(train_dir / layout.METRICS, cfg, {"train": {}}, resume_step=resume_step)
+        sink.log({"step": resume_step + 1, "loss": 1.0})
+        run_id = sink.wandb.id
+        sink.close()
+        return run_id
+
+    first = one_job(0)
+    assert (train_dir / layout.WANDB / layout.WANDB_ID).read_text().strip() == first
+    assert one_job(1) == first
+    offline = sorted(p.name for p in (train_dir / layout.WANDB).glob("offline-run-*"))
+    assert len(offline) == 2 and all(name.endswith(f"-{first}") for name in offline)  # `wandb sync` joins them
+
+    moved = layout.set_aside(train_dir)
+    assert (moved / layout.WANDB / layout.WANDB_ID).read_text().strip() == first
+    assert one_job(0) != first

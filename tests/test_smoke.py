@@ -62,6 +62,21 @@ def test_healthy_tiny_run_passes_every_check(shards, tmp_path):
     assert not (tmp_path / "trace.json").exists()
 
 
+@pytest.mark.parametrize("train", [{"checkpoint_format": "full"}, {"checkpoint_format": "sharded"},
+                                   {"checkpoint_format": "sharded", "async_checkpoint": True}],
+                         ids=["full", "sharded", "sharded-async"])
+def test_the_checkpoint_timed_is_the_one_train_writes(shards, tmp_path, train):
+    """The checkpoint whose writing a budget's step count allows for is the one train writes: its
+    Saver and format, with the weights and AdamW's two moments (the probe's steps allocated them),
+    so at least three times the fp32 weights on disk. Smoke used to time a state.pt without model
+    or optimizer, a few KB whatever the model size (issue 18)."""
+    report = run_checks(smoke_sections(train=train), shards, tmp_path)
+    assert report["checkpoint_written_bytes"] >= 3 * report["model_bytes"]
+    assert report["checkpoint_written_bytes"] >= report["checkpoint_bytes"]
+    assert report["times"]["checkpoint_s"] > 0
+    assert not list(tmp_path.glob(".checkpoint-timing-*"))  # the scratch checkpoint is removed
+
+
 def test_lr_zero_fails_health_and_overfit(shards, tmp_path, monkeypatch):
     # A schedule bug that never leaves 0 (the "warmup never ends" kind).
     monkeypatch.setattr(trainer_module, "schedule_from_config", lambda train, max_steps: lambda step: 0.0)
@@ -200,7 +215,8 @@ def _recording_compile(monkeypatch) -> list[dict]:
         return gm.forward
 
     torch._dynamo.reset()
-    monkeypatch.setattr(parallel, "_compile", lambda model, per_block: model.compile(backend=recorder))
+    real = parallel.compile_blocks
+    monkeypatch.setattr(parallel, "compile_blocks", lambda model: real(model, backend=recorder))
     return graphs
 
 

@@ -68,7 +68,14 @@ RUN_STAGES = tuple(stage.name for stage in STAGES if not stage.shared)
 # starts the trajectory over (kiln.train.trainer); the checkpoints last, so a kill part-way leaves
 # them where the next attempt finds them and sets them aside again.
 METRICS, SAMPLES, CHECKPOINTS = "metrics.jsonl", "samples.jsonl", "checkpoints"
-TRAJECTORY = (METRICS, SAMPLES, "wandb", CHECKPOINTS)
+# wandb/ is wandb's own folder (offline runs); WANDB_ID inside it keeps the run's W&B id, so a
+# resumed job continues the same W&B run and a trajectory set aside takes its id with it.
+# MIRROR_LOG: one line per copy of a checkpoint to train.checkpoint_mirror (kiln.train.mirror).
+WANDB, WANDB_ID, MIRROR_LOG = "wandb", "run_id", "mirror.jsonl"
+TRAJECTORY = (METRICS, SAMPLES, WANDB, MIRROR_LOG, CHECKPOINTS)
+# One line per train job that kiln.train.launch ran (its Snakemake attempt and exit code), read by
+# the next attempt to tell a resubmission after a preemption from one after a real error.
+TRAIN_JOBS = "jobs.jsonl"
 SUPERSEDED = "superseded"
 
 

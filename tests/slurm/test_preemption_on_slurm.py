@@ -1,16 +1,20 @@
-"""A train job that reaches its Slurm time limit saves a checkpoint and the rerun continues, on the
-two-node test cluster (tests/slurm/cluster.py) through profiles/slurm as a user runs it.
+"""A train job that reaches its Slurm time limit saves a checkpoint, and the same snakemake command
+resubmits it and finishes the run unattended, on the two-node test cluster (tests/slurm/cluster.py)
+through profiles/slurm as a user runs it.
 
 The profile asks Slurm for SIGTERM before train's time limit (`slurm_extra: --signal=TERM@<s>`);
 here the limit is cut to 2 minutes and the signal to 60 s before it. Slurm signals every process of
 the job step: the ranks (directly, and again through torchrun) agree on a step, save it and exit 75,
-before the limit. The rerun, with a longer limit and no fault, resumes at the next step and finishes.
+before the limit. Snakemake resubmits the job (train.max_resubmits; kiln.train.launch lets a
+resubmission train only after a preemption), which resumes at the next step and finishes.
 
 The first train job holds (KILN_FAULT=hold@<step>, kiln.train.faults: both ranks sleep at that step
 until the signal reaches them) rather than training "long enough": how many steps outlast 2 minutes
 depends on the machine (2500 took 60-90 s on one and about a minute on a faster one, which then
 finished inside its limit), while a held job runs until it is signalled on any machine, and the run
-stays a few hundred steps, so the rerun is quick on a slow machine too.
+stays a few hundred steps, so the resubmission finishes inside its own 2 minutes (the environment,
+and so the fault, goes with it, but it resumes past the held step); on a machine too slow for that
+it is signalled in turn and resubmitted again, which the test allows.
 
 Not 1 minute: slurmctld sends the warning at its first time-limit check (every 30 s) once at most
 the warning + 30 s are left, which for a 1-minute job is any time from its start, before the ranks
@@ -71,40 +75,51 @@ def snakemake(cluster, workdir: Path, profile_dir: Path | None, log: Path, fault
     return result
 
 
-def train_job(output: str) -> str:
-    return re.findall(r"SLURM jobid (\d+) \(log: \S*/rule_train/", output)[0]
+def train_jobs(output: str) -> list[str]:
+    return re.findall(r"SLURM jobid (\d+) \(log: \S*/rule_train/", output)
 
 
-def test_a_train_job_at_its_time_limit_saves_and_the_rerun_continues(slurm_cluster, tmp_path):
+def test_a_train_job_at_its_time_limit_saves_and_is_resubmitted_until_it_finishes(slurm_cluster, tmp_path):
     workdir = tmp_path / "run"
     local = snakemake(slurm_cluster, workdir, None, tmp_path / "local.log")  # data and smoke, here
     assert local.returncode == 0, local.stdout[-3000:]
-    train_log = workdir / "results" / "tiny" / "logs" / "train.log"
+    train_dir = workdir / "results" / "tiny" / "train"
 
-    first = snakemake(slurm_cluster, workdir, profile(tmp_path, 2, 60), tmp_path / "first.log",
-                      fault=f"hold@{HOLD_STEP}")
-    assert first.returncode != 0, first.stdout[-4000:]
-    log = train_log.read_text()
+    # One command, left to itself: the first job holds until its time-limit warning, saves and exits
+    # 75; Snakemake resubmits it (train.max_resubmits, default 3) with the same limit and environment,
+    # and the resubmission resumes past the held step and finishes.
+    result = snakemake(slurm_cluster, workdir, profile(tmp_path, 2, 60), tmp_path / "snakemake.log",
+                       fault=f"hold@{HOLD_STEP}")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "exit status 75" in result.stdout and "Trying to restart job" in result.stdout
+    job_ids = train_jobs(result.stdout)
+    records = [json.loads(line) for line in (train_dir / "jobs.jsonl").read_text().splitlines()]
+    # A start line and an end line per job: every job but the last preempted (exit 75: a slow machine
+    # may see the resubmission signalled too, and resubmitted again), the last finished.
+    assert [(r["attempt"], r["slurm_job"]) for r in records] == [(n // 2 + 1, job_ids[n // 2]) for n in range(len(records))]
+    codes = [r["code"] for r in records[1::2]]
+    assert len(codes) >= 2 and codes[-1] == 0 and set(codes[:-1]) == {75}, records
+    assert all(r["code"] is None for r in records[0::2]), records
+
+    # The first job's own log, kept (Snakemake deletes logs/train.log before the next attempt).
+    log = (workdir / records[1]["log"]).read_text()
     saved = re.findall(r"SIGTERM: every rank saved step (\d+)", log)
     assert saved, log[-4000:]
     step = int(saved[0])
     assert 1 <= step <= HOLD_STEP, log[-4000:]  # held there until the signal: never went past it
     assert re.findall(r"every rank saved step (\d+)", log) == [str(step)] * 2, log[-4000:]  # both ranks, one step
-    assert "the ranks exited with code 75 (PREEMPTED)" in log and "exit status 75" in first.stdout
-    [row] = slurm_cluster.wait_done([train_job(first.stdout)])
+    assert "the ranks exited with code 75 (PREEMPTED)" in log
     # FAILED: it ended itself (exit 75) on the profile's warning signal, before the limit. Under load
     # slurmctld has been seen to send no warning and only the time limit's own SIGTERM (state TIMEOUT,
     # then SIGKILL after KillWait): the ranks save on that one just the same, as asserted above.
-    assert row["State"] in ("FAILED", "TIMEOUT"), row
-    checkpoints = workdir / "results" / "tiny" / "train" / "checkpoints"
-    assert (checkpoints / f"step-{step:07d}" / "complete.json").is_file()
+    first, *_, last = sorted(slurm_cluster.wait_done(job_ids), key=lambda row: int(row["JobID"]))
+    assert first["State"] in ("FAILED", "TIMEOUT"), first
+    assert last["State"] == "COMPLETED", last
+    assert (train_dir / "checkpoints" / f"step-{step:07d}" / "complete.json").is_file()
 
-    second = snakemake(slurm_cluster, workdir, profile(tmp_path, 30, 60), tmp_path / "second.log")
-    assert second.returncode == 0, second.stdout[-4000:]
-    log = train_log.read_text()
-    assert log.count(f"resumed from step {step} ") == 2, log[-4000:]
-    rows = [json.loads(line) for line in (workdir / "results" / "tiny" / "train" / "metrics.jsonl").read_text().splitlines()]
+    final_log = (workdir / "results" / "tiny" / "logs" / "train.log").read_text()  # the last job's
+    before = int(re.findall(r"every rank saved step (\d+)", (workdir / records[-3]["log"]).read_text())[0])
+    assert final_log.count(f"resumed from step {before} ") == 2, final_log[-4000:]
+    rows = [json.loads(line) for line in (train_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in rows]
     assert steps == sorted(set(steps)) and steps[-1] == MAX_STEPS
-    [row] = slurm_cluster.wait_done([train_job(second.stdout)])
-    assert row["State"] == "COMPLETED"

@@ -88,3 +88,15 @@ def rank_resources(ranks=True):
         return "srun" if nodes(wildcards) > 1 else ""
 
     return {"nodes": nodes, "tasks": nodes, "tasks_per_gpu": 0, "gres": gres, "mpi": mpi}
+
+
+def resubmit_preempted_train():
+    """Let Snakemake resubmit a failed train job, up to the largest train.max_resubmits of the runs
+    (each run's own bound is the launcher's), when it submits jobs to a cluster: a job cut off by its
+    time limit saved and exited 75, and the resubmission resumes from that checkpoint. Set from
+    onstart, the first point where the executor is known (not at parse time, so not the rule's
+    `retries:` directive); onstart runs only in the main process (spawned jobs get --no-hooks and
+    --retries 0: a job never retries inside its own allocation). A local run is not resubmitted: a
+    preemption there is someone's kill."""
+    if workflow.non_local_exec:
+        workflow.get_rule("train").restart_times = max(cfg["train"]["max_resubmits"] for cfg in RUNS.values())

@@ -5,6 +5,10 @@
 # training settings changed, or of a finished run, sets them aside and starts over: kiln.train.trainer).
 # The shell execs the launcher: Slurm's preemption signal reaches every process of the job step, and
 # a shell left in between would die of it at once, ending the job while the ranks still save.
+# Under a cluster executor a preempted job (exit 75) is resubmitted up to train.max_resubmits times
+# (resubmit_preempted_train, from the Snakefile's onstart); the launcher gets the attempt (the
+# kiln_attempt resource: Snakemake hands `attempt` to resource functions only) and train/jobs.jsonl,
+# and a resubmission after any other failure exits at once (kiln.train.launch).
 rule train:
     input:
         shards=upstream("shard"),
@@ -23,9 +27,12 @@ rule train:
         launch=launch_settings,
         rank_threads=threads_per_rank,
         out=lambda w, output: Path(output.model).parent,
+        resubmits=lambda w: RUNS[w.run]["train"]["max_resubmits"],
+        jobs=lambda w: Path(LAYOUTS[w.run].folder("train")) / kiln_layout.TRAIN_JOBS,
     threads: 64
     resources:
         **rank_resources(),
+        kiln_attempt=lambda w, attempt: attempt,
     conda:
         CONDA_ENV
     log:
@@ -33,6 +40,8 @@ rule train:
     benchmark:
         P.benchmark("train")
     shell:
-        "exec python -m kiln.train.launch --train {params.launch:q} -- {params.script} --params {params.cfg:q}"
+        "exec python -m kiln.train.launch --train {params.launch:q} --attempt {resources.kiln_attempt}"
+        " --max-resubmits {params.resubmits} --record {params.jobs:q} --log {log:q} -- {params.script} --params {params.cfg:q}"
         " --shards {input.shards} --smoke {input.smoke} --plan {input.plan} --tokenizer {input.tokenizer} --out {params.out}"
         " --threads {params.rank_threads} > {log} 2>&1"
+

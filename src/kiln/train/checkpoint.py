@@ -20,14 +20,18 @@ KilnError with no temporary left. A run reads either format whatever it writes.
 A resume does not trust LATEST (a run killed between the rename and the marker, or a lost marker,
 would otherwise restart from an older step or from scratch): it takes the newest folder whose
 complete.json is there and whose files match it; a torn or unreadable one is skipped with a log line
-and the one before it tried. A checkpoint asked for by name (KILN_RESUME_FROM, or eval's
-`load_weights`) is an error when it does not read. A checkpoint of another trajectory
+and the one before it tried. On several ranks rank 0 alone does that, hashing each file once, and
+tells the others which checkpoint to continue (`resume_state`); every rank memory-maps its state.pt,
+so the ranks of a node share one copy in the page cache. A checkpoint asked for by name
+(KILN_RESUME_FROM, or eval's `load_weights`) is an error when it does not read. A checkpoint of another trajectory
 (kiln.train.fingerprint: model, tokenizer, shards, seed, training settings) is an error naming what
 differs; before that, a train job sets such checkpoints aside (`superseded_by` says why, from
 complete.json alone) and starts over, as it does after FINISHED, the marker a run that trained all
 its steps leaves (`mark_finished`): a train job on a finished run was asked to train again. Pruning keeps the
 newest `keep` complete checkpoints up to the one just written, so the newest complete checkpoint is
-never removed; folders past it (an unreadable one that was skipped, or the history a
+never removed, and besides them every milestone, a complete checkpoint whose step is a multiple of
+`milestone_every` (train.keep_checkpoint_every; seed 002: "last-3 + a checkpoint-every-10k"), to go
+back to after a divergence the newest ones already hold; folders past it (an unreadable one that was skipped, or the history a
 KILN_RESUME_FROM rollback discarded) are removed.
 
 This module alone knows that layout: the eval stage lists a run's checkpoints with `kept` and reads
@@ -49,6 +53,7 @@ import shutil
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -59,6 +64,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from kiln.errors import KilnError
 from kiln.io import atomic_dir, atomic_file, fsync_path, sha256_file, write_json
 from kiln.io import remove_dead_temps as _remove_dead_temps
+from kiln.train.distributed import broadcast_object
 from kiln.train.faults import NONE, Faults
 from kiln.train.fingerprint import differences, require_same
 
@@ -103,14 +109,14 @@ def step_name(step: int) -> str:
     return f"step-{step:07d}"
 
 
-def save(root: Path, state: dict, keep: int, faults: Faults = NONE) -> Path:
+def save(root: Path, state: dict, keep: int, faults: Faults = NONE, milestone_every: int = 0) -> Path:
     """Write state (model and optimizer included: the full format) as root/step-NNNNNNN
     (complete.json last, all fsynced), point LATEST at it, keep the newest `keep` complete
-    checkpoints up to it. Rank 0 alone."""
+    checkpoints up to it and the milestones. Rank 0 alone."""
     name = step_name(state["step"])
     with atomic_dir(root / name, durable=True) as tmp:
         _write_state(tmp, state, faults)
-    return _publish(root, name, keep)
+    return _publish(root, name, keep, milestone_every)
 
 
 class Saver:
@@ -119,9 +125,11 @@ class Saver:
     it renamed into place (or raise its error)."""
 
     def __init__(self, root: Path, fmt: str, keep: int, *, rank: int, world: int, async_save: bool = False,
-                 faults: Faults = NONE):
+                 faults: Faults = NONE, on_saved: Callable[[Path], None] | None = None, milestone_every: int = 0):
         self.root, self.sharded, self.keep, self.faults = Path(root), fmt == "sharded", keep, faults
+        self.milestone_every = milestone_every  # steps whose checkpoints pruning keeps (0: none)
         self.rank, self.world = rank, world
+        self.on_saved = on_saved  # rank 0: called with each checkpoint once it is in place (kiln.train.mirror)
         self._pending: Future | None = None
         self._commits = ThreadPoolExecutor(1, thread_name_prefix="kiln-checkpoint") if async_save else None
         # The background writes' collectives get their own (CPU) group, so they never interleave with
@@ -135,14 +143,11 @@ class Saver:
         name = step_name(state["step"])
         if not self.sharded:
             if self.rank == 0:
-                save(self.root, state, self.keep, self.faults)
+                self._saved(save(self.root, state, self.keep, self.faults, self.milestone_every))
             return
         with contextlib.ExitStack() as stack:  # rank 0: the temp folder removed on any error
             tmp = stack.enter_context(atomic_dir(self.root / name, durable=True)) if self.rank == 0 else None
-            if self.world > 1:
-                box = [tmp]
-                dist.broadcast_object_list(box, src=0)
-                tmp = box[0]
+            tmp = broadcast_object(tmp, self.world)
             if self._commits is None:
                 dcp.save(shards, checkpoint_id=tmp / SHARDS, no_dist=self.world == 1)
                 if self.rank == 0:
@@ -153,7 +158,7 @@ class Saver:
                 self._pending = self._commits.submit(self._commit, stack.pop_all(), tmp, state, written)
                 return
         if self.rank == 0:
-            _publish(self.root, name, self.keep)
+            self._saved(_publish(self.root, name, self.keep, self.milestone_every))
 
     def wait(self) -> None:
         """Until the save in flight, if any, is in place (rank 0: renamed, LATEST moved); raises its error."""
@@ -167,7 +172,11 @@ class Saver:
             if self.rank == 0:
                 _write_state(tmp, state, self.faults)
         if self.rank == 0:
-            _publish(self.root, step_name(state["step"]), self.keep)
+            self._saved(_publish(self.root, step_name(state["step"]), self.keep, self.milestone_every))
+
+    def _saved(self, folder: Path) -> None:
+        if self.on_saved is not None:
+            self.on_saved(folder)
 
 
 def _write_state(folder: Path, state: dict, faults: Faults) -> None:
@@ -182,21 +191,23 @@ def _write_state(folder: Path, state: dict, faults: Faults) -> None:
                                              for p in files}})
 
 
-def _publish(root: Path, name: str, keep: int) -> Path:
+def _publish(root: Path, name: str, keep: int, milestone_every: int = 0) -> Path:
     """Point LATEST at the checkpoint just renamed into place and prune."""
     with atomic_file(root / MARKER, durable=True) as tmp:
         tmp.write_text(name + "\n", encoding="utf-8")
-    for old in _prunable(root, name, keep):
+    for old in _prunable(root, name, keep, milestone_every):
         log.info("checkpoint %s removed (%s)", old, "past the one just written" if old.name > name else "pruned")
         shutil.rmtree(old)
     log.info("checkpoint %s saved", root / name)
     return root / name
 
 
-def _prunable(root: Path, name: str, keep: int) -> list[Path]:
+def _prunable(root: Path, name: str, keep: int, milestone_every: int = 0) -> list[Path]:
     folders = sorted(p for p in root.glob("step-*") if p.is_dir() and _NAME.fullmatch(p.name))
     upto = [p for p in folders if p.name <= name and _complete(p) is None]
     kept_names = {p.name for p in upto[-keep:]} | {name}
+    if milestone_every:  # milestones up to the one just written; any past it belong to a discarded history
+        kept_names |= {p.name for p in upto if int(_NAME.fullmatch(p.name).group(1)) % milestone_every == 0}
     return [p for p in folders if p.name not in kept_names]
 
 
@@ -209,23 +220,60 @@ def remove_dead_temps(root: Path) -> None:
 def load_latest(root: Path, fingerprint: dict | str, requested: str | Path | None = None) -> dict | None:
     """The state of the newest complete, readable checkpoint under root (or of `requested`, a folder
     or a step-NNNNNNN name under root), or None when there is none; an error if it belongs to another
-    run, or if every complete checkpoint is unreadable."""
-    root = Path(root)
+    run, or if every complete checkpoint is unreadable. Its files are hash-checked, and state.pt is
+    memory-mapped: tensors are read from the page cache as they are used, never copied whole into
+    this process's memory (the full format's is the model and optimizer: 12.5 GB for a 1B)."""
+    found = _newest(Path(root), requested)
+    return None if found is None else _same_run(found[1], found[0], fingerprint, Path(root))
+
+
+def resume_state(root: Path, fingerprint: dict | str, requested: str | Path | None = None, *, rank: int = 0,
+                 world: int = 1, start_over: bool = False) -> dict | None:
+    """load_latest for a run of `world` ranks, collective: rank 0 alone picks the checkpoint (none when
+    its start_over is set: kiln.train.trainer's superseded check, which rank 0 acts on) and checks
+    every file's hash, and tells the others which folder it is, or its error, which every rank then
+    raises. The others memory-map that folder's state.pt unchecked. So a resume reads and hashes the
+    files once, not once per rank, and the ranks' mappings share one copy in the page cache where
+    every rank used to hold its own (8 ranks x 12.5 GB for a 1B in the full format), and every rank
+    resumes the same checkpoint even if the folder changes while they look."""
+    if world == 1:
+        return None if start_over else load_latest(root, fingerprint, requested)
+    if rank == 0:
+        try:
+            found = None if start_over else _newest(Path(root), requested)
+            if found is not None:
+                _same_run(found[1], found[0], fingerprint, Path(root))
+        except Exception as exc:
+            broadcast_object(("error", f"{type(exc).__name__} on rank 0: {exc}"), world)
+            raise
+        broadcast_object(("folder", None if found is None else str(found[0])), world)
+        return None if found is None else found[1]
+    kind, value = broadcast_object(None, world)
+    if kind == "error":
+        raise KilnError(f"{root}: resuming failed on rank 0, which reads the checkpoint for every rank ({value})")
+    if value is None:
+        return None
+    try:
+        state = _load(Path(value), verify_hash=False, mmap=True)  # rank 0 checked its hashes
+    except Unreadable as exc:
+        raise KilnError(f"{value}: the checkpoint rank 0 checked does not load on rank {rank}: {exc}") from exc
+    return _same_run(state, Path(value), fingerprint, Path(root))
+
+
+def _newest(root: Path, requested: str | Path | None) -> tuple[Path, dict] | None:
+    """(folder, memory-mapped state) of the checkpoint load_latest reads, hash-checked, or None."""
     if requested:
         folder = Path(requested) if Path(requested).is_dir() or "/" in str(requested) else root / requested
         try:
-            state = _load(folder)
+            return folder, _load(folder, mmap=True)
         except Unreadable as exc:
             raise KilnError(f"{folder}: the checkpoint asked for ({RESUME_ENV}) is unusable: {exc}") from exc
-        return _same_run(state, folder, fingerprint, root)
     candidates = sorted((p for p in root.glob("step-*") if p.is_dir() and _NAME.fullmatch(p.name)), reverse=True)
     for folder in candidates:
         try:
-            state = _load(folder)
+            return folder, _load(folder, mmap=True)
         except Unreadable as exc:
             log.warning("checkpoint %s skipped: %s; trying the one before it", folder, exc)
-            continue
-        return _same_run(state, folder, fingerprint, root)
     finished = [p.name for p in candidates if (p / MANIFEST).exists()]
     if finished:  # the run did save, and none of it reads: never silently start again from step 0
         raise KilnError(f"{root}: no checkpoint there reads ({', '.join(finished)}: see the warnings above); "
@@ -297,10 +345,11 @@ def load_weights(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
 
 
 def load_full(folder: Path) -> dict:
-    """The whole state of the checkpoint in `folder` (hash-checked), e.g. another run's optimizer
-    state for train.init_from; an error saying why when it does not read."""
+    """The whole state of the checkpoint in `folder` (hash-checked, state.pt memory-mapped: the
+    ranks reading it share one copy), e.g. another run's optimizer state for train.init_from; an
+    error saying why when it does not read."""
     try:
-        return _load(Path(folder))
+        return _load(Path(folder), mmap=True)
     except Unreadable as exc:
         raise KilnError(f"{folder}: checkpoint unusable: {exc}") from exc
 

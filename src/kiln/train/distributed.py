@@ -7,7 +7,16 @@ process), so a rank stuck or dead ends the job within that time instead of torch
 30 min (gloo) and 10 min (NCCL). The key bounds every wait for the slowest rank, so it must exceed the
 longest legitimate one: a first step's torch.compile (minutes for a large model), rank 0 writing a
 checkpoint while the others wait at the next collective, the first step's shard checks
-(kiln.data.loader.ShardChecks, ~0.5 s per GB).
+(kiln.data.loader.ShardChecks, ~0.5 s per GB), rank 0 hashing the checkpoint a resume reads while
+the others wait for its verdict (kiln.train.checkpoint.resume_state, ~1 s per GB).
+
+Every collective Kiln calls goes through the helpers here (tests/test_collectives.py fails on any
+other torch.distributed collective in src/ or workflow/): NCCL, the default group on GPUs, takes only
+CUDA tensors, and gloo, which the CPU tests run, takes host tensors too, so a host tensor handed to a
+collective passes every test and crashes the first multi-GPU job (smoke's checkpoint timing did).
+A tensor goes to where the group's backend takes it (collective_device) and its result comes back to
+the caller's device. The object collectives (all_gather_object, broadcast_object_list) pickle into a
+tensor on torch.cuda.current_device() under NCCL: init_distributed sets it to this rank's GPU first.
 """
 
 from __future__ import annotations
@@ -62,19 +71,62 @@ def init_distributed(device_setting: str = "auto", timeout_s: float = DEFAULT_TI
     return Dist(rank, local_rank, world, device, world // per_node)
 
 
+def collective_device(backend: str, device: torch.device) -> torch.device:
+    """Where a tensor on `device` must be for a collective of a group whose backend is `backend`
+    (dist.get_backend: "nccl", "gloo", or "cpu:gloo,cuda:nccl" pairs): where it is, if the backend
+    takes that device; else a CUDA tensor's host or a host tensor's GPU (the current one, which
+    init_distributed set to this rank's)."""
+    takes = set()
+    for part in str(backend).lower().split(","):
+        kind, _, name = part.strip().rpartition(":")
+        takes |= {kind} if kind else set(dist.Backend.backend_capability.get(name, ["cpu"]))
+    if device.type in takes:
+        return device
+    return torch.device("cuda") if "cuda" in takes else torch.device("cpu")
+
+
+def _all_reduce(value: torch.Tensor, op, group=None) -> torch.Tensor:
+    """A reduced copy of `value` (never in place), on value's device whatever the backend takes."""
+    where = collective_device(dist.get_backend(group), value.device)
+    work = value.to(where, copy=True)
+    dist.all_reduce(work, op=op, group=group)
+    return work.to(value.device)
+
+
 def mean_across_ranks(value: torch.Tensor, world: int) -> torch.Tensor:
     if world > 1:
-        value = value.clone()
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        value = _all_reduce(value, dist.ReduceOp.SUM)
         value /= world
     return value
 
 
 def sum_across_ranks(value: torch.Tensor, world: int) -> torch.Tensor:
     if world > 1:
-        value = value.clone()
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        value = _all_reduce(value, dist.ReduceOp.SUM)
     return value
+
+
+def gather_objects(obj, world: int) -> list:
+    """Every rank's `obj` (picklable), by rank; [obj] alone."""
+    if world == 1:
+        return [obj]
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj, world: int, src: int = 0):
+    """Rank src's `obj` (picklable) on every rank; what other ranks pass is ignored."""
+    if world == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
 
 
 @contextlib.contextmanager
@@ -113,6 +165,5 @@ def shutdown(world: int, synced: bool = False) -> None:
 def max_across_ranks(value: torch.Tensor, world: int) -> torch.Tensor:
     """The elementwise max over ranks, on the device (no host sync): e.g. "did any rank see this"."""
     if world > 1:
-        value = value.clone()
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        value = _all_reduce(value, dist.ReduceOp.MAX)
     return value

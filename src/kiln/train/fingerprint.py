@@ -27,6 +27,7 @@ NOT_TRAJECTORY = frozenset({
     "nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "device", "parallel", "collective_timeout_s",
     "micro_batch", "compile", "activation_checkpointing", "log_every", "eval_every", "eval_batches", "samples",
     "checkpoint_every", "keep_checkpoints", "checkpoint_format", "async_checkpoint", "nonfinite", "spike_factor",
+    "checkpoint_mirror", "max_resubmits", "keep_checkpoint_every",
 })
 
 

@@ -18,6 +18,18 @@ ranks too (its defaults are SIGTERM, SIGINT, SIGHUP, SIGQUIT) and give them SHUT
 before it kills them. It passes no signal on itself: Slurm signals every process of a job step and a
 terminal its foreground group, so torchrun gets each signal already, and a second copy would cut its
 graceful shutdown short. (The train rule execs it, so no shell between Snakemake and it dies first.)
+
+Resubmission (train.max_resubmits): under a cluster executor Snakemake resubmits a failed train job
+(the `retries` the Snakefile's onstart sets on the rule), whatever made it fail. The train rule hands
+the launcher its Snakemake attempt and `--record` (train/jobs.jsonl, kiln.layout.TRAIN_JOBS), where
+every job leaves a line as it starts and one with its exit code as it ends. A resubmission (attempt
+2 onwards) trains only when the job before it was preempted (exit 75: Slurm's time-limit warning, a
+preemption) or died without a code (killed at its time limit, a lost node); after any other code (a
+config error, a crash, a non-finite loss) it exits at once with that code, so a real error costs
+seconds per remaining resubmission, not a day of GPUs. After exit 0 (the run finished, and Snakemake
+failed the job for outputs it did not see in time) it exits 0 at once rather than train it again.
+A job that fails keeps a copy of its log beside it (logs/train.job-<Slurm job id>.log, named in its
+jobs.jsonl line), since Snakemake deletes the log before the next attempt starts.
 """
 
 from __future__ import annotations
@@ -25,7 +37,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -89,6 +103,12 @@ def command(train: Mapping, script: Sequence[str], env: Mapping[str, str] = os.e
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train", required=True, help="train.nproc_per_node, nnodes, node_rank and rdzv_endpoint as JSON")
+    parser.add_argument("--attempt", type=int, default=1, help="Snakemake's attempt of this job (1: the first)")
+    parser.add_argument("--max-resubmits", type=int, default=0, help="train.max_resubmits: attempts past the first")
+    parser.add_argument("--record", type=Path, help="train/jobs.jsonl: a line per job as it starts and ends; with "
+                        "--attempt > 1 the job trains only if the one before it was preempted")
+    parser.add_argument("--log", type=Path, help="the job's log (the rule's); with --record, a job that fails keeps "
+                        "a copy beside it, since Snakemake deletes the log before the next attempt")
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- then the script and its arguments")
     args = parser.parse_args(argv)
     script = args.script[1:] if args.script[:1] == ["--"] else args.script
@@ -99,8 +119,81 @@ def main(argv: list[str] | None = None) -> int:
     except KilnError as exc:
         print(f"kiln.train.launch: {exc}", file=sys.stderr)
         return 1
+    if args.record is not None:
+        refused = resubmission_refused(args.record, args.attempt, args.max_resubmits)
+        _record(args.record, args.attempt, None if refused is None else refused[0])
+        if refused is not None:
+            print(f"kiln.train.launch: {refused[1]}", file=sys.stderr, flush=True)
+            return refused[0]
     print("launch:", " ".join(argv_out[: argv_out.index(script[0])]), file=sys.stderr, flush=True)
-    return run_ranks(argv_out)
+    code = run_ranks(argv_out)
+    if args.record is not None:
+        _record(args.record, args.attempt, code, _keep_log(args.log) if code else None)
+    return code
+
+
+RETRYABLE = (ExitCode.PREEMPTED, None)  # None: the job before left no code (killed at its limit, a lost node)
+
+
+def resubmission_refused(record: Path, attempt: int, max_resubmits: int) -> tuple[int, str] | None:
+    """(exit code, why) when this attempt of a train job must not train, else None: a first attempt
+    always trains; a resubmission only after a preemption (RETRYABLE), at most max_resubmits times."""
+    if attempt <= 1:
+        return None
+    last = _last_record(record)
+    code = None if last is None else last.get("code")
+    log_named = f"; its log: {last['log']}" if last and last.get("log") else ""
+    if code == ExitCode.OK:  # trained to the end; Snakemake failed the job after (outputs not seen in time)
+        return 0, (f"resubmission {attempt - 1}: not training again, the job before it finished (exit 0); "
+                   "Snakemake checks its outputs once more")
+    if code not in RETRYABLE:
+        return int(code), (f"resubmission {attempt - 1}: not training, the job before it exited with code {code}, "
+                           f"not {int(ExitCode.PREEMPTED)} (preempted) ({record}{log_named}); only a preempted "
+                           "train job is resubmitted: fix what that log names and run the same command again")
+    if attempt - 1 > max_resubmits:
+        return int(ExitCode.PREEMPTED), (f"resubmission {attempt - 1}: not training, train.max_resubmits is "
+                                         f"{max_resubmits}; run the same command again to continue")
+    return None
+
+
+def _last_record(record: Path) -> dict | None:
+    try:
+        lines = [line for line in Path(record).read_text(encoding="utf-8").splitlines() if line.strip()]
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue  # torn by a kill mid-write
+    return None
+
+
+def _keep_log(log: Path | None) -> str | None:
+    """A copy of a failed job's log beside it (train.job-<Slurm job id or time>.log): the next attempt
+    starts by deleting the log (Snakemake does), and would otherwise take the reason with it."""
+    if log is None or not log.is_file():
+        return None
+    tag = os.environ.get("SLURM_JOB_ID") or time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    kept = log.with_name(f"{log.stem}.job-{tag}{log.suffix}")
+    try:
+        sys.stderr.flush()
+        shutil.copyfile(log, kept)
+    except OSError as exc:
+        print(f"kiln.train.launch: could not keep a copy of {log}: {exc}", file=sys.stderr, flush=True)
+        return None
+    return str(kept)
+
+
+def _record(record: Path, attempt: int, code: int | None, log: str | None = None) -> None:
+    """A line in train/jobs.jsonl: this job's attempt, Slurm job id and host, its exit code (None as it
+    starts) and, after a failure, where its log was kept. Appended and flushed at once: a kill
+    mid-job leaves the start line as the last."""
+    entry = {"attempt": attempt, "code": code, "slurm_job": os.environ.get("SLURM_JOB_ID"),
+             "host": socket.gethostname(), "time": time.time()} | ({"log": log} if log else {})
+    Path(record).parent.mkdir(parents=True, exist_ok=True)
+    with open(record, "a", encoding="utf-8") as f:
+        f.write(json.dumps(entry) + "\n")
 
 
 def run_ranks(argv: list[str]) -> int:

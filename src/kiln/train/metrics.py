@@ -6,10 +6,15 @@ FLOPs per token, two conventions, both reported (log records, the smoke report, 
   to the head), so 6N is the forward (2N) and backward (4N) matmul work; 12*L*H*Q*T adds the
   attention scores and the weighted sum of values (L layers, H heads, Q head dim, T sequence
   length), with no discount for the causal mask.
-- torchtitan's, `mfu_torchtitan`: 6*(N - embedding parameters) + 6*L*H*Q*T: the attention term
-  halved for causality, and a tied embedding left out of N (it is counted as the head here).
+- torchtitan's transformers-backend count, `mfu_torchtitan`: 6*(N - embedding parameters) +
+  6*L*H*Q*T: the attention term halved for causality, and a tied embedding left out of N (it is
+  counted as the head here). That backend (torchtitan/experiments/transformers_modeling_backend)
+  passes head_dims = Q to get_dense_model_nparams_and_flops; torchtitan's native llama3 passes
+  2*Q, so its own count is 6*(N - embeddings) + 12*L*H*Q*T: Kiln's attention term, and lower than
+  Kiln's only by the tied embedding. Seed 000 ran the transformers backend, so this column is the
+  one to hold against its log; it is not "torchtitan's MFU" for a native torchtitan model.
 The same run reads higher MFU under Kiln's: seed 000's Llama-3.2-1B at seq 8192, 55.3k tokens/s
-per H100, is 52.9% here and 41.7% under torchtitan's (what its log printed).
+per H100, is 52.9% here and 41.7% under the transformers-backend count (what its log printed).
 
 MFU divides achieved FLOP/s per device by the device's dense bf16 peak (kiln.train.peaks). CPUs have
 no entry: MFU is reported on known GPUs only (nanoGPT's hard-coded A100 figure reports >100% on an H100).
@@ -24,6 +29,8 @@ import contextlib
 import json
 import logging
 import resource
+import secrets
+import string
 import time
 from pathlib import Path
 from typing import Callable
@@ -32,6 +39,7 @@ import torch
 
 from kiln import layout
 from kiln.errors import KilnError
+from kiln.io import atomic_file
 from kiln.train.peaks import peak_flops_of
 
 log = logging.getLogger("kiln.train")
@@ -43,7 +51,7 @@ def flops_per_token(model: torch.nn.Module) -> float:
 
 
 def flops_per_token_torchtitan(model: torch.nn.Module) -> float:
-    """torchtitan's count for the same shape (ModelConfig.flops_per_token_torchtitan)."""
+    """torchtitan transformers-backend count for the same shape (ModelConfig.flops_per_token_torchtitan)."""
     return model.cfg.flops_per_token_torchtitan()
 
 
@@ -115,12 +123,32 @@ class Throughput:
         return self.timed_tokens / self.timed_s if self.timed_s else 0.0
 
 
+def wandb_run_id(train_dir: Path) -> str:
+    """The W&B run id of the trajectory in train_dir: the one in wandb/run_id, or a new one written
+    there (8 characters of [0-9a-z], as wandb makes them)."""
+    path = Path(train_dir) / layout.WANDB / layout.WANDB_ID
+    if path.is_file():
+        run_id = path.read_text(encoding="utf-8").strip()
+        if run_id:
+            return run_id
+    run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as tmp:
+        tmp.write_text(run_id + "\n", encoding="utf-8")
+    return run_id
+
+
 class MetricsSink:
     """One JSON object per line in metrics.jsonl, and one per generated sample in samples.jsonl
     beside it, mirrored to wandb when enabled (rank 0 only).
 
     wandb's mode is decided before wandb.init: online without a network stalls for ~90 s, offline
-    writes the run under the metrics folder (wandb/offline-run-*, `wandb sync` uploads it later)."""
+    writes the run under the metrics folder (wandb/offline-run-*, `wandb sync` uploads it later).
+
+    The W&B run id is kept in wandb/run_id (kiln.layout.WANDB_ID) and handed to wandb.init with
+    resume="allow": a job resumed after a preemption or a time limit continues the same W&B run
+    rather than open a new one, and a trajectory started over takes a new id (the wandb/ folder
+    is set aside with its checkpoints, kiln.layout.TRAJECTORY)."""
 
     def __init__(self, path: Path, wandb_cfg: dict, run_config: dict, enabled: bool = True,
                  resume_step: int = 0):
@@ -133,6 +161,7 @@ class MetricsSink:
 
             self.wandb = wandb.init(
                 project=wandb_cfg["project"], mode=wandb_cfg["mode"], dir=str(path.parent),
+                id=wandb_run_id(path.parent), resume="allow",
                 config=run_config, settings=wandb.Settings(silent=True, console="off"),
             )
 

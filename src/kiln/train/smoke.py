@@ -33,6 +33,7 @@ import gc
 import logging
 import math
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -42,10 +43,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kiln.config import checkpoint_format
 from kiln.io import read_json
 from kiln.model.registry import resolve
 from kiln.train import checkpoint, device
-from kiln.train.distributed import mean_across_ranks
+from kiln.train.distributed import barrier, broadcast_object, max_across_ranks, mean_across_ranks
 from kiln.train.launch import LAUNCH_START_ENV
 from kiln.train.memory import Estimate, estimate, setting_of
 from kiln.train.metrics import Throughput, flops_per_token, flops_per_token_torchtitan, memory_mb, peak_flops
@@ -320,15 +322,17 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
                         f">= {cfg['min_token_entropy']:g}",
                         "" if entropy >= cfg["min_token_entropy"] else
                         "the training tokens are nearly constant: check the tokenizer (unknown-token ids?) and the data"))
+    checkpoint_s, checkpoint_written = _time_checkpoint(trainer, out_dir)
     report.update(
         probe=asdict(measured), losses=losses, grad_norms=norms, val_loss_init=init, val_loss_after=after,
         n_params=trainer.model.num_params(non_embedding=False),
-        checkpoint_bytes=_checkpoint_bytes(trainer), model_bytes=_param_bytes(trainer.model),
+        checkpoint_bytes=_checkpoint_bytes(trainer), checkpoint_written_bytes=checkpoint_written,
+        model_bytes=_param_bytes(trainer.model),
         train_tokens=trainer.rows.manifest["splits"]["train"]["tokens"], batch=asdict(trainer.plan),
         device=str(trainer.d.device), world=trainer.d.world, precision=precision,
         precision_tokens_per_s=candidates,
         times=asdict(StageTimes(step_s=measured.step_time_s, startup_s=startup_s, validation_s=validation_s,
-                                checkpoint_s=_time_checkpoint(trainer, out_dir))))
+                                checkpoint_s=checkpoint_s)))
     del trainer
     _free_memory()
     start, steps, final = overfit(sections, shard_dir, cfg["overfit"], marker_id)
@@ -366,18 +370,34 @@ def pick_precision(sections: dict, probe_train: dict, shard_dir: Path, cfg: dict
     return pick, rates
 
 
-def _time_checkpoint(trainer: Trainer, out_dir: Path) -> float:
-    """Seconds to gather and write one checkpoint as train does (into a scratch folder, removed)."""
-    started = time.perf_counter()
-    state = trainer.state_dict()
-    if trainer.d.is_main:
+def _time_checkpoint(trainer: Trainer, out_dir: Path) -> tuple[float, int]:
+    """(seconds, bytes) of one checkpoint written as train writes it, into a scratch folder removed
+    after: Trainer._save_checkpoint through a checkpoint.Saver in train.checkpoint_format (async too),
+    on every rank, so the model and the optimizer's moments (allocated by the probe's steps) are in it,
+    gathered onto rank 0 or written by every rank as its shards. The seconds are the training loop's
+    pause, the slowest rank's (train goes on when every rank has; an async save's writing overlaps
+    the steps after it, as in train); the bytes are what landed on disk, every rank's files."""
+    d, train = trainer.d, trainer.train_cfg
+    scratch = None
+    if d.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out_dir, prefix=".checkpoint-timing-") as scratch:
-            checkpoint.save(Path(scratch), state, keep=1)
-            took = time.perf_counter() - started
-    else:
+        scratch = Path(tempfile.mkdtemp(dir=out_dir, prefix=".checkpoint-timing-"))
+    scratch = broadcast_object(scratch, d.world)
+    trainer.saver = checkpoint.Saver(scratch, checkpoint_format(train), 1, rank=d.rank, world=d.world,
+                                     async_save=train["async_checkpoint"])
+    try:
+        _sync(d.device)
+        barrier(d.world)
+        started = time.perf_counter()
+        trainer._save_checkpoint()
         took = time.perf_counter() - started
-    return mean_across_ranks(torch.tensor(took), trainer.d.world).item()
+        trainer.saver.wait()
+        barrier(d.world)  # every rank's files are in before rank 0 counts them
+        written = sum(p.stat().st_size for p in scratch.rglob("*") if p.is_file()) if d.is_main else 0
+    finally:
+        if d.is_main:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return max_across_ranks(torch.tensor(took), d.world).item(), broadcast_object(written, d.world)
 
 
 def estimate_for(sections: dict, manifest: dict, world: int) -> Estimate:

@@ -34,7 +34,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from kiln.config import checkpoint_format
 from kiln.data.loader import ShardRows, TrainBatches, eval_batches
@@ -45,12 +44,13 @@ from kiln.io import remove_dead_temps
 from kiln.model.build import build_model, save_model
 from kiln.model.registry import resolve
 from kiln.train import checkpoint, device, faults, fingerprint, init_from, parallel
-from kiln.train.distributed import (collective_deadline, init_distributed, max_across_ranks, mean_across_ranks,
-                                    shutdown, sum_across_ranks)
+from kiln.train.distributed import (barrier, collective_deadline, gather_objects, init_distributed, max_across_ranks,
+                                    mean_across_ranks, shutdown, sum_across_ranks)
 from kiln.train.health import SpikeDetector
 from kiln.train.init_from import InitSource
 from kiln.train.metrics import (MetricsSink, Throughput, flops_per_token, flops_per_token_torchtitan, memory_mb,
                                 peak_flops)
+from kiln.train.mirror import Mirror
 from kiln.train.optim import build_adamw
 from kiln.train.plan import plan_batch
 from kiln.train.preemption import StopSignal
@@ -73,7 +73,7 @@ class RunResult:
     data_wait_fraction: float = 0.0
     peak_memory_mb: float = 0.0
     mfu: float | None = None
-    mfu_torchtitan: float | None = None  # the same under torchtitan's FLOP count (kiln.train.metrics)
+    mfu_torchtitan: float | None = None  # the same under torchtitan's transformers-backend FLOP count (kiln.train.metrics)
     n_params: int = 0
     tokens_per_step: int = 0
     grad_accum: int = 1
@@ -82,6 +82,7 @@ class RunResult:
     wall_s: float = 0.0  # the loop's wall time in this process, validation and checkpoints included
     is_main: bool = True  # rank 0, the rank that writes reports
     init_from: str | None = None  # where the initial weights came from (train.init_from), None: a random init
+    mirror_failures: int = 0  # checkpoint copies to train.checkpoint_mirror that failed in this job (kiln.train.mirror)
 
 
 def seed_rank_stream(seed: int, rank: int) -> None:
@@ -177,11 +178,7 @@ class Trainer:
 
     def _rng_states(self) -> list[dict]:
         """Every rank's RNG states, by rank (a collective when there are several ranks)."""
-        if self.d.world == 1:
-            return [checkpoint.rng_state()]
-        states = [None] * self.d.world
-        torch.distributed.all_gather_object(states, checkpoint.rng_state())
-        return states
+        return gather_objects(checkpoint.rng_state(), self.d.world)
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimizer step. Returns this rank's mean loss and the global gradient norm as device
@@ -242,9 +239,9 @@ class Trainer:
         n = min(n_batches or self.train_cfg["eval_batches"], -(-(len(self.val_rows) // self.d.world) // micro))
         for batch in eval_batches(self.val_rows, micro, n, self.d.rank, self.d.world):
             batch = device.to_device(batch, self.d.device)  # (B, T + 1)
-            with self.autocast():
-                logits, _ = self.model(batch[:, :-1])  # (B, T, V)
-            total += F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+            with self.autocast():  # with targets: training's chunked loss, never the (B, T, V) logits
+                _, loss = self.model(batch[:, :-1], batch[:, 1:])
+            total += loss
             count += 1
         self.model.train()
         return mean_across_ranks(total / max(count, 1), self.d.world).item()
@@ -279,8 +276,11 @@ class Trainer:
         log_every = train["log_every"]
         unread, window, window_tokens = [], _Window(), 0
         self.faults = faults.from_env(d.rank)
+        self.mirror = Mirror.of(train, out_dir, rank=d.rank)  # rank 0 copies each checkpoint off the node
         self.saver = checkpoint.Saver(ckpt_root, checkpoint_format(train), train["keep_checkpoints"], rank=d.rank,
-                                      world=d.world, async_save=train["async_checkpoint"], faults=self.faults)
+                                      world=d.world, async_save=train["async_checkpoint"], faults=self.faults,
+                                      on_saved=self.mirror.submit, milestone_every=train["keep_checkpoint_every"])
+        self.mirror.catch_up(ckpt_root)
         self.stop.install()  # restored when fit ends, and by run() whatever happens
         loop_start = self._loop_start = time.perf_counter()
         while self.step < self.max_steps:
@@ -304,7 +304,7 @@ class Trainer:
                           "tokens": self.tokens_seen, "elapsed_s": self.elapsed_s + self._since_start(), **rates,
                           "memory_mb": memory_mb(d.device),
                           "batch_hash": self._batch_hash()}
-                record.update(window.events())
+                record.update(window.events() | self.mirror.events())
                 window, window_tokens = _Window(), 0
                 result.losses.append(mean_loss)
                 if d.is_main:
@@ -342,6 +342,8 @@ class Trainer:
         if d.is_main:
             save_model(self.cfg, weights, out_dir)
             checkpoint.mark_finished(ckpt_root, self.step)
+        self.mirror.close()  # the final checkpoint's copy, bounded (kiln.train.mirror.FINAL_WAIT_S)
+        result.mirror_failures = self.mirror.failures
         return result
 
     def _resume_or_start(self, out_dir: Path) -> None:
@@ -356,7 +358,10 @@ class Trainer:
         if requested and self.d.is_main:  # resumed on purpose: an error if it is another run's; not finished now
             checkpoint.clear_finished(ckpt_root)
         superseded = not requested and self._superseded(out_dir)
-        state = None if superseded else checkpoint.load_latest(ckpt_root, self.fingerprint, requested)
+        # Rank 0 reads the checkpoint's hashes and picks it for every rank (its superseded verdict
+        # counts); every rank memory-maps it: one copy in the node's page cache, not one per rank.
+        state = checkpoint.resume_state(ckpt_root, self.fingerprint, requested, rank=self.d.rank, world=self.d.world,
+                                        start_over=superseded)
         if state is not None:
             self.load_state_dict(state)
             log.info("resumed from step %d (%d tokens seen)", self.step, self.tokens_seen)
@@ -386,8 +391,8 @@ class Trainer:
         """Whether the checkpoints in out_dir are another trajectory's (settings changed) or a
         finished run's (asked to train again): then the run starts over, and rank 0 moves that
         trajectory's files to train/superseded/<time>/ (kiln.layout.set_aside), never deleting them.
-        No collective: every rank reads the same files and so decides alike (a rank that looks after
-        rank 0 has moved them finds nothing to resume, which is the same decision)."""
+        No collective: rank 0's answer is the one every rank acts on (checkpoint.resume_state); a rank
+        that looks after rank 0 has moved the files would answer otherwise."""
         why = checkpoint.superseded_by(out_dir / layout.CHECKPOINTS, self.fingerprint)
         if why is not None and self.d.is_main:
             moved = layout.set_aside(out_dir)
@@ -445,8 +450,7 @@ class Trainer:
 
     def _preemption_stop(self, ckpt_root: Path) -> RunStopped:
         self.saver.wait()  # an async save: this rank's shards written (rank 0: the checkpoint in place)
-        if self.d.world > 1:  # rank 0 has written the checkpoint before any rank exits
-            torch.distributed.barrier()
+        barrier(self.d.world)  # rank 0 has written the checkpoint before any rank exits
         signal = self.stop.received or "a preemption signal on another rank"
         return RunStopped(f"train: {signal}: every rank saved step {self.step} "
                           f"({self._last_checkpoint(ckpt_root)}); rerun the same command to continue from "
@@ -490,7 +494,7 @@ class Trainer:
     def _print_progress(self, record: dict, meter: Throughput) -> None:
         rate = meter.steady_tokens_per_s or record["tokens_per_s"]
         eta = (self.max_steps - record["step"]) * self.plan.tokens_per_step / rate
-        mfu = (f" | MFU {record['mfu']:.1%} (torchtitan's count {record['mfu_torchtitan']:.1%})"
+        mfu = (f" | MFU {record['mfu']:.1%} (torchtitan transformers-backend count {record['mfu_torchtitan']:.1%})"
                if record["mfu"] is not None else "")
         bpb = "" if record["bpb"] is None else f" ({record['bpb']:.3f} bits/byte)"
         log.info("step %d/%d | loss %.4f%s | lr %.2e | grad %.3f | %s tok/s | %.2f TFLOP/s%s | %.0f MB | ETA %s",
