@@ -1,13 +1,36 @@
-"""The tiny pipeline through profiles/slurm and the real snakemake-executor-plugin-slurm, on the
-two-node cluster of tests/slurm/cluster.py (n1, n2, eight schedulable "GPUs" each).
+"""Kiln through profiles/slurm and the real snakemake-executor-plugin-slurm, on the two-node cluster
+of tests/slurm/cluster.py (n1, n2, eight schedulable "GPUs" each), as a user runs it.
 
-One run of the whole DAG with two ranks per node, then train again on two nodes (one rank each)
-under a 2-minute time limit: one snakemake command whose first train job is signalled before its
-limit, saves and exits 75, and is resubmitted until the run finishes. What is checked is what a user
-on a cluster relies on: every rule ran as a Slurm job, GPU stages got the GPUs and nodes the run's
-train section asks for and data stages none, the shards are byte-identical to a local run's, a train
-job cut off by its time limit saves on every node and is resubmitted and resumed unattended, and the
-two-node run, resumed, gives the loss curve of two ranks on one node."""
+- The whole tiny DAG with two ranks on one node: every rule ran as a Slurm job, GPU stages got the
+  GPUs and nodes the run's train section asks for and data stages none, and the shards are
+  byte-identical to a local run's.
+- Train again on two nodes (one rank each) under a 2-minute time limit: one snakemake command whose
+  first train job is signalled before its limit, saves on both nodes and exits 75, and is resubmitted
+  until the run finishes; the resumed two-node run gives the loss curve of two ranks on one node.
+- The shipped CPU learning-rate sweep (config/experiments/stdlib-lr-sweep.yaml) over the tiny run:
+
+      snakemake --profile profiles/slurm --configfile tests/configs/tiny.yaml \\
+          config/experiments/stdlib-lr-sweep.yaml --config 'train={budget: null}'
+
+  (`budget: null` drops the sweep's 2-minute budget, so each arm keeps tiny's 200 steps.) The three
+  arms share one copy of the data, built once; every arm's smoke, train and eval is its own Slurm job
+  (distinct job ids), so the arms run side by side; every job COMPLETED per sacct; each arm has its
+  own results/<arm>/ with a trained model; the overlay report names all three and marks the best.
+
+Why the sweep is shaped this way (measured on 2 cores):
+- It runs in the background while the single run goes through the cluster (`sweep_started`, which
+  `pipeline` asks for first): most of either is Slurm's scheduling and the plugin's status polling,
+  not CPU, and one after the other they took ~5 minutes.
+- Its data stages run here first (`--cores 2 --until shard`, ~7 s) and the sweep on Slurm finds them
+  built and submits none: four chained sub-second jobs cost ~56 s of scheduling on Slurm, and the
+  single run already shows data stages as Slurm jobs. That the data is built once for three arms
+  shows as well this way: one job per data stage locally, one folder per stage under results/data/.
+- `--set-threads smoke=1 train=1 eval=1`: the nodes declare 32 CPUs each but share this machine's 2
+  cores; at Snakemake's 2 threads each, three arms' OpenMP pools contended for them (train 80-130 s
+  an arm, where one thread each took ~25 s). Threads change no path, no job and no Slurm request.
+- No lm-eval tasks in the arms' evals (`eval={lm_eval: {tasks: []}}`): their set-up was most of
+  each eval, and the harness is tested elsewhere.
+"""
 
 from __future__ import annotations
 
@@ -31,6 +54,14 @@ STAGES = {"download", "tokenizer", "pretokenize", "shard", "smoke", "train", "ev
 # fp32 sums run in another order with another thread count, and the curves are compared.
 ONE_NODE_TWO_RANKS = ("--config", "train={nproc_per_node: 2, micro_batch: 8}", "--set-threads", "smoke=2", "train=2")
 TWO_NODES_ONE_RANK = ("--config", "train={nnodes: 2, micro_batch: 8}", "--set-threads", "smoke=1", "train=1")
+SWEEP_FILE = ROOT / "config" / "experiments" / "stdlib-lr-sweep.yaml"
+SWEEP = "stdlib-lr-sweep"
+ARMS = [f"{SWEEP}-lr-0.002", f"{SWEEP}-lr-0.008", f"{SWEEP}-lr-0.02"]
+DATA_STAGES = ("download", "tokenizer", "pretokenize", "shard")
+DATA_FOLDERS = ("raw", "tokenizer", "tokens", "shards")  # kiln.layout: results/data/<folder>-<key>
+ARM_STAGES = ("smoke", "train", "eval", "report")
+ONE_THREAD = ("--set-threads", "smoke=1", "train=1", "eval=1")
+NO_LM_EVAL = "eval={lm_eval: {tasks: []}}"  # lm-eval's set-up is most of a tiny eval; this is about the sweep
 HOLD_STEP = 150  # a log step (the ranks read the signal's flag there, not one late), before the last (200)
 
 pytestmark = pytest.mark.slurm
@@ -46,8 +77,18 @@ def snakemake_argv(workdir: Path, *args: str, slurm: bool = True) -> list[str]:
     return [*argv, *args, "--configfile", str(TINY)]
 
 
-def run(cluster, argv: list[str], log: Path) -> subprocess.CompletedProcess:
+def sweep_argv(workdir: Path, *args: str, slurm: bool = True) -> list[str]:
+    return [*snakemake_argv(workdir, *args, slurm=slurm), str(SWEEP_FILE), "--config", "train={budget: null}", NO_LM_EVAL]
+
+
+def user_env(cluster) -> dict:
     env = cluster.env(dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ["PATH"]))
+    env.pop("KILN_FAULT", None)
+    return env
+
+
+def run(cluster, argv: list[str], log: Path) -> subprocess.CompletedProcess:
+    env = user_env(cluster)
     with log.open("w") as out:
         result = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, text=True, env=env, timeout=900)
     result.stdout = log.read_text()
@@ -62,6 +103,27 @@ def submitted(output: str) -> dict[str, list[str]]:
     return jobs
 
 
+def submitted_by_arm(output: str) -> dict[str, dict[str, str]]:
+    """rule -> {the job's wildcards folder (the arm's run name; "" for none): Slurm job id}, from
+    Snakemake's log lines `... SLURM jobid 12 (log: .../slurm_logs/rule_train/<run>/12.log)`.
+    A rule submitted twice for one arm fails the test here."""
+    jobs: dict[str, dict[str, str]] = {}
+    pattern = r"SLURM jobid (\d+) \(log: \S*/slurm_logs/rule_(\w+)/(?:([^/\s]+)/)?\d+\.log\)"
+    for jobid, rule, wildcards in re.findall(pattern, output):
+        arms = jobs.setdefault(rule, {})
+        assert wildcards not in arms, f"{rule} for {wildcards!r} submitted twice: {arms[wildcards]}, {jobid}"
+        arms[wildcards] = jobid
+    return jobs
+
+
+def ran_locally(output: str) -> dict[str, int]:
+    """rule -> how many jobs of it a local Snakemake run finished (`Finished jobid: 4 (Rule: shard)`)."""
+    counts: dict[str, int] = {}
+    for rule in re.findall(r"^Finished jobid: \d+ \(Rule: (\w+)\)$", output, flags=re.M):
+        counts[rule] = counts.get(rule, 0) + 1
+    return counts
+
+
 def tres(row: dict) -> dict[str, str]:
     return dict(item.split("=", 1) for item in row["AllocTRES"].split(",") if "=" in item)
 
@@ -72,8 +134,26 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def pipeline(slurm_cluster, tmp_path_factory):
-    """The whole tiny DAG on Slurm (two ranks on one node), and the shards of a local run."""
+def sweep_started(slurm_cluster, tmp_path_factory):
+    """The sweep's data stages here, then the sweep on Slurm in the background: (workdir, the local
+    run's output, the Slurm run's process and log). Stopped at the end if a test left it running."""
+    workdir = tmp_path_factory.mktemp("sweep")
+    local = run(slurm_cluster, sweep_argv(workdir, "--until", "shard", slurm=False), workdir / "local.log")
+    assert local.returncode == 0, local.stdout[-3000:]
+    log = workdir / "snakemake.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(sweep_argv(workdir, *ONE_THREAD), stdout=out, stderr=subprocess.STDOUT, text=True,
+                                env=user_env(slurm_cluster))
+    yield workdir, local.stdout, proc, log
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def pipeline(slurm_cluster, sweep_started, tmp_path_factory):
+    """The whole tiny DAG on Slurm (two ranks on one node), and the shards of a local run; the sweep
+    goes through the cluster meanwhile (sweep_started)."""
     local = tmp_path_factory.mktemp("local")
     result = run(slurm_cluster, snakemake_argv(local, "--until", "shard", slurm=False), local / "snakemake.log")
     assert result.returncode == 0, result.stdout[-3000:]
@@ -211,3 +291,65 @@ def test_two_nodes_give_the_loss_curve_of_two_ranks_on_one_node(pipeline, two_no
     compared = [step for step in one_node if step != straddling]
     assert set(one_node) <= set(two_node) and len(compared) == len(one_node) - 1
     assert [two_node[step] for step in compared] == [one_node[step] for step in compared]
+
+
+@pytest.fixture(scope="module")
+def sweep(slurm_cluster, sweep_started):
+    """The sweep started in the background, once it has ended: the Slurm jobs by rule and arm, and
+    their sacct rows once all have ended."""
+    workdir, local, proc, log = sweep_started
+    proc.wait(timeout=900)
+    output = log.read_text()
+    assert proc.returncode == 0, output[-5000:]
+    jobs = submitted_by_arm(output)
+    rows = {row["JobID"]: row for row in slurm_cluster.wait_done([j for arms in jobs.values() for j in arms.values()])}
+    return workdir, ran_locally(local), jobs, rows
+
+
+def test_the_data_stages_ran_once_for_all_three_arms(sweep):
+    workdir, local, jobs, _ = sweep
+    assert {stage: local.get(stage) for stage in DATA_STAGES} == dict.fromkeys(DATA_STAGES, 1), local
+    assert not set(jobs) & set(DATA_STAGES), jobs  # found built: no data job on Slurm
+    data = workdir / "results" / "data"
+    folders = sorted(p.name.rsplit("-", 1)[0] for p in data.iterdir() if p.name not in ("logs", "benchmarks"))
+    assert folders == sorted(DATA_FOLDERS), sorted(p.name for p in data.iterdir())  # one shared copy
+    for arm in ARMS:  # no arm kept data stages of its own
+        assert not {"raw", "tokenizer", "tokens", "shards"} & {p.name for p in (workdir / "results" / arm).iterdir()}
+
+
+def test_each_arm_ran_its_own_smoke_train_and_eval_jobs(sweep):
+    workdir, _, jobs, _ = sweep
+    assert set(jobs) == {*ARM_STAGES, "sweep_report"}, jobs
+    for stage in ARM_STAGES:
+        assert sorted(jobs[stage]) == sorted(ARMS), (stage, jobs[stage])
+    assert list(jobs["sweep_report"]) == [""]
+    ids = [jobid for arms in jobs.values() for jobid in arms.values()]
+    assert len(ids) == len(set(ids)) == 4 * len(ARMS) + 1, jobs  # every job its own
+    for arm in ARMS:
+        summary = json.loads((workdir / "results" / arm / "train" / "summary.json").read_text())
+        assert summary["val_losses"][-1][0] == 200, (arm, summary["val_losses"])  # tiny's max_steps
+        assert (workdir / "results" / arm / "train" / "model.safetensors").is_file()
+        assert (workdir / "results" / arm / "eval" / "metrics.json").is_file()
+        assert (workdir / "results" / arm / "report.md").is_file()
+
+
+def test_every_job_completed(sweep):
+    _, _, jobs, rows = sweep
+    states = {(rule, arm): rows[jobid]["State"] for rule, arms in jobs.items() for arm, jobid in arms.items()}
+    assert set(states.values()) == {"COMPLETED"}, states
+
+
+def test_the_overlay_report_names_every_arm_and_marks_the_best(sweep):
+    workdir, _, _, _ = sweep
+    report = (workdir / "results" / SWEEP / "sweep.md").read_text()
+    rows = [line for line in report.splitlines() if line.startswith(f"| {SWEEP}-")]
+    assert sorted(row.split("|")[1].replace("**best**", "").strip() for row in rows) == sorted(ARMS), report
+    [best_row] = [row for row in rows if "**best**" in row]
+    best = best_row.split("|")[1].replace("**best**", "").strip()
+    # the best is the arm with the lowest held-out loss, as sweep.json and the report's summary say
+    table = json.loads((workdir / "results" / SWEEP / "sweep.json").read_text())
+    losses = {arm["run"]: arm["val_loss"] for arm in table["arms"]}
+    assert sorted(losses) == sorted(ARMS) and len(set(losses.values())) == len(ARMS)  # three trajectories
+    assert best == table["best"] == min(losses, key=losses.get)
+    assert f"**{best}**" in report.split("|", 1)[0]
+    assert (workdir / "results" / SWEEP / "sweep.png").is_file()
