@@ -1,4 +1,4 @@
-"""Tokens/s of the eval stage's decoding (kiln.eval.generate: KV cache, batched prompts) against the
+"""Tokens/s of the eval stage's decoding (kiln.generate.decode: KV cache, batched prompts) against the
 loop it replaced (the whole sequence through the model for every new token, one prompt at a time),
 on the same model, prompts and machine, in one run.
 
@@ -6,7 +6,7 @@ on the same model, prompts and machine, in one run.
     python bench/generate.py --family llama --prompts 64 --rounds 3
 
 Three loops, all greedy with no stop ids, so each makes exactly prompts x new tokens:
-- uncached, one by one: the pre-cache kiln.eval.generate, kept here as the baseline;
+- uncached, one by one: the pre-cache kiln.generate.decode, kept here as the baseline;
 - cached, one by one: generate() on each prompt alone (what the cache alone buys);
 - cached, batched: generate() on all prompts at once (what the eval stage runs).
 The model is a fresh one of the default config's shape (random weights decode at the same speed as
@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from kiln.eval.generate import generate
+from kiln.generate.decode import generate
 from kiln.model.build import build_model
 from kiln.model.registry import ModelConfig
 

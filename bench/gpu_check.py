@@ -51,9 +51,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from train_throughput import synthetic_shards
 
 from kiln.data.loader import ShardRows
-from kiln.eval.generate import generate
 from kiln.eval.perplexity import val_rows_loss
 from kiln.eval.suite import BATCH
+from kiln.generate.decode import generate
 from kiln.layout import Layout
 from kiln.model.build import build_model, load_model, save_model
 from kiln.model.registry import resolve
@@ -325,7 +325,7 @@ CHECKS = (
     Check("llama", ("MFU llama3.2-1b seq 8192", "MFU llama3.2-1b, torchtitan transformers-backend count",
                     "memory estimate llama3.2-1b seq 8192"),
           (f"MFU >= {MFU_TARGET:.0%} (Kiln's FLOP count)", f"MFU >= {MFU_TARGET_TORCHTITAN:.1%} (the same target)",
-           f"kiln.train.memory within {ESTIMATE_TOLERANCE:.0%} of max_memory_allocated, eager and compiled"), 90,
+           f"kiln.plan.memory within {ESTIMATE_TOLERANCE:.0%} of max_memory_allocated, eager and compiled"), 90,
           check_llama_mfu),
     Check("snapshot", ("smoke memory snapshot",), ("memory_snapshot.pickle with segments and events; trace.json",), 15,
           check_smoke_snapshot),

@@ -1,5 +1,5 @@
 """bench/gpu_check.py's checks of issue 13 on llama3.2-1b's flagship shape (seq 8192, V 32,768): MFU
-under Kiln's and torchtitan's FLOP counts, kiln.train.memory's estimate against max_memory_allocated,
+under Kiln's and torchtitan's FLOP counts, kiln.plan.memory's estimate against max_memory_allocated,
 and the chunked loss's memory against the plain loss's."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from train_throughput import synthetic_shards
 
 from kiln.data.loader import TrainBatches
 from kiln.model.loss import lm_loss
+from kiln.plan.memory import Setting, estimate
 from kiln.train.cpu_memory import allocated_during, tensor_bytes
 from kiln.train.device import autocast
-from kiln.train.memory import Setting, estimate
 from kiln.train.trainer import Trainer
 
 MFU_TARGET = 0.45  # llama3.2-1b at seq 8192, under Kiln's FLOP count (kiln.train.metrics)
 MFU_TARGET_TORCHTITAN = 0.354  # the same throughput under torchtitan transformers-backend count (x 7.45e9 / 9.46e9 FLOPs a token)
-ESTIMATE_TOLERANCE = 0.15  # kiln.train.memory against torch.cuda.max_memory_allocated, as on the CPU
+ESTIMATE_TOLERANCE = 0.15  # kiln.plan.memory against torch.cuda.max_memory_allocated, as on the CPU
 LOSS_PEAK_RATIO = 0.25  # the chunked loss's peak against the plain loss's (0.27x on the CPU at 4k rows)
 
 
@@ -46,7 +46,7 @@ def _fitting_micro_batch(ctx: Ctx, shards: Path, seq: int) -> tuple[int, float, 
 
 
 def _estimated(trainer: Trainer, micro: int, compiled: bool) -> int:
-    """kiln.train.memory's estimate for this trainer's model at `micro` rows, one rank, bf16."""
+    """kiln.plan.memory's estimate for this trainer's model at `micro` rows, one rank, bf16."""
     return estimate(trainer.cfg, Setting(micro_batch=micro, world=1, bf16=True, compiled=compiled,
                                          cuda=trainer.d.device.type == "cuda")).total
 
@@ -63,7 +63,7 @@ def _dry_eager_peak(trainer: Trainer) -> int:
 def check_llama_mfu(ctx: Ctx) -> list[tuple[str, str]]:
     """llama3.2-1b at seq 8192, the largest micro-batch that fits, compiled as train compiles it
     (Trainer: kiln.train.parallel.compile_blocks, per block), timed steps as many as the budget
-    leaves room for (at most 6): MFU by Kiln's count and torchtitan's; kiln.train.memory's estimate
+    leaves room for (at most 6): MFU by Kiln's count and torchtitan's; kiln.plan.memory's estimate
     against torch.cuda.max_memory_allocated of the eager steps at 1 and 2 rows and of the compiled steps."""
     seq = 64 if ctx.dry else 8192
     shards = synthetic_shards(ctx.folder("shards"), 512 if ctx.dry else 32768, seq, rows=32, seed=1337)

@@ -1,4 +1,4 @@
-"""kiln.train.memory's estimate of a step's peak: against real train steps on this CPU, then for the
+"""kiln.plan.memory's estimate of a step's peak: against real train steps on this CPU, then for the
 seeds' runs on their GPUs.
 
     python bench/memory_estimate.py              # both tables
@@ -24,8 +24,8 @@ from kiln import config as kiln_config
 from kiln import run_config
 from kiln.forecast import model_vocab
 from kiln.model.registry import resolve
-from kiln.train.memory import GIB, Setting, estimate, fit_report, setting_of
-from kiln.train.peaks import gpu_of
+from kiln.plan.memory import GIB, Setting, estimate, fit_report, setting_of
+from kiln.plan.peaks import gpu_of
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_ROWS = [  # tests/test_memory.py's shapes and more: (model, seq_len, micro_batch, vocab, precision, AC, compiled)
@@ -109,7 +109,7 @@ def main() -> None:
         cpu_table()
         print()
     seeds_table()
-    print(f"\nfits: the estimate within {0.9:.0%} of the GPU's memory (kiln.train.memory.FIT_FRACTION); 1 GiB = {GIB:,} bytes")
+    print(f"\nfits: the estimate within {0.9:.0%} of the GPU's memory (kiln.plan.memory.FIT_FRACTION); 1 GiB = {GIB:,} bytes")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What autograd keeps for backward, per layer: Kiln's Llama block beside transformers' own
 LlamaDecoderLayer (what seed 000 trained, through torchtitan's transformers backend) at the same
-shape, eager and compiled, against kiln.train.memory's count; then seed 000's measured 70.2 GiB
+shape, eager and compiled, against kiln.plan.memory's count; then seed 000's measured 70.2 GiB
 rebuilt from these figures, and the seed's setting as Kiln would run it.
 
     python bench/saved_tensors.py                                   # seed 000's widths, 2 x 512 tokens
@@ -28,8 +28,8 @@ import torch.nn.functional as F
 
 from kiln.model.llama import Block, rope_tables
 from kiln.model.registry import ModelConfig, resolve
+from kiln.plan.memory import GIB, Setting, estimate, layer_activation_bytes, layer_params
 from kiln.train.cpu_memory import allocated_during, saved_for_backward
-from kiln.train.memory import GIB, Setting, estimate, layer_activation_bytes, layer_params
 
 MODES = ("eager", "aot_eager_decomp_partition", "inductor")
 # Seed 000 (shared/seeds/000_*.txt): llama3.2-1b shapes, V 32,768, micro-batch 6 x 8192 on each of 4

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from kiln.cli import run_main
 from kiln.errors import KilnError
+from kiln.stage import run_main
 from kiln.train.trainer import Trainer, run
 
 
@@ -35,7 +35,7 @@ def main() -> None:
         run(sections, shards, Path(plan["out"]))
     except KilnError as exc:
         Path(plan["error_out"]).write_text(str(exc))
-        raise  # and end as a stage script ends (kiln.cli.run_main)
+        raise  # and end as a stage script ends (kiln.stage.run_main)
 
 
 if __name__ == "__main__":

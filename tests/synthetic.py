@@ -85,7 +85,7 @@ SAMPLE_PROMPTS = [[1, 2, 3], [4, 5, 6, 7]]
 
 def greedy_sampler(model) -> list[dict]:
     """A Trainer.fit sampler on token ids (the synthetic data has no tokenizer)."""
-    from kiln.eval.generate import generate
+    from kiln.generate.decode import generate
 
     new = generate(model, SAMPLE_PROMPTS, 6)
     return [{"prompt": str(p), "completion": str(n)} for p, n in zip(SAMPLE_PROMPTS, new)]

@@ -7,8 +7,8 @@ import torch
 
 from kiln.model.build import build_model
 from kiln.model.registry import ModelConfig
+from kiln.plan.memory import AC_MODES, checkpointed_blocks
 from kiln.train.cpu_memory import allocated_during
-from kiln.train.memory import AC_MODES, checkpointed_blocks
 from kiln.train.parallel import apply_activation_checkpointing
 
 pytestmark = pytest.mark.usefixtures("one_thread")

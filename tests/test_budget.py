@@ -1,4 +1,4 @@
-"""Budgets into steps (kiln.train.plan): what a budget buys at measured stage times, the errors of a
+"""Budgets into steps (kiln.plan.steps): what a budget buys at measured stage times, the errors of a
 budget that cannot be honoured, and the plan file train reads back."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from kiln import run_config
 from kiln.config import ConfigError
 from kiln.errors import KilnError
-from kiln.train.plan import StageTimes, TrainPlan, budget_seconds, budget_steps, steps_within
+from kiln.plan.steps import StageTimes, TrainPlan, budget_seconds, budget_steps, steps_within
 
 TIMES = StageTimes(step_s=0.5, startup_s=20.0, validation_s=3.0, checkpoint_s=1.0)
 TRAIN = {"budget": {"minutes": 7}, "max_steps": None, "warmup_steps": 50, "eval_every": 100, "checkpoint_every": 200}

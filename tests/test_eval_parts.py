@@ -78,7 +78,7 @@ def test_bits_per_byte():
 
 
 def test_a_reference_in_bits_per_byte_is_drawn_and_compared_in_bits_per_byte(tmp_path):
-    from kiln.eval.report import _reference_line, plot_loss, reference_loss
+    from kiln.report.run import _reference_line, plot_loss, reference_loss
 
     bits_per_nat = 0.4  # the val split's bits per byte for one nat per token
     plain = {"bits_per_byte": 1.6, "source": "plain loop"}

@@ -9,10 +9,10 @@ import torch
 
 from kiln.data.sources import Document
 from kiln.data.tokenizer import EOS
-from kiln.eval.generate import generate, pick
 from kiln.eval.infill import _prompt, make_problems, run_infill
-from kiln.eval.healing import heal
 from kiln.eval.suite import completions
+from kiln.generate.decode import generate, pick
+from kiln.generate.healing import heal
 from kiln.model.build import build_model
 from kiln.model.kv_cache import KVCache
 from kiln.model.registry import ModelConfig

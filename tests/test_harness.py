@@ -101,7 +101,7 @@ def test_local_tasks_run_through_simple_evaluate(docs, checkpoint, tokenizer, to
 def test_hf_export_through_lm_eval_hf_agrees(docs, checkpoint, tokenizer, tokenizer_path, tmp_path):
     """The same weights scored by lm-eval's own `hf` model (transformers) and by `kiln` agree."""
     from kiln.model.build import load_model
-    from kiln.model.hf import export
+    from kiln.hf import export
 
     hf_dir = tmp_path / "hf"
     export(load_model(checkpoint), hf_dir, tokenizer_path)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kiln.eval.generate import generate
-from kiln.eval.healing import complete, heal
+from kiln.generate.decode import generate
+from kiln.generate.healing import complete, heal
 from kiln.model.build import build_model
 from kiln.model.registry import ModelConfig
 

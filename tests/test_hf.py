@@ -10,9 +10,9 @@ import torch
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig,
                           LlamaForCausalLM)
 
+from kiln import hf
 from kiln.data.tokenizer import EOS, load_tokenizer
 from kiln.errors import KilnError
-from kiln.model import hf
 from kiln.model.build import build_model
 from kiln.model.registry import resolve
 

@@ -14,9 +14,9 @@ import torch
 from synthetic import train_sections, write_shards
 
 from kiln import layout
+from kiln import hf
 from kiln.errors import KilnError
 from kiln.io import read_json, write_json
-from kiln.model import hf
 from kiln.model.build import load_model
 from kiln.train import checkpoint, fingerprint
 from kiln.train.init_from import InitSource

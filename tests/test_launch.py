@@ -41,7 +41,7 @@ def test_the_module_reports_the_error_in_one_line_and_exits_1():
 
 
 def test_the_launcher_exits_with_the_code_a_rank_left_else_its_childs():
-    # What kiln.cli.run_main does on a rank that stops with a Kiln exit code, then torchrun's exit 1.
+    # What kiln.stage.run_main does on a rank that stops with a Kiln exit code, then torchrun's exit 1.
     rank = ("import json, os, sys; json.dump({'code': 75, 'message': 'preempted'}, "
             "open(os.environ['KILN_EXIT_FILE'], 'w')); sys.exit(1)")
     before = signal.getsignal(signal.SIGTERM)

@@ -1,4 +1,4 @@
-"""kiln.train.memory: the estimate of a step's peak against real train steps on the CPU (torch's CPU
+"""kiln.plan.memory: the estimate of a step's peak against real train steps on the CPU (torch's CPU
 profiler, kiln.train.cpu_memory), and the arithmetic that no CPU run reaches (ranks, FSDP, what fits)."""
 
 from dataclasses import replace
@@ -12,8 +12,8 @@ from kiln import run_config
 from kiln.data.shards import shard_split
 from kiln.io import write_json
 from kiln.model.registry import resolve
+from kiln.plan.memory import GIB, Setting, changes_to_fit, estimate, fit_report, fits, setting_of
 from kiln.train.cpu_memory import allocated_during, tensor_bytes
-from kiln.train.memory import GIB, Setting, changes_to_fit, estimate, fit_report, fits, setting_of
 from kiln.train.trainer import Trainer
 
 TOLERANCE = 0.15  # issue 13: the estimate within 15% of the measured peak
@@ -143,7 +143,7 @@ def test_fsdp_accumulation_keeps_every_gradient_whole_until_the_last_micro_batch
 
 @pytest.mark.parametrize("bf16,compiled", [(True, False), (True, True), (False, False)])
 def test_the_per_layer_count_is_what_autograd_saves_for_kilns_block(bf16, compiled):
-    """kiln.train.memory's activations and weight copies of one Llama block, against the storages
+    """kiln.plan.memory's activations and weight copies of one Llama block, against the storages
     autograd keeps for its backward (saved-tensor hooks; bench/saved_tensors.py prints the same
     beside transformers' LlamaDecoderLayer, which keeps the same bytes). Compiled is
     aot_eager_decomp_partition: inductor's partitioner, which keeps what inductor keeps (the bench
@@ -152,7 +152,7 @@ def test_the_per_layer_count_is_what_autograd_saves_for_kilns_block(bf16, compil
 
     from kiln.model.llama import Block, rope_tables
     from kiln.train.cpu_memory import saved_for_backward
-    from kiln.train.memory import layer_activation_bytes, layer_params
+    from kiln.plan.memory import layer_activation_bytes, layer_params
 
     cfg = resolve({"family": "llama", "n_layer": 1, "n_head": 4, "n_kv_head": 2, "d_model": 128}, 512, 128)
     batch, tokens = 3, 3 * cfg.seq_len  # 384 tokens: no activation has a weight's shape (C 128, K 64, F 512)

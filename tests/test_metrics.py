@@ -9,9 +9,9 @@ from kiln import layout
 from kiln.errors import KilnError
 from kiln.model.build import build_model
 from kiln.model.registry import resolve
+from kiln.plan.peaks import gpu_of, peak_flops_of
+from kiln.plan.tables import format_eta
 from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, flops_per_token_torchtitan, peak_flops
-from kiln.train.peaks import gpu_of, peak_flops_of
-from kiln.train.tables import format_eta
 
 
 def _meta_model(flavour: str, vocab: int, seq_len: int):

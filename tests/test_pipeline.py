@@ -14,7 +14,7 @@ import yaml
 
 from tiny import ROOT, TINY, tiny_layout
 
-from kiln.train.plan import StageTimes, steps_within
+from kiln.plan.steps import StageTimes, steps_within
 from kiln.train.schedule import lr_at
 
 VENV_BIN = str(Path(sys.executable).parent)

@@ -122,8 +122,8 @@ def test_plan_disk_counts_the_data_both_token_copies_checkpoints_and_milestones(
     from kiln import run_config
     from kiln.errors import KilnError
     from kiln.forecast import ADAMW_BYTES_PER_PARAM, predict, sweep_total
-    from kiln.train.plan import kept_checkpoints
-    from kiln.train.tables import render_plan
+    from kiln.plan.steps import kept_checkpoints
+    from kiln.plan.tables import render_plan
 
     seed = ROOT / "config" / "experiments" / "swallow-code-llama-1b.yaml"
     plan = predict(run_config.resolve([seed]))

@@ -21,9 +21,9 @@ from synthetic import REPO, SEQ_LEN, smoke_sections, write_shards
 
 import kiln.train.trainer as trainer_module
 from kiln.errors import KilnError
-from kiln.train.plan import BatchPlan, full_run_plan
+from kiln.plan.steps import BatchPlan, full_run_plan
+from kiln.plan.tables import render_plan
 from kiln.train.smoke import run_checks
-from kiln.train.tables import render_plan
 
 SMOKE_SCRIPT = REPO / "workflow" / "scripts" / "smoke.py"
 
@@ -51,7 +51,7 @@ def test_healthy_tiny_run_passes_every_check(shards, tmp_path):
                             "overfit"]
     assert failed(report) == set(), [(c.name, c.figure, c.detail) for c in report["checks"]]
     assert report["val_loss_after"] < report["val_loss_init"]
-    # the measured peak beside kiln.train.memory's estimate of the same step
+    # the measured peak beside kiln.plan.memory's estimate of the same step
     assert "peak memory" in checks["preflight"].figure and "tensors estimated per device" in checks["preflight"].figure
     assert len(report["losses"]) == len(report["grad_norms"]) == 12
     probe = report["probe"]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln import layout, main, status
+from kiln import layout, main
+from kiln.report import status
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["download", "tokenizer", "pretokenize", "shard", "smoke", "train", "eval", "report"]

@@ -22,7 +22,7 @@ from synthetic import PADDED_VOCAB, SEQ_LEN, TRAIN_ROWS, train_sections, write_s
 from kiln import layout
 from kiln.data.loader import ShardRows, TrainBatches
 from kiln.errors import KilnError
-from kiln.eval.generate import generate
+from kiln.generate.decode import generate
 from kiln.model.build import load_model
 from kiln.train import checkpoint
 from kiln.train.schedule import lr_at

@@ -215,7 +215,7 @@ def test_eval_of_a_run_trained_without_fim_skips_infilling_and_says_so(run_dir, 
 
     from kiln import config as kiln_config
     from kiln import run_config
-    from kiln.eval.report import _eval_tables
+    from kiln.report.run import _eval_tables
     from kiln.eval.suite import RunPaths, evaluate
 
     raw = yaml.safe_load((Path(__file__).parent / "configs" / "tiny.yaml").read_text(encoding="utf-8"))

@@ -1,4 +1,4 @@
-"""The smoke gate's verdict (kiln.train.verdict.SmokeReport): it round-trips through report.json,
+"""The smoke gate's verdict (kiln.plan.verdict.SmokeReport): it round-trips through report.json,
 a missing, torn or foreign report is a KilnError naming the file, require_passed names the failed
 checks, the train script refuses a failed gate, and the report stage reads it without torch.
 """
@@ -14,9 +14,9 @@ import pytest
 from synthetic import REPO
 
 from kiln.errors import KilnError
-from kiln.eval.report import _smoke_section
-from kiln.train.plan import BatchPlan, StageTimes
-from kiln.train.verdict import VERSION, Check, Gate, Measurements, Probe, SmokeReport
+from kiln.plan.steps import BatchPlan, StageTimes
+from kiln.plan.verdict import VERSION, Check, Gate, Measurements, Probe, SmokeReport
+from kiln.report.run import _smoke_section
 
 TRAIN_SCRIPT = REPO / "workflow" / "scripts" / "train.py"
 MEASURED = Measurements(
@@ -114,6 +114,6 @@ def test_report_shows_the_gate_and_its_checks():
 
 
 def test_the_report_stage_does_not_import_torch():
-    code = ("import sys; import kiln.eval.report, kiln.train.verdict, kiln.train.tables; "
+    code = ("import sys; import kiln.report.run, kiln.plan.verdict, kiln.plan.tables; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

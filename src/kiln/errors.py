@@ -6,7 +6,7 @@ from __future__ import annotations
 from enum import IntEnum
 
 # Set by kiln.train.launch to a file in a folder of its own: a rank that stops with a Kiln exit code
-# writes the code there (kiln.cli.run_main), and the launcher exits with it.
+# writes the code there (kiln.stage.run_main), and the launcher exits with it.
 EXIT_FILE_ENV = "KILN_EXIT_FILE"
 
 
@@ -44,4 +44,4 @@ class CollectiveTimeout(KilnError):
     """A collective waited past train.collective_timeout_s: another rank is stuck or dead. The process
     group is broken, and its destructor can wait forever at interpreter exit for gloo threads that
     never finish (pytorch/pytorch#56297), so a stage ending with this leaves with os._exit
-    (kiln.cli.run_main) once its message and exit code are written."""
+    (kiln.stage.run_main) once its message and exit code are written."""

@@ -5,9 +5,9 @@ model's FLOPs per token come from the shape (ModelConfig.flops_per_token) and th
 config's expected MFU x the GPU's dense bf16 peak x the ranks (plan.gpu, plan.mfu). Everything else
 (tokens, steps, time, GPU-hours, cost, disk) is the same arithmetic as the smoke stage's plan, which
 replaces this prediction with a measurement once the smoke stage has run on the real hardware.
-Memory per GPU is kiln.train.memory's estimate of a step's peak at the config's micro-batch, precision,
+Memory per GPU is kiln.plan.memory's estimate of a step's peak at the config's micro-batch, precision,
 activation checkpointing and parallelism (compiled, as train runs on a GPU), held against plan.gpu's
-memory (kiln.train.peaks): whether it fits, and when it does not, what to change.
+memory (kiln.plan.peaks): whether it fits, and when it does not, what to change.
 Torch-free: it runs on a login node in a fraction of a second.
 """
 
@@ -22,10 +22,10 @@ from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import padded_vocab_size
 from kiln.errors import KilnError
 from kiln.model.registry import resolve as resolve_model
-from kiln.train.memory import fit_report, setting_of
-from kiln.train.peaks import GPUS, gpu_of
-from kiln.train.plan import StageTimes, budget_steps, full_run_plan, kept_checkpoints, plan_batch
-from kiln.train.tables import render_plan
+from kiln.plan.memory import fit_report, setting_of
+from kiln.plan.peaks import GPUS, gpu_of
+from kiln.plan.steps import StageTimes, budget_steps, full_run_plan, kept_checkpoints, plan_batch
+from kiln.plan.tables import render_plan
 
 # Token counts of tiktoken's named encodings (tiktoken's own n_vocab), so a run on one of them is
 # priced without fetching its ranks file.

@@ -11,8 +11,9 @@ import argparse
 import logging
 import sys
 
-from kiln import forecast, status
+from kiln import forecast
 from kiln.errors import KilnError
+from kiln.report import status
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ from kiln.config import ConfigError
 from kiln.data.special_tokens import BYTE_ALPHABET, SMALLEST_VOCAB, SPECIAL_TOKENS
 from kiln.errors import KilnError
 from kiln.model.registry import check_section as check_model_section
-from kiln.train.plan import plan_batch
+from kiln.plan.steps import plan_batch
 
 
 def _cross_layer_problems(cfg: dict) -> list[str]:

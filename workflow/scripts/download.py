@@ -8,8 +8,8 @@ resumes after the last complete part.
 
 from pathlib import Path
 
-from kiln.cli import run_main, stage_config, stage_parser
 from kiln.data.raw import write_raw
+from kiln.stage import run_main, stage_config, stage_parser
 
 
 def main() -> None:

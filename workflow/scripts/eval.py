@@ -10,9 +10,9 @@ in fp32.
 import logging
 from pathlib import Path
 
-from kiln.cli import run_main, stage_config, stage_parser
 from kiln.eval.suite import RunPaths, evaluate
 from kiln.io import write_json
+from kiln.stage import run_main, stage_config, stage_parser
 from kiln.train.device import configure, select_device
 
 

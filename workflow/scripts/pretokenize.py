@@ -6,9 +6,9 @@ Writes <out>/train.bin, <out>/val.bin (raw token ids), <out>/val_ids.txt and <ou
 
 from pathlib import Path
 
-from kiln.cli import run_main, stage_config, stage_parser
 from kiln.data.pretokenize import pretokenize
 from kiln.io import atomic_dir, write_json
+from kiln.stage import run_main, stage_config, stage_parser
 
 
 def main() -> None:

@@ -2,11 +2,11 @@
 
 from pathlib import Path
 
-from kiln.cli import run_main, stage_config, stage_parser
-from kiln.eval.report import plot_loss, read_metrics, render
 from kiln.io import atomic_file, read_json
 from kiln.layout import METRICS, SAMPLES, Layout
-from kiln.train.verdict import SmokeReport
+from kiln.plan.verdict import SmokeReport
+from kiln.report.run import plot_loss, read_metrics, render
+from kiln.stage import run_main, stage_config, stage_parser
 
 
 def main() -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln.cli import run_main, stage_config, stage_parser
 from kiln.data.pretokenize import SPLITS
 from kiln.data.shards import shard_split, verify_shards
 from kiln.io import atomic_dir, read_json, write_json
+from kiln.stage import run_main, stage_config, stage_parser
 
 
 def main() -> None:

@@ -17,16 +17,16 @@ from pathlib import Path
 
 import torch
 
-from kiln.cli import run_main, stage_config, stage_parser
 from kiln.data.shards import check_tokenizer
 from kiln.data.tokenizer import load_tokenizer
 from kiln.errors import KilnError
 from kiln.io import atomic_file, write_json
+from kiln.plan.steps import budget_steps, full_run_plan
+from kiln.plan.tables import checks_table, render_plan
+from kiln.plan.verdict import Measurements, SmokeReport
+from kiln.stage import run_main, stage_config, stage_parser
 from kiln.train.distributed import shutdown
-from kiln.train.plan import budget_steps, full_run_plan
 from kiln.train.smoke import run_checks
-from kiln.train.tables import checks_table, render_plan
-from kiln.train.verdict import Measurements, SmokeReport
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """sweep report: results/<sweep>/sweep.md, sweep.png and sweep.json, the arms of a sweep side by side
-(kiln.eval.sweep_report): validation curves against tokens and wall time, final figures, the best
+(kiln.report.sweep): validation curves against tokens and wall time, final figures, the best
 arm, and for a ladder the fit of loss against parameters and compute.
 
 Under Snakemake it receives the sweep as JSON (--sweep: its name, the sweep section and every arm's
@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 
 from kiln import run_config
-from kiln.cli import run_main
-from kiln.eval.sweep_report import collect, ladder_fit, plot, render, table
 from kiln.io import atomic_file, write_json
+from kiln.report.sweep import collect, ladder_fit, plot, render, table
+from kiln.stage import run_main
 from kiln.sweep import varied_keys
 
 

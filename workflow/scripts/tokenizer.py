@@ -7,9 +7,9 @@ size, special token ids, bytes per token on held-out documents).
 
 from pathlib import Path
 
-from kiln.cli import run_main, stage_config, stage_parser
 from kiln.data.tokenizer import build_tokenizer
 from kiln.io import atomic_file, write_json
+from kiln.stage import run_main, stage_config, stage_parser
 
 
 def main() -> None:

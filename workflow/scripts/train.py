@@ -12,16 +12,16 @@ from pathlib import Path
 
 import torch
 
-from kiln.cli import run_main, stage_config, stage_parser
+from kiln import hf
 from kiln.data.shards import check_tokenizer
 from kiln.errors import KilnError
 from kiln.io import write_json
-from kiln.model import hf
 from kiln.model.build import load_model
+from kiln.plan.steps import TrainPlan
+from kiln.plan.verdict import SmokeReport
+from kiln.stage import run_main, stage_config, stage_parser
 from kiln.train.samples import make_sampler
-from kiln.train.plan import TrainPlan
 from kiln.train.trainer import run
-from kiln.train.verdict import SmokeReport
 
 
 def main() -> None:

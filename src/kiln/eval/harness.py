@@ -20,7 +20,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
 from kiln.data.tokenizer import EOS, load_tokenizer
-from kiln.eval.generate import generate
+from kiln.generate.decode import generate
 from kiln.train.device import eval_autocast
 
 

@@ -23,7 +23,7 @@ import torch
 from kiln.data.fim import MIDDLE, MODES, PREFIX, SUFFIX
 from kiln.data.sources import Document
 from kiln.data.tokenizer import EOS
-from kiln.eval.generate import generate
+from kiln.generate.decode import generate
 from kiln.io import stable_hash
 
 MAX_MIDDLE_TOKENS = 64

@@ -34,11 +34,11 @@ from kiln.data.loader import ShardRows
 from kiln.data.sources import read_documents
 from kiln.data.tokenizer import load_tokenizer
 from kiln.eval import contamination
-from kiln.eval.healing import complete
 from kiln.eval.infill import make_problems, not_run_reason, run_infill
 from kiln.eval.lm_tasks import LOCAL_TASKS, current_names, local_task_texts, run_lm_eval, write_local_tasks
 from kiln.eval.perplexity import bits_per_byte, range_loss, source_ranges, unigram_loss, val_rows_loss
 from kiln.eval.stream import TokenFile
+from kiln.generate.healing import complete
 from kiln.io import read_json
 from kiln.model.build import CONFIG_FILE, build_model, load_model
 from kiln.model.registry import ModelConfig
@@ -61,7 +61,7 @@ class RunPaths:
 
 def completions(model, tokenizer, cfg: dict, seed: int) -> list[dict]:
     """Each prompt continued greedily and sampled (every prompt in one batch per mode), with token
-    healing (kiln.eval.healing)."""
+    healing (kiln.generate.healing)."""
     generator = torch.Generator().manual_seed(seed)
     out = [{"prompt": prompt} for prompt in cfg["prompts"]]
     for name, temperature in (("greedy", 0.0), ("sampled", cfg["temperature"])):

@@ -1,7 +1,7 @@
 """Build a model from a ModelConfig (kiln.model.registry); save and load a trained one.
 
 A saved model is a folder with model_config.json (the full ModelConfig) and model.safetensors;
-Hugging Face's format is kiln.model.hf.
+Hugging Face's format is kiln.hf.
 """
 
 from __future__ import annotations

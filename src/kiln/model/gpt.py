@@ -1,7 +1,7 @@
 """GPT-2 in one file (nanoGPT's shape): learned positions, pre-LayerNorm blocks, GELU MLP, tied head.
 
 Shapes: B batch, T sequence length, C = d_model, H heads, D = C // H head dim, F = d_ff, V padded vocab.
-Weights map one to one onto Hugging Face's GPT2LMHeadModel (kiln.model.hf), whose Conv1D layers
+Weights map one to one onto Hugging Face's GPT2LMHeadModel (kiln.hf), whose Conv1D layers
 store the transpose of ours.
 
 Attention is causal over the whole packed row (`is_causal=True`), so a token may attend to the end

@@ -5,7 +5,7 @@ D = C // H head dim, F = d_ff, V padded vocab.
 
 RoPE here rotates the two halves of each head (Hugging Face's `rotate_half`), not interleaved pairs
 (Meta's reference code), so weights map onto LlamaForCausalLM without permuting q and k
-(kiln.model.hf). Attention is causal over the packed row, as in kiln.model.gpt; decoding with a
+(kiln.hf). Attention is causal over the packed row, as in kiln.model.gpt; decoding with a
 KVCache works as there too, RoPE rotating each new query and key at its absolute position before
 the key is cached.
 """

@@ -16,7 +16,7 @@ Under bf16 autocast every chunk computes exactly what the plain loss computes fo
 logits upcast to fp32), so the two agree to fp32 rounding of the sum (tests/test_loss.py).
 
 Rows per chunk come from kiln.model.registry.loss_chunk_rows (torch-free, so the memory estimate
-kiln.train.memory counts the same chunk).
+kiln.plan.memory counts the same chunk).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A source is one of
     {run: NAME}             results/NAME/train: its final weights (model.safetensors); with
                             optimizer: true, the AdamW state of its newest checkpoint
     {checkpoint: FOLDER}    a checkpoint folder (kiln.train.checkpoint); optimizer: true takes its AdamW state
-    {hf: FOLDER}            a Hugging Face export (kiln.model.hf.load), weights only
+    {hf: FOLDER}            a Hugging Face export (kiln.hf.load), weights only
 
 The schedule, steps, data and seed are the new run's own; its model shape must be the source's (an
 error names the first weight that differs), and so must its tokenizer where the source records it.
@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from kiln import layout
+from kiln import hf
 from kiln.errors import KilnError
 from kiln.io import read_json, sha256_file
-from kiln.model import hf
 from kiln.model.build import WEIGHTS_FILE, load_model
 from kiln.train import checkpoint, parallel
 

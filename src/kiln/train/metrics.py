@@ -16,7 +16,7 @@ FLOPs per token, two conventions, both reported (log records, the smoke report, 
 The same run reads higher MFU under Kiln's: seed 000's Llama-3.2-1B at seq 8192, 55.3k tokens/s
 per H100, is 52.9% here and 41.7% under the transformers-backend count (what its log printed).
 
-MFU divides achieved FLOP/s per device by the device's dense bf16 peak (kiln.train.peaks). CPUs have
+MFU divides achieved FLOP/s per device by the device's dense bf16 peak (kiln.plan.peaks). CPUs have
 no entry: MFU is reported on known GPUs only (nanoGPT's hard-coded A100 figure reports >100% on an H100).
 
 Throughput counts training time only: a checkpoint save or a validation inside a window is run
@@ -40,7 +40,7 @@ import torch
 from kiln import layout
 from kiln.errors import KilnError
 from kiln.io import atomic_file
-from kiln.train.peaks import peak_flops_of
+from kiln.plan.peaks import peak_flops_of
 
 log = logging.getLogger("kiln.train")
 

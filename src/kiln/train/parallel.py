@@ -49,8 +49,8 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from kiln.plan.memory import checkpointed_blocks
 from kiln.train.distributed import Dist
-from kiln.train.memory import checkpointed_blocks
 
 STRATEGIES = ("ddp", "fsdp")
 GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU
@@ -84,7 +84,7 @@ def parallelize(model: nn.Module, d: Dist, *, strategy: str, compile_model: bool
         fully_shard(model, mesh=mesh, mp_policy=policy)  # embedding, final norm, head
         return model
     # Gradients as views into DDP's all-reduce buckets: without it the buckets are a second copy of
-    # every gradient (4 bytes a parameter: 4.2 GB for llama3.2-1b) (kiln.train.memory counts them once).
+    # every gradient (4 bytes a parameter: 4.2 GB for llama3.2-1b) (kiln.plan.memory counts them once).
     return DistributedDataParallel(model, device_ids=[d.local_rank] if d.device.type == "cuda" else None,
                                    gradient_as_bucket_view=True, **NO_BUFFER_SYNC)
 

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from kiln.data.tokenizer import load_tokenizer
-from kiln.eval.healing import complete
+from kiln.generate.healing import complete
 
 
 def make_sampler(tokenizer_path: Path, prompts: list[str], max_new_tokens: int) -> Callable[[torch.nn.Module], list[dict]] | None:

@@ -21,10 +21,10 @@ check the model before any long run. The checks, each against a threshold in the
 
 Before the probe, train.precision auto on a CPU is settled by timing a few steps in bf16 and in
 fp32 (pick_precision). The probe's steady-state figures (warm-up and compile steps left out, the
-median of a few spans) feed the plan (kiln.train.plan.full_run_plan), and with the stage's
+median of a few spans) feed the plan (kiln.plan.steps.full_run_plan), and with the stage's
 start-up, one validation and one checkpoint, timed here too (StageTimes), they turn a train.budget
-into steps (kiln.train.plan.budget_steps). The stage script turns what run_checks finds into the gate's
-verdict (kiln.train.verdict.SmokeReport), which train and the report read.
+into steps (kiln.plan.steps.budget_steps). The stage script turns what run_checks finds into the gate's
+verdict (kiln.plan.verdict.SmokeReport), which train and the report read.
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ import torch
 from kiln.config import checkpoint_format
 from kiln.io import read_json
 from kiln.model.registry import resolve
+from kiln.plan.memory import Estimate, estimate, setting_of
+from kiln.plan.steps import StageTimes
+from kiln.plan.verdict import Check, Probe
 from kiln.train import checkpoint, device
 from kiln.train.distributed import barrier, broadcast_object, max_across_ranks, mean_across_ranks
 from kiln.train.launch import LAUNCH_START_ENV
-from kiln.train.memory import Estimate, estimate, setting_of
 from kiln.train.metrics import Throughput, flops_per_token, flops_per_token_torchtitan, memory_mb, peak_flops
-from kiln.train.plan import StageTimes
 from kiln.train.trainer import Trainer
-from kiln.train.verdict import Check, Probe
 
 log = logging.getLogger("kiln.smoke")
 PROBE_SPANS = 4  # the probe's timed steps are timed in this many spans; the median span's rate counts
@@ -248,7 +248,7 @@ def _health(losses: list[float], norms: list[float], min_drop: float) -> Check:
 def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | None = None) -> dict:
     """Every check and measurement, in the order that fails fastest. Returns, on every rank,
     {"checks": [Check, ...]} plus the measurements in the plain form of
-    kiln.train.verdict.Measurements (absent when the probe did not run)."""
+    kiln.plan.verdict.Measurements (absent when the probe did not run)."""
     cfg, train = sections["smoke"], sections["train"]
     checks: list[Check] = []
     report: dict = {"checks": checks}
@@ -401,7 +401,7 @@ def _time_checkpoint(trainer: Trainer, out_dir: Path) -> tuple[float, int]:
 
 
 def estimate_for(sections: dict, manifest: dict, world: int) -> Estimate:
-    """kiln.train.memory's estimate of the run's step as this machine will run it (train.device,
+    """kiln.plan.memory's estimate of the run's step as this machine will run it (train.device,
     precision, compile, ranks): printed beside the measured peak, or with an out-of-memory error."""
     train = sections["train"]
     dev = device.select_device(train["device"])

@@ -2,7 +2,7 @@
 
 A Trainer holds what a run is made of: the model (kiln.model), readied for the ranks
 (kiln.train.parallel), AdamW (kiln.train.optim), the LR schedule (kiln.train.schedule), the data
-stream (kiln.data.loader) and the batch plan (kiln.train.plan). `train_step` is one optimizer step:
+stream (kiln.data.loader) and the batch plan (kiln.plan.steps). `train_step` is one optimizer step:
 grad_accum micro-batches of micro_batch rows on each of W ranks, gradients synced on the last one
 only. `state_dict` (with model and optimizer, full or sharded: `_save_checkpoint`) and
 `load_state_dict` are what a checkpoint holds. `fit` runs the loop: logging, validation,
@@ -50,12 +50,12 @@ from kiln.train.health import SpikeDetector
 from kiln.train.init_from import InitSource
 from kiln.train.metrics import (MetricsSink, Throughput, flops_per_token, flops_per_token_torchtitan, memory_mb,
                                 peak_flops)
+from kiln.plan.steps import plan_batch
+from kiln.plan.tables import format_eta
 from kiln.train.mirror import Mirror
 from kiln.train.optim import build_adamw
-from kiln.train.plan import plan_batch
 from kiln.train.preemption import StopSignal
 from kiln.train.schedule import schedule_from_config
-from kiln.train.tables import format_eta
 
 log = logging.getLogger("kiln.train")
 Sampler = Callable[[torch.nn.Module], list[dict]]  # model -> [{"prompt", "completion"}] (kiln.train.samples)

@@ -1,6 +1,6 @@
 """How one optimizer step's tokens split across ranks and micro-batches (torch-free, so config
 validation can check it before any job starts), and the arithmetic of the smoke stage's plan of the
-full run (kiln.train.tables renders it).
+full run (kiln.plan.tables renders it).
 
 The global batch is given in tokens (train.batch_tokens); each of W ranks runs micro-batches of
 micro_batch rows of seq_len tokens, so gradient accumulation is

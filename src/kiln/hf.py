@@ -5,6 +5,9 @@ An export holds config.json, model.safetensors (a tied head stored once, as tran
 given the run's tokenizer.json, the tokenizer as a PreTrainedTokenizerFast with Kiln's special
 tokens. Weights are renamed, and for GPT-2 transposed (its Conv1D stores (in, out)); no model is
 instantiated on the way out, so exporting costs one copy of the weights.
+
+It sits above model and data rather than in model/: the tokenizer it writes is kiln.data's, and the
+model package imports no data code.
 """
 
 from __future__ import annotations

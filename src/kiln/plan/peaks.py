@@ -14,7 +14,7 @@ Sources (dense figures: the datasheets' bf16 "with sparsity" numbers halved):
   GA102 whitepaper; RTX 4090: 165.2, Ada whitepaper); RTX 5090: 209.5, the RTX Blackwell whitepaper's
   row (measured mma peak 370 with f16 accumulate, main-horse.github.io/posts/5090-mm-perf).
 Memory is each card's nominal size in GiB (an "80 GB" H100 has 80 GiB of HBM3, of which CUDA shows
-79.2 GiB; an RTX 5090, 31.4 of 32): what kiln.train.memory's estimate is held against.
+79.2 GiB; an RTX 5090, 31.4 of 32): what kiln.plan.memory's estimate is held against.
 """
 
 from __future__ import annotations

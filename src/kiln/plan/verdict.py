@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from kiln.errors import KilnError
 from kiln.io import read_json, write_json
-from kiln.train.plan import BatchPlan, StageTimes
+from kiln.plan.steps import BatchPlan, StageTimes
 
 # Bumped whenever the layout of report.json changes, so that a report written by another version
 # of kiln is refused with a clear message instead of half-read.

@@ -1,5 +1,5 @@
 """How the smoke stage's plan and checks, and a run's durations, read to a person: the markdown the
-smoke stage logs and the report (kiln.eval.report) shows, and the ETA the trainer logs. Torch-free,
+smoke stage logs and the report (kiln.report.run) shows, and the ETA the trainer logs. Torch-free,
 like the report stage.
 """
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from kiln.train.plan import CHINCHILLA_TOKENS_PER_PARAM, budget_text
-from kiln.train.verdict import Check
+from kiln.plan.steps import CHINCHILLA_TOKENS_PER_PARAM, budget_text
+from kiln.plan.verdict import Check
 
 
 def format_eta(seconds: float) -> str:
@@ -33,7 +33,7 @@ def checks_table(checks: Sequence[Check]) -> str:
 
 
 def render_plan(plan: dict) -> str:
-    """plan.md: the plan (kiln.train.plan.full_run_plan) as a table a person reads before paying for the run."""
+    """plan.md: the plan (kiln.plan.steps.full_run_plan) as a table a person reads before paying for the run."""
     cost = (f"${plan['cost']:,.2f} at ${plan['price_per_gpu_hour']:g} per device-hour"
             if plan["cost"] is not None else "no price set (smoke.price_per_gpu_hour)")
     ratio = plan["tokens_per_param"] / CHINCHILLA_TOKENS_PER_PARAM
@@ -91,7 +91,7 @@ def disk_text(plan: dict) -> str:
 
 
 def memory_rows(memory: dict) -> list[tuple[str, str]]:
-    """kiln.train.memory.fit_report as two plan rows: the estimate per GPU, and whether it fits."""
+    """kiln.plan.memory.fit_report as two plan rows: the estimate per GPU, and whether it fits."""
     parts = ", ".join(f"{name} {gib:.1f}" for name, gib in memory["parts_gib"].items())
     gpu = f"{memory['gpu']} ({memory['gpu_memory_gib']:g} GiB)"
     if memory["fits"]:

@@ -30,7 +30,7 @@ def generate(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: i
     distribution cut to its top_k ids, then to the fewest ids holding top_p of the mass.
     vocab_size restricts choices to the tokenizer's real ids (the embedding is padded past them).
     first_allowed (one entry per prompt, None for no limit) restricts each row's first new token
-    to the ids listed, as token healing needs (kiln.eval.healing).
+    to the ids listed, as token healing needs (kiln.generate.healing).
     Prompts are decoded batch_size at a time (all at once when None), grouped by length so a
     batch holds little padding; the results are in the prompts' order."""
     if max_new_tokens < 1 or any(not p for p in prompts):

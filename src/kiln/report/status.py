@@ -35,7 +35,7 @@ from kiln import layout as kiln_layout
 from kiln.errors import KilnError
 from kiln.io import benchmark_seconds
 from kiln.layout import Layout
-from kiln.train.tables import format_eta
+from kiln.plan.tables import format_eta
 
 # Slurm states after which the job will never write its outputs.
 SLURM_FAILED = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}

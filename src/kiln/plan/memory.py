@@ -198,7 +198,7 @@ def setting_of(train: dict, *, cuda: bool = True, world: int | None = None, bf16
                compiled: bool | None = None, grad_accum: int = 1) -> Setting:
     """The Setting a validated train section means: on a GPU by default (`kiln plan`: bf16 as
     train.precision says, compiled unless train.compile is false), or as a run decided it (smoke).
-    grad_accum: micro-batches per step (kiln.train.plan.plan_batch's, which needs shard.seq_len)."""
+    grad_accum: micro-batches per step (kiln.plan.steps.plan_batch's, which needs shard.seq_len)."""
     return Setting(
         grad_accum=grad_accum,
         micro_batch=train["micro_batch"], world=world or train["nproc_per_node"] * train["nnodes"],
@@ -251,7 +251,7 @@ def changes_to_fit(cfg: ModelConfig, s: Setting, memory_gib: float, limit: int =
 
 def fit_report(cfg: ModelConfig, s: Setting, gpu_name: str, memory_gib: float) -> dict:
     """The estimate and whether it fits on a GPU of memory_gib, with what to change when it does not
-    (the plain form `kiln plan --json` prints and kiln.train.tables renders)."""
+    (the plain form `kiln plan --json` prints and kiln.plan.tables renders)."""
     est = estimate(cfg, s)
     ok = fits(est, memory_gib)
     return {"gib_per_gpu": est.gib, "parts_gib": {k: v / GIB for k, v in est.parts.items()}, "peak_at": est.peak_at,

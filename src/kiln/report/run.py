@@ -7,9 +7,9 @@ from pathlib import Path
 
 import matplotlib
 
-from kiln.train.plan import budget_text
-from kiln.train.tables import checks_table, format_eta
-from kiln.train.verdict import SmokeReport
+from kiln.plan.steps import budget_text
+from kiln.plan.tables import checks_table, format_eta
+from kiln.plan.verdict import SmokeReport
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402

@@ -18,10 +18,10 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 
-from kiln.eval.report import read_metrics
 from kiln.io import benchmark_seconds, read_json
 from kiln.layout import METRICS, Layout
-from kiln.train.tables import format_eta
+from kiln.plan.tables import format_eta
+from kiln.report.run import read_metrics
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

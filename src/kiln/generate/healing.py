@@ -14,7 +14,7 @@ import torch
 from tokenizers import Tokenizer
 
 from kiln.data.tokenizer import EOS
-from kiln.eval.generate import generate
+from kiln.generate.decode import generate
 
 
 def heal(tokenizer: Tokenizer, ids: list[int]) -> tuple[list[int], list[int] | None, str]:
