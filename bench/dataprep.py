@@ -113,8 +113,8 @@ def peak_rss_mb(raw: Path, tokenizer: Path, config: Path, workers: int, scratch:
     resident while cached but are the kernel's to drop."""
     code = (
         "import resource, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]);"
-        "import dataprep; from kiln import config;"
-        "dataprep.kiln_pretokenize(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), config.load(sys.argv[5]),"
+        "import dataprep; from kiln import run_config;"
+        "dataprep.kiln_pretokenize(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), run_config.load(sys.argv[5]),"
         " int(sys.argv[6]));"
         "print(dataprep.vm_hwm_mb(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)"
     )

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,9 @@ TRAJECTORY = (METRICS, SAMPLES, WANDB, MIRROR_LOG, CHECKPOINTS)
 # the next attempt to tell a resubmission after a preemption from one after a real error.
 TRAIN_JOBS = "jobs.jsonl"
 SUPERSEDED = "superseded"
+# checkpoints/LATEST names the newest checkpoint folder (step-NNNNNNN). kiln.train.checkpoint writes it
+# (and owns what is inside a checkpoint); a resume does not trust it, kiln status reads it (latest_step).
+LATEST = "LATEST"
 
 
 def data_sections(cfg: dict, stage: str) -> dict:
@@ -252,3 +256,11 @@ def legacy_message(run_dir: Path, found: list[str], layout: Layout | None = None
 def check_run_name(run: str) -> None:
     if run == DATA:
         raise KilnError(f"run_name: {DATA!r} is reserved: {RESULTS}/{DATA}/ holds the data stages that runs share")
+
+
+def latest_step(train_dir: Path) -> int | None:
+    """The step checkpoints/LATEST points at in a train folder, None without one: a torch-free read
+    for kiln status (a resume finds the newest complete checkpoint itself, kiln.train.checkpoint)."""
+    marker = Path(train_dir) / CHECKPOINTS / LATEST
+    found = re.search(r"\d+", marker.read_text()) if marker.exists() else None
+    return int(found.group()) if found else None

@@ -143,12 +143,11 @@ def train_progress(paths: Layout) -> dict | None:
     plan = json_or_empty(Path(paths.output("smoke", "plan.json")))
     max_steps, rate = plan.get("max_steps"), record.get("tokens_per_s")
     tokens_per_step = plan.get("tokens_per_step") or record["tokens"] / max(record["step"], 1)
-    latest = train / kiln_layout.CHECKPOINTS / "LATEST"
-    checkpoint = re.search(r"\d+", latest.read_text()) if latest.exists() else None
+    checkpoint = kiln_layout.latest_step(train)
     return {"step": record["step"], "max_steps": max_steps, "loss": record.get("loss"),
             "val_loss": record.get("val_loss"), "tokens_per_s": rate,
             "eta_s": (max_steps - record["step"]) * tokens_per_step / rate if max_steps and rate else None,
-            "checkpoint_step": int(checkpoint.group()) if checkpoint else None}
+            "checkpoint_step": checkpoint}
 
 
 def smoke_progress(log: Path) -> dict | None:

@@ -34,7 +34,8 @@ never removed, and besides them every milestone, a complete checkpoint whose ste
 back to after a divergence the newest ones already hold; folders past it (an unreadable one that was skipped, or the history a
 KILN_RESUME_FROM rollback discarded) are removed.
 
-This module alone knows that layout: the eval stage lists a run's checkpoints with `kept` and reads
+This module owns what is inside a checkpoint (kiln.layout names the folder and its LATEST marker,
+which `kiln status` reads without torch): the eval stage lists a run's checkpoints with `kept` and reads
 one's weights with `load_weights` (a sharded one's too, whole, in one process). Every read unpickles
 with weights_only=True (tensors and plain containers only, so a checkpoint file cannot run code when
 loaded), allowing the three NumPy types that the saved NumPy RNG state is made of. DCP's own files
@@ -61,6 +62,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from kiln import layout
 from kiln.errors import KilnError
 from kiln.io import atomic_dir, atomic_file, fsync_path, sha256_file, write_json
 from kiln.io import remove_dead_temps as _remove_dead_temps
@@ -69,7 +71,7 @@ from kiln.train.faults import NONE, Faults
 from kiln.train.fingerprint import differences, require_same
 
 log = logging.getLogger("kiln.checkpoint")
-MARKER = "LATEST"
+MARKER = layout.LATEST
 FINISHED = "FINISHED"  # written when the run trained all its steps: a rerun after it trains again
 STATE = "state.pt"
 MANIFEST = "complete.json"

@@ -1,5 +1,5 @@
-"""How the smoke and train stages start their ranks: `python -m kiln.train.launch --params JSON --
-script ARGS...` (torch-free until it hands over to torchrun).
+"""How the smoke and train stages start their ranks: `python -m kiln.train.launch --train JSON
+[--attempt N --max-resubmits N --record FILE --log FILE] -- script ARGS...` (torch-free until it hands over to torchrun).
 
 - One node: `torchrun --standalone` (a private rendezvous on a free local port), nproc_per_node ranks.
 - Several nodes inside a Slurm allocation (the job the slurm profile submits for train.nnodes nodes,
