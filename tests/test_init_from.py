@@ -5,7 +5,6 @@ that does not match is an error naming it."""
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 

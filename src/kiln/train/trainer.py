@@ -38,7 +38,7 @@ import torch
 from kiln.config import checkpoint_format
 from kiln.data.loader import ShardRows, TrainBatches, eval_batches
 from kiln.data.shards import tokens_per_byte
-from kiln.errors import ExitCode, KilnError, RunStopped
+from kiln.errors import ExitCode, RunStopped
 from kiln import layout
 from kiln.io import remove_dead_temps
 from kiln.model.build import build_model, save_model
