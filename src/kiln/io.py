@@ -142,6 +142,24 @@ def read_json(path: str | Path) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
+def last_json_line(path: str | Path, tail_bytes: int = 1 << 16) -> dict | None:
+    """The last complete JSON line of a .jsonl file that jobs append to (metrics.jsonl, jobs.jsonl),
+    None when there is none: a torn last line (a job killed mid-write) and the partial first line of
+    the tail read are skipped. Only the last tail_bytes are read, since such a file grows all run."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, 2) - tail_bytes))
+        lines = f.read().decode("utf-8", errors="replace").splitlines()
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return None
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

@@ -33,14 +33,13 @@ from pathlib import Path
 
 from kiln import layout as kiln_layout
 from kiln.errors import KilnError
-from kiln.io import benchmark_seconds
+from kiln.io import benchmark_seconds, last_json_line
 from kiln.layout import Layout
 from kiln.plan.tables import format_eta
 
 # Slurm states after which the job will never write its outputs.
 SLURM_FAILED = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 LOG_TAIL_LINES = 12
-METRICS_TAIL_BYTES = 1 << 16  # far more than the last few records: metrics.jsonl grows all run long
 
 
 @dataclasses.dataclass
@@ -112,22 +111,6 @@ def find_slurm_job(workdir: Path, stage: str, job_id: str | None, newer_than: fl
     return job
 
 
-def last_record(path: Path) -> dict | None:
-    """The last complete JSON line of a .jsonl file; a torn last line (a job killed mid-write) and
-    the partial first line of the tail read are skipped."""
-    if not path.exists():
-        return None
-    with open(path, "rb") as f:
-        f.seek(max(0, f.seek(0, 2) - METRICS_TAIL_BYTES))
-        lines = f.read().decode("utf-8", errors="replace").splitlines()
-    for line in reversed(lines):
-        try:
-            return json.loads(line)
-        except ValueError:
-            continue
-    return None
-
-
 def json_or_empty(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -137,7 +120,7 @@ def json_or_empty(path: Path) -> dict:
 
 def train_progress(paths: Layout) -> dict | None:
     train = paths.folder("train")
-    record = last_record(train / kiln_layout.METRICS)
+    record = last_json_line(train / kiln_layout.METRICS)
     if record is None:
         return None
     plan = json_or_empty(Path(paths.output("smoke", "plan.json")))

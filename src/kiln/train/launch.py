@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from kiln.errors import EXIT_FILE_ENV, ExitCode, KilnError
+from kiln.io import last_json_line
 
 RDZV_BASE_PORT = 29500  # torchrun's default; a Slurm job adds job id % RDZV_PORT_SPAN to it
 RDZV_PORT_SPAN = 1000
@@ -140,7 +141,7 @@ def resubmission_refused(record: Path, attempt: int, max_resubmits: int) -> tupl
     always trains; a resubmission only after a preemption (RETRYABLE), at most max_resubmits times."""
     if attempt <= 1:
         return None
-    last = _last_record(record)
+    last = last_json_line(record)
     code = None if last is None else last.get("code")
     log_named = f"; its log: {last['log']}" if last and last.get("log") else ""
     if code == ExitCode.OK:  # trained to the end; Snakemake failed the job after (outputs not seen in time)
@@ -153,19 +154,6 @@ def resubmission_refused(record: Path, attempt: int, max_resubmits: int) -> tupl
     if attempt - 1 > max_resubmits:
         return int(ExitCode.PREEMPTED), (f"resubmission {attempt - 1}: not training, train.max_resubmits is "
                                          f"{max_resubmits}; run the same command again to continue")
-    return None
-
-
-def _last_record(record: Path) -> dict | None:
-    try:
-        lines = [line for line in Path(record).read_text(encoding="utf-8").splitlines() if line.strip()]
-    except FileNotFoundError:
-        return None
-    for line in reversed(lines):
-        try:
-            return json.loads(line)
-        except ValueError:
-            continue  # torn by a kill mid-write
     return None
 
 
