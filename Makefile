@@ -22,6 +22,8 @@ test: $(STAMP)
 	pytest -q
 
 lint: $(STAMP)
+	ruff check .
+	ruff format --check .
 	snakemake --lint
 
 dry-run: $(STAMP)

@@ -27,8 +27,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=16)
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = build_model(resolve({"family": "llama", "n_layer": args.layers, "n_head": 4, "n_kv_head": 2,
-                                 "d_model": 128}, 512, 128))
+    model = build_model(
+        resolve({"family": "llama", "n_layer": args.layers, "n_head": 4, "n_kv_head": 2, "d_model": 128}, 512, 128)
+    )
     graphs: list[int] = []
 
     def count(gm, example_inputs):  # the nodes of each graph dynamo traced; runs it as traced
@@ -44,8 +45,10 @@ def main() -> None:
     start = time.perf_counter()
     _, loss = model(idx, idx)
     loss.backward()
-    print(f"{args.mode}, {args.backend}, {args.layers} layers: first forward and backward "
-          f"{time.perf_counter() - start:.1f} s" + (f"; graphs (nodes): {graphs}" if graphs else ""))
+    print(
+        f"{args.mode}, {args.backend}, {args.layers} layers: first forward and backward "
+        f"{time.perf_counter() - start:.1f} s" + (f"; graphs (nodes): {graphs}" if graphs else "")
+    )
 
 
 if __name__ == "__main__":

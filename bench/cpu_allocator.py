@@ -69,12 +69,18 @@ def main() -> None:
     rates: dict[str, list[float]] = {"default": [], "tuned": []}
     for _ in range(args.rounds):
         for setting in rates:
-            out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--child", setting], check=True,
-                                 capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [sys.executable, __file__, *sys.argv[1:], "--child", setting],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             rates[setting].append(json.loads(out.strip().splitlines()[-1])["tokens_per_s"])
     base, ours = statistics.median(rates["default"]), statistics.median(rates["tuned"])
-    print(f"CPU, {args.threads} threads; default-config GPT, batch {args.micro_batch} x {args.seq_len}, "
-          f"{args.precision}; {args.rounds} rounds x {args.steps} steps\n")
+    print(
+        f"CPU, {args.threads} threads; default-config GPT, batch {args.micro_batch} x {args.seq_len}, "
+        f"{args.precision}; {args.rounds} rounds x {args.steps} steps\n"
+    )
     print("| allocator | tokens/s (median) | min-max |\n|---|---:|---:|")
     for name, label in (("default", "glibc default"), ("tuned", "Kiln (tune_cpu_allocator)")):
         print(f"| {label} | {statistics.median(rates[name]):,.0f} | {min(rates[name]):,.0f}-{max(rates[name]):,.0f} |")

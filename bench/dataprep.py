@@ -51,8 +51,14 @@ def kiln_shard(tokens: Path, shards: Path, cfg: dict, meta: dict) -> None:
     """The shard stage as the DAG runs it (minus process start-up)."""
     shards.mkdir(parents=True)
     for split in SPLITS:
-        shard_split(np.memmap(tokens / f"{split}.bin", dtype=meta["dtype"], mode="r"), shards, split,
-                    cfg["shard"]["seq_len"] + 1, cfg["shard"]["rows_per_shard"], meta["padded_vocab_size"])
+        shard_split(
+            np.memmap(tokens / f"{split}.bin", dtype=meta["dtype"], mode="r"),
+            shards,
+            split,
+            cfg["shard"]["seq_len"] + 1,
+            cfg["shard"]["rows_per_shard"],
+            meta["padded_vocab_size"],
+        )
 
 
 def seeds_recipe(raw: Path, encode, eos: int, chunk: int, out: Path) -> None:
@@ -119,8 +125,21 @@ def peak_rss_mb(raw: Path, tokenizer: Path, config: Path, workers: int, scratch:
         "print(dataprep.vm_hwm_mb(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)"
     )
     shutil.rmtree(scratch, ignore_errors=True)
-    result = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(raw), str(tokenizer),
-                             str(scratch), str(config), str(workers)], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            str(Path(__file__).parent),
+            str(raw),
+            str(tokenizer),
+            str(scratch),
+            str(config),
+            str(workers),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if result.returncode:
         raise RuntimeError(f"the Kiln stages failed on {raw}:\n{result.stderr[-3000:]}")
     stage, worker = map(float, result.stdout.split()[-2:])
@@ -129,9 +148,18 @@ def peak_rss_mb(raw: Path, tokenizer: Path, config: Path, workers: int, scratch:
 
 def _local_raw(jsonl: Path, out: Path) -> Path:
     """A download stage output holding the documents of one jsonl file."""
-    write_raw({"sources": [{"name": "corpus", "kind": "local", "paths": [str(jsonl)], "text_column": "text"}],
-               "rows_per_part": 500, "dedup": True, "min_doc_bytes": 1, "invalid_utf8": "skip", "retries": 0,
-               "retry_backoff_s": 0}, out)
+    write_raw(
+        {
+            "sources": [{"name": "corpus", "kind": "local", "paths": [str(jsonl)], "text_column": "text"}],
+            "rows_per_part": 500,
+            "dedup": True,
+            "min_doc_bytes": 1,
+            "invalid_utf8": "skip",
+            "retries": 0,
+            "retry_backoff_s": 0,
+        },
+        out,
+    )
     jsonl.unlink()
     return out
 
@@ -182,8 +210,10 @@ def main() -> None:
         texts = [d.text for d in read_documents(raw, read_json(raw / "manifest.json"))]
         corpus_mb = sum(len(t.encode("utf-8")) for t in texts) / 2**20
         eos, chunk = tokenizer.token_to_id(EOS), cfg["shard"]["seq_len"] + 1
-        print(f"corpus: {len(texts)} documents, {corpus_mb:.1f} MiB; vocabulary {tokenizer.get_vocab_size()}; "
-              f"{args.workers} workers; {os.cpu_count()} cores")
+        print(
+            f"corpus: {len(texts)} documents, {corpus_mb:.1f} MiB; vocabulary {tokenizer.get_vocab_size()}; "
+            f"{args.workers} workers; {os.cpu_count()} cores"
+        )
 
         ids = {}
 
@@ -197,16 +227,20 @@ def main() -> None:
                 shutil.rmtree(scratch / name, ignore_errors=True)
                 (scratch / name).mkdir()
                 seeds_recipe(raw, encode, eos, chunk, scratch / name)
+
             return go
 
         cases = {
-            "seeds' recipe, tokenizers per row": run_seeds("seeds-hf", lambda t: tokenizer.encode(
-                t, add_special_tokens=False).ids),
+            "seeds' recipe, tokenizers per row": run_seeds(
+                "seeds-hf", lambda t: tokenizer.encode(t, add_special_tokens=False).ids
+            ),
             "seeds' recipe, tiktoken per row": run_seeds("seeds-tt", encoding.encode_ordinary),
-            "raw batch encode, tokenizers": lambda: ids.__setitem__("tokenizers", [
-                e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]),
-            "raw batch encode, tiktoken": lambda: ids.__setitem__("tiktoken", encoding.encode_ordinary_batch(
-                texts, num_threads=args.workers)),
+            "raw batch encode, tokenizers": lambda: ids.__setitem__(
+                "tokenizers", [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+            ),
+            "raw batch encode, tiktoken": lambda: ids.__setitem__(
+                "tiktoken", encoding.encode_ordinary_batch(texts, num_threads=args.workers)
+            ),
             "Kiln pretokenize + shard": run_kiln,
         }
         best = {name: float("inf") for name in cases}
@@ -221,11 +255,15 @@ def main() -> None:
         for name in cases:
             ratio = speed["Kiln pretokenize + shard"] / speed[name]
             print(f"| {name} | {best[name]:.2f} | {speed[name]:.2f} | {ratio:.2f}x |")
-        print(f"\nKiln / seeds' recipe (tokenizers): {speed['Kiln pretokenize + shard'] / speed[list(cases)[0]]:.1f}x "
-              f"(target >= 5); Kiln / fastest raw encode ({fastest}): "
-              f"{speed['Kiln pretokenize + shard'] / speed[fastest]:.0%} (target >= 80%)")
+        print(
+            f"\nKiln / seeds' recipe (tokenizers): {speed['Kiln pretokenize + shard'] / speed[list(cases)[0]]:.1f}x "
+            f"(target >= 5); Kiln / fastest raw encode ({fastest}): "
+            f"{speed['Kiln pretokenize + shard'] / speed[fastest]:.0%} (target >= 80%)"
+        )
 
-        print("\n| pretokenize on | MiB | peak RSS MiB, stage process | peak RSS MiB, largest worker |\n|---|---:|---:|---:|")
+        print(
+            "\n| pretokenize on | MiB | peak RSS MiB, stage process | peak RSS MiB, largest worker |\n|---|---:|---:|---:|"
+        )
         for copies in (1, 4):
             copied = corpus_copies(raw, copies, scratch)
             stage, worker = peak_rss_mb(copied, tok_path, args.config, args.workers, scratch / "rss")

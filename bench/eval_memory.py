@@ -59,9 +59,17 @@ def write_split(folder: Path, n_tokens: int, seed: int) -> None:
     shards = folder / "shards"
     shards.mkdir(exist_ok=True)
     val = rng.integers(0, VOCAB, size=64 * ROW_LEN, dtype=np.uint16)
-    write_json(shards / "manifest.json", {
-        "seq_len": ROW_LEN - 1, "row_len": ROW_LEN, "dtype": "uint16", "vocab_size": VOCAB,
-        "padded_vocab_size": VOCAB, "splits": {"val": shard_split(val, shards, "val", ROW_LEN, 1 << 20, VOCAB)}})
+    write_json(
+        shards / "manifest.json",
+        {
+            "seq_len": ROW_LEN - 1,
+            "row_len": ROW_LEN,
+            "dtype": "uint16",
+            "vocab_size": VOCAB,
+            "padded_vocab_size": VOCAB,
+            "splits": {"val": shard_split(val, shards, "val", ROW_LEN, 1 << 20, VOCAB)},
+        },
+    )
     train = np.memmap(folder / "train.bin", dtype=np.uint16, mode="r")
     items = rng.integers(0, VOCAB, size=(400, 1000), dtype=np.uint16)
     for i, at in enumerate(rng.integers(0, n_tokens - 1000, size=40)):
@@ -78,8 +86,10 @@ def _old_counts(train_ids: np.ndarray, vocab_size: int) -> np.ndarray:
 def _old_train_index(train_ids: np.ndarray, chunk: int = 1 << 24) -> np.ndarray:
     from kiln.eval.contamination import N, ngram_hashes
 
-    parts = [np.unique(ngram_hashes(train_ids[start : start + chunk + N - 1]))
-             for start in range(0, max(len(train_ids) - N + 1, 1), chunk)]
+    parts = [
+        np.unique(ngram_hashes(train_ids[start : start + chunk + N - 1]))
+        for start in range(0, max(len(train_ids) - N + 1, 1), chunk)
+    ]
     return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.uint64)
 
 
@@ -124,13 +134,21 @@ def child(folder: Path, impl: str, part: str) -> dict:
         result = _old_overlap(index, items)
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"impl": impl, "part": part, "tokens": len(train_file), "rss_start_mb": round(rss_start),
-            "peak_rss_mb": round(peak), "seconds": round(seconds, 1), "result": result}
+    return {
+        "impl": impl,
+        "part": part,
+        "tokens": len(train_file),
+        "rss_start_mb": round(rss_start),
+        "peak_rss_mb": round(peak),
+        "seconds": round(seconds, 1),
+        "result": result,
+    }
 
 
 def run_child(folder: Path, impl: str, part: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", str(folder), impl, part], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", str(folder), impl, part], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -147,7 +165,9 @@ def main() -> None:
         print(json.dumps(child(Path(args.child[0]), args.child[1], args.child[2])))
         return
     old_gib = args.gib / 8 if args.old_gib is None else args.old_gib
-    plan = [(args.gib, impl, part) for impl, part in (("new", "unigram"), ("mmap", "unigram"), ("new", "contamination"))]
+    plan = [
+        (args.gib, impl, part) for impl, part in (("new", "unigram"), ("mmap", "unigram"), ("new", "contamination"))
+    ]
     if old_gib:
         plan += [(old_gib, "old", part) for part in ("unigram", "contamination")]
     rows = []
@@ -166,11 +186,15 @@ def main() -> None:
                 for path in sorted(folder.rglob("*"), reverse=True):
                     path.rmdir() if path.is_dir() else path.unlink()
                 folder.rmdir()
-    print("\n| part | implementation | split | tokens | peak RSS (MB) | RSS after imports (MB) | growth over imports | s |")
+    print(
+        "\n| part | implementation | split | tokens | peak RSS (MB) | RSS after imports (MB) | growth over imports | s |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['part']} | {r['impl']} | {r['split_gib']:g} GiB ({r['scale']}x) | {r['tokens']:,} | "
-              f"{r['peak_rss_mb']:,} | {r['rss_start_mb']:,} | {r['peak_rss_mb'] - r['rss_start_mb']:,} | {r['seconds']} |")
+        print(
+            f"| {r['part']} | {r['impl']} | {r['split_gib']:g} GiB ({r['scale']}x) | {r['tokens']:,} | "
+            f"{r['peak_rss_mb']:,} | {r['rss_start_mb']:,} | {r['peak_rss_mb'] - r['rss_start_mb']:,} | {r['seconds']} |"
+        )
 
 
 if __name__ == "__main__":

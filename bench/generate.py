@@ -90,16 +90,22 @@ def main() -> None:
 
     tokens = args.prompts * args.new_tokens
     rate = {name: tokens / statistics.median(t) for name, t in times.items()}
-    print(f"{args.family} {DEFAULT_MODEL}, vocab {cfg.vocab_size}, seq_len {args.seq_len}: "
-          f"{model.num_params(non_embedding=False):,} parameters; {args.device}, {torch.get_num_threads()} threads")
-    print(f"{args.prompts} prompts of {min(lengths)}-{max(lengths)} tokens x {args.new_tokens} new tokens, "
-          f"median of {args.rounds} round(s)\n")
+    print(
+        f"{args.family} {DEFAULT_MODEL}, vocab {cfg.vocab_size}, seq_len {args.seq_len}: "
+        f"{model.num_params(non_embedding=False):,} parameters; {args.device}, {torch.get_num_threads()} threads"
+    )
+    print(
+        f"{args.prompts} prompts of {min(lengths)}-{max(lengths)} tokens x {args.new_tokens} new tokens, "
+        f"median of {args.rounds} round(s)\n"
+    )
     print("| loop | new tokens/s | seconds | same output as baseline |\n|---|---:|---:|---:|")
     for name in LOOPS:
         same = sum(a == b for a, b in zip(outputs[name], outputs[UNCACHED]))
         print(f"| {name} | {rate[name]:,.0f} | {statistics.median(times[name]):.2f} | {same}/{args.prompts} |")
-    print(f"\ncached batched / uncached one by one: {rate[CACHED_BATCH] / rate[UNCACHED]:.1f}x "
-          f"(cached one by one: {rate[CACHED_ONE] / rate[UNCACHED]:.1f}x)")
+    print(
+        f"\ncached batched / uncached one by one: {rate[CACHED_BATCH] / rate[UNCACHED]:.1f}x "
+        f"(cached one by one: {rate[CACHED_ONE] / rate[UNCACHED]:.1f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ where the two-rank check needs two). With --cpu-dry-run CUDA is hidden and every
 CPU-capable part at tiny shapes: it FAILs if that part breaks, else reads "skipped: no CUDA" with
 what the CPU part measured.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from gpu_check_common import NO_CUDA, Ctx, pct, profiled, sections, timed_steps, word_shards  # bench/: sys.path[0]
-from gpu_check_llama import (ESTIMATE_TOLERANCE, LOSS_PEAK_RATIO, MFU_TARGET, MFU_TARGET_TORCHTITAN, check_llama_mfu,
-                             check_loss)
+from gpu_check_llama import (
+    ESTIMATE_TOLERANCE,
+    LOSS_PEAK_RATIO,
+    MFU_TARGET,
+    MFU_TARGET_TORCHTITAN,
+    check_llama_mfu,
+    check_loss,
+)
 from gpu_check_procs import run_isolated
 from gpu_check_ranks import check_two_ranks
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -66,13 +73,16 @@ from kiln.train.trainer import Trainer
 REPO = Path(__file__).resolve().parents[1]
 # Kiln's attention at gpt2-124m's and llama3.2-1b's head shapes (head dim 64; 32 query heads over 8
 # key/value heads), then a dry run's: {family: (GPU shape, dry-run shape)}
-ATTENTION = {"gpt2": ({"n_head": 12, "d_model": 768}, {"n_head": 2, "d_model": 128}),
-             "llama": ({"n_head": 32, "n_kv_head": 8, "d_model": 2048}, {"n_head": 2, "n_kv_head": 1, "d_model": 128})}
+ATTENTION = {
+    "gpt2": ({"n_head": 12, "d_model": 768}, {"n_head": 2, "d_model": 128}),
+    "llama": ({"n_head": 32, "n_kv_head": 8, "d_model": 2048}, {"n_head": 2, "n_kv_head": 1, "d_model": 128}),
+}
 LLM_C_GPT2_TOKENS_PER_S = 470_000  # llm.c GPT-2 124M on one H100 (~3.7M tok/s on 8, 140 ms per 0.5M-token step)
 RULE = re.compile(r"^(?:local)?rule (\w+):", re.MULTILINE)  # Snakemake's line as it starts a job
 
 
 # --- the checks: each returns its table rows' (result, figure) -------------------------------------
+
 
 def check_flash(ctx: Ctx) -> list[tuple[str, str]]:
     """Flash forced (sdpa_kernel) on bf16 causal attention at head dims 64 and 128 against the math
@@ -95,8 +105,9 @@ def check_flash(ctx: Ctx) -> list[tuple[str, str]]:
         idx = torch.randint(0, 512, (B, T), device=dev)
         with torch.no_grad(), autocast(dev, bf16=True)():  # as train and a GPU eval run it
             ops, _ = profiled(lambda: model(idx))
-        kernels = sorted(op.removeprefix("aten::_scaled_dot_product_") for op in ops
-                         if op.startswith("aten::_scaled_dot_product_"))
+        kernels = sorted(
+            op.removeprefix("aten::_scaled_dot_product_") for op in ops if op.startswith("aten::_scaled_dot_product_")
+        )
         # unforced, SDPA may prefer cuDNN's fused attention on Hopper (as fast); efficient or math is a slow path
         ok &= any("flash" in op or "cudnn" in op for op in kernels)
         parts.append(f"{family}: {', '.join(kernels) or 'math (no fused kernel)'}")
@@ -121,6 +132,16 @@ def _grad_norm(model: torch.nn.Module) -> float:
     return torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]).item()
 
 
+def _loss_and_norm(trainer: Trainer, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """One forward and backward: the loss and the gradient norm, gradients cleared after."""
+    with trainer.autocast():
+        _, loss = trainer.wrapped(x, y)
+    loss.backward()
+    norm = _grad_norm(trainer.model)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return loss.item(), norm
+
+
 def check_compile_and_gpt2(ctx: Ctx) -> list[tuple[str, str]]:
     """gpt2-124m, seq 1024, micro-batch 16, as the train stage builds it (compile auto: on for CUDA,
     each block on its own, kiln.train.parallel.compile_blocks). One batch through the eager and the
@@ -141,35 +162,38 @@ def check_compile_and_gpt2(ctx: Ctx) -> list[tuple[str, str]]:
     batch = to_device(trainer.batches.next(), trainer.d.device)  # (B, T + 1), split as train_step splits it
     x, y = batch[:, :-1], batch[:, 1:]
 
-    def loss_and_norm() -> tuple[float, float]:
-        with trainer.autocast():
-            _, loss = trainer.wrapped(x, y)
-        loss.backward()
-        norm = _grad_norm(trainer.model)
-        trainer.optimizer.zero_grad(set_to_none=True)
-        return loss.item(), norm
-
     with torch.compiler.set_stance("force_eager"):
-        eager = loss_and_norm()
+        eager = _loss_and_norm(trainer, x, y)
     ctx.note(f"eager loss {eager[0]:.4f}; compiling")
     start = time.perf_counter()
-    compiled = loss_and_norm()  # compiles the blocks' forward, then their backward
+    compiled = _loss_and_norm(trainer, x, y)  # compiles the blocks' forward, then their backward
     compile_s = time.perf_counter() - start
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     ctx.note(f"compiled in {compile_s:.0f} s ({graphs} graphs); loss {compiled[0]:.4f} vs eager {eager[0]:.4f}")
     close = abs(compiled[0] - eager[0]) <= 5e-3 * abs(eager[0]) and abs(compiled[1] - eager[1]) <= 5e-2 * eager[1]
-    rows = [ctx.verdict(close, f"compile {compile_s:.1f} s, per block: {graphs} dynamo graph(s) for "
-                               f"{len(trainer.model.blocks)} blocks; loss {compiled[0]:.4f} vs eager {eager[0]:.4f}, "
-                               f"grad norm {compiled[1]:.3f} vs {eager[1]:.3f}")]
+    rows = [
+        ctx.verdict(
+            close,
+            f"compile {compile_s:.1f} s, per block: {graphs} dynamo graph(s) for "
+            f"{len(trainer.model.blocks)} blocks; loss {compiled[0]:.4f} vs eager {eager[0]:.4f}, "
+            f"grad norm {compiled[1]:.3f} vs {eager[1]:.3f}",
+        )
+    ]
     # the train bench below needs time too: this window takes what is left of the budget beyond it
     bench_s = 0 if ctx.dry else TRAIN_BENCH_S
-    rates, mem = timed_steps(trainer, warmup=1 if ctx.dry else 3, steps=2 if ctx.dry else 30, ctx=ctx,
-                             reserve_s=bench_s + 5)
-    figure = (f"{rates['tokens_per_s']:,.0f} tok/s per device over {rates['steps']} steps, MFU {pct(rates['mfu'])} "
-              f"(torchtitan transformers-backend count {pct(rates['mfu_torchtitan'])}), peak {mem / 1024:.1f} GiB")
+    rates, mem = timed_steps(
+        trainer, warmup=1 if ctx.dry else 3, steps=2 if ctx.dry else 30, ctx=ctx, reserve_s=bench_s + 5
+    )
+    figure = (
+        f"{rates['tokens_per_s']:,.0f} tok/s per device over {rates['steps']} steps, MFU {pct(rates['mfu'])} "
+        f"(torchtitan transformers-backend count {pct(rates['mfu_torchtitan'])}), peak {mem / 1024:.1f} GiB"
+    )
     ctx.note(figure)
-    rows.append(ctx.verdict(True, figure) if ctx.dry else
-                ("measured", f"{figure}; {rates['tokens_per_s'] / LLM_C_GPT2_TOKENS_PER_S:.2f}x llm.c"))
+    rows.append(
+        ctx.verdict(True, figure)
+        if ctx.dry
+        else ("measured", f"{figure}; {rates['tokens_per_s'] / LLM_C_GPT2_TOKENS_PER_S:.2f}x llm.c")
+    )
     del trainer, x, y, batch
     gc.collect()
     if torch.cuda.is_available():
@@ -194,8 +218,13 @@ def check_smoke_snapshot(ctx: Ctx) -> list[tuple[str, str]]:
         data = pickle.load(f)
     traces = sum(len(t) for t in data.get("device_traces", []))
     ok = trace.exists() and bool(data.get("segments")) and traces > 0
-    return [ctx.verdict(ok, f"{figure}; memory_snapshot.pickle {snap.stat().st_size / 2**20:.1f} MiB, "
-                            f"{len(data.get('segments', []))} segments, {traces:,} allocation events")]
+    return [
+        ctx.verdict(
+            ok,
+            f"{figure}; memory_snapshot.pickle {snap.stat().st_size / 2**20:.1f} MiB, "
+            f"{len(data.get('segments', []))} segments, {traces:,} allocation events",
+        )
+    ]
 
 
 def check_eval(ctx: Ctx) -> list[tuple[str, str]]:
@@ -222,8 +251,13 @@ def check_eval(ctx: Ctx) -> list[tuple[str, str]]:
         gpu_ids = generate(gpu_model, prompts, 16)
     same = sum(a == b for a, b in zip(cpu_ids, gpu_ids))
     ok = abs(gpu_loss - cpu_loss) <= 1e-2 * cpu_loss
-    return [ctx.verdict(ok, f"val loss GPU bf16 {gpu_loss:.4f} vs CPU fp32 {cpu_loss:.4f} "
-                            f"(diff {gpu_loss - cpu_loss:+.4f}); greedy decodes equal {same}/{len(prompts)}")]
+    return [
+        ctx.verdict(
+            ok,
+            f"val loss GPU bf16 {gpu_loss:.4f} vs CPU fp32 {cpu_loss:.4f} "
+            f"(diff {gpu_loss - cpu_loss:+.4f}); greedy decodes equal {same}/{len(prompts)}",
+        )
+    ]
 
 
 def check_pipeline(ctx: Ctx) -> list[tuple[str, str]]:
@@ -233,9 +267,19 @@ def check_pipeline(ctx: Ctx) -> list[tuple[str, str]]:
     steps: ~8 interpreter starts, the smoke stage's compile (train's hits inductor's cache) and
     lm-eval's import. Stopped over budget, the row names the rule Snakemake was at."""
     run = ctx.work / "run"
-    cmd = [str(Path(sys.executable).with_name("snakemake")), "--cores", "all", "-s", str(REPO / "Snakefile"),
-           "--directory", str(run), "--configfile", str(REPO / "tests" / "configs" / "tiny.yaml"),
-           "--config", "train={device: cuda}"] + (["-n", "-p"] if ctx.dry else [])
+    cmd = [
+        str(Path(sys.executable).with_name("snakemake")),
+        "--cores",
+        "all",
+        "-s",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(run),
+        "--configfile",
+        str(REPO / "tests" / "configs" / "tiny.yaml"),
+        "--config",
+        "train={device: cuda}",
+    ] + (["-n", "-p"] if ctx.dry else [])
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     start, log, rule = time.perf_counter(), ctx.work / "snakemake.log", None
     with open(log, "w") as out:
@@ -250,18 +294,35 @@ def check_pipeline(ctx: Ctx) -> list[tuple[str, str]]:
     print(text)
     if ctx.dry:
         merged = '"device":"cuda"' in text and '"micro_batch":16' in text  # tiny.yaml's, kept
-        return [ctx.verdict(proc.returncode == 0 and merged, "snakemake -n: " + (
-            "train.device cuda merged into tiny.yaml's train section" if merged else "the override did not merge"))]
+        return [
+            ctx.verdict(
+                proc.returncode == 0 and merged,
+                "snakemake -n: "
+                + (
+                    "train.device cuda merged into tiny.yaml's train section"
+                    if merged
+                    else "the override did not merge"
+                ),
+            )
+        ]
     if proc.returncode != 0:
         return [("FAIL", f"snakemake exit {proc.returncode} after {wall:.0f} s at rule {rule} (log: {log})")]
     paths = Layout(run="tiny", root=run / "results", keys={})  # the run's own stages' paths need no data keys
     smoke = json.loads(Path(paths.output("smoke", "report.json")).read_text())
     metrics = json.loads(Path(paths.output("eval", "metrics.json")).read_text())
     eval_on_cuda = "eval on cuda" in Path(paths.log("eval")).read_text()
-    ok = Path(paths.output("report", "report.md")).exists() and str(smoke.get("device", "")).startswith("cuda") \
+    ok = (
+        Path(paths.output("report", "report.md")).exists()
+        and str(smoke.get("device", "")).startswith("cuda")
         and eval_on_cuda
-    return [ctx.verdict(ok, f"{wall:.0f} s; smoke on {smoke.get('device')}, eval on "
-                            f"{'cuda' if eval_on_cuda else 'NOT cuda'}, val loss {metrics['val_loss']:.3f}")]
+    )
+    return [
+        ctx.verdict(
+            ok,
+            f"{wall:.0f} s; smoke on {smoke.get('device')}, eval on "
+            f"{'cuda' if eval_on_cuda else 'NOT cuda'}, val loss {metrics['val_loss']:.3f}",
+        )
+    ]
 
 
 def _bench(script: str, argv: list[str]) -> str:
@@ -278,26 +339,37 @@ def _bench(script: str, argv: list[str]) -> str:
 
 
 def check_train_bench(ctx: Ctx) -> list[tuple[str, str]]:
-    shape = (["--vocab", "512", "--seq-len", "64", "--micro-batch", "4"] if ctx.dry else
-             ["--flavour", "gpt2-124m", "--vocab", "50257", "--seq-len", "1024", "--micro-batch", "16"])
-    rounds = ["--steps", "1", "--rounds", "1", "--warmup", "1"] if ctx.dry else ["--steps", "10", "--rounds", "2",
-                                                                                  "--warmup", "3"]
+    shape = (
+        ["--vocab", "512", "--seq-len", "64", "--micro-batch", "4"]
+        if ctx.dry
+        else ["--flavour", "gpt2-124m", "--vocab", "50257", "--seq-len", "1024", "--micro-batch", "16"]
+    )
+    rounds = (
+        ["--steps", "1", "--rounds", "1", "--warmup", "1"]
+        if ctx.dry
+        else ["--steps", "10", "--rounds", "2", "--warmup", "3"]
+    )
     ctx.note("bench/train_throughput.py: nanoGPT's loop and Kiln's")
     text = _bench("train_throughput.py", shape + rounds)
-    rates = [line.split("|")[2].strip() for line in text.splitlines()
-             if line.startswith("| ") and "tokens/s" not in line]  # the loops' rows: baseline, then ours
+    rates = [
+        line.split("|")[2].strip() for line in text.splitlines() if line.startswith("| ") and "tokens/s" not in line
+    ]  # the loops' rows: baseline, then ours
     ratio = float(text.split("ours / baseline: ")[1].split("x")[0])
     return [ctx.verdict(ctx.dry or ratio >= 1.0, f"nanoGPT {rates[0]} vs Kiln {rates[1]} tok/s: {ratio:.2f}x")]
 
 
 def check_generate_bench(ctx: Ctx) -> list[tuple[str, str]]:
-    argv = ["--rounds", "1"] + (["--prompts", "4", "--prompt-len", "16", "--new-tokens", "4", "--seq-len", "32"]
-                                if ctx.dry else [])
+    argv = ["--rounds", "1"] + (
+        ["--prompts", "4", "--prompt-len", "16", "--new-tokens", "4", "--seq-len", "32"] if ctx.dry else []
+    )
     text = _bench("generate.py", argv)
     ratio = float(text.split("cached batched / uncached one by one: ")[1].split("x")[0])
     same = [line.split("|")[4].strip() for line in text.splitlines() if line.startswith("| cached")]
-    return [ctx.verdict(ctx.dry or ratio >= 5.0, f"cached+batched {ratio:.1f}x the uncached loop; "
-                                                 f"same tokens {' / '.join(same)}")]
+    return [
+        ctx.verdict(
+            ctx.dry or ratio >= 5.0, f"cached+batched {ratio:.1f}x the uncached loop; same tokens {' / '.join(same)}"
+        )
+    ]
 
 
 @dataclass(frozen=True)
@@ -312,30 +384,70 @@ class Check:
 
 TRAIN_BENCH_S = 20  # the gpt2 check's share for bench/train_throughput.py (its compiled step is already built)
 CHECKS = (
-    Check("flash", ("flash SDPA",), ("flash kernel forced at D 64/128 (max err vs math <= 2e-2); flash or cuDNN "
-                                     "picked in Kiln's gpt2 and llama (GQA) attention",), 15, check_flash),
+    Check(
+        "flash",
+        ("flash SDPA",),
+        (
+            "flash kernel forced at D 64/128 (max err vs math <= 2e-2); flash or cuDNN "
+            "picked in Kiln's gpt2 and llama (GQA) attention",
+        ),
+        15,
+        check_flash,
+    ),
     Check("adamw", ("fused AdamW",), ("fused=True and aten::_fused_adamw_ in the step",), 15, check_fused_adamw),
-    Check("gpt2", ("torch.compile gpt2-124m", "MFU gpt2-124m seq 1024", "bench/train_throughput.py gpt2-124m"),
-          ("compiles per block; loss within 0.5%, grad norm within 5% of eager (bf16)",
-           f"~{LLM_C_GPT2_TOKENS_PER_S // 1000}k tok/s/GPU (llm.c, one H100)", "Kiln >= 1.0x the nanoGPT eager loop"),
-          65, check_compile_and_gpt2),
-    Check("loss", ("chunked loss memory, flagship logits",),
-          (f"chunked peak <= {LOSS_PEAK_RATIO:g}x the plain loss's; loss within 1e-3, gradients 2e-2 (bf16)",), 15,
-          check_loss),
-    Check("llama", ("MFU llama3.2-1b seq 8192", "MFU llama3.2-1b, torchtitan transformers-backend count",
-                    "memory estimate llama3.2-1b seq 8192"),
-          (f"MFU >= {MFU_TARGET:.0%} (Kiln's FLOP count)", f"MFU >= {MFU_TARGET_TORCHTITAN:.1%} (the same target)",
-           f"kiln.plan.memory within {ESTIMATE_TOLERANCE:.0%} of max_memory_allocated, eager and compiled"), 90,
-          check_llama_mfu),
-    Check("snapshot", ("smoke memory snapshot",), ("memory_snapshot.pickle with segments and events; trace.json",), 15,
-          check_smoke_snapshot),
+    Check(
+        "gpt2",
+        ("torch.compile gpt2-124m", "MFU gpt2-124m seq 1024", "bench/train_throughput.py gpt2-124m"),
+        (
+            "compiles per block; loss within 0.5%, grad norm within 5% of eager (bf16)",
+            f"~{LLM_C_GPT2_TOKENS_PER_S // 1000}k tok/s/GPU (llm.c, one H100)",
+            "Kiln >= 1.0x the nanoGPT eager loop",
+        ),
+        65,
+        check_compile_and_gpt2,
+    ),
+    Check(
+        "loss",
+        ("chunked loss memory, flagship logits",),
+        (f"chunked peak <= {LOSS_PEAK_RATIO:g}x the plain loss's; loss within 1e-3, gradients 2e-2 (bf16)",),
+        15,
+        check_loss,
+    ),
+    Check(
+        "llama",
+        (
+            "MFU llama3.2-1b seq 8192",
+            "MFU llama3.2-1b, torchtitan transformers-backend count",
+            "memory estimate llama3.2-1b seq 8192",
+        ),
+        (
+            f"MFU >= {MFU_TARGET:.0%} (Kiln's FLOP count)",
+            f"MFU >= {MFU_TARGET_TORCHTITAN:.1%} (the same target)",
+            f"kiln.plan.memory within {ESTIMATE_TOLERANCE:.0%} of max_memory_allocated, eager and compiled",
+        ),
+        90,
+        check_llama_mfu,
+    ),
+    Check(
+        "snapshot",
+        ("smoke memory snapshot",),
+        ("memory_snapshot.pickle with segments and events; trace.json",),
+        15,
+        check_smoke_snapshot,
+    ),
     Check("eval", ("eval on GPU vs CPU",), ("val loss within 1% (bf16 vs fp32)",), 20, check_eval),
-    Check("pipeline", ("tiny pipeline, train.device=cuda",), ("report.md; smoke and eval on cuda",), 120,
-          check_pipeline),
+    Check(
+        "pipeline", ("tiny pipeline, train.device=cuda",), ("report.md; smoke and eval on cuda",), 120, check_pipeline
+    ),
     Check("generate-bench", ("bench/generate.py",), (">= 5x the uncached loop",), 15, check_generate_bench),
-    Check("two-ranks", ("two-rank smoke, NCCL", "DDP 2 ranks, NCCL", "FSDP 2 ranks, NCCL"),
-          ("every smoke check passes", "ranks' weights equal after the steps", "losses within 2% of DDP's"), 40,
-          check_two_ranks, gpus=2),
+    Check(
+        "two-ranks",
+        ("two-rank smoke, NCCL", "DDP 2 ranks, NCCL", "FSDP 2 ranks, NCCL"),
+        ("every smoke check passes", "ranks' weights equal after the steps", "losses within 2% of DDP's"),
+        40,
+        check_two_ranks,
+        gpus=2,
+    ),
 )
 ENVIRONMENT_S = 15  # the probe of CUDA and the GPUs
 DEADLINE_S = 450  # the whole run, enforced: 7.5 minutes (the budgets: 385 s with one GPU, 425 s with 2+)
@@ -344,6 +456,7 @@ MIN_START_S = 5  # a check is not started with less of the deadline left
 
 # --- running them --------------------------------------------------------------------------------
 
+
 def environment() -> dict:
     """Whether CUDA sees a GPU, how many, and the machine in words (asked in a child: this process
     never touches CUDA, so that it can fork children that do)."""
@@ -351,8 +464,11 @@ def environment() -> dict:
     if not torch.cuda.is_available():
         return {"cuda": False, "gpus": 0, "about": f"CPU, {versions}"}
     props, gpus = torch.cuda.get_device_properties(0), torch.cuda.device_count()
-    return {"cuda": True, "gpus": gpus, "about": f"{gpus} x {props.name}, {props.total_memory / 2**30:.0f} GiB, "
-                                                 f"{versions}, CUDA {torch.version.cuda}"}
+    return {
+        "cuda": True,
+        "gpus": gpus,
+        "about": f"{gpus} x {props.name}, {props.total_memory / 2**30:.0f} GiB, {versions}, CUDA {torch.version.cuda}",
+    }
 
 
 def isolated(check: Check | None, ctx: Ctx, out: Path, budget_s: float) -> tuple[object, str | None]:
@@ -390,15 +506,30 @@ def run_checks(chosen: list[Check], dry: bool, out: Path, deadline_s: float, sca
         except KeyboardInterrupt as exc:  # SIGTERM too (_interrupted); a running check and all it started are ended
             stop = f"interrupted ({exc or 'SIGINT'})"
             rows = [("FAIL", stop)] * len(check.rows)
-        table += [(name, result, figure, expected)
-                  for name, (result, figure), expected in zip(check.rows, rows, check.expected)]
-        print(f"gpu_check: {check.slug} ({time.perf_counter() - start:.0f} s): " +
-              "; ".join(f"{r}: {f}" for r, f in rows), file=sys.stderr, flush=True)  # survives a kill of this run
+        table += [
+            (name, result, figure, expected)
+            for name, (result, figure), expected in zip(check.rows, rows, check.expected)
+        ]
+        print(
+            f"gpu_check: {check.slug} ({time.perf_counter() - start:.0f} s): "
+            + "; ".join(f"{r}: {f}" for r, f in rows),
+            file=sys.stderr,
+            flush=True,
+        )  # survives a kill of this run
     return (env or {}).get("about", "environment unknown"), table
 
 
-def _check_rows(check: Check, env: dict | None, why: str | None, stop: str | None, dry: bool, out: Path,
-                deadline: float, deadline_s: float, scale: float) -> list[tuple[str, str]]:
+def _check_rows(
+    check: Check,
+    env: dict | None,
+    why: str | None,
+    stop: str | None,
+    dry: bool,
+    out: Path,
+    deadline: float,
+    deadline_s: float,
+    scale: float,
+) -> list[tuple[str, str]]:
     """One check's (result, figure) rows: run, or why not."""
     left = deadline - time.monotonic()
     if env is None:
@@ -410,7 +541,9 @@ def _check_rows(check: Check, env: dict | None, why: str | None, stop: str | Non
     if not dry and env["gpus"] < check.gpus:
         return [(f"skipped: {env['gpus']} GPU, needs {check.gpus}", "")] * len(check.rows)
     if left < MIN_START_S:
-        return [("FAIL", f"not started: {max(left, 0):.0f} s left of the {deadline_s:.0f} s deadline")] * len(check.rows)
+        return [("FAIL", f"not started: {max(left, 0):.0f} s left of the {deadline_s:.0f} s deadline")] * len(
+            check.rows
+        )
     budget = min(check.budget_s * scale, left)
     rows, why_check = isolated(check, Ctx(dry, out / check.slug, deadline=time.monotonic() + budget), out, budget)
     return rows or [("FAIL", why_check)] * len(check.rows)
@@ -418,13 +551,17 @@ def _check_rows(check: Check, env: dict | None, why: str | None, stop: str | Non
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cpu-dry-run", action="store_true",
-                        help="hide CUDA; run the CPU-capable parts at tiny shapes")
+    parser.add_argument(
+        "--cpu-dry-run", action="store_true", help="hide CUDA; run the CPU-capable parts at tiny shapes"
+    )
     parser.add_argument("--only", help=f"comma-separated checks: {', '.join(c.slug for c in CHECKS)}")
     parser.add_argument("--out", type=Path, help="logs and scratch files (default: a new temporary folder)")
     parser.add_argument("--budget-scale", type=float, default=1.0, help="multiply every check's time budget")
-    parser.add_argument("--deadline-s", type=float,
-                        help=f"stop starting checks after this many seconds (default {DEADLINE_S} x --budget-scale)")
+    parser.add_argument(
+        "--deadline-s",
+        type=float,
+        help=f"stop starting checks after this many seconds (default {DEADLINE_S} x --budget-scale)",
+    )
     args = parser.parse_args()
     only = set(args.only.split(",")) if args.only else {c.slug for c in CHECKS}
     if only - {c.slug for c in CHECKS}:

@@ -74,12 +74,12 @@ def profiled(fn: Callable[[], object]) -> tuple[set[str], object]:
     return {e.key for e in prof.key_averages()}, out
 
 
-def sections(ctx: Ctx, flavour: str | None, seq_len: int, micro_batch: int,
-             compile_model: bool | str = "auto") -> dict:
+def sections(ctx: Ctx, flavour: str | None, seq_len: int, micro_batch: int, compile_model: bool | str = "auto") -> dict:
     """train_throughput's validated train-stage sections (bf16); in a dry run a tiny model of the
     flavour's family."""
-    args = argparse.Namespace(flavour=flavour, seq_len=seq_len, micro_batch=micro_batch, precision="bf16",
-                              compile=compile_model, seed=1337)
+    args = argparse.Namespace(
+        flavour=flavour, seq_len=seq_len, micro_batch=micro_batch, precision="bf16", compile=compile_model, seed=1337
+    )
     out = train_sections(args)
     if ctx.dry:
         out["model"] = {"family": FLAVOURS[flavour].family if flavour else "gpt2", **TINY_MODEL}
@@ -93,10 +93,23 @@ def word_shards(out: Path, seq: int, rows: int) -> Path:
     words = [rng.integers(1, 500, size=int(rng.integers(3, 8))) for _ in range(40)]
     # ~6 tokens a word (EOS included): rows * seq / 2 words fill both splits' rows * (seq + 1) tokens
     stream = np.concatenate([np.append(words[i], 0) for i in rng.integers(0, len(words), size=rows * seq // 2)])
-    splits = {s: shard_split(stream[i * rows * (seq + 1):(i + 1) * rows * (seq + 1)].astype(np.uint16), out, s,
-                             seq + 1, rows, 512) for i, s in enumerate(("train", "val"))}
-    write_json(out / "manifest.json", {"seq_len": seq, "row_len": seq + 1, "dtype": "uint16", "vocab_size": 500,
-                                       "padded_vocab_size": 512, "splits": splits})
+    splits = {
+        s: shard_split(
+            stream[i * rows * (seq + 1) : (i + 1) * rows * (seq + 1)].astype(np.uint16), out, s, seq + 1, rows, 512
+        )
+        for i, s in enumerate(("train", "val"))
+    }
+    write_json(
+        out / "manifest.json",
+        {
+            "seq_len": seq,
+            "row_len": seq + 1,
+            "dtype": "uint16",
+            "vocab_size": 500,
+            "padded_vocab_size": 512,
+            "splits": splits,
+        },
+    )
     return out
 
 
@@ -108,8 +121,9 @@ def pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def timed_steps(trainer: Trainer, warmup: int, steps: int, ctx: Ctx | None = None,
-                reserve_s: float = 5.0) -> tuple[dict, float]:
+def timed_steps(
+    trainer: Trainer, warmup: int, steps: int, ctx: Ctx | None = None, reserve_s: float = 5.0
+) -> tuple[dict, float]:
     """Kiln's Throughput (tokens/s, TFLOP/s, MFU per device) over `steps` train steps after `warmup`
     untimed ones, read as the train stage reads it: one host sync at the end of the window. With
     `ctx`, the last warm-up step is timed and the window cut to what the budget leaves (less
@@ -122,8 +136,12 @@ def timed_steps(trainer: Trainer, warmup: int, steps: int, ctx: Ctx | None = Non
             step_s = time.perf_counter() - start
             steps = max(2, min(steps, int((ctx.left() - reserve_s) / step_s)))
             ctx.note(f"warm ({step_s * 1000:.0f} ms a step); timing {steps} steps")
-    meter = Throughput(flops_per_token(trainer.model), peak_flops(trainer.d.device), trainer.d.world,
-                       flops_per_token_torchtitan(trainer.model))
+    meter = Throughput(
+        flops_per_token(trainer.model),
+        peak_flops(trainer.d.device),
+        trainer.d.world,
+        flops_per_token_torchtitan(trainer.model),
+    )
     for _ in range(steps):
         loss = trainer.train_step()[0]
     loss.item()

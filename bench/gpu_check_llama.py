@@ -20,7 +20,9 @@ from kiln.train.device import autocast
 from kiln.train.trainer import Trainer
 
 MFU_TARGET = 0.45  # llama3.2-1b at seq 8192, under Kiln's FLOP count (kiln.train.metrics)
-MFU_TARGET_TORCHTITAN = 0.354  # the same throughput under torchtitan transformers-backend count (x 7.45e9 / 9.46e9 FLOPs a token)
+MFU_TARGET_TORCHTITAN = (
+    0.354  # the same throughput under torchtitan transformers-backend count (x 7.45e9 / 9.46e9 FLOPs a token)
+)
 ESTIMATE_TOLERANCE = 0.15  # kiln.plan.memory against torch.cuda.max_memory_allocated, as on the CPU
 LOSS_PEAK_RATIO = 0.25  # the chunked loss's peak against the plain loss's (0.27x on the CPU at 4k rows)
 
@@ -47,16 +49,19 @@ def _fitting_micro_batch(ctx: Ctx, shards: Path, seq: int) -> tuple[int, float, 
 
 def _estimated(trainer: Trainer, micro: int, compiled: bool) -> int:
     """kiln.plan.memory's estimate for this trainer's model at `micro` rows, one rank, bf16."""
-    return estimate(trainer.cfg, Setting(micro_batch=micro, world=1, bf16=True, compiled=compiled,
-                                         cuda=trainer.d.device.type == "cuda")).total
+    return estimate(
+        trainer.cfg,
+        Setting(micro_batch=micro, world=1, bf16=True, compiled=compiled, cuda=trainer.d.device.type == "cuda"),
+    ).total
 
 
 def _dry_eager_peak(trainer: Trainer) -> int:
     """The dry run's stand-in for max_memory_allocated: weights and AdamW state plus the CPU
     profiler's peak over one step (kiln.train.cpu_memory), after a step that allocated the state."""
     trainer.train_step()
-    resident = tensor_bytes([*trainer.model.parameters(),
-                             *(t for state in trainer.optimizer.state.values() for t in state.values())])
+    resident = tensor_bytes(
+        [*trainer.model.parameters(), *(t for state in trainer.optimizer.state.values() for t in state.values())]
+    )
     return resident + allocated_during(trainer.train_step)[1].peak
 
 
@@ -74,8 +79,10 @@ def check_llama_mfu(ctx: Ctx) -> list[tuple[str, str]]:
     else:
         ctx.note("eager steps at 1 and 2 rows")
         micro, per_row, peaks = _fitting_micro_batch(ctx, shards, seq)
-        ctx.note(f"eager peaks {size(peaks[0])} and {size(peaks[1])} at 1 and 2 rows: micro-batch {micro}; "
-                 "building it compiled (per block, as train)")
+        ctx.note(
+            f"eager peaks {size(peaks[0])} and {size(peaks[1])} at 1 and 2 rows: micro-batch {micro}; "
+            "building it compiled (per block, as train)"
+        )
         torch.cuda.reset_peak_memory_stats()
         measured = []
     trainer = Trainer(sections(ctx, "llama3.2-1b", seq, micro), shards)
@@ -88,15 +95,21 @@ def check_llama_mfu(ctx: Ctx) -> list[tuple[str, str]]:
     ok = ctx.dry or (rates["mfu"] or 0.0) >= MFU_TARGET
     ok_tt = ctx.dry or (rates["mfu_torchtitan"] or 0.0) >= MFU_TARGET_TORCHTITAN
     fit = "" if ctx.dry else f" ({per_row:.1f} GiB a row, eager)"
-    at = (f"{rates['tokens_per_s']:,.0f} tok/s per device at micro-batch {micro}{fit} over {rates['steps']} steps, "
-          f"peak {mem / 1024:.1f} GiB")
+    at = (
+        f"{rates['tokens_per_s']:,.0f} tok/s per device at micro-batch {micro}{fit} over {rates['steps']} steps, "
+        f"peak {mem / 1024:.1f} GiB"
+    )
     ratios = [est / peak for _, _, peak, est in measured]
-    memory = "; ".join(f"{rows} row{'s' if rows > 1 else ''} {'compiled' if compiled else 'eager'}: estimated "
-                       f"{size(est)}, measured {size(peak)} ({est / peak:.2f}x)"
-                       for rows, compiled, peak, est in measured)
-    return [ctx.verdict(ok, f"MFU {pct(rates['mfu'])}, {at}"),
-            ctx.verdict(ok_tt, f"MFU {pct(rates['mfu_torchtitan'])} under torchtitan transformers-backend count, {at}"),
-            ctx.verdict(all(abs(r - 1) <= ESTIMATE_TOLERANCE for r in ratios), memory)]
+    memory = "; ".join(
+        f"{rows} row{'s' if rows > 1 else ''} {'compiled' if compiled else 'eager'}: estimated "
+        f"{size(est)}, measured {size(peak)} ({est / peak:.2f}x)"
+        for rows, compiled, peak, est in measured
+    )
+    return [
+        ctx.verdict(ok, f"MFU {pct(rates['mfu'])}, {at}"),
+        ctx.verdict(ok_tt, f"MFU {pct(rates['mfu_torchtitan'])} under torchtitan transformers-backend count, {at}"),
+        ctx.verdict(all(abs(r - 1) <= ESTIMATE_TOLERANCE for r in ratios), memory),
+    ]
 
 
 def _plain_loss(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -142,5 +155,10 @@ def check_loss(ctx: Ctx) -> list[tuple[str, str]]:
     loss_close = abs(lc - lp) <= 1e-3 * abs(lp)
     grad_err = max(((hc - hp).abs().max() / hp.abs().max()).item(), ((wc - wp).abs().max() / wp.abs().max()).item())
     ok = loss_close and grad_err <= 2e-2 and (ctx.dry or pc <= LOSS_PEAK_RATIO * pp)
-    return [ctx.verdict(ok, f"peak {size(pc)} chunked vs {size(pp)} plain ({pc / pp:.2f}x); loss "
-                            f"{lc:.5f} vs {lp:.5f}; gradients max rel. diff {grad_err:.1e}")]
+    return [
+        ctx.verdict(
+            ok,
+            f"peak {size(pc)} chunked vs {size(pp)} plain ({pc / pp:.2f}x); loss "
+            f"{lc:.5f} vs {lp:.5f}; gradients max rel. diff {grad_err:.1e}",
+        )
+    ]

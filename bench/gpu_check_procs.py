@@ -52,7 +52,7 @@ def process_table() -> dict[int, tuple[int, int, str]]:
                 stat = f.read().decode(errors="replace")
         except OSError:  # gone meanwhile
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp session ...
         table[int(entry.name)] = (int(fields[1]), int(fields[3]), fields[0])
     return table
 
@@ -113,8 +113,9 @@ def _child(run: Callable[[], object], result: Path, log: Path) -> None:
         result.write_text(json.dumps({"error": f"{type(exc).__name__}: {first_line}"}))
 
 
-def run_isolated(run: Callable[[], object], result: Path, log: Path, budget_s: float,
-                 progress: Path | None = None) -> tuple[object, str | None]:
+def run_isolated(
+    run: Callable[[], object], result: Path, log: Path, budget_s: float, progress: Path | None = None
+) -> tuple[object, str | None]:
     """(what run() returned, None) or (None, why it has nothing): run() in a forked process given
     `budget_s` seconds, then everything it started ended (module docstring). `progress`, if the
     check wrote it, is a file of "<seconds in>\\t<what it was doing>" lines: the last one goes into

@@ -34,19 +34,36 @@ from kiln.train import launch
 RANKS = 2
 LOSS_MATCH = 0.02  # FSDP's losses against DDP's, relative (bf16 autocast, reductions in another order)
 # {dry: (model, seq, micro-batch, warm-up steps, timed steps)}
-SHAPES = {False: ({"family": "llama", "n_layer": 4, "n_head": 8, "n_kv_head": 4, "d_model": 512}, 256, 16, 2, 8),
-          True: ({"family": "llama", "n_layer": 1, "n_head": 2, "n_kv_head": 1, "d_model": 32}, 32, 4, 1, 2)}
+SHAPES = {
+    False: ({"family": "llama", "n_layer": 4, "n_head": 8, "n_kv_head": 4, "d_model": 512}, 256, 16, 2, 8),
+    True: ({"family": "llama", "n_layer": 1, "n_head": 2, "n_kv_head": 1, "d_model": 32}, 32, 4, 1, 2),
+}
 
 
 def sections(stage: str, dry: bool, parallel: str = "ddp") -> dict:
     """Validated stage sections for 2 ranks, bf16, eager, on word_shards' vocabulary."""
     model, seq, micro, _, _ = SHAPES[dry]
-    raw = {"run_name": "gpu-check", "seed": 1337, "download": {"sources": [{"name": "x", "kind": "stdlib"}]},
-           "shard": {"seq_len": seq}, "model": model,
-           "train": {"nproc_per_node": RANKS, "parallel": parallel, "micro_batch": micro,
-                     "batch_tokens": RANKS * micro * seq, "max_steps": 1000, "warmup_steps": 2, "lr": 3e-3,
-                     "precision": "bf16", "compile": False, "device": "cpu" if dry else "cuda"},
-           "smoke": {"steps": 12, "warmup_steps": 2}, "wandb": {"mode": "disabled"}}
+    raw = {
+        "run_name": "gpu-check",
+        "seed": 1337,
+        "download": {"sources": [{"name": "x", "kind": "stdlib"}]},
+        "shard": {"seq_len": seq},
+        "model": model,
+        "train": {
+            "nproc_per_node": RANKS,
+            "parallel": parallel,
+            "micro_batch": micro,
+            "batch_tokens": RANKS * micro * seq,
+            "max_steps": 1000,
+            "warmup_steps": 2,
+            "lr": 3e-3,
+            "precision": "bf16",
+            "compile": False,
+            "device": "cpu" if dry else "cuda",
+        },
+        "smoke": {"steps": 12, "warmup_steps": 2},
+        "wandb": {"mode": "disabled"},
+    }
     return kiln_config.stage_sections(run_config.validate(raw), stage)
 
 
@@ -55,30 +72,46 @@ def check_two_ranks(ctx: Ctx) -> list[tuple[str, str]]:
     model, seq, micro, _, _ = SHAPES[ctx.dry]
     shards = word_shards(ctx.folder("shards"), seq, rows=64 if ctx.dry else 256)
     plan, result = ctx.work / "plan.json", ctx.work / "result.json"
-    plan.write_text(json.dumps({"shards": str(shards), "out": str(ctx.work), "dry": ctx.dry, "result": str(result),
-                                "started": ctx.started}))
-    argv = launch.command({"nproc_per_node": RANKS, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": ""},
-                          [str(Path(__file__).resolve()), str(plan)])
+    plan.write_text(
+        json.dumps(
+            {"shards": str(shards), "out": str(ctx.work), "dry": ctx.dry, "result": str(result), "started": ctx.started}
+        )
+    )
+    argv = launch.command(
+        {"nproc_per_node": RANKS, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": ""},
+        [str(Path(__file__).resolve()), str(plan)],
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     ctx.note("torchrun: 2 ranks")
     start = time.perf_counter()
     done = subprocess.run(argv, env=env)  # the ranks' output goes to this check's log
     if done.returncode != 0 or not result.exists():
-        raise RuntimeError(f"torchrun exit {done.returncode} after {time.perf_counter() - start:.0f} s; "
-                           f"last: {_last_note(ctx)}")
+        raise RuntimeError(
+            f"torchrun exit {done.returncode} after {time.perf_counter() - start:.0f} s; last: {_last_note(ctx)}"
+        )
     r = json.loads(result.read_text())
     smoke, ddp, fsdp = r["smoke"], r["ddp"], r["fsdp"]
     worst = max(abs(a - b) / abs(b) for a, b in zip(fsdp["losses"], ddp["losses"]))
 
     def run_figure(run: dict) -> str:
-        return (f"{run['tokens_per_s']:,.0f} tok/s per device over {run['steps']} steps; loss "
-                f"{run['losses'][0]:.3f} -> {run['losses'][-1]:.3f}")
+        return (
+            f"{run['tokens_per_s']:,.0f} tok/s per device over {run['steps']} steps; loss "
+            f"{run['losses'][0]:.3f} -> {run['losses'][-1]:.3f}"
+        )
 
-    return [ctx.verdict(not smoke["failed"], f"{smoke['passed']} checks passed" + (
-                f", FAILED: {', '.join(smoke['failed'])}" if smoke["failed"] else "") + f"; on {smoke['device']}"),
-            ctx.verdict(ddp["same_weights"], run_figure(ddp) + ("; ranks' weights equal" if ddp["same_weights"]
-                                                                 else "; ranks' weights DIFFER")),
-            ctx.verdict(worst <= LOSS_MATCH, run_figure(fsdp) + f"; losses within {worst:.1%} of DDP's")]
+    return [
+        ctx.verdict(
+            not smoke["failed"],
+            f"{smoke['passed']} checks passed"
+            + (f", FAILED: {', '.join(smoke['failed'])}" if smoke["failed"] else "")
+            + f"; on {smoke['device']}",
+        ),
+        ctx.verdict(
+            ddp["same_weights"],
+            run_figure(ddp) + ("; ranks' weights equal" if ddp["same_weights"] else "; ranks' weights DIFFER"),
+        ),
+        ctx.verdict(worst <= LOSS_MATCH, run_figure(fsdp) + f"; losses within {worst:.1%} of DDP's"),
+    ]
 
 
 def _last_note(ctx: Ctx) -> str:
@@ -89,6 +122,7 @@ def _last_note(ctx: Ctx) -> str:
 def _steps(parallel: str, plan: dict) -> dict:
     """A few train steps under `parallel`: losses, throughput, whether every rank holds the same weights."""
     from gpu_check_common import timed_steps
+
     from kiln.train.trainer import Trainer
 
     _, _, _, warmup, steps = SHAPES[plan["dry"]]
@@ -128,8 +162,11 @@ def main() -> None:
     note(f"{d.world} ranks joined; the smoke gate")
     report = run_checks(sections("smoke", plan["dry"]), Path(plan["shards"]), Path(plan["out"]) / "smoke")
     checks = [dataclasses.asdict(c) for c in report["checks"]]
-    smoke = {"passed": sum(c["passed"] for c in checks), "failed": [c["name"] for c in checks if not c["passed"]],
-             "device": report.get("device", str(d.device))}
+    smoke = {
+        "passed": sum(c["passed"] for c in checks),
+        "failed": [c["name"] for c in checks if not c["passed"]],
+        "device": report.get("device", str(d.device)),
+    }
     note(f"smoke: {smoke['passed']} checks passed, failed: {smoke['failed'] or 'none'}; DDP steps")
     result = {"smoke": smoke, "ddp": _steps("ddp", plan)}
     note(f"DDP: {result['ddp']['tokens_per_s']:,.0f} tok/s per device; FSDP steps")

@@ -50,6 +50,7 @@ def loss_case(args, loss_fn):
             loss = loss_fn(h, w, y)
         loss.backward()
         h.grad = w.grad = None
+
     return run
 
 
@@ -66,6 +67,7 @@ def model_case(args, loss_fn):
             _, loss = model(idx, targets)
         loss.backward()
         model.zero_grad(set_to_none=True)
+
     return run
 
 
@@ -112,8 +114,10 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = []
-    shapes = {"loss": f"head + loss, {args.rows:,} rows x C {args.d_model} -> V {args.vocab:,}",
-              "model": f"default 4x256 GPT, {args.batch} x {args.seq_len}, V {args.model_vocab:,}"}
+    shapes = {
+        "loss": f"head + loss, {args.rows:,} rows x C {args.d_model} -> V {args.vocab:,}",
+        "model": f"default 4x256 GPT, {args.batch} x {args.seq_len}, V {args.model_vocab:,}",
+    }
     for case in CASES:
         results = {loss: child_result(case, loss, args) for loss in LOSSES}
         rows.append((case, results))
@@ -125,13 +129,17 @@ def main() -> None:
     print("| case | loss | allocated peak MiB | resident growth MiB | seconds |\n|---|---|---:|---:|---:|")
     for case, results in rows:
         for loss, r in results.items():
-            print(f"| {shapes[case]} | {loss} | {r['allocated'] / 2**20:,.1f} | {r['resident'] / 2**20:,.1f} | "
-                  f"{r['seconds']:.3f} |")
+            print(
+                f"| {shapes[case]} | {loss} | {r['allocated'] / 2**20:,.1f} | {r['resident'] / 2**20:,.1f} | "
+                f"{r['seconds']:.3f} |"
+            )
     for case, results in rows:
         p, c = results["plain"], results["chunked"]
-        print(f"\n{case} (V {vocab[case]:,}): chunked / plain allocated peak {c['allocated'] / p['allocated']:.2f}x "
-              f"({(p['allocated'] - c['allocated']) / 2**20:,.0f} MiB saved); resident "
-              f"{c['resident'] / max(p['resident'], 1):.2f}x; time {c['seconds'] / p['seconds']:.2f}x")
+        print(
+            f"\n{case} (V {vocab[case]:,}): chunked / plain allocated peak {c['allocated'] / p['allocated']:.2f}x "
+            f"({(p['allocated'] - c['allocated']) / 2**20:,.0f} MiB saved); resident "
+            f"{c['resident'] / max(p['resident'], 1):.2f}x; time {c['seconds'] / p['seconds']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

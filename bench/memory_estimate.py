@@ -32,9 +32,33 @@ CPU_ROWS = [  # tests/test_memory.py's shapes and more: (model, seq_len, micro_b
     ({"n_layer": 4, "n_head": 4, "d_model": 256}, 512, 8, 512, "bf16", "none", False),
     ({"n_layer": 4, "n_head": 4, "d_model": 256}, 512, 8, 512, "fp32", "full", False),
     ({"n_layer": 4, "n_head": 4, "d_model": 256}, 256, 16, 8192, "bf16", "selective", False),
-    ({"family": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "d_model": 256}, 512, 8, 512, "fp32", "selective", False),
-    ({"family": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "d_model": 256}, 512, 8, 512, "bf16", "none", False),
-    ({"family": "llama", "n_layer": 6, "n_head": 8, "n_kv_head": 2, "d_model": 128}, 512, 4, 32768, "bf16", "full", False),
+    (
+        {"family": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "d_model": 256},
+        512,
+        8,
+        512,
+        "fp32",
+        "selective",
+        False,
+    ),
+    (
+        {"family": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "d_model": 256},
+        512,
+        8,
+        512,
+        "bf16",
+        "none",
+        False,
+    ),
+    (
+        {"family": "llama", "n_layer": 6, "n_head": 8, "n_kv_head": 2, "d_model": 128},
+        512,
+        4,
+        32768,
+        "bf16",
+        "full",
+        False,
+    ),
     ({"family": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "d_model": 256}, 512, 8, 512, "bf16", "none", True),
     ({"n_layer": 4, "n_head": 4, "d_model": 256}, 256, 16, 8192, "bf16", "none", True),
 ]
@@ -52,26 +76,50 @@ def cpu_table() -> None:
     print("| model | tokens | V | precision | AC | measured MiB | estimated MiB | est / measured |")
     print("|---|---|---:|---|---|---:|---:|---:|")
     for model, seq, micro, vocab, precision, ac, compiled in CPU_ROWS:
-        raw = {"run_name": "m", "seed": 1, "download": {"sources": [{"name": "x", "kind": "stdlib"}]},
-               "shard": {"seq_len": seq}, "model": model,
-               "train": {"micro_batch": micro, "max_steps": 10, "warmup_steps": 1, "precision": precision,
-                         "compile": False, "activation_checkpointing": ac, "device": "cpu"},
-               "wandb": {"mode": "disabled"}}
+        raw = {
+            "run_name": "m",
+            "seed": 1,
+            "download": {"sources": [{"name": "x", "kind": "stdlib"}]},
+            "shard": {"seq_len": seq},
+            "model": model,
+            "train": {
+                "micro_batch": micro,
+                "max_steps": 10,
+                "warmup_steps": 1,
+                "precision": precision,
+                "compile": False,
+                "activation_checkpointing": ac,
+                "device": "cpu",
+            },
+            "wandb": {"mode": "disabled"},
+        }
         with tempfile.TemporaryDirectory() as tmp:
-            trainer = Trainer(kiln_config.stage_sections(run_config.validate(raw), "train"),
-                              synthetic_shards(Path(tmp), vocab, seq, rows=4 * micro, seed=1))
+            trainer = Trainer(
+                kiln_config.stage_sections(run_config.validate(raw), "train"),
+                synthetic_shards(Path(tmp), vocab, seq, rows=4 * micro, seed=1),
+            )
             if compiled:
                 trainer.model.compile(backend="aot_eager_decomp_partition")
             trainer.train_step()
-            resident = tensor_bytes([*trainer.model.parameters(),
-                                     *(t for s in trainer.optimizer.state.values() for t in s.values())])
+            resident = tensor_bytes(
+                [*trainer.model.parameters(), *(t for s in trainer.optimizer.state.values() for t in s.values())]
+            )
             _, step = allocated_during(trainer.train_step)
         measured = resident + step.peak
-        est = estimate(trainer.cfg, Setting(micro_batch=micro, bf16=precision == "bf16", activation_checkpointing=ac,
-                                            compiled=compiled, cuda=False)).total
-        name = f"{model.get('family', 'gpt2')} {model['n_layer']}x{model['d_model']}" + (", compiled" if compiled else "")
-        print(f"| {name} | {micro} x {seq} | {vocab:,} | {precision} | {ac} | {measured / 2**20:,.1f} | "
-              f"{est / 2**20:,.1f} | {est / measured:.3f} |", flush=True)
+        est = estimate(
+            trainer.cfg,
+            Setting(
+                micro_batch=micro, bf16=precision == "bf16", activation_checkpointing=ac, compiled=compiled, cuda=False
+            ),
+        ).total
+        name = f"{model.get('family', 'gpt2')} {model['n_layer']}x{model['d_model']}" + (
+            ", compiled" if compiled else ""
+        )
+        print(
+            f"| {name} | {micro} x {seq} | {vocab:,} | {precision} | {ac} | {measured / 2**20:,.1f} | "
+            f"{est / 2**20:,.1f} | {est / measured:.3f} |",
+            flush=True,
+        )
         del trainer
         torch._dynamo.reset()
 
@@ -87,18 +135,27 @@ def seeds_table() -> None:
         _row(path.stem, report)
     flagship = resolve({"flavour": "llama3.2-1b"}, vocab_size=32768, seq_len=8192)
     base = Setting(micro_batch=6, world=1, parallel="ddp")
-    for gpu_name, ac, compiled in [("H100", "none", True), ("H100", "selective", True), ("H100", "full", True),
-                                   ("H100", "none", False), ("H200", "none", True), ("H200 NVL", "none", False)]:
+    for gpu_name, ac, compiled in [
+        ("H100", "none", True),
+        ("H100", "selective", True),
+        ("H100", "full", True),
+        ("H100", "none", False),
+        ("H200", "none", True),
+        ("H200 NVL", "none", False),
+    ]:
         gpu = gpu_of(gpu_name)
-        report = fit_report(flagship, replace(base, activation_checkpointing=ac, compiled=compiled), gpu.fragment,
-                            gpu.memory_gib)
+        report = fit_report(
+            flagship, replace(base, activation_checkpointing=ac, compiled=compiled), gpu.fragment, gpu.memory_gib
+        )
         _row("llama3.2-1b flagship", report)
 
 
 def _row(run: str, report: dict) -> None:
     change = "; ".join(f"{c['set']}: {c['gib_per_gpu']:.1f} GiB" for c in report["changes"]) or "-"
-    print(f"| {run} | {report['gpu']} ({report['gpu_memory_gib']:g} GiB) | {report['assumes']} | "
-          f"{report['gib_per_gpu']:.1f} | {'yes' if report['fits'] else 'no'} | {change} |")
+    print(
+        f"| {run} | {report['gpu']} ({report['gpu_memory_gib']:g} GiB) | {report['assumes']} | "
+        f"{report['gib_per_gpu']:.1f} | {'yes' if report['fits'] else 'no'} | {change} |"
+    )
 
 
 def main() -> None:
@@ -109,7 +166,9 @@ def main() -> None:
         cpu_table()
         print()
     seeds_table()
-    print(f"\nfits: the estimate within {0.9:.0%} of the GPU's memory (kiln.plan.memory.FIT_FRACTION); 1 GiB = {GIB:,} bytes")
+    print(
+        f"\nfits: the estimate within {0.9:.0%} of the GPU's memory (kiln.plan.memory.FIT_FRACTION); 1 GiB = {GIB:,} bytes"
+    )
 
 
 if __name__ == "__main__":

@@ -60,8 +60,20 @@ def run_kiln(args) -> Layout:
     """The train stage through Snakemake, afresh: the smoke stage forced to run again (so the budget is
     planned on this machine now), and with it train, which sets the previous bench run's checkpoints
     aside rather than resume them (a finished run's train job trains again)."""
-    cmd = ["snakemake", "--cores", "all", "--until", "train", "--forcerun", "smoke", "--configfile",
-           str(args.configfile), "--config", f"run_name={args.run_name}", *args.config]
+    cmd = [
+        "snakemake",
+        "--cores",
+        "all",
+        "--until",
+        "train",
+        "--forcerun",
+        "smoke",
+        "--configfile",
+        str(args.configfile),
+        "--config",
+        f"run_name={args.run_name}",
+        *args.config,
+    ]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
     return layout_of(args)
@@ -85,6 +97,7 @@ def split_texts(paths: Layout) -> tuple[list[str], list[str]]:
 
 def pip_texts() -> list[str]:
     import pip
+
     files = sorted(Path(pip.__file__).parent.joinpath("_internal").rglob("*.py"))
     return [f.read_text(encoding="utf-8") for f in files]
 
@@ -109,8 +122,9 @@ def stream_bits_per_byte(logits_of, ids: np.ndarray, n_bytes: int, seq_len: int,
         same = [r for r in rows if len(r) == seq_len + 1]
         for group in ([torch.stack(same)] if same else []) + [r[None] for r in rows if len(r) != seq_len + 1]:
             logits = logits_of(group[:, :-1]).float()
-            total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), group[:, 1:].flatten(),
-                                                       reduction="sum").item()
+            total += torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1), group[:, 1:].flatten(), reduction="sum"
+            ).item()
     return bits_per_byte(total / (len(ids) - 1), len(ids) - 1, n_bytes)
 
 
@@ -125,10 +139,19 @@ class NanoGPT(torch.nn.Module):
         nn = torch.nn
         self.n_head = n_head
         self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(seq_len, d)
-        self.blocks = nn.ModuleList(nn.ModuleDict({
-            "ln_1": nn.LayerNorm(d, bias=False), "qkv": nn.Linear(d, 3 * d, bias=False),
-            "proj": nn.Linear(d, d, bias=False), "ln_2": nn.LayerNorm(d, bias=False),
-            "up": nn.Linear(d, 4 * d, bias=False), "down": nn.Linear(4 * d, d, bias=False)}) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(
+            nn.ModuleDict(
+                {
+                    "ln_1": nn.LayerNorm(d, bias=False),
+                    "qkv": nn.Linear(d, 3 * d, bias=False),
+                    "proj": nn.Linear(d, d, bias=False),
+                    "ln_2": nn.LayerNorm(d, bias=False),
+                    "up": nn.Linear(d, 4 * d, bias=False),
+                    "down": nn.Linear(4 * d, d, bias=False),
+                }
+            )
+            for _ in range(n_layer)
+        )
         self.ln_f = nn.LayerNorm(d, bias=False)
         self.head = nn.Linear(d, vocab, bias=False)
         self.head.weight = self.wte.weight
@@ -148,7 +171,9 @@ class NanoGPT(torch.nn.Module):
         return self.head(self.ln_f(x))  # (B, T, V)
 
 
-def train_plain(train_ids: np.ndarray, vocab: int, seconds: float, bf16: bool, seed: int) -> tuple[torch.nn.Module, dict]:
+def train_plain(
+    train_ids: np.ndarray, vocab: int, seconds: float, bf16: bool, seed: int
+) -> tuple[torch.nn.Module, dict]:
     """nanoGPT's loop for `seconds` of wall time (schedule by elapsed time: the loop knows its time,
     not its step count). Returns the model in eval mode and {steps, tokens, tokens_per_s}."""
     torch.manual_seed(seed)
@@ -156,8 +181,9 @@ def train_plain(train_ids: np.ndarray, vocab: int, seconds: float, bf16: bool, s
     model = NanoGPT(vocab, p["seq_len"], p["n_layer"], p["n_head"], p["d_model"]).train()
     decay = [w for w in model.parameters() if w.dim() >= 2]
     other = [w for w in model.parameters() if w.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
-                            lr=p["lr"], betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}], lr=p["lr"], betas=(0.9, 0.95)
+    )
     ctx = device.autocast(torch.device("cpu"), bf16)
     data = torch.from_numpy(train_ids)
     gen = torch.Generator().manual_seed(seed)
@@ -165,8 +191,12 @@ def train_plain(train_ids: np.ndarray, vocab: int, seconds: float, bf16: bool, s
     start, steps = time.perf_counter(), 0
     while (elapsed := time.perf_counter() - start) < seconds:
         frac = elapsed / seconds
-        lr = p["lr"] * min(1.0, frac / p["warmup"]) if frac < p["warmup"] else \
-            p["min_lr"] + 0.5 * (1 + math.cos(math.pi * (frac - p["warmup"]) / (1 - p["warmup"]))) * (p["lr"] - p["min_lr"])
+        lr = (
+            p["lr"] * min(1.0, frac / p["warmup"])
+            if frac < p["warmup"]
+            else p["min_lr"]
+            + 0.5 * (1 + math.cos(math.pi * (frac - p["warmup"]) / (1 - p["warmup"]))) * (p["lr"] - p["min_lr"])
+        )
         for group in opt.param_groups:
             group["lr"] = lr
         ix = torch.randint(len(data) - T - 1, (B,), generator=gen)
@@ -207,25 +237,39 @@ def main() -> None:
     sets = {"held-out stdlib": token_stream(encoder, held_texts), "pip/_internal": token_stream(encoder, pip_texts())}
 
     from transformers import AutoModelForCausalLM
+
     hf = AutoModelForCausalLM.from_pretrained(train_dir / "hf").eval()
     summary = json.loads((train_dir / "summary.json").read_text())
     seq_len = json.loads((train_dir / "model_config.json").read_text())["seq_len"]
-    rows = {"kiln": {"wall_s": kiln_seconds, "tokens": summary["tokens_seen"], "tokens_per_s": summary["tokens_per_s"],
-                     **{name: stream_bits_per_byte(lambda x: hf(x).logits, ids, nb, seq_len) for name, (ids, nb) in sets.items()}}}
+    rows = {
+        "kiln": {
+            "wall_s": kiln_seconds,
+            "tokens": summary["tokens_seen"],
+            "tokens_per_s": summary["tokens_per_s"],
+            **{
+                name: stream_bits_per_byte(lambda x: hf(x).logits, ids, nb, seq_len) for name, (ids, nb) in sets.items()
+            },
+        }
+    }
     if not args.skip_plain:
         seconds = args.plain_seconds or kiln_seconds
         train_ids, _ = token_stream(encoder, train_texts)
         vocab = json.loads((paths.folder("shard") / "manifest.json").read_text())["padded_vocab_size"]
-        model, info = train_plain(train_ids, vocab, seconds,
-                                  args.plain_precision == "bf16", args.seed)
-        rows["plain"] = {"wall_s": seconds, "tokens": info["tokens"], "tokens_per_s": info["tokens_per_s"],
-                         **{name: stream_bits_per_byte(model, ids, nb, PLAIN["seq_len"])
-                            for name, (ids, nb) in sets.items()}}
+        model, info = train_plain(train_ids, vocab, seconds, args.plain_precision == "bf16", args.seed)
+        rows["plain"] = {
+            "wall_s": seconds,
+            "tokens": info["tokens"],
+            "tokens_per_s": info["tokens_per_s"],
+            **{name: stream_bits_per_byte(model, ids, nb, PLAIN["seq_len"]) for name, (ids, nb) in sets.items()},
+        }
     print("\n| arm | wall s | tokens | tokens/s | " + " | ".join(f"bpb {s}" for s in sets) + " |")
     print("|---|---:|---:|---:|" + "---:|" * len(sets))
     for arm, r in rows.items():
-        print(f"| {arm} | {r['wall_s']:.0f} | {r['tokens'] or 0:,} | {r['tokens_per_s'] or 0:,.0f} | "
-              + " | ".join(f"{r[s]:.4f}" for s in sets) + " |")
+        print(
+            f"| {arm} | {r['wall_s']:.0f} | {r['tokens'] or 0:,} | {r['tokens_per_s'] or 0:,.0f} | "
+            + " | ".join(f"{r[s]:.4f}" for s in sets)
+            + " |"
+        )
     if "plain" in rows:
         print("ratio kiln/plain: " + ", ".join(f"{s} {rows['kiln'][s] / rows['plain'][s]:.3f}x" for s in sets))
     if args.out:

@@ -68,14 +68,29 @@ class Peaks(threading.Thread):
 
 
 def sections(args) -> dict:
-    raw = {"run_name": "bench", "seed": 0, "download": {"sources": [{"name": "x", "kind": "stdlib"}]},
-           "shard": {"seq_len": args.seq_len},
-           "model": {"n_layer": args.n_layer, "n_head": args.d_model // 64, "d_model": args.d_model},
-           "train": {"micro_batch": 1, "batch_tokens": args.ranks * args.seq_len, "max_steps": 2,
-                     "warmup_steps": 1, "checkpoint_every": 1, "keep_checkpoints": 1, "precision": "fp32",
-                     "compile": False, "nproc_per_node": args.ranks, "parallel": "ddp", "checkpoint_format": "full",
-                     "eval_every": 1000, "log_every": 1},
-           "wandb": {"mode": "disabled"}}
+    raw = {
+        "run_name": "bench",
+        "seed": 0,
+        "download": {"sources": [{"name": "x", "kind": "stdlib"}]},
+        "shard": {"seq_len": args.seq_len},
+        "model": {"n_layer": args.n_layer, "n_head": args.d_model // 64, "d_model": args.d_model},
+        "train": {
+            "micro_batch": 1,
+            "batch_tokens": args.ranks * args.seq_len,
+            "max_steps": 2,
+            "warmup_steps": 1,
+            "checkpoint_every": 1,
+            "keep_checkpoints": 1,
+            "precision": "fp32",
+            "compile": False,
+            "nproc_per_node": args.ranks,
+            "parallel": "ddp",
+            "checkpoint_format": "full",
+            "eval_every": 1000,
+            "log_every": 1,
+        },
+        "wandb": {"mode": "disabled"},
+    }
     return kiln_config.stage_sections(run_config.validate(raw), "train")
 
 
@@ -88,8 +103,12 @@ def child(plan: dict) -> None:
     trainer._resume_or_start(Path(plan["out"]))
     peak = peaks.stop()
     assert trainer.step == 1, trainer.step
-    row = {"rank": trainer.d.rank, **{f"{k}_growth": peak[k] - before[k] for k in FIELDS},
-           "VmHWM": peak["VmHWM"], "RssAnon_before": before["RssAnon"]}
+    row = {
+        "rank": trainer.d.rank,
+        **{f"{k}_growth": peak[k] - before[k] for k in FIELDS},
+        "VmHWM": peak["VmHWM"],
+        "RssAnon_before": before["RssAnon"],
+    }
     Path(plan["out"], f"rank{trainer.d.rank}.json").write_text(json.dumps(row))
     shutdown(trainer.d.world, synced=True)
 
@@ -120,17 +139,34 @@ def main() -> None:
         del writer
         (Path(tmp) / "plan.json").write_text(json.dumps(plan))
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ranks}",
-                        __file__, "--child", str(Path(tmp) / "plan.json")], check=True, env=env)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={args.ranks}",
+                __file__,
+                "--child",
+                str(Path(tmp) / "plan.json"),
+            ],
+            check=True,
+            env=env,
+        )
         rows = [json.loads((out / f"rank{r}.json").read_text()) for r in range(args.ranks)]
         import kiln
-        print(f"kiln from {Path(kiln.__file__).parent}; {n_params:,} parameters; state.pt {state.stat().st_size / 2**20:,.0f} MiB; "
-              f"{args.ranks} ranks")
+
+        print(
+            f"kiln from {Path(kiln.__file__).parent}; {n_params:,} parameters; state.pt {state.stat().st_size / 2**20:,.0f} MiB; "
+            f"{args.ranks} ranks"
+        )
         print("| rank | RSS growth | of it own (RssAnon) | of it file pages (RssFile, shared) | peak RSS (VmHWM) |")
         print("|---|---|---|---|---|")
         for row in rows:
-            print(f"| {row['rank']} | {row['VmRSS_growth'] / 2**20:,.0f} MiB | {row['RssAnon_growth'] / 2**20:,.0f} MiB | "
-                  f"{row['RssFile_growth'] / 2**20:,.0f} MiB | {row['VmHWM'] / 2**20:,.0f} MiB |")
+            print(
+                f"| {row['rank']} | {row['VmRSS_growth'] / 2**20:,.0f} MiB | {row['RssAnon_growth'] / 2**20:,.0f} MiB | "
+                f"{row['RssFile_growth'] / 2**20:,.0f} MiB | {row['VmHWM'] / 2**20:,.0f} MiB |"
+            )
 
 
 if __name__ == "__main__":

@@ -48,9 +48,17 @@ def hf_block(cfg: ModelConfig, dtype: torch.dtype):
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-    hf = LlamaConfig(hidden_size=cfg.d_model, intermediate_size=cfg.d_ff, num_attention_heads=cfg.n_head,
-                     num_key_value_heads=cfg.n_kv_head, max_position_embeddings=cfg.seq_len, rms_norm_eps=cfg.norm_eps,
-                     rope_theta=cfg.rope_theta, vocab_size=cfg.vocab_size, num_hidden_layers=1)
+    hf = LlamaConfig(
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_ff,
+        num_attention_heads=cfg.n_head,
+        num_key_value_heads=cfg.n_kv_head,
+        max_position_embeddings=cfg.seq_len,
+        rms_norm_eps=cfg.norm_eps,
+        rope_theta=cfg.rope_theta,
+        vocab_size=cfg.vocab_size,
+        num_hidden_layers=1,
+    )
     hf._attn_implementation = "sdpa"  # torchtitan's "sdpa_torchtitan" is transformers' sdpa_attention_forward
     block = LlamaDecoderLayer(hf, 0)
     pos = torch.arange(cfg.seq_len)[None]
@@ -74,7 +82,9 @@ def measure(block, call, tables, cfg: ModelConfig, batch: int, mode: str, dtype:
     params = list(block.parameters())
     _, saved = saved_for_backward(forward, exclude=[*params, *tables])
     y, alloc = allocated_during(forward)
-    weight_shapes = {tuple(p.shape) for p in params if p.dim() == 2} | {tuple(p.shape)[::-1] for p in params if p.dim() == 2}
+    weight_shapes = {tuple(p.shape) for p in params if p.dim() == 2} | {
+        tuple(p.shape)[::-1] for p in params if p.dim() == 2
+    }
     table_shapes = {(cfg.seq_len, cfg.head_dim), (1, cfg.seq_len, cfg.head_dim)}  # q, k are (B, H, T, D)
     out = {"activations": 0, "weight copies": 0, "tables": 0}
     for s in saved:
@@ -89,10 +99,14 @@ def measure(block, call, tables, cfg: ModelConfig, batch: int, mode: str, dtype:
 def table(cfg: ModelConfig, batch: int, modes: tuple[str, ...]) -> dict:
     tokens = batch * cfg.seq_len
     mat, _ = layer_params(cfg)
-    print(f"Per layer, {batch} x {cfg.seq_len} tokens, d_model {cfg.d_model}, {cfg.n_head} heads ({cfg.n_kv_head} kv), "
-          f"d_ff {cfg.d_ff}; bf16 autocast; bytes per token unless said\n")
-    print("| block | weights | mode | activations / token | estimate / token | weight copies (MiB) | estimate (MiB) "
-          "| RoPE tables (KiB) | hooks = profiler? | s |")
+    print(
+        f"Per layer, {batch} x {cfg.seq_len} tokens, d_model {cfg.d_model}, {cfg.n_head} heads ({cfg.n_kv_head} kv), "
+        f"d_ff {cfg.d_ff}; bf16 autocast; bytes per token unless said\n"
+    )
+    print(
+        "| block | weights | mode | activations / token | estimate / token | weight copies (MiB) | estimate (MiB) "
+        "| RoPE tables (KiB) | hooks = profiler? | s |"
+    )
     print("|---|---|---|---:|---:|---:|---:|---:|---|---:|")
     results = {}
     rows = [("Kiln Block", "fp32", m) for m in modes] + [("transformers LlamaDecoderLayer", "fp32", m) for m in modes]
@@ -109,9 +123,12 @@ def table(cfg: ModelConfig, batch: int, modes: tuple[str, ...]) -> dict:
         est = layer_activation_bytes(cfg, tokens, bf16=True, compiled=compiled) / tokens if weights == "fp32" else None
         est_copies = 2 * mat / 2**20 if weights == "fp32" else 0.0
         same = "yes" if r["hooks"] == r["profiler"] else f"{r['profiler'] / r['hooks']:.3f}"
-        print(f"| {name} | {weights} | {mode} | {r['per token']:,.0f} | {'-' if est is None else f'{est:,.0f}'} | "
-              f"{r['weight copies'] / 2**20:,.2f} | {est_copies:,.2f} | {r['tables'] / 1024:,.0f} | {same} | "
-              f"{time.perf_counter() - start:.0f} |", flush=True)
+        print(
+            f"| {name} | {weights} | {mode} | {r['per token']:,.0f} | {'-' if est is None else f'{est:,.0f}'} | "
+            f"{r['weight copies'] / 2**20:,.2f} | {est_copies:,.2f} | {r['tables'] / 1024:,.0f} | {same} | "
+            f"{time.perf_counter() - start:.0f} |",
+            flush=True,
+        )
         results[(name, weights, mode)] = r
     return results
 
@@ -119,6 +136,7 @@ def table(cfg: ModelConfig, batch: int, modes: tuple[str, ...]) -> dict:
 def loss_bytes_per_logit(n: int = 2048, vocab: int = 8192) -> tuple[float, float]:
     """torchtitan's loss (components/loss.py cross_entropy_loss, compiled as seed 000 ran it) on bf16
     logits: bytes per logit it keeps for backward, and the most its backward allocates above that."""
+
     def cross_entropy_loss(pred, labels):
         return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
 
@@ -154,23 +172,32 @@ def seed_000(per_token_bf16: float, logit_bytes: float, outside: float) -> None:
     cfg = resolve({"flavour": "llama3.2-1b"}, vocab_size=SEED["vocab"], seq_len=8192)
     n, tokens, L = cfg.num_params(non_embedding=False), SEED["tokens"], cfg.n_layer
     logits = logit_bytes * tokens * SEED["vocab"]
-    parts = {"weights (bf16)": 2 * n, "AdamW moments (bf16)": 4 * n,
-             "DDP buckets (bf16; replicate() keeps gradients apart from them)": 2 * n,
-             f"activations ({L} x {per_token_bf16:,.0f} B x {tokens:,} tokens)": L * per_token_bf16 * tokens,
-             f"final norm and head input ({outside:,.0f} B a token)": outside * tokens,
-             f"logits ({logit_bytes:.2f} B x {tokens:,} x {SEED['vocab']:,}: kept bf16 + their bf16 gradient)": logits}
+    parts = {
+        "weights (bf16)": 2 * n,
+        "AdamW moments (bf16)": 4 * n,
+        "DDP buckets (bf16; replicate() keeps gradients apart from them)": 2 * n,
+        f"activations ({L} x {per_token_bf16:,.0f} B x {tokens:,} tokens)": L * per_token_bf16 * tokens,
+        f"final norm and head input ({outside:,.0f} B a token)": outside * tokens,
+        f"logits ({logit_bytes:.2f} B x {tokens:,} x {SEED['vocab']:,}: kept bf16 + their bf16 gradient)": logits,
+    }
     total = sum(parts.values())
-    print("\nSeed 000 rebuilt (torchtitan, transformers backend, all-bf16 training), at the peak (the loss's backward):\n")
+    print(
+        "\nSeed 000 rebuilt (torchtitan, transformers backend, all-bf16 training), at the peak (the loss's backward):\n"
+    )
     for k, v in parts.items():
         print(f"  {v / GIB:6.2f} GiB  {k}")
     print(f"  {total / GIB:6.2f} GiB  in all; the seed logged {SEED['measured_gib']} GiB active")
     target = SEED["measured_gib"] - logits / GIB
-    print(f"\nLess the logits Kiln does not keep: {SEED['measured_gib']} - {logits / GIB:.2f} = {target:.2f} GiB "
-          f"(+-10%: {0.9 * target:.1f} to {1.1 * target:.1f})")
+    print(
+        f"\nLess the logits Kiln does not keep: {SEED['measured_gib']} - {logits / GIB:.2f} = {target:.2f} GiB "
+        f"(+-10%: {0.9 * target:.1f} to {1.1 * target:.1f})"
+    )
     for parallel in ("ddp", "fsdp"):
         est = estimate(cfg, Setting(micro_batch=6, world=SEED["world"], parallel=parallel))
-        print(f"Kiln, {parallel}, compiled, fp32 master weights and AdamW state: {est.summary()}: "
-              f"{est.gib / target - 1:+.1%} from {target:.2f}")
+        print(
+            f"Kiln, {parallel}, compiled, fp32 master weights and AdamW state: {est.summary()}: "
+            f"{est.gib / target - 1:+.1%} from {target:.2f}"
+        )
 
 
 def main() -> None:
@@ -183,18 +210,32 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
     args = parser.parse_args()
-    cfg = ModelConfig(family="llama", vocab_size=SEED["vocab"], seq_len=args.seq, n_layer=1, n_head=args.n_head,
-                      n_kv_head=args.n_kv_head, d_model=args.d_model, d_ff=args.d_ff, rope_theta=500000.0)
+    cfg = ModelConfig(
+        family="llama",
+        vocab_size=SEED["vocab"],
+        seq_len=args.seq,
+        n_layer=1,
+        n_head=args.n_head,
+        n_kv_head=args.n_kv_head,
+        d_model=args.d_model,
+        d_ff=args.d_ff,
+        rope_theta=500000.0,
+    )
     modes = tuple(args.modes.split(","))
     results = table(cfg, args.batch, modes)
     saved, peak = loss_bytes_per_logit()
-    print(f"\ntorchtitan's compiled loss on bf16 logits: keeps {saved:.2f} B a logit for backward; its backward "
-          f"allocates {peak:.2f} B a logit more (the gradient)")
+    print(
+        f"\ntorchtitan's compiled loss on bf16 logits: keeps {saved:.2f} B a logit for backward; its backward "
+        f"allocates {peak:.2f} B a logit more (the gradient)"
+    )
     seeds = (args.d_model, args.n_head, args.n_kv_head, args.d_ff) == (2048, 32, 8, 8192)
     key = ("transformers LlamaDecoderLayer", "bf16", "inductor")
     if seeds and key in results:
-        seed_000(results[key]["per token"], saved + peak, hf_outside_per_token(
-            resolve({"flavour": "llama3.2-1b"}, vocab_size=SEED["vocab"], seq_len=args.seq)))
+        seed_000(
+            results[key]["per token"],
+            saved + peak,
+            hf_outside_per_token(resolve({"flavour": "llama3.2-1b"}, vocab_size=SEED["vocab"], seq_len=args.seq)),
+        )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,17 @@ from kiln.io import read_json, write_json
 def make_shards(out: Path, tokens: int, seq_len: int, rows_per_shard: int, vocab: int) -> int:
     stream = np.random.default_rng(0).integers(0, vocab, size=tokens, dtype=np.uint16)
     entry = shard_split(stream, out, "train", seq_len + 1, rows_per_shard, vocab)
-    write_json(out / "manifest.json", {"seq_len": seq_len, "row_len": seq_len + 1, "dtype": "uint16",
-                                       "vocab_size": vocab, "padded_vocab_size": vocab, "splits": {"train": entry}})
+    write_json(
+        out / "manifest.json",
+        {
+            "seq_len": seq_len,
+            "row_len": seq_len + 1,
+            "dtype": "uint16",
+            "vocab_size": vocab,
+            "padded_vocab_size": vocab,
+            "splits": {"train": entry},
+        },
+    )
     return sum((out / s["file"]).stat().st_size for s in entry["shards"])
 
 
@@ -81,16 +90,20 @@ def main() -> None:
             runs["checked"].append(serve(shards, True, args.batches, args.micro_batch))
             runs["checked, settled"].append(serve(shards, True, args.batches, args.micro_batch, settle=True))
         best = min(passes)
-        print(f"{n_shards} shards, {size / 1e6:.0f} MB, {int(args.tokens):,} tokens; "
-              f"{args.batches} batches of {args.micro_batch} rows of {args.seq_len + 1}; best of {args.repeat}")
+        print(
+            f"{n_shards} shards, {size / 1e6:.0f} MB, {int(args.tokens):,} tokens; "
+            f"{args.batches} batches of {args.micro_batch} rows of {args.seq_len + 1}; best of {args.repeat}"
+        )
         print(f"verify pass (sha256 + ids, one read): {best:.3f} s = {size / best / 1e9:.2f} GB/s")
         base = {k: min(r[k] for r in runs["baseline"]) for k in ("open_s", "first_s", "total_s")}
         print(f"\n| loader | open s | first batch s | {args.batches} batches s | overhead s |")
         print("|---|---:|---:|---:|---:|")
         for name, rounds in runs.items():
             fig = {k: min(r[k] for r in rounds) for k in ("open_s", "first_s", "total_s")}
-            print(f"| {name} | {fig['open_s']:.4f} | {fig['first_s']:.4f} | {fig['total_s']:.4f} | "
-                  f"{fig['total_s'] - base['total_s']:+.4f} |")
+            print(
+                f"| {name} | {fig['open_s']:.4f} | {fig['first_s']:.4f} | {fig['total_s']:.4f} | "
+                f"{fig['total_s'] - base['total_s']:+.4f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configfile", nargs="+", type=Path,
-                        default=[ROOT / "config" / "config.yaml", ROOT / "config" / "experiments" / "stdlib-lr-sweep.yaml"])
+    parser.add_argument(
+        "--configfile",
+        nargs="+",
+        type=Path,
+        default=[ROOT / "config" / "config.yaml", ROOT / "config" / "experiments" / "stdlib-lr-sweep.yaml"],
+    )
     parser.add_argument("--config", nargs="*", default=[], help="Snakemake --config overrides")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kiln-sweep-bench"))
     args = parser.parse_args()
@@ -41,8 +45,19 @@ def main() -> int:
     experiment = run_config.resolve_experiment(files, overrides)
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(args.workdir),
-           "--cores", "all", "--configfile", *files]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(ROOT / "Snakefile"),
+        "--directory",
+        str(args.workdir),
+        "--cores",
+        "all",
+        "--configfile",
+        *files,
+    ]
     if args.config:
         cmd += ["--config", *args.config]
     print("$", " ".join(cmd), flush=True)
@@ -59,7 +74,9 @@ def main() -> int:
     assert len(folders) == len(DATA_STAGES), "the arms did not share their data stages"
     sweep_s = 0.0
     if experiment.sweep:
-        sweep_s = seconds(Path(sweep_outputs(experiment.name, results)["report"]).parent / "benchmarks" / "sweep_report.tsv")
+        sweep_s = seconds(
+            Path(sweep_outputs(experiment.name, results)["report"]).parent / "benchmarks" / "sweep_report.tsv"
+        )
     work = sum(data.values()) + sum(sum(a.values()) for a in arms.values()) + sweep_s
     print("\n| job | s |\n|---|---:|")
     for stage, s in data.items():
@@ -71,8 +88,10 @@ def main() -> int:
     print(f"| **sum of the jobs** | **{work:.1f}** |")
     print(f"| **sweep wall time** (snakemake start to end) | **{wall:.1f}** ({wall / work:.3f}x the jobs' sum) |")
     islands = work + (len(arms) - 1) * sum(data.values())
-    print(f"\n{len(arms)} separate runs would have done {islands:.1f} s of jobs "
-          f"(the data stages {len(arms)} times): {islands / work:.2f}x this sweep's.")
+    print(
+        f"\n{len(arms)} separate runs would have done {islands:.1f} s of jobs "
+        f"(the data stages {len(arms)} times): {islands / work:.2f}x this sweep's."
+    )
     return 0
 
 

@@ -37,7 +37,9 @@ from kiln.train import device
 from kiln.train.metrics import flops_per_token, memory_mb, peak_flops
 from kiln.train.trainer import Trainer
 
-DEFAULT_MODEL = yaml.safe_load(kiln_config.EMBEDDED_DEFAULT.read_text(encoding="utf-8"))["model"]  # the embedded default's
+DEFAULT_MODEL = yaml.safe_load(kiln_config.EMBEDDED_DEFAULT.read_text(encoding="utf-8"))[
+    "model"
+]  # the embedded default's
 BASELINE, OURS = "nanoGPT eager loop", "kiln Trainer.train_step"
 
 
@@ -46,18 +48,37 @@ def synthetic_shards(out: Path, vocab: int, seq_len: int, rows: int, seed: int) 
     tokens = np.random.default_rng(seed).integers(0, vocab, size=rows * (seq_len + 1), dtype=np.int64)
     dtype = np.uint16 if padded <= 65536 else np.uint32
     splits = {s: shard_split(tokens.astype(dtype), out, s, seq_len + 1, rows, padded) for s in ("train", "val")}
-    write_json(out / "manifest.json", {"seq_len": seq_len, "row_len": seq_len + 1, "dtype": np.dtype(dtype).name,
-                                       "vocab_size": vocab, "padded_vocab_size": padded, "splits": splits})
+    write_json(
+        out / "manifest.json",
+        {
+            "seq_len": seq_len,
+            "row_len": seq_len + 1,
+            "dtype": np.dtype(dtype).name,
+            "vocab_size": vocab,
+            "padded_vocab_size": padded,
+            "splits": splits,
+        },
+    )
     return out
 
 
 def train_sections(args) -> dict:
     model = {"flavour": args.flavour} if args.flavour else DEFAULT_MODEL
-    raw = {"run_name": "bench", "seed": args.seed, "download": {"sources": [{"name": "x", "kind": "stdlib"}]},
-           "shard": {"seq_len": args.seq_len}, "model": model,
-           "train": {"micro_batch": args.micro_batch, "max_steps": 10**6, "warmup_steps": 10,
-                     "precision": args.precision, "compile": args.compile},
-           "wandb": {"mode": "disabled"}}
+    raw = {
+        "run_name": "bench",
+        "seed": args.seed,
+        "download": {"sources": [{"name": "x", "kind": "stdlib"}]},
+        "shard": {"seq_len": args.seq_len},
+        "model": model,
+        "train": {
+            "micro_batch": args.micro_batch,
+            "max_steps": 10**6,
+            "warmup_steps": 10,
+            "precision": args.precision,
+            "compile": args.compile,
+        },
+        "wandb": {"mode": "disabled"},
+    }
     return kiln_config.stage_sections(run_config.validate(raw), "train")
 
 
@@ -71,8 +92,13 @@ class NanoGPTLoop:
             self.model = build_model(trainer.cfg)
         self.model.train()
         self.data = open_shard(shard_dir / "train-00000.bin").reshape(-1)  # one token stream
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=train["lr"], weight_decay=train["weight_decay"],
-                                           betas=(train["beta1"], train["beta2"]), fused=self.device.type == "cuda")
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=train["lr"],
+            weight_decay=train["weight_decay"],
+            betas=(train["beta1"], train["beta2"]),
+            fused=self.device.type == "cuda",
+        )
         self.ctx = device.autocast(self.device, trainer.bf16)
         self.clip = train["grad_clip"]
 
@@ -137,7 +163,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        shards = synthetic_shards(Path(tmp), args.vocab, args.seq_len, rows=max(64, 4 * args.micro_batch), seed=args.seed)
+        shards = synthetic_shards(
+            Path(tmp), args.vocab, args.seq_len, rows=max(64, 4 * args.micro_batch), seed=args.seed
+        )
         sections = train_sections(args)
         ours = Trainer(sections, shards)
         base = NanoGPTLoop(ours, shards, sections["train"], args.seed)
@@ -155,17 +183,23 @@ def main() -> None:
             seconds = measure({BASELINE: base.train_step, OURS: ours_step}, args, ours.d.device)
         tokens = args.steps * args.micro_batch * args.seq_len
         flops, peak = flops_per_token(ours.model), peak_flops(ours.d.device)
-        name = torch.cuda.get_device_name() if ours.d.device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-        print(f"{name}; {args.flavour or 'default-config model'}: {ours.model.num_params(non_embedding=False):,} parameters, "
-              f"batch {args.micro_batch} x {args.seq_len}, {args.precision}, ours compiled: "
-              f"{device.use_compile(args.compile, ours.d.device)}; {args.rounds} rounds x {args.steps} steps\n")
+        name = (
+            torch.cuda.get_device_name() if ours.d.device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+        )
+        print(
+            f"{name}; {args.flavour or 'default-config model'}: {ours.model.num_params(non_embedding=False):,} parameters, "
+            f"batch {args.micro_batch} x {args.seq_len}, {args.precision}, ours compiled: "
+            f"{device.use_compile(args.compile, ours.d.device)}; {args.rounds} rounds x {args.steps} steps\n"
+        )
         print("| loop | tokens/s (median) | min-max | TFLOP/s | MFU |\n|---|---:|---:|---:|---:|")
         rate = {}
         for loop, times in seconds.items():
             rate[loop] = tokens / statistics.median(times)
             mfu = f"{flops * rate[loop] / peak:.1%}" if peak else "n/a"
-            print(f"| {loop} | {rate[loop]:,.0f} | {tokens / max(times):,.0f}-{tokens / min(times):,.0f} | "
-                  f"{flops * rate[loop] / 1e12:.2f} | {mfu} |")
+            print(
+                f"| {loop} | {rate[loop]:,.0f} | {tokens / max(times):,.0f}-{tokens / min(times):,.0f} | "
+                f"{flops * rate[loop] / 1e12:.2f} | {mfu} |"
+            )
         ratio = rate[OURS] / rate[BASELINE]
         print(f"\nours / baseline: {ratio:.2f}x; peak memory {memory_mb(ours.d.device):,.0f} MB")
 

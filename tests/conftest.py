@@ -32,8 +32,15 @@ TRICKY_TEXTS = [
 
 def download_cfg(sources: list[dict], **settings) -> dict:
     """A download section with the schema's defaults (retries without waiting)."""
-    cfg = {"sources": sources, "rows_per_part": 8, "dedup": True, "min_doc_bytes": 1, "invalid_utf8": "skip",
-           "retries": 2, "retry_backoff_s": 0.0}
+    cfg = {
+        "sources": sources,
+        "rows_per_part": 8,
+        "dedup": True,
+        "min_doc_bytes": 1,
+        "invalid_utf8": "skip",
+        "retries": 2,
+        "retry_backoff_s": 0.0,
+    }
     return cfg | settings
 
 
@@ -54,10 +61,12 @@ def raw_dir(tmp_path_factory) -> Path:
     os.chdir(base)
     try:
         write_raw(
-            download_cfg([
-                {"name": "stdlib", "kind": "stdlib", "include": STDLIB_INCLUDE},
-                {"name": "tricky", "kind": "local", "paths": ["inputs/tricky.jsonl"], "text_column": "text"},
-            ]),
+            download_cfg(
+                [
+                    {"name": "stdlib", "kind": "stdlib", "include": STDLIB_INCLUDE},
+                    {"name": "tricky", "kind": "local", "paths": ["inputs/tricky.jsonl"], "text_column": "text"},
+                ]
+            ),
             out,
         )
     finally:

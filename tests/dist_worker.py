@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from synthetic import greedy_sampler
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -36,7 +37,6 @@ from kiln.train.distributed import init_distributed, shutdown
 from kiln.train.parallel import grad_sync, parallelize
 from kiln.train.smoke import run_checks
 from kiln.train.trainer import Trainer
-from synthetic import greedy_sampler
 
 
 def gathered(t: torch.Tensor) -> list[torch.Tensor]:
@@ -58,9 +58,11 @@ def check_grad_sync(rank: int) -> dict:
     with grad_sync(ddp, sync=True):
         ddp(x).sum().backward()
     synced = gathered(layer.weight.grad)
-    return {"local_differ": not torch.equal(local[0], local[1]),
-            "synced_equal": torch.equal(synced[0], synced[1]),
-            "synced_is_mean": torch.allclose(synced[0], (local[0] + local[1]) / 2)}
+    return {
+        "local_differ": not torch.equal(local[0], local[1]),
+        "synced_equal": torch.equal(synced[0], synced[1]),
+        "synced_is_mean": torch.allclose(synced[0], (local[0] + local[1]) / 2),
+    }
 
 
 def check_ddp_buffers(d) -> dict:
@@ -119,8 +121,13 @@ def _record_resumes() -> None:
     def load_state_dict(self, state):
         mapped = _file_mappings(RESUMING["state"]) if "state" in RESUMING else []
         tensors = [t for part in ("model", "optimizer") for t in _tensors(state.get(part, {}))]
-        RESUMED.append({"tensors": len(tensors), "sharded": checkpoint.SHARDS in state,
-                        "mapped": sum(any(lo <= t.data_ptr() < hi for lo, hi in mapped) for t in tensors)})
+        RESUMED.append(
+            {
+                "tensors": len(tensors),
+                "sharded": checkpoint.SHARDS in state,
+                "mapped": sum(any(lo <= t.data_ptr() < hi for lo, hi in mapped) for t in tensors),
+            }
+        )
         return real(self, state)
 
     Trainer.load_state_dict = load_state_dict
@@ -139,7 +146,12 @@ def main() -> None:
     d = init_distributed()
     _count_hashes()
     _record_resumes()
-    checks = {"world": d.world, **check_grad_sync(d.rank), **check_ddp_buffers(d), **check_disjoint_rows(Path(plan["shards"]), d.rank, d.world)}
+    checks = {
+        "world": d.world,
+        **check_grad_sync(d.rank),
+        **check_ddp_buffers(d),
+        **check_disjoint_rows(Path(plan["shards"]), d.rank, d.world),
+    }
     for spec in plan["runs"]:
         out = Path(spec["out"])
         if spec.get("resume_from") and d.is_main:
@@ -156,11 +168,22 @@ def main() -> None:
         param = next(trainer.model.parameters())
         mesh = param.device_mesh if isinstance(param, DTensor) else None  # FSDP's: 1-D, or 2-D for HSDP
         if d.is_main:
-            (out / "result.json").write_text(json.dumps({
-                "losses": result.losses, "sharded": isinstance(trainer.model, FSDPModule),
-                "ddp": isinstance(trainer.wrapped, DistributedDataParallel), "nnodes": d.nnodes,
-                "mesh": mesh and {"shape": list(mesh.shape), "dims": list(mesh.mesh_dim_names),
-                                  "placements": [str(p) for p in param.placements]}}))
+            (out / "result.json").write_text(
+                json.dumps(
+                    {
+                        "losses": result.losses,
+                        "sharded": isinstance(trainer.model, FSDPModule),
+                        "ddp": isinstance(trainer.wrapped, DistributedDataParallel),
+                        "nnodes": d.nnodes,
+                        "mesh": mesh
+                        and {
+                            "shape": list(mesh.shape),
+                            "dims": list(mesh.mesh_dim_names),
+                            "placements": [str(p) for p in param.placements],
+                        },
+                    }
+                )
+            )
     for spec in plan.get("smoke", []):
         report = run_checks(spec["sections"], Path(plan["shards"]), Path(spec["out"]))
         if d.is_main:

@@ -27,8 +27,16 @@ def main() -> None:
     os.environ["KILN_FAULT"] = FAULTS
     out = {}
     for strategy in ("ddp", "fsdp"):
-        sections = train_sections(nproc_per_node=2, parallel=strategy, micro_batch=4, batch_tokens=128, max_steps=6,
-                                  log_every=3, checkpoint_every=6, nonfinite={"action": "skip", "max_skips": 2})
+        sections = train_sections(
+            nproc_per_node=2,
+            parallel=strategy,
+            micro_batch=4,
+            batch_tokens=128,
+            max_steps=6,
+            log_every=3,
+            checkpoint_every=6,
+            nonfinite={"action": "skip", "max_skips": 2},
+        )
         trainer = Trainer(sections, base / "shards")
         result = trainer.fit(base / strategy)
         params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in trainer.model.parameters()]

@@ -28,8 +28,14 @@ def main() -> None:
     got = {}
     for case in plan["cases"]:
         try:
-            state = checkpoint.resume_state(case["root"], case["fingerprint"], case.get("requested"), rank=d.rank,
-                                            world=d.world, start_over=d.rank in case.get("start_over_on", []))
+            state = checkpoint.resume_state(
+                case["root"],
+                case["fingerprint"],
+                case.get("requested"),
+                rank=d.rank,
+                world=d.world,
+                start_over=d.rank in case.get("start_over_on", []),
+            )
             got[case["name"]] = {"step": None if state is None else int(state["step"])}
         except KilnError as exc:
             got[case["name"]] = {"error": str(exc)}

@@ -46,10 +46,17 @@ def write_shards(out: Path, train_tokens: np.ndarray | None = None) -> Path:
         "train": shard_split(train, out, "train", row_len, 24, PADDED_VOCAB),
         "val": shard_split(_stream(VAL_ROWS * row_len + 3, seed=2), out, "val", row_len, 24, PADDED_VOCAB),
     }
-    write_json(out / "manifest.json", {
-        "seq_len": SEQ_LEN, "row_len": row_len, "dtype": "uint16", "vocab_size": VOCAB,
-        "padded_vocab_size": PADDED_VOCAB, "splits": splits,
-    })
+    write_json(
+        out / "manifest.json",
+        {
+            "seq_len": SEQ_LEN,
+            "row_len": row_len,
+            "dtype": "uint16",
+            "vocab_size": VOCAB,
+            "padded_vocab_size": PADDED_VOCAB,
+            "splits": splits,
+        },
+    )
     return out
 
 
@@ -59,10 +66,21 @@ def train_sections(model: dict | None = None, nproc_per_node: int = 1, **train) 
     raw["model"] = model or TINY_MODEL
     raw["shard"]["seq_len"] = SEQ_LEN  # what the synthetic shards hold
     raw["train"] = {
-        "nproc_per_node": nproc_per_node, "micro_batch": 8, "max_steps": 20, "lr": 1e-2, "min_lr": 1e-3,
-        "warmup_steps": 2, "weight_decay": 0.1, "grad_clip": 1.0, "precision": "fp32",
-        "compile": False, "log_every": 5, "eval_every": 10, "eval_batches": 2,
-        "checkpoint_every": 10, "keep_checkpoints": 2,
+        "nproc_per_node": nproc_per_node,
+        "micro_batch": 8,
+        "max_steps": 20,
+        "lr": 1e-2,
+        "min_lr": 1e-3,
+        "warmup_steps": 2,
+        "weight_decay": 0.1,
+        "grad_clip": 1.0,
+        "precision": "fp32",
+        "compile": False,
+        "log_every": 5,
+        "eval_every": 10,
+        "eval_batches": 2,
+        "checkpoint_every": 10,
+        "keep_checkpoints": 2,
     } | train
     raw["wandb"] = {"mode": "disabled"}
     return kiln_config.stage_sections(run_config.validate(raw), "train")
@@ -73,10 +91,22 @@ def smoke_sections(model: dict | None = None, train: dict | None = None, **smoke
     raw = yaml.safe_load((REPO / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
     raw["model"] = model or TINY_MODEL
     raw["shard"]["seq_len"] = SEQ_LEN
-    raw["train"] = {"micro_batch": 8, "max_steps": 1000, "lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 2,
-                    "precision": "fp32", "compile": False} | (train or {})
-    raw["smoke"] = {"steps": 12, "warmup_steps": 2, "min_loss_drop": 0.1, "val_batches": 2,
-                    "overfit": {"rows": 4, "max_steps": 150, "max_loss": 1.0}} | smoke
+    raw["train"] = {
+        "micro_batch": 8,
+        "max_steps": 1000,
+        "lr": 1e-2,
+        "min_lr": 1e-3,
+        "warmup_steps": 2,
+        "precision": "fp32",
+        "compile": False,
+    } | (train or {})
+    raw["smoke"] = {
+        "steps": 12,
+        "warmup_steps": 2,
+        "min_loss_drop": 0.1,
+        "val_batches": 2,
+        "overfit": {"rows": 4, "max_steps": 150, "max_loss": 1.0},
+    } | smoke
     return kiln_config.stage_sections(run_config.validate(raw), "smoke")
 
 

@@ -13,10 +13,14 @@ from kiln.train.parallel import apply_activation_checkpointing
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-CONFIGS = pytest.mark.parametrize("cfg", [
-    ModelConfig(family="gpt2", vocab_size=128, seq_len=32, n_layer=4, n_head=2, d_model=32, dropout=0.1),
-    ModelConfig(family="llama", vocab_size=128, seq_len=32, n_layer=4, n_head=4, n_kv_head=2, d_model=32),
-], ids=["gpt2-dropout", "llama"])
+CONFIGS = pytest.mark.parametrize(
+    "cfg",
+    [
+        ModelConfig(family="gpt2", vocab_size=128, seq_len=32, n_layer=4, n_head=2, d_model=32, dropout=0.1),
+        ModelConfig(family="llama", vocab_size=128, seq_len=32, n_layer=4, n_head=4, n_kv_head=2, d_model=32),
+    ],
+    ids=["gpt2-dropout", "llama"],
+)
 
 
 def _model(cfg: ModelConfig, mode: str):

@@ -56,18 +56,25 @@ def test_train_plan_reads_steps_and_precision_and_refuses_an_old_plan(tmp_path):
 
 
 def minimal(train: dict, smoke: dict | None = None) -> dict:
-    return {"run_name": "b", "download": {"sources": [{"name": "s", "kind": "stdlib"}]}, "train": train,
-            "model": {"n_layer": 2, "n_head": 2, "d_model": 64},
-            "smoke": smoke or {}}
+    return {
+        "run_name": "b",
+        "download": {"sources": [{"name": "s", "kind": "stdlib"}]},
+        "train": train,
+        "model": {"n_layer": 2, "n_head": 2, "d_model": 64},
+        "smoke": smoke or {},
+    }
 
 
-@pytest.mark.parametrize("train, smoke, message", [
-    ({}, None, r"train: set max_steps \(optimizer steps\) or budget"),
-    ({"budget": {"dollars": 5}}, None, "train.budget: dollars needs smoke.price_per_gpu_hour"),
-    ({"budget": {"minutes": 5, "hours": 1}}, None, "train.budget"),
-    ({"budget": {"weeks": 1}}, None, "train.budget"),
-    ({"budget": {"minutes": 0}}, None, "train.budget.minutes"),
-])
+@pytest.mark.parametrize(
+    "train, smoke, message",
+    [
+        ({}, None, r"train: set max_steps \(optimizer steps\) or budget"),
+        ({"budget": {"dollars": 5}}, None, "train.budget: dollars needs smoke.price_per_gpu_hour"),
+        ({"budget": {"minutes": 5, "hours": 1}}, None, "train.budget"),
+        ({"budget": {"weeks": 1}}, None, "train.budget"),
+        ({"budget": {"minutes": 0}}, None, "train.budget.minutes"),
+    ],
+)
 def test_bad_budgets_are_config_errors_naming_the_key(train, smoke, message):
     with pytest.raises(ConfigError, match=message):
         run_config.validate(minimal(train, smoke))

@@ -156,8 +156,10 @@ def test_a_full_disk_mid_save_is_a_clear_error_and_leaves_the_previous_checkpoin
 
 
 def test_a_kill_mid_save_leaves_the_previous_checkpoint_and_a_temp_the_next_run_removes(tmp_path):
-    script = (f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); from test_checkpoint import _save; "
-              f"from pathlib import Path; _save(Path({str(tmp_path)!r}), 2); _save(Path({str(tmp_path)!r}), 3, fault='kill_in_save@3')")
+    script = (
+        f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); from test_checkpoint import _save; "
+        f"from pathlib import Path; _save(Path({str(tmp_path)!r}), 2); _save(Path({str(tmp_path)!r}), 3, fault='kill_in_save@3')"
+    )
     killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert killed.returncode == -9, killed.stderr
     temps = [p for p in tmp_path.iterdir() if p.name.startswith(".step-0000003.tmp-")]
@@ -206,11 +208,14 @@ def test_load_weights_of_a_torn_checkpoint_names_it(tmp_path):
 def _save_sharded(root: Path, step: int, async_save: bool = False, fault: str = "", keep: int = 5) -> Path:
     """A sharded checkpoint from one process (no process group): state.pt without model or optimizer,
     the tensors through DCP."""
-    saver = checkpoint.Saver(root, "sharded", keep, rank=0, world=1, async_save=async_save,
-                             faults=faults.parse(fault, 0))
+    saver = checkpoint.Saver(
+        root, "sharded", keep, rank=0, world=1, async_save=async_save, faults=faults.parse(fault, 0)
+    )
     weights = {"w": torch.full((64,), float(step))}
-    saver.save({"step": step, "fingerprint": "f", "tokens_seen": step},
-               {"model": weights, "optimizer": {"state": {"w": {"exp_avg": torch.ones(64)}}}})
+    saver.save(
+        {"step": step, "fingerprint": "f", "tokens_seen": step},
+        {"model": weights, "optimizer": {"state": {"w": {"exp_avg": torch.ones(64)}}}},
+    )
     weights["w"].fill_(-1.0)  # training goes on: an async save wrote the copy taken at the save
     saver.wait()
     return root / checkpoint.step_name(step)
@@ -249,9 +254,11 @@ def test_a_torn_sharded_checkpoint_is_skipped_for_the_one_before(tmp_path, caplo
 
 
 def test_a_kill_while_an_async_save_is_in_flight_leaves_the_previous_checkpoint(tmp_path):
-    script = (f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); from test_checkpoint import _save_sharded; "
-              f"from pathlib import Path; root = Path({str(tmp_path)!r}); _save_sharded(root, 2, True); "
-              f"_save_sharded(root, 3, True, fault='kill_in_save@3')")
+    script = (
+        f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); from test_checkpoint import _save_sharded; "
+        f"from pathlib import Path; root = Path({str(tmp_path)!r}); _save_sharded(root, 2, True); "
+        f"_save_sharded(root, 3, True, fault='kill_in_save@3')"
+    )
     killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert killed.returncode == -9, killed.stderr
     temps = [p for p in tmp_path.iterdir() if p.name.startswith(".step-0000003.tmp-")]

@@ -19,25 +19,49 @@ REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "src" / "kiln" / "train" / "distributed.py"
 # torch.distributed's collectives and point-to-point calls (distributed_c10d's public ones).
 COLLECTIVES = {
-    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_coalesced",
-    "all_gather_object", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "reduce",
-    "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object", "scatter", "scatter_object_list",
-    "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_coalesced",
+    "all_gather_object",
+    "broadcast",
+    "broadcast_object_list",
+    "barrier",
+    "monitored_barrier",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "all_to_all",
+    "all_to_all_single",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+    "send_object_list",
     "recv_object_list",
 }
 MODULES = {"torch.distributed", "torch.distributed.distributed_c10d"}
 
 
-@pytest.mark.parametrize("backend, device, expected", [
-    ("nccl", "cpu", "cuda"),  # a host scalar (a timing, a count) goes to the current GPU
-    ("nccl", "cuda:1", "cuda:1"),  # a tensor on this rank's GPU stays there
-    ("gloo", "cpu", "cpu"),
-    ("gloo", "cuda:0", "cuda:0"),  # gloo reduces CUDA tensors too
-    ("cpu:gloo,cuda:nccl", "cpu", "cpu"),  # init_process_group(backend=None): one backend per device
-    ("cpu:gloo,cuda:nccl", "cuda:0", "cuda:0"),
-    ("cuda:nccl", "cpu", "cuda"),
-    ("cpu:gloo", "cuda:0", "cpu"),
-])
+@pytest.mark.parametrize(
+    "backend, device, expected",
+    [
+        ("nccl", "cpu", "cuda"),  # a host scalar (a timing, a count) goes to the current GPU
+        ("nccl", "cuda:1", "cuda:1"),  # a tensor on this rank's GPU stays there
+        ("gloo", "cpu", "cpu"),
+        ("gloo", "cuda:0", "cuda:0"),  # gloo reduces CUDA tensors too
+        ("cpu:gloo,cuda:nccl", "cpu", "cpu"),  # init_process_group(backend=None): one backend per device
+        ("cpu:gloo,cuda:nccl", "cuda:0", "cuda:0"),
+        ("cuda:nccl", "cpu", "cuda"),
+        ("cpu:gloo", "cuda:0", "cpu"),
+    ],
+)
 def test_collective_device_is_one_the_backend_takes(backend, device, expected):
     assert collective_device(backend, torch.device(device)) == torch.device(expected)
 

@@ -25,7 +25,11 @@ def test_shipped_configs_validate(path):
     """A run file alone; a sweep file over the run it is given after (tests/test_run_configs.py runs
     those through Snakemake), every arm validated."""
     if "sweep" in kiln_config.read_yaml(path):
-        base = ROOT / "config" / ("config.yaml" if path.name.startswith("stdlib") else "experiments/fineweb-edu-gpt2-124m.yaml")
+        base = (
+            ROOT
+            / "config"
+            / ("config.yaml" if path.name.startswith("stdlib") else "experiments/fineweb-edu-gpt2-124m.yaml")
+        )
         runs = run_config.resolve_experiment([base, path]).runs
         with pytest.raises(ConfigError, match="a sweep of 3 runs"):
             run_config.load(path)
@@ -65,23 +69,34 @@ def _error(cfg: dict) -> str:
         (lambda c: c["download"]["sources"][0].update(kind="ftp"), "download.sources.0.kind: 'ftp' is not one of"),
         (lambda c: c["download"].update(invalid_utf8="ignore"), "download.invalid_utf8: 'ignore' is not one of"),
         (lambda c: c["pretokenize"].update(val_fraction=0.1), "pretokenize.val_fraction: unknown key"),
-        (lambda c: c["pretokenize"].update(mixture={"nope": 1.0}, train_tokens=10),
-         "pretokenize.mixture: nope not among download.sources (stdlib)"),
-        (lambda c: c["pretokenize"].update(mixture={"stdlib": 1.0}),
-         "pretokenize.mixture: weights need pretokenize.train_tokens"),
+        (
+            lambda c: c["pretokenize"].update(mixture={"nope": 1.0}, train_tokens=10),
+            "pretokenize.mixture: nope not among download.sources (stdlib)",
+        ),
+        (
+            lambda c: c["pretokenize"].update(mixture={"stdlib": 1.0}),
+            "pretokenize.mixture: weights need pretokenize.train_tokens",
+        ),
         (lambda c: c["pretokenize"].update(mixture={"stdlib": 0}, train_tokens=10), "pretokenize.mixture.stdlib: 0"),
         (lambda c: c.update(tokenizer={"kind": "file"}), "tokenizer: 'path' is a required property"),
-        (lambda c: c.update(tokenizer={"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 9}),
-         "tokenizer.vocab_size: unknown key"),
+        (
+            lambda c: c.update(tokenizer={"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 9}),
+            "tokenizer.vocab_size: unknown key",
+        ),
         (lambda c: c["pretokenize"].update(fim={"psm": 0.6}), "pretokenize.fim: psm + spm + middle_only must sum to 1"),
         (lambda c: c["train"].update(min_lr=1.0), "train.min_lr"),
         (lambda c: c["train"].update(warmup_steps=10_000), "train.warmup_steps"),
         (lambda c: c["model"].pop("n_layer"), "model: 'n_layer' is a required property"),
         (lambda c: c["model"].update(flavour="gpt5"), "model.flavour: 'gpt5' is not a known flavour"),
         (lambda c: c["train"].update(batch_tokens=1000), "train.batch_tokens: 1000 is not a multiple of 1 ranks"),
-        (lambda c: c["train"].update(nnodes=2, node_rank=2, rdzv_endpoint="n0:29500"), "train.node_rank: 2 must be below"),
-        (lambda c: c["train"].update(async_checkpoint=True),  # ddp: auto is the full format
-         "train.async_checkpoint: needs sharded checkpoints, but train.checkpoint_format is auto under train.parallel ddp"),
+        (
+            lambda c: c["train"].update(nnodes=2, node_rank=2, rdzv_endpoint="n0:29500"),
+            "train.node_rank: 2 must be below",
+        ),
+        (
+            lambda c: c["train"].update(async_checkpoint=True),  # ddp: auto is the full format
+            "train.async_checkpoint: needs sharded checkpoints, but train.checkpoint_format is auto under train.parallel ddp",
+        ),
         (lambda c: c["train"].update(rdzv_endpoint="n0"), "train.rdzv_endpoint: 'n0' does not match"),
         (lambda c: c["train"].update(schedule="linear"), "train.schedule: 'linear' is not one of"),
         (lambda c: c["train"].update(collective_timeout_s=0), "train.collective_timeout_s: 0 is less than or equal to"),
@@ -125,12 +140,18 @@ def test_stage_params_carry_only_their_sections(tiny):
     cfg = run_config.validate(tiny)
     changed = copy.deepcopy(cfg)
     changed["train"]["lr"] = cfg["train"]["lr"] / 2
-    rerun = {s for s in kiln_config.STAGE_SECTIONS
-             if kiln_config.stage_params(cfg, s) != kiln_config.stage_params(changed, s)}
+    rerun = {
+        s
+        for s in kiln_config.STAGE_SECTIONS
+        if kiln_config.stage_params(cfg, s) != kiln_config.stage_params(changed, s)
+    }
     # eval reads train.device and train.precision (it would rerun through train's new outputs anyway);
     # the report summarises the whole config
     assert rerun == {"smoke", "train", "eval", "report"}
     changed["eval"]["max_batches"] += 1
-    assert {s for s in kiln_config.STAGE_SECTIONS
-            if kiln_config.stage_params(cfg, s) != kiln_config.stage_params(changed, s)} == {"smoke", "train", "eval", "report"}
+    assert {
+        s
+        for s in kiln_config.STAGE_SECTIONS
+        if kiln_config.stage_params(cfg, s) != kiln_config.stage_params(changed, s)
+    } == {"smoke", "train", "eval", "report"}
     assert json.loads(kiln_config.stage_params(cfg, "shard")) == {"shard": cfg["shard"]}

@@ -78,8 +78,10 @@ def test_a_corrupt_shard_stops_the_run_before_a_step_uses_it(shards, tmp_path, f
     token = row * (SEQ_LEN + 1) + 3
     if fault == "id past the embedding":  # was a bare IndexError inside nn.Embedding, naming no file
         _set_token(path, token, 200)
-        expected = (f"token {token} (byte offset {HEADER_BYTES + 2 * token}) is id 200, expected ids below the "
-                    f"vocab size {VOCAB}")
+        expected = (
+            f"token {token} (byte offset {HEADER_BYTES + 2 * token}) is id 200, expected ids below the "
+            f"vocab size {VOCAB}"
+        )
     elif fault == "byte flip to a valid id":
         old = _set_token(path, token, 0)
         _set_token(path, token, old ^ 1)  # the low bit of a valid id: still below the vocabulary
@@ -147,16 +149,23 @@ def _changed_shards(shards: Path, tmp_path: Path, what: str) -> Path:
     return write_shards(tmp_path / "other-shards", train_tokens=stream)
 
 
-@pytest.mark.parametrize("what, sections, message", [
-    ("shards", {}, r"train shards: train-00000.bin sha256 [0-9a-f]{12}… in the checkpoint, [0-9a-f]{12}… now"),
-    ("tokenizer", {}, r"tokenizer: sha256 None in the checkpoint, f{12}… now"),
-    (None, {"model": {"n_layer": 1, "n_head": 2, "d_model": 16}}, r"model.d_model: 32 in the checkpoint, 16 now"),
-    (None, {"micro_batch": 4, "batch_tokens": 4 * SEQ_LEN},
-     rf"train.batch_tokens: {8 * SEQ_LEN} in the checkpoint, {4 * SEQ_LEN} now"),
-    (None, {"seed": 8}, r"seed: 7 in the checkpoint, 8 now"),
-])
-def test_a_checkpoint_of_another_run_is_refused_naming_what_changed(shards, reference, tmp_path, what, sections,
-                                                                     message, monkeypatch):
+@pytest.mark.parametrize(
+    "what, sections, message",
+    [
+        ("shards", {}, r"train shards: train-00000.bin sha256 [0-9a-f]{12}… in the checkpoint, [0-9a-f]{12}… now"),
+        ("tokenizer", {}, r"tokenizer: sha256 None in the checkpoint, f{12}… now"),
+        (None, {"model": {"n_layer": 1, "n_head": 2, "d_model": 16}}, r"model.d_model: 32 in the checkpoint, 16 now"),
+        (
+            None,
+            {"micro_batch": 4, "batch_tokens": 4 * SEQ_LEN},
+            rf"train.batch_tokens: {8 * SEQ_LEN} in the checkpoint, {4 * SEQ_LEN} now",
+        ),
+        (None, {"seed": 8}, r"seed: 7 in the checkpoint, 8 now"),
+    ],
+)
+def test_a_checkpoint_of_another_run_is_refused_naming_what_changed(
+    shards, reference, tmp_path, what, sections, message, monkeypatch
+):
     """Asked for by name (KILN_RESUME_FROM), a checkpoint of other data or settings is an error naming
     what changed; without a name such a run starts over (tests/test_trainer.py)."""
     monkeypatch.setenv(checkpoint.RESUME_ENV, "step-0000012")

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from tiny import ROOT, TINY, tiny_layout
 
 VENV_BIN = str(Path(sys.executable).parent)
@@ -33,17 +32,38 @@ def snakemake(workdir: Path, *args: str, fault: str | None = None) -> subprocess
     if fault:
         env["KILN_DATA_FAULT"] = fault
     return subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
-         "--cores", "2", "--configfile", str(TINY), "--until", "shard", *args],
-        capture_output=True, text=True, env=env, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-s",
+            str(ROOT / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "--cores",
+            "2",
+            "--configfile",
+            str(TINY),
+            "--until",
+            "shard",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
     )
 
 
 def files(workdir: Path) -> dict[str, str]:
     """sha256 of every file, hidden ones included, under the tiny run's data stages' folders."""
     paths = tiny_layout(workdir)
-    return {str(p.relative_to(paths.data_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for stage in DATA for p in sorted(paths.folder(stage).rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(paths.data_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for stage in DATA
+        for p in sorted(paths.folder(stage).rglob("*"))
+        if p.is_file()
+    }
 
 
 def processes_in(workdir: Path) -> list[str]:
@@ -106,7 +126,7 @@ def test_a_data_stage_killed_mid_output_is_regenerated_byte_for_byte(clean, tmp_
 
     rerun = snakemake(workdir)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-    for later in KILLED[KILLED.index(stage):]:  # the stage and every one after it ran again
+    for later in KILLED[KILLED.index(stage) :]:  # the stage and every one after it ran again
         assert f"rule {later}:" in rerun.stderr + rerun.stdout, rerun.stderr[-3000:]
     assert files(workdir) == files(clean)
     assert leftovers(run) == []
@@ -118,6 +138,9 @@ def test_a_malformed_data_fault_names_the_variable(monkeypatch, spec):
     from kiln.errors import KilnError
 
     monkeypatch.setenv(faults.ENV, spec)
-    with pytest.raises(KilnError, match=rf"KILN_DATA_FAULT: '{spec}' is not stage@n with stage one of download, "
-                                        r"pretokenize, shard and n >= 1"):
+    with pytest.raises(
+        KilnError,
+        match=rf"KILN_DATA_FAULT: '{spec}' is not stage@n with stage one of download, "
+        r"pretokenize, shard and n >= 1",
+    ):
         faults.planned()

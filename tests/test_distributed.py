@@ -90,13 +90,17 @@ def launched(tmp_path_factory):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     # One rank x 2 micro-batches of 4 rows, before the launch: two ranks resume from its step 6.
-    Trainer(train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, **COMMON | LONG), shards).fit(base / "one-rank-long")
-    Trainer(train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, checkpoint_format="sharded", **COMMON | LONG),
-            shards).fit(base / "one-rank-long-sharded")
+    Trainer(train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, **COMMON | LONG), shards).fit(
+        base / "one-rank-long"
+    )
+    Trainer(
+        train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, checkpoint_format="sharded", **COMMON | LONG), shards
+    ).fit(base / "one-rank-long-sharded")
     runs = []
     for name, (strategy, micro, extra) in RUNS.items():
-        sections = train_sections(nproc_per_node=2, parallel=strategy, micro_batch=micro,
-                                  batch_tokens=GLOBAL_BATCH, **COMMON | extra)
+        sections = train_sections(
+            nproc_per_node=2, parallel=strategy, micro_batch=micro, batch_tokens=GLOBAL_BATCH, **COMMON | extra
+        )
         spec = {"out": str(base / name), "sections": sections}
         if name == "fsdp-resumed":
             spec["resume_from"] = str(base / "ddp" / "checkpoints" / f"step-{STEPS // 2:07d}")
@@ -105,22 +109,28 @@ def launched(tmp_path_factory):
             spec["resume_from"] = str(base / source / "checkpoints" / "step-0000006")
         runs.append(spec)
     plan = base / "plan.json"
-    smoke = [{"out": str(base / f"smoke-{strategy}"), "sections": smoke_sections(train={"nproc_per_node": 2, "parallel": strategy,
-                                                                                        "micro_batch": 4})}
-             for strategy in ("ddp", "fsdp")]
-    plan.write_text(json.dumps({"shards": str(shards), "checks_out": str(base / "checks.json"), "runs": runs,
-                                "smoke": smoke}))
-    argv = launch.command({"nproc_per_node": 2, "nnodes": 1, "node_rank": 0,
-                           "rdzv_endpoint": f"127.0.0.1:{_free_port()}"}, [str(TESTS / "dist_worker.py"), str(plan)])
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
-               OMP_NUM_THREADS="1")
-    result = subprocess.run(argv,
-                            capture_output=True, text=True, env=env, timeout=600)
+    smoke = [
+        {
+            "out": str(base / f"smoke-{strategy}"),
+            "sections": smoke_sections(train={"nproc_per_node": 2, "parallel": strategy, "micro_batch": 4}),
+        }
+        for strategy in ("ddp", "fsdp")
+    ]
+    plan.write_text(
+        json.dumps({"shards": str(shards), "checks_out": str(base / "checks.json"), "runs": runs, "smoke": smoke})
+    )
+    argv = launch.command(
+        {"nproc_per_node": 2, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": f"127.0.0.1:{_free_port()}"},
+        [str(TESTS / "dist_worker.py"), str(plan)],
+    )
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"], OMP_NUM_THREADS="1")
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 
     reference = base / "reference"
-    Trainer(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **COMMON), shards).fit(reference,
-                                                                                             sampler=greedy_sampler)
+    Trainer(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **COMMON), shards).fit(
+        reference, sampler=greedy_sampler
+    )
     # The node with rank 1 is lost after step 6: the run resumes on one rank with twice the accumulation.
     for name in ("ddp-long", "fsdp-accum", "fsdp-async"):
         step = 6 if name == "ddp-long" else STEPS // 2
@@ -190,7 +200,7 @@ def test_fsdp_in_bf16_learns(launched):
 def test_ddp_checkpoint_resumes_under_fsdp(launched):
     base, _, reference = launched
     resumed = json.loads((base / "fsdp-resumed" / "result.json").read_text())
-    assert resumed["losses"] == pytest.approx(_losses(reference)[STEPS // 2:], abs=1e-5, rel=0)
+    assert resumed["losses"] == pytest.approx(_losses(reference)[STEPS // 2 :], abs=1e-5, rel=0)
     ours, theirs = load_model(base / "fsdp-resumed").state_dict(), load_model(reference).state_dict()
     for key in theirs:
         torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=1e-5, msg=key)
@@ -205,13 +215,16 @@ def test_two_and_one_rank_train_on_the_same_rows_per_step(launched):
     assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], abs=1e-5, rel=0)
 
 
-@pytest.mark.parametrize("resumed, uninterrupted, first", [
-    ("one-rank-from-ddp-long", "ddp-long", 7),  # 2 ranks -> 1 rank x 2 micro-batches, across the epoch end
-    ("one-rank-from-fsdp-accum", "fsdp-accum", STEPS // 2 + 1),  # an FSDP2 checkpoint on one rank
-    ("one-rank-from-fsdp-async", "fsdp-async", STEPS // 2 + 1),  # ... a sharded one, written async
-    ("ddp-long-from-one-rank", "one-rank-long", 7),  # 1 rank -> 2 ranks under DDP
-    ("fsdp-long-from-one-rank", "one-rank-long", 7),  # ... and under FSDP2, from one rank's shards
-])
+@pytest.mark.parametrize(
+    "resumed, uninterrupted, first",
+    [
+        ("one-rank-from-ddp-long", "ddp-long", 7),  # 2 ranks -> 1 rank x 2 micro-batches, across the epoch end
+        ("one-rank-from-fsdp-accum", "fsdp-accum", STEPS // 2 + 1),  # an FSDP2 checkpoint on one rank
+        ("one-rank-from-fsdp-async", "fsdp-async", STEPS // 2 + 1),  # ... a sharded one, written async
+        ("ddp-long-from-one-rank", "one-rank-long", 7),  # 1 rank -> 2 ranks under DDP
+        ("fsdp-long-from-one-rank", "one-rank-long", 7),  # ... and under FSDP2, from one rank's shards
+    ],
+)
 def test_a_run_resumed_on_another_rank_count_continues_the_same_rows(launched, resumed, uninterrupted, first):
     base, _, _ = launched
     ours, theirs = _records(base / resumed), _records(base / uninterrupted)
@@ -223,11 +236,14 @@ def test_a_run_resumed_on_another_rank_count_continues_the_same_rows(launched, r
     _assert_same_weights(base / resumed, base / uninterrupted)
 
 
-@pytest.mark.parametrize("name, step", [
-    ("fsdp-resumed", STEPS // 2),  # a full checkpoint (ddp's) resumed by 2 ranks
-    ("ddp-long-from-one-rank", 6),  # ... written by one rank
-    ("fsdp-long-from-one-rank", 6),  # a sharded one: state.pt without model and optimizer
-])
+@pytest.mark.parametrize(
+    "name, step",
+    [
+        ("fsdp-resumed", STEPS // 2),  # a full checkpoint (ddp's) resumed by 2 ranks
+        ("ddp-long-from-one-rank", 6),  # ... written by one rank
+        ("fsdp-long-from-one-rank", 6),  # a sharded one: state.pt without model and optimizer
+    ],
+)
 def test_a_resume_hashes_the_checkpoint_once_and_every_rank_maps_it(launched, name, step):
     """Rank 0 alone hashes the files of the checkpoint a 2-rank run resumes, each once, and tells rank 1
     which checkpoint it is; every rank memory-maps its state.pt, so the ranks of a node share one copy
@@ -272,17 +288,36 @@ def hsdp(launched):
     base, _, _ = launched
     shards = base / "shards"
     out = base / "hsdp"
-    sections = train_sections(nproc_per_node=2, nnodes=2, parallel="fsdp", micro_batch=2, batch_tokens=GLOBAL_BATCH,
-                              rdzv_endpoint=f"127.0.0.1:{_free_port()}", **COMMON)
+    sections = train_sections(
+        nproc_per_node=2,
+        nnodes=2,
+        parallel="fsdp",
+        micro_batch=2,
+        batch_tokens=GLOBAL_BATCH,
+        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        **COMMON,
+    )
     plan = base / "hsdp-plan.json"
-    plan.write_text(json.dumps({"shards": str(shards), "checks_out": str(base / "hsdp-checks.json"),
-                                "runs": [{"out": str(out), "sections": sections}]}))
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
-               OMP_NUM_THREADS="1")
-    nodes = [subprocess.Popen(launch.command(sections["train"] | {"node_rank": rank},
-                                             [str(TESTS / "dist_worker.py"), str(plan)]),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for rank in (0, 1)]
+    plan.write_text(
+        json.dumps(
+            {
+                "shards": str(shards),
+                "checks_out": str(base / "hsdp-checks.json"),
+                "runs": [{"out": str(out), "sections": sections}],
+            }
+        )
+    )
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"], OMP_NUM_THREADS="1")
+    nodes = [
+        subprocess.Popen(
+            launch.command(sections["train"] | {"node_rank": rank}, [str(TESTS / "dist_worker.py"), str(plan)]),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for rank in (0, 1)
+    ]
     for node in nodes:
         output, _ = node.communicate(timeout=600)
         assert node.returncode == 0, output[-5000:]
@@ -307,7 +342,7 @@ def test_fsdp_on_two_nodes_is_hsdp_with_the_losses_of_one_rank(launched, hsdp):
     _assert_same_weights(out, reference)
     # Its checkpoint: one shard file per rank, read back onto one rank, which continues alike.
     assert len(list((out / "checkpoints" / f"step-{STEPS // 2:07d}" / "shards").glob("*.distcp"))) == 4
-    assert [r["loss"] for r in _records(resumed)] == pytest.approx(want[STEPS // 2:], abs=1e-5, rel=0)
+    assert [r["loss"] for r in _records(resumed)] == pytest.approx(want[STEPS // 2 :], abs=1e-5, rel=0)
     _assert_same_weights(resumed, reference)
 
 
@@ -319,14 +354,25 @@ def test_a_stuck_rank_ends_the_job_within_the_collective_timeout(tmp_path):
     would outlive its 300 s allowance."""
     shards = write_shards(tmp_path / "shards")
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({
-        "shards": str(shards), "out": str(tmp_path / "run"), "stuck_s": 3600, "error_out": str(tmp_path / "error.txt"),
-        "sections": train_sections(nproc_per_node=2, micro_batch=4, max_steps=4, collective_timeout_s=2)}))
-    argv = launch.command({"nproc_per_node": 2, "nnodes": 1, "node_rank": 0,
-                           "rdzv_endpoint": f"127.0.0.1:{_free_port()}"}, [str(TESTS / "stuck_rank_worker.py"), str(plan)])
+    plan.write_text(
+        json.dumps(
+            {
+                "shards": str(shards),
+                "out": str(tmp_path / "run"),
+                "stuck_s": 3600,
+                "error_out": str(tmp_path / "error.txt"),
+                "sections": train_sections(nproc_per_node=2, micro_batch=4, max_steps=4, collective_timeout_s=2),
+            }
+        )
+    )
+    argv = launch.command(
+        {"nproc_per_node": 2, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": f"127.0.0.1:{_free_port()}"},
+        [str(TESTS / "stuck_rank_worker.py"), str(plan)],
+    )
     env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"], OMP_NUM_THREADS="1")
-    job = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                           start_new_session=True)
+    job = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
     try:
         output, _ = job.communicate(timeout=300)
     finally:

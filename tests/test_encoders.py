@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import TRICKY_TEXTS, download_cfg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-from conftest import TRICKY_TEXTS, download_cfg
 from kiln.data.encoders import Encoder, safe_slices, tiktoken_encoding, tokenizer_from_tiktoken
 from kiln.data.raw import write_raw
 from kiln.data.sources import read_documents, stdlib_root
@@ -63,14 +63,19 @@ def test_tiktoken_round_trip_through_tokenizer_json(tokenizer):
 
 
 @HYPOTHESIS
-@given(words=st.lists(st.sampled_from(["def", " ", "  ", "\n", "x", "é", "🙂", "=", "1234", "\t", "(", "a b"]),
-                      max_size=400), max_chars=st.integers(min_value=4, max_value=64))
+@given(
+    words=st.lists(
+        st.sampled_from(["def", " ", "  ", "\n", "x", "é", "🙂", "=", "1234", "\t", "(", "a b"]), max_size=400
+    ),
+    max_chars=st.integers(min_value=4, max_value=64),
+)
 def test_slices_cut_where_no_pre_token_crosses(tokenizer, words, max_chars):
     text = "".join(words)
     slices = list(safe_slices(text, 0, len(text), max_chars))
     assert slices[0][0] == 0 and slices[-1][1] == len(text)
     assert all(a < b or len(text) == 0 for a, b in slices) and all(
-        slices[i][1] == slices[i + 1][0] for i in range(len(slices) - 1))
+        slices[i][1] == slices[i + 1][0] for i in range(len(slices) - 1)
+    )
     encoder = Encoder(tokenizer, "tiktoken", max_chars=max_chars)
     whole = tokenizer.encode(text, add_special_tokens=False).ids
     hard_cuts = [b for a, b in slices[:-1] if not (text[b] == " " and not text[b - 1].isspace())]
@@ -93,8 +98,9 @@ def test_tiktoken_equals_tokenizers_on_the_whole_default_corpus(tmp_path):
     document gets the same ids from tiktoken as from tokenizers."""
     raw = tmp_path / "raw"
     write_raw(download_cfg([{"name": "stdlib", "kind": "stdlib", "include": ["**/*.py"]}], rows_per_part=500), raw)
-    tokenizer, _ = build_tokenizer(raw, {"kind": "train", "vocab_size": 8192, "train_bytes": 8_000_000,
-                                         "heldout_docs": 10}, seed=1337)
+    tokenizer, _ = build_tokenizer(
+        raw, {"kind": "train", "vocab_size": 8192, "train_bytes": 8_000_000, "heldout_docs": 10}, seed=1337
+    )
     texts = [d.text for d in read_documents(raw, read_json(raw / "manifest.json"))]
     assert sum(map(len, texts)) > 20_000_000
     reference = [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]

@@ -66,16 +66,23 @@ def test_contamination_is_exact_whatever_the_chunk(tmp_path):
     ids = rng.integers(0, 5000, size=3000)
     train = _token_file(tmp_path / "train.bin", ids)
     grams = {tuple(ids[i : i + 13]) for i in range(len(ids) - 12)}
-    items = [list(ids[100:160]),  # inside the split
-             list(ids[250:270]) + [7000 + i for i in range(20)],  # one part seen, one not
-             list(ids[1019:1040]),  # across a piece boundary for chunk 1024
-             [7000 + i for i in range(40)], [1, 2, 3]]  # never seen; shorter than a 13-gram
+    items = [
+        list(ids[100:160]),  # inside the split
+        list(ids[250:270]) + [7000 + i for i in range(20)],  # one part seen, one not
+        list(ids[1019:1040]),  # across a piece boundary for chunk 1024
+        [7000 + i for i in range(40)],
+        [1, 2, 3],
+    ]  # never seen; shorter than a 13-gram
     expected_found = [sum(tuple(it[i : i + 13]) in grams for i in range(len(it) - 12)) for it in items]
     n_grams = sum(max(len(it) - 12, 0) for it in items)
     for chunk in (64, 1024, 1 << 22):
         result = contamination.overlaps(train, {"eval": items, "none": []}, chunk=chunk)
-        assert result["eval"] == {"items": 5, "contaminated_items": 3, "contaminated_fraction": 3 / 5,
-                                  "ngram_overlap": sum(expected_found) / n_grams}
+        assert result["eval"] == {
+            "items": 5,
+            "contaminated_items": 3,
+            "contaminated_fraction": 3 / 5,
+            "ngram_overlap": sum(expected_found) / n_grams,
+        }
         assert result["none"]["items"] == 0 and result["none"]["ngram_overlap"] is None
 
 
@@ -97,8 +104,10 @@ def test_memory_of_the_train_statistics_does_not_grow_with_the_split(tmp_path):
     peaks = {}
     for scale in (1, 4):
         train = _token_file(tmp_path / f"train-{scale}.bin", rng.integers(0, 512, size=n * scale))
-        peaks[scale] = (_peak_bytes(lambda: unigram_counts(train, 512, chunk=1 << 17)),
-                        _peak_bytes(lambda: contamination.overlaps(train, items, chunk=1 << 17)))
+        peaks[scale] = (
+            _peak_bytes(lambda: unigram_counts(train, 512, chunk=1 << 17)),
+            _peak_bytes(lambda: contamination.overlaps(train, items, chunk=1 << 17)),
+        )
     for one, four in zip(peaks[1], peaks[4]):
         assert four < one * 1.2 + (1 << 20), peaks
         assert four < 8 * n, peaks  # far below the 4x split's int64 size (8 bytes x 4n tokens)

@@ -86,9 +86,21 @@ def test_a_reference_in_bits_per_byte_is_drawn_and_compared_in_bits_per_byte(tmp
     assert reference_loss(plain, None) is None  # no byte counts: no line rather than a wrong one
     assert reference_loss({"val_loss": 3.28, "source": "llm.c"}, None) == 3.28
     assert _reference_line(plain, val_loss=3.5, val_bpb=1.4) == [
-        "Reference: bits per byte 1.6 (plain loop); this run 1.4000, 0.200 below it.", ""]
-    records = [{"step": s, "loss": 5 - s / 100, "bpb": 2 - s / 250, "lr": 1e-3, "tokens_per_s": 1e3, "tflops": 0.1,
-                "mfu": None} for s in (10, 20)]
+        "Reference: bits per byte 1.6 (plain loop); this run 1.4000, 0.200 below it.",
+        "",
+    ]
+    records = [
+        {
+            "step": s,
+            "loss": 5 - s / 100,
+            "bpb": 2 - s / 250,
+            "lr": 1e-3,
+            "tokens_per_s": 1e3,
+            "tflops": 0.1,
+            "mfu": None,
+        }
+        for s in (10, 20)
+    ]
     png = tmp_path / "loss.png"
     plot_loss(records, png, unigram=6.0, reference=plain, bits_per_nat=bits_per_nat)
     assert png.read_bytes()[:4] == b"\x89PNG"

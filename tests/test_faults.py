@@ -59,8 +59,11 @@ def test_a_nan_loss_is_never_applied_nor_saved_and_stops_naming_the_last_good_ch
     # checkpoint would be the first save after it: the run must stop before it.
     monkeypatch.setenv("KILN_FAULT", "nan_loss@3")
     out = tmp_path / "run"
-    with pytest.raises(RunStopped, match=r"step 3: loss nan, .*not finite, so not applied.*"
-                                         r"Last good checkpoint: .*step-0000002, where a rerun resumes") as stopped:
+    with pytest.raises(
+        RunStopped,
+        match=r"step 3: loss nan, .*not finite, so not applied.*"
+        r"Last good checkpoint: .*step-0000002, where a rerun resumes",
+    ) as stopped:
         run(train_sections(max_steps=10, log_every=5, checkpoint_every=2), shards, out)
     assert stopped.value.exit_code == ExitCode.NONFINITE == 76
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [checkpoint.MARKER, "step-0000002"]
@@ -77,7 +80,9 @@ def test_skip_mode_drops_non_finite_steps_and_applies_the_rest(shards, tmp_path,
     # step count says so: the fused update is skipped whole), the run goes on and logs them.
     monkeypatch.setenv("KILN_FAULT", "nan_loss@3,inf_grad@6")
     out = tmp_path / "run"
-    sections = train_sections(max_steps=10, log_every=5, checkpoint_every=10, nonfinite={"action": "skip", "max_skips": 2})
+    sections = train_sections(
+        max_steps=10, log_every=5, checkpoint_every=10, nonfinite={"action": "skip", "max_skips": 2}
+    )
     result = run(sections, shards, out)
     records = _records(out)
     assert [(r["step"], r.get("skipped_steps")) for r in records] == [(5, [3]), (10, [6])]
@@ -89,8 +94,12 @@ def test_skip_mode_drops_non_finite_steps_and_applies_the_rest(shards, tmp_path,
 
 def test_skip_mode_stops_past_max_skips(shards, tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_FAULT", "nan_loss@3,inf_grad@4")
-    sections = train_sections(max_steps=10, log_every=5, checkpoint_every=2, nonfinite={"action": "skip", "max_skips": 1})
-    with pytest.raises(RunStopped, match=r"step 4: .*2 batches skipped, more than train.nonfinite.max_skips 1.*step-0000002"):
+    sections = train_sections(
+        max_steps=10, log_every=5, checkpoint_every=2, nonfinite={"action": "skip", "max_skips": 1}
+    )
+    with pytest.raises(
+        RunStopped, match=r"step 4: .*2 batches skipped, more than train.nonfinite.max_skips 1.*step-0000002"
+    ):
         run(sections, shards, tmp_path / "run")
 
 
@@ -119,7 +128,9 @@ def test_a_preemption_signal_saves_that_step_and_the_rerun_continues_exactly(sha
     run(sections, shards, tmp_path / "full")
     out = tmp_path / "preempted"
     monkeypatch.setenv("KILN_FAULT", f"{signal}@7")
-    with pytest.raises(RunStopped, match=rf"{signal.upper()}: every rank saved step 7 .*step-0000007.*from step 8") as stopped:
+    with pytest.raises(
+        RunStopped, match=rf"{signal.upper()}: every rank saved step 7 .*step-0000007.*from step 8"
+    ) as stopped:
         run(sections, shards, out)
     assert stopped.value.exit_code == ExitCode.PREEMPTED == 75
     assert [r["step"] for r in _records(out)] == list(range(1, 8))
@@ -175,7 +186,9 @@ def test_a_held_run_waits_for_the_signal_then_saves_that_step(shards, tmp_path, 
     assert [r["step"] for r in _records(out)] == list(range(1, 13))
 
 
-def test_a_full_disk_while_checkpointing_is_a_clear_error_and_the_previous_checkpoint_stays(shards, tmp_path, monkeypatch):
+def test_a_full_disk_while_checkpointing_is_a_clear_error_and_the_previous_checkpoint_stays(
+    shards, tmp_path, monkeypatch
+):
     monkeypatch.setenv("KILN_FAULT", "enospc@4")
     out = tmp_path / "run"
     with pytest.raises(KilnError, match=r"step-0000004: no space left on the device") as failed:
@@ -198,8 +211,10 @@ def test_on_two_ranks_a_step_non_finite_on_one_rank_is_skipped_by_both(tmp_path)
     0 only; every rank skips both updates (the flag is agreed on the device), so the ranks' weights
     stay identical and finite, and Adam took 4 of the 6 steps."""
     write_shards(tmp_path / "shards")
-    argv = launch.command({"nproc_per_node": 2, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": ""},
-                          [str(Path(__file__).with_name("fault_worker.py")), str(tmp_path)])
+    argv = launch.command(
+        {"nproc_per_node": 2, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": ""},
+        [str(Path(__file__).with_name("fault_worker.py")), str(tmp_path)],
+    )
     path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
     result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)

@@ -65,8 +65,12 @@ def unfim(pieces: list) -> str:
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=st.text(), seed=st.integers(min_value=0, max_value=2**32), doc_id=st.text(max_size=20),
-       shares=st.sampled_from([(0.5, 0.5, 0.0), (0.5, 0.25, 0.25), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0)]))
+@given(
+    text=st.text(),
+    seed=st.integers(min_value=0, max_value=2**32),
+    doc_id=st.text(max_size=20),
+    shares=st.sampled_from([(0.5, 0.5, 0.0), (0.5, 0.25, 0.25), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0)]),
+)
 def test_removing_sentinels_and_reordering_gives_back_the_document(text, seed, doc_id, shares):
     cfg = dict(ALWAYS, psm=shares[0], spm=shares[1], middle_only=shares[2])
     mode, pieces = fim(text, seed, doc_id, cfg)

@@ -159,8 +159,16 @@ def test_sampling_is_deterministic_for_a_seed_and_keeps_to_the_vocab():
     prompts = _prompts()
 
     def sample(seed: int) -> list[list[int]]:
-        return generate(model, prompts, 12, temperature=1.0, top_k=50, top_p=0.95, vocab_size=100,
-                        generator=torch.Generator().manual_seed(seed))
+        return generate(
+            model,
+            prompts,
+            12,
+            temperature=1.0,
+            top_k=50,
+            top_p=0.95,
+            vocab_size=100,
+            generator=torch.Generator().manual_seed(seed),
+        )
 
     first = sample(5)
     assert first == sample(5) and first != sample(6)
@@ -180,21 +188,37 @@ def test_infill_decodes_in_batches_as_one_by_one(tokenizer):
     stop = frozenset({tokenizer.token_to_id(EOS), tokenizer.token_to_id("<file_sep>")})
     for ex, (problem, layout) in zip(result["examples"], [(p, lay) for p in problems for lay in ("psm", "spm")]):
         assert (ex["doc_id"], ex["layout"]) == (problem.doc_id, layout)
-        [alone] = generate(model, [_prompt(problem, tokenizer, layout, cfg.seq_len - 64)], 64, stop_ids=stop,
-                           vocab_size=tokenizer.get_vocab_size())
+        [alone] = generate(
+            model,
+            [_prompt(problem, tokenizer, layout, cfg.seq_len - 64)],
+            64,
+            stop_ids=stop,
+            vocab_size=tokenizer.get_vocab_size(),
+        )
         assert ex["completion"] == tokenizer.decode(alone, skip_special_tokens=False)
 
 
 def test_completions_greedy_and_sampled_per_prompt(tokenizer):
     model = _model(ModelConfig(family="llama", vocab_size=512, seq_len=32, n_layer=1, n_head=2, d_model=32))
-    cfg = {"prompts": ["import os\n", "def f(x):\n"], "max_new_tokens": 5, "temperature": 0.8, "top_k": 50,
-           "top_p": 0.9}
+    cfg = {
+        "prompts": ["import os\n", "def f(x):\n"],
+        "max_new_tokens": 5,
+        "temperature": 0.8,
+        "top_k": 50,
+        "top_p": 0.9,
+    }
     rows = completions(model, tokenizer, cfg, seed=0)
     assert [r["prompt"] for r in rows] == cfg["prompts"]
     assert rows == completions(model, tokenizer, cfg, seed=0)
     # greedy is generate() on the healed prompt, the healed text taken off the front
     ids, allowed, cut = heal(tokenizer, tokenizer.encode("def f(x):\n", add_special_tokens=False).ids)
-    [greedy] = generate(model, [ids], 5, stop_ids=frozenset({tokenizer.token_to_id(EOS)}),
-                        vocab_size=tokenizer.get_vocab_size(), first_allowed=[allowed])
+    [greedy] = generate(
+        model,
+        [ids],
+        5,
+        stop_ids=frozenset({tokenizer.token_to_id(EOS)}),
+        vocab_size=tokenizer.get_vocab_size(),
+        first_allowed=[allowed],
+    )
     text = tokenizer.decode(greedy, skip_special_tokens=False)
-    assert cut == "\n" and text.startswith(cut) and rows[1]["greedy"] == text[len(cut):]
+    assert cut == "\n" and text.startswith(cut) and rows[1]["greedy"] == text[len(cut) :]

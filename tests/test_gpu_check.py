@@ -19,11 +19,22 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = [
-    "flash SDPA", "fused AdamW", "torch.compile gpt2-124m", "MFU gpt2-124m seq 1024",
-    "bench/train_throughput.py gpt2-124m", "chunked loss memory, flagship logits", "MFU llama3.2-1b seq 8192",
-    "MFU llama3.2-1b, torchtitan transformers-backend count", "memory estimate llama3.2-1b seq 8192", "smoke memory snapshot",
-    "eval on GPU vs CPU", "tiny pipeline, train.device=cuda", "bench/generate.py",
-    "two-rank smoke, NCCL", "DDP 2 ranks, NCCL", "FSDP 2 ranks, NCCL",
+    "flash SDPA",
+    "fused AdamW",
+    "torch.compile gpt2-124m",
+    "MFU gpt2-124m seq 1024",
+    "bench/train_throughput.py gpt2-124m",
+    "chunked loss memory, flagship logits",
+    "MFU llama3.2-1b seq 8192",
+    "MFU llama3.2-1b, torchtitan transformers-backend count",
+    "memory estimate llama3.2-1b seq 8192",
+    "smoke memory snapshot",
+    "eval on GPU vs CPU",
+    "tiny pipeline, train.device=cuda",
+    "bench/generate.py",
+    "two-rank smoke, NCCL",
+    "DDP 2 ranks, NCCL",
+    "FSDP 2 ranks, NCCL",
 ]
 
 
@@ -60,8 +71,15 @@ def test_cpu_dry_run_prints_every_row_and_fails_none(tmp_path):
 def test_a_deadline_already_spent_still_gives_every_row_a_reason(tmp_path):
     """With no time left nothing starts, not even the environment probe, and the table still has
     every check's rows, each a FAIL saying why, and the run exits 1."""
-    command = [sys.executable, str(REPO / "bench" / "gpu_check.py"), "--cpu-dry-run", "--out", str(tmp_path),
-               "--deadline-s", "0"]
+    command = [
+        sys.executable,
+        str(REPO / "bench" / "gpu_check.py"),
+        "--cpu-dry-run",
+        "--out",
+        str(tmp_path),
+        "--deadline-s",
+        "0",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stdout + done.stderr
     rows = _table(done.stdout)
@@ -113,8 +131,12 @@ def test_a_check_is_ended_with_a_rank_it_started_in_a_session_of_its_own(tmp_pat
     """Over budget ("hang") or done ("return"), the check's rank is gone afterwards: killing the
     check's process group (the old way) leaves it running, holding the next check's GPU. The reason
     of a check over budget quotes its last progress note."""
-    done = subprocess.run([sys.executable, "-c", DRIVER, str(REPO / "bench"), str(tmp_path), mode],
-                          capture_output=True, text=True, timeout=90)
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(REPO / "bench"), str(tmp_path), mode],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     rank = int((tmp_path / "rank.pid").read_text())
     try:
@@ -160,8 +182,15 @@ def test_a_run_stopped_while_torchrun_ranks_train_ends_them_and_still_prints_the
     """SIGTERM (a device session ending) once the two-rank check's ranks have joined their group:
     the run still prints the check's rows, each saying why it has no figures, exits 1, and leaves no
     rank behind, though torchrun started each in a session of its own."""
-    command = [sys.executable, str(REPO / "bench" / "gpu_check.py"), "--cpu-dry-run", "--out", str(tmp_path),
-               "--only", "two-ranks"]
+    command = [
+        sys.executable,
+        str(REPO / "bench" / "gpu_check.py"),
+        "--cpu-dry-run",
+        "--out",
+        str(tmp_path),
+        "--only",
+        "two-ranks",
+    ]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     progress, give_up = tmp_path / "two-ranks" / "progress.tsv", time.monotonic() + 120
     while "ranks joined" not in (progress.read_text() if progress.exists() else "") and run.poll() is None:

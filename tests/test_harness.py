@@ -90,8 +90,9 @@ def test_next_line_context_ends_at_a_token_boundary(docs, tokenizer, tmp_path):
 
 def test_local_tasks_run_through_simple_evaluate(docs, checkpoint, tokenizer, tokenizer_path, tmp_path):
     tasks_dir = write_local_tasks(docs, tmp_path / "tasks", seed=1, max_docs=4, tokenizer=tokenizer)
-    results = run_lm_eval("kiln", {"pretrained": str(checkpoint), "tokenizer": str(tokenizer_path)},
-                          list(LOCAL_TASKS), tasks_dir, limit=2)
+    results = run_lm_eval(
+        "kiln", {"pretrained": str(checkpoint), "tokenizer": str(tokenizer_path)}, list(LOCAL_TASKS), tasks_dir, limit=2
+    )
     assert set(results) == {"kiln_heldout_perplexity", "kiln_heldout_next_line"}
     bpb = results["kiln_heldout_perplexity"]["bits_per_byte,none"]
     assert 0 < bpb < 20
@@ -100,8 +101,8 @@ def test_local_tasks_run_through_simple_evaluate(docs, checkpoint, tokenizer, to
 
 def test_hf_export_through_lm_eval_hf_agrees(docs, checkpoint, tokenizer, tokenizer_path, tmp_path):
     """The same weights scored by lm-eval's own `hf` model (transformers) and by `kiln` agree."""
-    from kiln.model.build import load_model
     from kiln.hf import export
+    from kiln.model.build import load_model
 
     hf_dir = tmp_path / "hf"
     export(load_model(checkpoint), hf_dir, tokenizer_path)

@@ -47,8 +47,9 @@ def test_a_model_that_learnt_the_merged_newline_writes_the_body_only_when_healed
     ids = tokenizer.encode(CODE * 40, add_special_tokens=False).ids
     assert tokenizer.encode(CODE, add_special_tokens=False).ids[-4:] != [tokenizer.token_to_id("Ċ")] * 4
     torch.manual_seed(0)
-    model = build_model(ModelConfig(family="gpt2", vocab_size=tokenizer.get_vocab_size(), seq_len=32, n_layer=2,
-                                    n_head=2, d_model=64))
+    model = build_model(
+        ModelConfig(family="gpt2", vocab_size=tokenizer.get_vocab_size(), seq_len=32, n_layer=2, n_head=2, d_model=64)
+    )
     data = torch.tensor(ids)
     rows = torch.stack([data[i : i + 33] for i in range(0, len(ids) - 33, 3)])  # (N, 33)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)

@@ -7,8 +7,7 @@ import json
 
 import pytest
 import torch
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig,
-                          LlamaForCausalLM)
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from kiln import hf
 from kiln.data.tokenizer import EOS, load_tokenizer
@@ -99,9 +98,17 @@ def test_transformers_gpt2_imports_with_matching_logits(tmp_path):
 
 def test_transformers_llama_imports_with_matching_logits(tmp_path):
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=80, num_hidden_layers=2,
-                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1000.0}, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+        tie_word_embeddings=False,
+    )
     theirs = LlamaForCausalLM(config).eval()
     theirs.save_pretrained(tmp_path)
     ours = hf.load(tmp_path)
@@ -114,14 +121,23 @@ def test_transformers_llama_imports_with_matching_logits(tmp_path):
 def test_import_errors_name_the_file_and_what_is_missing(tmp_path):
     with pytest.raises(KilnError, match="config.json: not found"):
         hf.load(tmp_path)
-    config = {"model_type": "llama", "vocab_size": 64, "hidden_size": 64, "intermediate_size": 128,
-              "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 64,
-              "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0}}
+    config = {
+        "model_type": "llama",
+        "vocab_size": 64,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 64,
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0},
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(KilnError, match="rope type 'llama3' is not supported"):
         hf.load(tmp_path)
     v4_style = {k: v for k, v in config.items() if k != "rope_parameters"} | {
-        "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 32.0}}  # Llama-3.2-1B's own
+        "rope_theta": 500000.0,
+        "rope_scaling": {"rope_type": "llama3", "factor": 32.0},
+    }  # Llama-3.2-1B's own
     (tmp_path / "config.json").write_text(json.dumps(v4_style))
     with pytest.raises(KilnError, match="rope type 'llama3' is not supported"):
         hf.load(tmp_path)

@@ -12,8 +12,7 @@ import pytest
 import torch
 from synthetic import train_sections, write_shards
 
-from kiln import layout
-from kiln import hf
+from kiln import hf, layout
 from kiln.errors import KilnError
 from kiln.io import read_json, write_json
 from kiln.model.build import load_model
@@ -47,19 +46,25 @@ def last_val(out: Path) -> float:
     return [r["val_loss"] for r in records(out) if "val_loss" in r][-1]
 
 
-@pytest.mark.parametrize("spec", [{"run": "source"}, {"hf": "HF"}, {"checkpoint": "CKPT"}], ids=["run", "hf", "checkpoint"])
+@pytest.mark.parametrize(
+    "spec", [{"run": "source"}, {"hf": "HF"}, {"checkpoint": "CKPT"}], ids=["run", "hf", "checkpoint"]
+)
 def test_the_first_validation_is_the_sources_last(shards, source, spec):
     """Same data, same eval batches: the continued run's step-0 validation equals the source's final one
     (exactly: the same weights), and it then trains its own schedule from there."""
-    spec = {k: {"HF": str(source / "hf"), "CKPT": str(source / "checkpoints" / "step-0000010")}.get(v, v)
-            for k, v in spec.items()}
+    spec = {
+        k: {"HF": str(source / "hf"), "CKPT": str(source / "checkpoints" / "step-0000010")}.get(v, v)
+        for k, v in spec.items()
+    }
     out = source.parents[1] / f"continued-{next(iter(spec))}" / "train"
     result = run(train_sections(max_steps=6, warmup_steps=1, init_from=spec), shards, out)
     first = records(out)[0]
     assert first["step"] == 0 and first["tokens"] == 0 and "loss" not in first
     assert first["val_loss"] == pytest.approx(last_val(source), rel=1e-6, abs=1e-7)
     assert result.init_from == first["init_from"] and next(iter(spec)) in result.init_from
-    fresh = run(train_sections(max_steps=6, warmup_steps=1), shards, out.parent.parent / f"fresh-{next(iter(spec))}" / "train")
+    fresh = run(
+        train_sections(max_steps=6, warmup_steps=1), shards, out.parent.parent / f"fresh-{next(iter(spec))}" / "train"
+    )
     assert result.losses[0] < fresh.losses[0] - 0.5  # it starts where the source was, not at ln(vocab)
 
 
@@ -79,8 +84,11 @@ def test_the_optimizer_state_comes_too_when_asked_and_the_settings_stay_this_run
 
 def test_another_model_shape_is_an_error_naming_the_weight(shards, source, tmp_path):
     sections = train_sections(model={"n_layer": 1, "n_head": 2, "d_model": 16}, init_from={"hf": str(source / "hf")})
-    with pytest.raises(KilnError, match=r"train.init_from: hf .*/hf \(weights\): weight \S+ is \(\d+, 32\), this run's "
-                                        r"model has \(\d+, 16\); set model: to the source's shape"):
+    with pytest.raises(
+        KilnError,
+        match=r"train.init_from: hf .*/hf \(weights\): weight \S+ is \(\d+, 32\), this run's "
+        r"model has \(\d+, 16\); set model: to the source's shape",
+    ):
         run(sections, shards, tmp_path / "results" / "x" / "train")
 
 
@@ -99,7 +107,8 @@ def test_a_retrained_source_is_another_trajectory():
     old = fingerprint.trajectory({"lr": 0.1, "init_from": {"run": "a"}}, 10, "ab" * 32)
     new = fingerprint.trajectory({"lr": 0.1, "init_from": {"run": "a"}}, 10, "cd" * 32)
     assert fingerprint.differences({"train": old}, {"train": new}) == [
-        "train.init_from's weights (sha256): abababababab… in the checkpoint, cdcdcdcdcdcd… now"]
+        "train.init_from's weights (sha256): abababababab… in the checkpoint, cdcdcdcdcdcd… now"
+    ]
 
 
 def test_a_missing_source_is_an_error_naming_it(shards, tmp_path):

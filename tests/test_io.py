@@ -161,8 +161,9 @@ def test_durable_writes_land_like_plain_ones(tmp_path):
 
 
 def test_remove_dead_temps_removes_only_dead_writers_temps_on_this_host(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     dead_pid, host = int(dead.stdout), socket.gethostname()
     names = {
         f".state.tmp-{host}-{dead_pid}": "dead writer, this host",  # removed
@@ -195,8 +196,15 @@ def test_stable_hash_pinned_value():
 
 
 def test_stable_hash_is_64_bit_and_differs_across_inputs():
-    values = [stable_hash("a"), stable_hash("b"), stable_hash("ab"), stable_hash("a", "b"),
-              stable_hash("b", "a"), stable_hash(1), stable_hash("kiln", 1, 2.5)]
+    values = [
+        stable_hash("a"),
+        stable_hash("b"),
+        stable_hash("ab"),
+        stable_hash("a", "b"),
+        stable_hash("b", "a"),
+        stable_hash(1),
+        stable_hash("kiln", 1, 2.5),
+    ]
     assert len(set(values)) == len(values)
     assert all(0 <= v < 2**64 for v in values)
     assert stable_hash("a", "b") == stable_hash("a", "b")

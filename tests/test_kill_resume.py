@@ -28,8 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "configs" / "tiny.yaml"
 VENV_BIN = str(Path(sys.executable).parent)
 # One micro-batch of 8 rows per rank: the global batch of tiny.yaml (1,024 tokens) on two ranks.
-OVERRIDES = ["train={max_steps: 20, checkpoint_every: 5, log_every: 1, eval_every: 10, nproc_per_node: 2, "
-             "micro_batch: 8}", "model={dropout: 0.1}"]
+OVERRIDES = [
+    "train={max_steps: 20, checkpoint_every: 5, log_every: 1, eval_every: 10, nproc_per_node: 2, micro_batch: 8}",
+    "model={dropout: 0.1}",
+]
 
 
 def snakemake(workdir: Path, target: str, fault: str | None = None) -> subprocess.CompletedProcess:
@@ -38,9 +40,27 @@ def snakemake(workdir: Path, target: str, fault: str | None = None) -> subproces
     if fault:
         env["KILN_FAULT"] = fault
     result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
-         "--cores", "2", target, "--configfile", str(TINY), "--config", *OVERRIDES],
-        capture_output=True, text=True, env=env, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-s",
+            str(ROOT / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "--cores",
+            "2",
+            target,
+            "--configfile",
+            str(TINY),
+            "--config",
+            *OVERRIDES,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     result.train_log = (workdir / "results" / "tiny" / "logs" / "train.log").read_text()
     return result
 
@@ -49,10 +69,28 @@ def snakemake(workdir: Path, target: str, fault: str | None = None) -> subproces
 def prepared(tmp_path_factory) -> Path:
     """Data stages and smoke of the run, done once."""
     workdir = tmp_path_factory.mktemp("prepared")
-    result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
-                             str(workdir), "--cores", "2", "results/tiny/smoke/report.json", "--configfile", str(TINY),
-                             "--config", *OVERRIDES], capture_output=True, text=True, timeout=600,
-                            env=dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", "")))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-s",
+            str(ROOT / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "--cores",
+            "2",
+            "results/tiny/smoke/report.json",
+            "--configfile",
+            str(TINY),
+            "--config",
+            *OVERRIDES,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", "")),
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return workdir
 

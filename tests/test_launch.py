@@ -17,15 +17,28 @@ ONE_NODE = {"nproc_per_node": 4, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": "
 
 def test_one_node_is_a_standalone_torchrun_of_this_python():
     argv = command(ONE_NODE, ["train.py", "--x"], env={})
-    assert argv == [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", "--standalone",
-                    "train.py", "--x"]
+    assert argv == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=4",
+        "--standalone",
+        "train.py",
+        "--x",
+    ]
 
 
 def test_nodes_started_by_hand_meet_at_the_static_endpoint():
     train = ONE_NODE | {"nnodes": 2, "node_rank": 1, "rdzv_endpoint": "node0:29400"}
     argv = command(train, ["train.py"], env={"SLURM_JOB_ID": "7"})  # an endpoint wins over Slurm
-    assert argv[3:] == ["--nproc_per_node=4", "--nnodes=2", "--node_rank=1", "--rdzv_backend=static",
-                        "--rdzv_endpoint=node0:29400", "train.py"]
+    assert argv[3:] == [
+        "--nproc_per_node=4",
+        "--nnodes=2",
+        "--node_rank=1",
+        "--rdzv_backend=static",
+        "--rdzv_endpoint=node0:29400",
+        "train.py",
+    ]
 
 
 def test_several_nodes_without_slurm_or_an_endpoint_name_the_keys():
@@ -34,16 +47,29 @@ def test_several_nodes_without_slurm_or_an_endpoint_name_the_keys():
 
 
 def test_the_module_reports_the_error_in_one_line_and_exits_1():
-    result = subprocess.run([sys.executable, "-m", "kiln.train.launch", "--train",
-                             '{"nproc_per_node": 1, "nnodes": 3, "node_rank": 0, "rdzv_endpoint": ""}',
-                             "--", "train.py"], capture_output=True, text=True, env={"PATH": ""})
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kiln.train.launch",
+            "--train",
+            '{"nproc_per_node": 1, "nnodes": 3, "node_rank": 0, "rdzv_endpoint": ""}',
+            "--",
+            "train.py",
+        ],
+        capture_output=True,
+        text=True,
+        env={"PATH": ""},
+    )
     assert result.returncode == 1 and "train.nnodes: 3 nodes need a Slurm allocation" in result.stderr
 
 
 def test_the_launcher_exits_with_the_code_a_rank_left_else_its_childs():
     # What kiln.stage.run_main does on a rank that stops with a Kiln exit code, then torchrun's exit 1.
-    rank = ("import json, os, sys; json.dump({'code': 75, 'message': 'preempted'}, "
-            "open(os.environ['KILN_EXIT_FILE'], 'w')); sys.exit(1)")
+    rank = (
+        "import json, os, sys; json.dump({'code': 75, 'message': 'preempted'}, "
+        "open(os.environ['KILN_EXIT_FILE'], 'w')); sys.exit(1)"
+    )
     before = signal.getsignal(signal.SIGTERM)
     assert run_ranks([sys.executable, "-c", rank]) == 75
     assert signal.getsignal(signal.SIGTERM) is before  # its wait-through handlers are gone again

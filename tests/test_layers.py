@@ -86,7 +86,9 @@ def layer_problems(src: Path) -> list[str]:
         rel = path.relative_to(src.parent).as_posix()
         here = unit_of(module, units)
         if here is None:
-            problems.append(f"{rel}: {module} is in no layer: add its package or module to LAYERS in tests/test_layers.py")
+            problems.append(
+                f"{rel}: {module} is in no layer: add its package or module to LAYERS in tests/test_layers.py"
+            )
             continue
         for line, name in imported(path, module):
             top = name.split(".")[0]
@@ -103,11 +105,15 @@ def layer_problems(src: Path) -> list[str]:
                 continue
             (hi, _), (ti, _) = units[here], units[there]
             if ti > hi:
-                problems.append(f"{rel}:{line}: {describe(here, units)} imports {name} from a higher layer, "
-                                f"{describe(there, units)}")
+                problems.append(
+                    f"{rel}:{line}: {describe(here, units)} imports {name} from a higher layer, "
+                    f"{describe(there, units)}"
+                )
             elif ti == hi:
-                problems.append(f"{rel}:{line}: {here} imports {name} from {there}, a sibling it is declared "
-                                f"independent of (layer {hi}: {', '.join(LAYERS[hi])})")
+                problems.append(
+                    f"{rel}:{line}: {here} imports {name} from {there}, a sibling it is declared "
+                    f"independent of (layer {hi}: {', '.join(LAYERS[hi])})"
+                )
     return problems
 
 
@@ -123,8 +129,10 @@ def above_problems(root: Path) -> list[str]:
         for line, name in imported(path, path.stem):
             top = name.split(".")[0]
             if top in ABOVE or top in bench_names | test_names | script_names:
-                problems.append(f"{path.relative_to(root).as_posix()}:{line}: a stage script imports {name}; "
-                                "the scripts import kiln only (shared code belongs in the package)")
+                problems.append(
+                    f"{path.relative_to(root).as_posix()}:{line}: a stage script imports {name}; "
+                    "the scripts import kiln only (shared code belongs in the package)"
+                )
     return problems
 
 
@@ -142,10 +150,15 @@ def test_every_package_and_module_is_placed_in_one_layer():
     listed = [unit for units in LAYERS for unit in units]
     assert len(listed) == len(set(listed)), "a unit listed twice in LAYERS"
     src = REPO / "src" / "kiln"
-    present = {"kiln"} | {f"kiln.{p.stem}" for p in src.glob("*.py") if p.stem != "__init__"} | \
-        {f"kiln.{p.parent.name}" for p in src.glob("*/__init__.py")}
-    assert present == set(listed), (f"not in LAYERS: {sorted(present - set(listed))}; "
-                                    f"in LAYERS but not in src/kiln: {sorted(set(listed) - present)}")
+    present = (
+        {"kiln"}
+        | {f"kiln.{p.stem}" for p in src.glob("*.py") if p.stem != "__init__"}
+        | {f"kiln.{p.parent.name}" for p in src.glob("*/__init__.py")}
+    )
+    assert present == set(listed), (
+        f"not in LAYERS: {sorted(present - set(listed))}; "
+        f"in LAYERS but not in src/kiln: {sorted(set(listed) - present)}"
+    )
 
 
 def test_an_upward_or_sideways_import_is_named_with_file_line_and_layers(tmp_path):
@@ -169,8 +182,14 @@ def test_an_upward_or_sideways_import_is_named_with_file_line_and_layers(tmp_pat
     problems = layer_problems(tmp_path / "src")
     assert len(problems) == 4, problems
     up, sideways, above, unplaced = (
-        next(p for p in problems if p.startswith(prefix)) for prefix in
-        ("src/kiln/model/gpt.py:6:", "src/kiln/generate/decode.py:1:", "src/kiln/layout.py:1:", "src/kiln/extra.py:"))
+        next(p for p in problems if p.startswith(prefix))
+        for prefix in (
+            "src/kiln/model/gpt.py:6:",
+            "src/kiln/generate/decode.py:1:",
+            "src/kiln/layout.py:1:",
+            "src/kiln/extra.py:",
+        )
+    )
     assert "kiln.model (layer" in up and "imports kiln.train.trainer from a higher layer, kiln.train (layer" in up
     assert "kiln.plan.steps.plan_batch from kiln.plan, a sibling" in sideways
     assert "bench.gpu_check" in above and "kiln.extra is in no layer" in unplaced

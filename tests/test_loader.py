@@ -29,8 +29,17 @@ def shard_dir(tmp_path_factory):
         split: shard_split(np.arange(n * ROW_LEN + 3, dtype=np.uint16), out, split, ROW_LEN, 8, vocab_size=1024)
         for split, n in (("train", N_TRAIN), ("val", N_VAL))
     }
-    write_json(out / "manifest.json", {"seq_len": ROW_LEN - 1, "row_len": ROW_LEN, "dtype": "uint16",
-                                       "vocab_size": 1000, "padded_vocab_size": 1024, "splits": splits})
+    write_json(
+        out / "manifest.json",
+        {
+            "seq_len": ROW_LEN - 1,
+            "row_len": ROW_LEN,
+            "dtype": "uint16",
+            "vocab_size": 1000,
+            "padded_vocab_size": 1024,
+            "splits": splits,
+        },
+    )
     return out
 
 
@@ -158,8 +167,11 @@ def test_load_state_dict_refuses_other_seed_or_global_batch(train_rows):
     state = TrainBatches(train_rows, micro_batch=2, seed=5, world=1).state_dict()
     with pytest.raises(KilnError, match="seed 5 and a global batch of 2 rows; this run has seed 6 and 2 rows"):
         TrainBatches(train_rows, micro_batch=2, seed=6).load_state_dict(state)
-    with pytest.raises(KilnError, match=r"seed 5 and a global batch of 2 rows; this run has seed 5 and 4 rows "
-                                        r"\(2 ranks x 1 x 2\)"):
+    with pytest.raises(
+        KilnError,
+        match=r"seed 5 and a global batch of 2 rows; this run has seed 5 and 4 rows "
+        r"\(2 ranks x 1 x 2\)",
+    ):
         TrainBatches(train_rows, micro_batch=2, seed=5, rank=0, world=2).load_state_dict(state)
     with pytest.raises(KilnError, match="start the run over"):  # a checkpoint of the per-rank order
         TrainBatches(train_rows, micro_batch=2, seed=5).load_state_dict({"epoch": 0, "batch": 3, "seed": 5, "world": 1})
@@ -175,8 +187,11 @@ def test_state_dict_is_taken_between_steps(train_rows):
 
 
 def test_too_few_rows_for_one_batch_raises(train_rows):
-    with pytest.raises(KilnError, match=r"53 training rows cannot fill one global batch of 60 rows \(2 ranks x "
-                                        r"1 micro-batches x train.micro_batch 30\)"):
+    with pytest.raises(
+        KilnError,
+        match=r"53 training rows cannot fill one global batch of 60 rows \(2 ranks x "
+        r"1 micro-batches x train.micro_batch 30\)",
+    ):
         TrainBatches(train_rows, micro_batch=30, seed=0, world=2)
 
 

@@ -71,11 +71,23 @@ def test_chunked_loss_never_holds_the_logits():
     assert chunked < logits_fp32 / 2, (chunked, plain)
 
 
-MODELS = pytest.mark.parametrize("cfg", [
-    ModelConfig(family="gpt2", vocab_size=4096, seq_len=64, n_layer=2, n_head=2, d_model=32),
-    ModelConfig(family="llama", vocab_size=4096, seq_len=64, n_layer=2, n_head=4, n_kv_head=2, d_model=32,
-                tie_embeddings=False),
-], ids=["gpt2", "llama-untied"])
+MODELS = pytest.mark.parametrize(
+    "cfg",
+    [
+        ModelConfig(family="gpt2", vocab_size=4096, seq_len=64, n_layer=2, n_head=2, d_model=32),
+        ModelConfig(
+            family="llama",
+            vocab_size=4096,
+            seq_len=64,
+            n_layer=2,
+            n_head=4,
+            n_kv_head=2,
+            d_model=32,
+            tie_embeddings=False,
+        ),
+    ],
+    ids=["gpt2", "llama-untied"],
+)
 
 
 @MODELS

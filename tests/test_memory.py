@@ -23,17 +23,38 @@ def _shards(out: Path, vocab: int, seq_len: int, rows: int) -> Path:
     """Random-token shards in the shard stage's layout (vocab already a multiple of 64)."""
     tokens = np.random.default_rng(0).integers(0, vocab, size=rows * (seq_len + 1)).astype(np.uint16)
     splits = {s: shard_split(tokens, out, s, seq_len + 1, rows, vocab) for s in ("train", "val")}
-    write_json(out / "manifest.json", {"seq_len": seq_len, "row_len": seq_len + 1, "dtype": "uint16",
-                                       "vocab_size": vocab, "padded_vocab_size": vocab, "splits": splits})
+    write_json(
+        out / "manifest.json",
+        {
+            "seq_len": seq_len,
+            "row_len": seq_len + 1,
+            "dtype": "uint16",
+            "vocab_size": vocab,
+            "padded_vocab_size": vocab,
+            "splits": splits,
+        },
+    )
     return out
 
 
 def _sections(model: dict, seq_len: int, micro: int, precision: str, ac: str, compile_model="auto") -> dict:
-    raw = {"run_name": "memory", "seed": 1, "download": {"sources": [{"name": "x", "kind": "stdlib"}]},
-           "shard": {"seq_len": seq_len}, "model": model,
-           "train": {"micro_batch": micro, "max_steps": 10, "warmup_steps": 1, "precision": precision,
-                     "compile": compile_model, "activation_checkpointing": ac, "device": "cpu"},
-           "wandb": {"mode": "disabled"}}
+    raw = {
+        "run_name": "memory",
+        "seed": 1,
+        "download": {"sources": [{"name": "x", "kind": "stdlib"}]},
+        "shard": {"seq_len": seq_len},
+        "model": model,
+        "train": {
+            "micro_batch": micro,
+            "max_steps": 10,
+            "warmup_steps": 1,
+            "precision": precision,
+            "compile": compile_model,
+            "activation_checkpointing": ac,
+            "device": "cpu",
+        },
+        "wandb": {"mode": "disabled"},
+    }
     return kiln_config.stage_sections(run_config.validate(raw), "train")
 
 
@@ -41,33 +62,62 @@ def _sections(model: dict, seq_len: int, micro: int, precision: str, ac: str, co
 # the loss chunk and the states each lead in one of them.
 SHAPES = {
     "gpt2-bf16-activations": ({"n_layer": 4, "n_head": 4, "d_model": 256}, 512, 8, 512, "bf16", "none", False),
-    "llama-fp32-selective": ({"family": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "d_model": 256},
-                             512, 8, 512, "fp32", "selective", False),
-    "llama-bf16-loss": ({"family": "llama", "n_layer": 6, "n_head": 8, "n_kv_head": 2, "d_model": 128},
-                        512, 4, 32768, "bf16", "full", False),
+    "llama-fp32-selective": (
+        {"family": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "d_model": 256},
+        512,
+        8,
+        512,
+        "fp32",
+        "selective",
+        False,
+    ),
+    "llama-bf16-loss": (
+        {"family": "llama", "n_layer": 6, "n_head": 8, "n_kv_head": 2, "d_model": 128},
+        512,
+        4,
+        32768,
+        "bf16",
+        "full",
+        False,
+    ),
     # what train runs on a GPU: compiled. aot_eager_decomp_partition runs inductor's decompositions and
     # min-cut partitioner (so it keeps the tensors inductor keeps) without generating C++.
-    "llama-bf16-compiled": ({"family": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "d_model": 256},
-                            512, 8, 512, "bf16", "none", True),
+    "llama-bf16-compiled": (
+        {"family": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "d_model": 256},
+        512,
+        8,
+        512,
+        "bf16",
+        "none",
+        True,
+    ),
 }
 
 
 @pytest.mark.parametrize("name", SHAPES)
 def test_estimate_is_within_15_percent_of_real_cpu_train_steps(name, tmp_path):
     model, seq_len, micro, vocab, precision, ac, compiled = SHAPES[name]
-    trainer = Trainer(_sections(model, seq_len, micro, precision, ac, compile_model=False),
-                      _shards(tmp_path, vocab, seq_len, 4 * micro))
+    trainer = Trainer(
+        _sections(model, seq_len, micro, precision, ac, compile_model=False),
+        _shards(tmp_path, vocab, seq_len, 4 * micro),
+    )
     if compiled:
         trainer.model.compile(backend="aot_eager_decomp_partition")
     trainer.train_step()  # allocates AdamW's moments, compiles
-    resident = tensor_bytes([*trainer.model.parameters(), *(t for state in trainer.optimizer.state.values()
-                                                            for t in state.values())])
+    resident = tensor_bytes(
+        [*trainer.model.parameters(), *(t for state in trainer.optimizer.state.values() for t in state.values())]
+    )
     _, step = allocated_during(trainer.train_step)
     measured = resident + step.peak
-    est = estimate(trainer.cfg, Setting(micro_batch=micro, bf16=precision == "bf16", activation_checkpointing=ac,
-                                        compiled=compiled, cuda=False))
+    est = estimate(
+        trainer.cfg,
+        Setting(
+            micro_batch=micro, bf16=precision == "bf16", activation_checkpointing=ac, compiled=compiled, cuda=False
+        ),
+    )
     assert abs(est.total / measured - 1) <= TOLERANCE, (
-        f"{name}: estimated {est.total / 2**20:.1f} MiB, measured {measured / 2**20:.1f} MiB: {est.summary()}")
+        f"{name}: estimated {est.total / 2**20:.1f} MiB, measured {measured / 2**20:.1f} MiB: {est.summary()}"
+    )
 
 
 def _flagship(**overrides) -> tuple:
@@ -137,8 +187,12 @@ def test_fsdp_accumulation_keeps_every_gradient_whole_until_the_last_micro_batch
     for what, est in offered.items():
         if "train.micro_batch" in what:
             assert est.parts.get("accumulated gradients") == 4 * n
-    assert setting_of(_sections({"n_layer": 1, "n_head": 1, "d_model": 8}, 16, 2, "bf16", "none")["train"],
-                      grad_accum=4).grad_accum == 4
+    assert (
+        setting_of(
+            _sections({"n_layer": 1, "n_head": 1, "d_model": 8}, 16, 2, "bf16", "none")["train"], grad_accum=4
+        ).grad_accum
+        == 4
+    )
 
 
 @pytest.mark.parametrize("bf16,compiled", [(True, False), (True, True), (False, False)])
@@ -151,8 +205,8 @@ def test_the_per_layer_count_is_what_autograd_saves_for_kilns_block(bf16, compil
     import torch
 
     from kiln.model.llama import Block, rope_tables
-    from kiln.train.cpu_memory import saved_for_backward
     from kiln.plan.memory import layer_activation_bytes, layer_params
+    from kiln.train.cpu_memory import saved_for_backward
 
     cfg = resolve({"family": "llama", "n_layer": 1, "n_head": 4, "n_kv_head": 2, "d_model": 128}, 512, 128)
     batch, tokens = 3, 3 * cfg.seq_len  # 384 tokens: no activation has a weight's shape (C 128, K 64, F 512)

@@ -28,14 +28,29 @@ def test_flops_per_token_is_6n_plus_the_attention_term():
     assert flops_per_token(llama) == 6 * 1_040_254_976 + 12 * 16 * 32 * 64 * 8192
 
 
-@pytest.mark.parametrize("name,tflops,gib", [
-    ("NVIDIA H100 80GB HBM3", 989, 80), ("NVIDIA H100 PCIe", 756, 80), ("NVIDIA H100 NVL", 835, 94),
-    ("NVIDIA H200", 989, 141), ("NVIDIA H200 NVL", 835, 141), ("NVIDIA A100-SXM4-80GB", 312, 80),
-    ("NVIDIA A100-SXM4-40GB", 312, 40), ("NVIDIA B200", 2250, 180), ("NVIDIA L40S", 362, 48), ("NVIDIA L40", 181, 48),
-    ("NVIDIA L4", 121, 24), ("NVIDIA A10", 125, 24), ("NVIDIA GeForce RTX 5090", 209.5, 32),
-    ("NVIDIA GeForce RTX 4090", 165.2, 24), ("NVIDIA GeForce RTX 3090 Ti", 80, 24),
-    ("NVIDIA GeForce RTX 3080 Ti", 68.2, 12), ("NVIDIA GeForce RTX 3080", 59.5, 10), ("Tesla V100-SXM2-16GB", None, None),
-])
+@pytest.mark.parametrize(
+    "name,tflops,gib",
+    [
+        ("NVIDIA H100 80GB HBM3", 989, 80),
+        ("NVIDIA H100 PCIe", 756, 80),
+        ("NVIDIA H100 NVL", 835, 94),
+        ("NVIDIA H200", 989, 141),
+        ("NVIDIA H200 NVL", 835, 141),
+        ("NVIDIA A100-SXM4-80GB", 312, 80),
+        ("NVIDIA A100-SXM4-40GB", 312, 40),
+        ("NVIDIA B200", 2250, 180),
+        ("NVIDIA L40S", 362, 48),
+        ("NVIDIA L40", 181, 48),
+        ("NVIDIA L4", 121, 24),
+        ("NVIDIA A10", 125, 24),
+        ("NVIDIA GeForce RTX 5090", 209.5, 32),
+        ("NVIDIA GeForce RTX 4090", 165.2, 24),
+        ("NVIDIA GeForce RTX 3090 Ti", 80, 24),
+        ("NVIDIA GeForce RTX 3080 Ti", 68.2, 12),
+        ("NVIDIA GeForce RTX 3080", 59.5, 10),
+        ("Tesla V100-SXM2-16GB", None, None),
+    ],
+)
 def test_peak_table(name, tflops, gib):
     """By the name CUDA reports; a longer name wins over its prefix (H200 NVL, A100 40GB, L40S, 3080 Ti)."""
     assert peak_flops_of(name) == (tflops * 1e12 if tflops else None)
@@ -112,7 +127,10 @@ def test_metrics_file_drops_records_past_the_resume_step(tmp_path):
     sink.log({"step": 30, "loss": 0.5})
     sink.close()
     assert [json.loads(line) for line in path.read_text().splitlines()] == [
-        {"step": 10, "loss": 1.0}, {"step": 20, "loss": 1.0}, {"step": 30, "loss": 0.5}]
+        {"step": 10, "loss": 1.0},
+        {"step": 20, "loss": 1.0},
+        {"step": 30, "loss": 0.5},
+    ]
 
 
 def test_metrics_file_torn_last_line_is_dropped_on_resume(tmp_path, caplog):

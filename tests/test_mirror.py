@@ -45,8 +45,11 @@ def test_every_complete_checkpoint_is_mirrored_whole_and_loads(shards, tmp_path,
     mirror keeps them all. The async sharded save hands the checkpoint over from its own thread."""
     extra = {"checkpoint_format": "sharded", "async_checkpoint": True} if fmt == "sharded-async" else {}
     out = tmp_path / "my-run" / "train"
-    result = run(train_sections(checkpoint_every=5, keep_checkpoints=1, checkpoint_mirror=str(tmp_path / "mirror"),
-                                **extra), shards, out)
+    result = run(
+        train_sections(checkpoint_every=5, keep_checkpoints=1, checkpoint_mirror=str(tmp_path / "mirror"), **extra),
+        shards,
+        out,
+    )
     assert result.steps == 20 and result.mirror_failures == 0
     mirror = tmp_path / "mirror" / "my-run"  # <folder>/<run>/
     entries = _entries(out)
@@ -76,8 +79,11 @@ def test_a_mirror_command_gets_each_checkpoint_folder(shards, tmp_path):
 @pytest.mark.parametrize("target", ["folder under a file", "command exiting 1"])
 def test_a_failing_mirror_leaves_training_finished_and_reports_it(shards, tmp_path, caplog, target):
     (tmp_path / "a-file").write_text("not a folder")
-    setting = (str(tmp_path / "a-file" / "mirror") if target == "folder under a file"
-               else "test -d {src} && echo quota exceeded on {name} >&2; exit 1")
+    setting = (
+        str(tmp_path / "a-file" / "mirror")
+        if target == "folder under a file"
+        else "test -d {src} && echo quota exceeded on {name} >&2; exit 1"
+    )
     out = tmp_path / "run" / "train"
     with caplog.at_level(logging.WARNING, logger="kiln.train"):
         result = run(train_sections(checkpoint_every=10, checkpoint_mirror=setting), shards, out)
@@ -115,10 +121,16 @@ def test_the_next_job_copies_the_newest_checkpoint_a_stopped_job_did_not(tmp_pat
     assert not Mirror.of({"checkpoint_mirror": str(tmp_path / "m")}, train_dir, rank=1).enabled
 
 
-@pytest.mark.parametrize("setting,match", [
-    ("rclone copy {src} remote:{step}", r"train.checkpoint_mirror: .* placeholders can only be \{name\} and \{run\}"),
-    ("/backup/{run}", r"train.checkpoint_mirror: .* has a placeholder but no \{src\}"),
-])
+@pytest.mark.parametrize(
+    "setting,match",
+    [
+        (
+            "rclone copy {src} remote:{step}",
+            r"train.checkpoint_mirror: .* placeholders can only be \{name\} and \{run\}",
+        ),
+        ("/backup/{run}", r"train.checkpoint_mirror: .* has a placeholder but no \{src\}"),
+    ],
+)
 def test_a_bad_mirror_setting_is_a_clear_error(tmp_path, setting, match):
     with pytest.raises(KilnError, match=match):
         Mirror.of({"checkpoint_mirror": setting}, tmp_path / "train", rank=0)

@@ -13,14 +13,17 @@ from kiln.train import parallel
 from kiln.train.distributed import Dist
 
 ONE_RANK = Dist(rank=0, local_rank=0, world=1, device=torch.device("cpu"))
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
+)  # inductor's
 LLAMA = {"family": "llama", "n_layer": 3, "n_head": 2, "n_kv_head": 1, "d_model": 32}
 
 
 def test_one_rank_compiles_each_block_not_the_whole_model():
     model = build_model(resolve(LLAMA, 64, 16))
-    wrapped = parallel.parallelize(model, ONE_RANK, strategy="ddp", compile_model=True,
-                                   activation_checkpointing="none", bf16=False)
+    wrapped = parallel.parallelize(
+        model, ONE_RANK, strategy="ddp", compile_model=True, activation_checkpointing="none", bf16=False
+    )
     assert wrapped is model  # nothing to replicate on one rank
     assert model._compiled_call_impl is None  # the whole model is not one graph ...
     assert all(block._compiled_call_impl is not None for block in model.blocks)  # ... each block is compiled

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from tiny import ROOT, TINY, tiny_layout
 
 from kiln.plan.steps import StageTimes, steps_within
@@ -23,9 +22,22 @@ VENV_BIN = str(Path(sys.executable).parent)
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
     return subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
-         "--cores", "2", *args],
-        capture_output=True, text=True, env=env, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-s",
+            str(ROOT / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "--cores",
+            "2",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
     )
 
 
@@ -47,20 +59,35 @@ def test_every_artifact_is_there(finished_run):
     paths = tiny_layout(workdir)
     data = {stage: paths.folder(stage) for stage in ("download", "tokenizer", "pretokenize", "shard")}
     assert all(folder.parent == workdir / "results" / "data" for folder in data.values())
-    shared = [data["download"] / "manifest.json", data["download"] / "stdlib" / "part-00000.parquet",
-              data["tokenizer"] / "tokenizer.json", data["tokenizer"] / "stats.json",
-              *(data["pretokenize"] / name for name in ("train.bin", "val.bin", "val_ids.txt", "meta.json")),
-              *(data["shard"] / name for name in ("manifest.json", "train-00000.bin", "val-00000.bin"))]
+    shared = [
+        data["download"] / "manifest.json",
+        data["download"] / "stdlib" / "part-00000.parquet",
+        data["tokenizer"] / "tokenizer.json",
+        data["tokenizer"] / "stats.json",
+        *(data["pretokenize"] / name for name in ("train.bin", "val.bin", "val_ids.txt", "meta.json")),
+        *(data["shard"] / name for name in ("manifest.json", "train-00000.bin", "val-00000.bin")),
+    ]
     assert [p for p in shared if not p.is_file()] == []
     for stage in data:
         assert Path(paths.log(stage)).exists() and Path(paths.benchmark(stage)).exists()
     assert json.loads((run / "layout.json").read_text())["data"]["shard"] == f"data/{data['shard'].name}"
     expected = [
-        "smoke/report.json", "smoke/plan.json", "smoke/plan.md", "train/samples.jsonl",
-        "train/model.safetensors", "train/model_config.json", "train/metrics.jsonl", "train/summary.json",
-        "train/checkpoints/LATEST", "train/hf/config.json", "train/hf/model.safetensors", "train/hf/tokenizer.json",
-        "eval/metrics.json", "eval/samples.json",
-        "report.md", "loss.png",
+        "smoke/report.json",
+        "smoke/plan.json",
+        "smoke/plan.md",
+        "train/samples.jsonl",
+        "train/model.safetensors",
+        "train/model_config.json",
+        "train/metrics.jsonl",
+        "train/summary.json",
+        "train/checkpoints/LATEST",
+        "train/hf/config.json",
+        "train/hf/model.safetensors",
+        "train/hf/tokenizer.json",
+        "eval/metrics.json",
+        "eval/samples.json",
+        "report.md",
+        "loss.png",
     ]
     missing = [p for p in expected if not (run / p).is_file()]
     assert not missing
@@ -75,19 +102,39 @@ def test_model_beats_the_unigram_baseline(finished_run):
     assert metrics["val_loss"] < metrics["unigram_val_loss"] - 0.1
     smoke = json.loads((run / "smoke" / "report.json").read_text())
     assert smoke["gate"] == "passed" and [c["name"] for c in smoke["checks"] if c["passed"]] == [
-        "preflight", "causality", "init loss", "health", "generalisation", "data", "tokens", "overfit"]
+        "preflight",
+        "causality",
+        "init loss",
+        "health",
+        "generalisation",
+        "data",
+        "tokens",
+        "overfit",
+    ]
     plan = json.loads((run / "smoke" / "plan.json").read_text())
     assert plan["total_tokens"] == 200 * 16 * 64 and plan["eta_s"] > 0 and plan["grad_accum"] == 1
     steps = [json.loads(line)["step"] for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(set(steps)) and steps[-1] == 200
     samples = [json.loads(line) for line in (run / "train" / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in samples] == [50, 100, 150, 200] and {s["prompt"] for s in samples} == {"import json\n"}
-    assert set(metrics["contamination"]) == {"val_documents", "infill_problems", "lm_eval kiln_heldout_perplexity",
-                                             "lm_eval kiln_heldout_next_line"}
+    assert set(metrics["contamination"]) == {
+        "val_documents",
+        "infill_problems",
+        "lm_eval kiln_heldout_perplexity",
+        "lm_eval kiln_heldout_next_line",
+    }
     assert {"stdlib"} == set(metrics["val_by_source"]) and [c["step"] for c in metrics["checkpoints"]] == [100, 200]
     report = (run / "report.md").read_text()
-    for section in ("loss.png", "unigram", "## Smoke gate", "Plan against the full run", "Samples during training",
-                    "### Per source", "### Checkpoints kept", "Reference: val loss 5 (a round figure"):
+    for section in (
+        "loss.png",
+        "unigram",
+        "## Smoke gate",
+        "Plan against the full run",
+        "Samples during training",
+        "### Per source",
+        "### Checkpoints kept",
+        "Reference: val loss 5 (a round figure",
+    ):
         assert section in report, section
     assert "results/tiny/report.md" in result.stdout + result.stderr
 
@@ -127,7 +174,10 @@ def test_bad_config_fails_before_any_job(tmp_path):
     bad.write_text(yaml.safe_dump(cfg))
     result = snakemake(tmp_path, "--configfile", str(bad))
     assert result.returncode != 0
-    assert "train.lerning_rate: unknown key (allowed: activation_checkpointing, async_checkpoint, batch_tokens," in result.stdout + result.stderr
+    assert (
+        "train.lerning_rate: unknown key (allowed: activation_checkpointing, async_checkpoint, batch_tokens,"
+        in result.stdout + result.stderr
+    )
     assert not (tmp_path / "results").exists()
 
 
@@ -164,8 +214,15 @@ def test_a_time_budget_becomes_the_steps_train_runs(finished_run, tmp_path):
     workdir, _, _ = finished_run
     copy = tmp_path / "copy"
     shutil.copytree(workdir, copy, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete"))
-    result = snakemake(copy, "--until", "train", "--configfile", str(TINY),
-                       "--config", "train={budget: {minutes: 0.75}, max_steps: null, precision: auto}")
+    result = snakemake(
+        copy,
+        "--until",
+        "train",
+        "--configfile",
+        str(TINY),
+        "--config",
+        "train={budget: {minutes: 0.75}, max_steps: null, precision: auto}",
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert set(re.findall(r"^(?:local)?rule (\w+):", result.stdout + result.stderr, flags=re.M)) == {"smoke", "train"}
     run = copy / "results" / "tiny"
@@ -181,7 +238,8 @@ def test_a_time_budget_becomes_the_steps_train_runs(finished_run, tmp_path):
     records = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
     last = records[-1]
     assert last["step"] == steps and last["lr"] == pytest.approx(
-        lr_at(steps - 1, lr=0.005, min_lr=0.0005, warmup_steps=5, max_steps=steps))
+        lr_at(steps - 1, lr=0.005, min_lr=0.0005, warmup_steps=5, max_steps=steps)
+    )
     val = json.loads((tiny_layout(copy).folder("shard") / "manifest.json").read_text())["sources"]["stdlib"]["val"]
     assert last["val_bpb"] == pytest.approx(last["val_loss"] / math.log(2) * val["tokens"] / val["bytes"])
     train_log = (run / "logs" / "train.log").read_text()
@@ -211,11 +269,14 @@ def test_a_changed_lr_trains_the_changed_lr_and_another_run_shares_the_data(fini
     train_log = (copy / "results" / "tiny" / "logs" / "train.log").read_text()
     assert "train: starting from step 0: the run there finished at step-0000200" in train_log
     assert "resumed from step" not in train_log
-    records = [json.loads(line) for line in (copy / "results" / "tiny" / "train" / "metrics.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (copy / "results" / "tiny" / "train" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [r["step"] for r in records] == list(range(10, 201, 10))
 
-    fresh = snakemake(copy, "--configfile", str(TINY), "--config", "run_name=tiny-fresh", "train={lr: 0.004}",
-                      "--until", "train")
+    fresh = snakemake(
+        copy, "--configfile", str(TINY), "--config", "run_name=tiny-fresh", "train={lr: 0.004}", "--until", "train"
+    )
     assert fresh.returncode == 0, fresh.stdout[-3000:] + fresh.stderr[-3000:]
     assert planned_rules(fresh) == {"smoke", "train"}  # the data stages were already built
     ours = model_weights(copy / "results" / "tiny" / "train" / "model.safetensors")
@@ -223,8 +284,10 @@ def test_a_changed_lr_trains_the_changed_lr_and_another_run_shares_the_data(fini
     original = model_weights(workdir / "results" / "tiny" / "train" / "model.safetensors")
     assert ours.keys() == theirs.keys() and all((ours[k] == theirs[k]).all() for k in ours)
     assert any((ours[k] != original[k]).any() for k in ours)  # not the lr 0.005 model exported again
-    assert json.loads((copy / "results" / "tiny-fresh" / "layout.json").read_text())["data"] == \
-        json.loads((copy / "results" / "tiny" / "layout.json").read_text())["data"]
+    assert (
+        json.loads((copy / "results" / "tiny-fresh" / "layout.json").read_text())["data"]
+        == json.loads((copy / "results" / "tiny" / "layout.json").read_text())["data"]
+    )
 
 
 def test_forcerun_train_on_a_finished_run_trains_it_again(finished_run, tmp_path):
@@ -237,7 +300,9 @@ def test_forcerun_train_on_a_finished_run_trains_it_again(finished_run, tmp_path
     assert redo.returncode == 0, redo.stdout[-3000:] + redo.stderr[-3000:]
     assert planned_rules(redo) == {"train"}
     train = copy / "results" / "tiny" / "train"
-    assert [json.loads(line)["step"] for line in (train / "metrics.jsonl").read_text().splitlines()] == list(range(10, 201, 10))
+    assert [json.loads(line)["step"] for line in (train / "metrics.jsonl").read_text().splitlines()] == list(
+        range(10, 201, 10)
+    )
     [aside] = (train / "superseded").iterdir()
     assert (aside / "checkpoints" / "step-0000200" / "complete.json").is_file() and (aside / "metrics.jsonl").is_file()
     ours, before = model_weights(train / "model.safetensors"), model_weights(run / "train" / "model.safetensors")
@@ -255,14 +320,36 @@ def test_a_three_arm_sweep_builds_the_data_once_and_overlays_the_arms(tmp_path):
     the sweep runs that arm alone."""
     # Each arm one thread, so two run side by side on two cores; no lm-eval tasks (their set-up is
     # most of a tiny eval, and this is about the sweep, not eval).
-    result = snakemake(tmp_path, "--configfile", str(TINY), str(SWEEP), "--config", "train={budget: null}", NO_LM_EVAL,
-                       "--set-threads", "smoke=1", "train=1", "eval=1")
+    result = snakemake(
+        tmp_path,
+        "--configfile",
+        str(TINY),
+        str(SWEEP),
+        "--config",
+        "train={budget: null}",
+        NO_LM_EVAL,
+        "--set-threads",
+        "smoke=1",
+        "train=1",
+        "eval=1",
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout + result.stderr
-    table = out[out.index("Job stats:"):].split("\n\n")[0].splitlines()[3:]
+    table = out[out.index("Job stats:") :].split("\n\n")[0].splitlines()[3:]
     counts = {rule: int(n) for rule, n in (line.split() for line in table)}
-    assert counts == {"download": 1, "tokenizer": 1, "pretokenize": 1, "shard": 1, "smoke": 3, "train": 3, "eval": 3,
-                      "report": 3, "sweep_report": 1, "all": 1, "total": 18}
+    assert counts == {
+        "download": 1,
+        "tokenizer": 1,
+        "pretokenize": 1,
+        "shard": 1,
+        "smoke": 3,
+        "train": 3,
+        "eval": 3,
+        "report": 3,
+        "sweep_report": 1,
+        "all": 1,
+        "total": 18,
+    }
     arms = [f"stdlib-lr-sweep-lr-{lr}" for lr in ("0.002", "0.008", "0.02")]
     results = tmp_path / "results"
     val = {arm: json.loads((results / arm / "eval" / "metrics.json").read_text())["val_loss"] for arm in arms}
@@ -273,14 +360,30 @@ def test_a_three_arm_sweep_builds_the_data_once_and_overlays_the_arms(tmp_path):
     report = (results / "stdlib-lr-sweep" / "sweep.md").read_text()
     assert f"| {summary['best']} **best** | 0.0" in report and all(arm in report for arm in arms)
     assert (results / "stdlib-lr-sweep" / "sweep.png").stat().st_size > 10_000
-    status = subprocess.run([VENV_BIN + "/kiln", "status", "results/stdlib-lr-sweep", "--directory", str(tmp_path)],
-                            capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        [VENV_BIN + "/kiln", "status", "results/stdlib-lr-sweep", "--directory", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert status.returncode == 0 and status.stdout.count(" complete in ") == 3, status.stdout
 
     wider = tmp_path / "wider.yaml"
     wider.write_text(SWEEP.read_text().replace("[0.002, 0.008, 0.02]", "[0.002, 0.008, 0.02, 0.001]"))
-    again = snakemake(tmp_path, "-n", "--configfile", str(TINY), str(wider), "--config", "train={budget: null}",
-                      NO_LM_EVAL, "--set-threads", "smoke=1", "train=1", "eval=1")
+    again = snakemake(
+        tmp_path,
+        "-n",
+        "--configfile",
+        str(TINY),
+        str(wider),
+        "--config",
+        "train={budget: null}",
+        NO_LM_EVAL,
+        "--set-threads",
+        "smoke=1",
+        "train=1",
+        "eval=1",
+    )
     assert again.returncode == 0 and planned_rules(again) == {"smoke", "train", "eval", "report", "sweep_report"}
     assert again.stdout.count("results/stdlib-lr-sweep-lr-0.001/train/summary.json") >= 1
     assert "stdlib-lr-sweep-lr-0.002/train/summary.json" not in again.stdout.split("rule train:")[1].split("rule ")[0]
@@ -293,13 +396,24 @@ def test_a_run_continues_from_a_finished_runs_weights(finished_run, tmp_path):
     workdir, _, _ = finished_run
     copy = tmp_path / "copy"
     shutil.copytree(workdir, copy, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete"))
-    result = snakemake(copy, "--configfile", str(TINY), "--config", "run_name=tiny-continued", NO_LM_EVAL,
-                       "train={init_from: {run: tiny}, max_steps: 50, warmup_steps: 0, lr: 0.001, min_lr: 0.0001}")
+    result = snakemake(
+        copy,
+        "--configfile",
+        str(TINY),
+        "--config",
+        "run_name=tiny-continued",
+        NO_LM_EVAL,
+        "train={init_from: {run: tiny}, max_steps: 50, warmup_steps: 0, lr: 0.001, min_lr: 0.0001}",
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert planned_rules(result) == {"smoke", "train", "eval", "report"}
-    source = [json.loads(line) for line in (copy / "results" / "tiny" / "train" / "metrics.jsonl").read_text().splitlines()]
-    continued = [json.loads(line) for line in
-                 (copy / "results" / "tiny-continued" / "train" / "metrics.jsonl").read_text().splitlines()]
+    source = [
+        json.loads(line) for line in (copy / "results" / "tiny" / "train" / "metrics.jsonl").read_text().splitlines()
+    ]
+    continued = [
+        json.loads(line)
+        for line in (copy / "results" / "tiny-continued" / "train" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert continued[0]["step"] == 0 and continued[0]["val_loss"] == pytest.approx(source[-1]["val_loss"], rel=1e-6)
     assert [r["step"] for r in continued] == [0, 10, 20, 30, 40, 50]
     assert continued[1]["loss"] < source[0]["loss"] - 0.5  # it starts trained

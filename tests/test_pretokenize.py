@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import download_cfg, write_jsonl
-from kiln.data.special_tokens import SPECIAL_TOKENS
+
 from kiln.data.fim import fim_pieces, restore_document
 from kiln.data.pretokenize import SPLITS, _select_val, pretokenize, token_dtype
 from kiln.data.raw import write_raw
 from kiln.data.sources import part_paths, read_documents
+from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenize_parts import Settings, WorkerPool, split_hash
 from kiln.errors import KilnError
 from kiln.io import read_json
@@ -82,7 +82,8 @@ def test_writes_expected_files_and_meta(tokens, tokenizer):
         assert (out / f"{split}.bin").stat().st_size == 2 * len(streams[split])
     assert meta["splits"]["train"]["docs"] + meta["splits"]["val"]["docs"] == len(docs)
     assert meta["splits"]["train"]["bytes"] + meta["splits"]["val"]["bytes"] == sum(
-        len(d.text.encode("utf-8")) for d in docs)
+        len(d.text.encode("utf-8")) for d in docs
+    )
     assert sum(meta["fim_modes"].values()) == meta["splits"]["train"]["docs"]
     assert meta["fim_modes"]["psm"] > 0  # FIM did happen on the train side
     assert set(meta["sources"]) == {"stdlib", "tricky"}
@@ -109,8 +110,9 @@ def test_no_document_is_in_both_splits(tokens, tokenizer):
     out, meta, docs, streams = tokens
     val_ids = set((out / "val_ids.txt").read_text(encoding="utf-8").splitlines())
     train_docs = [d for d in docs if d.id not in val_ids]
-    train_texts = ["".join(p for p in pieces_of(c, tokenizer) if p not in SPECIAL_TOKENS)
-                   for c in per_doc(streams["train"])]
+    train_texts = [
+        "".join(p for p in pieces_of(c, tokenizer) if p not in SPECIAL_TOKENS) for c in per_doc(streams["train"])
+    ]
     assert len(train_texts) == len(train_docs) == meta["splits"]["train"]["docs"]
     for doc, text in zip(train_docs, train_texts):
         assert sorted(text) == sorted(doc.text) or text in doc.text  # PSM/SPM/none, or middle-only
@@ -141,7 +143,9 @@ def test_train_side_is_fim_of_each_document_in_order(tokens, tokenizer):
     for doc, chunk in zip(train_docs, per_doc(streams["train"]), strict=True):
         mode, expected = fim_pieces(len(doc.text), SEED, doc.id, CFG["fim"])
         modes[mode] = modes.get(mode, 0) + 1
-        assert pieces_of(chunk[:-1], tokenizer) == [p if isinstance(p, str) else doc.text[p[0]:p[1]] for p in expected]
+        assert pieces_of(chunk[:-1], tokenizer) == [
+            p if isinstance(p, str) else doc.text[p[0] : p[1]] for p in expected
+        ]
         if mode != "middle_only":
             assert restore_document(doc.text, expected) == doc.text
     assert modes == {m: n for m, n in meta["fim_modes"].items() if n}
@@ -208,18 +212,28 @@ def test_mixture_shares_train_tokens_by_weight(two_sources, tokenizer_path, tmp_
 
 
 def test_a_source_left_out_of_the_mixture_is_not_used(two_sources, tokenizer_path, tmp_path):
-    meta = run(two_sources, tokenizer_path, tmp_path / "only-a", dict(CFG, val_tokens=400, train_tokens=3000,
-                                                                      mixture={"a": 1}))
+    meta = run(
+        two_sources, tokenizer_path, tmp_path / "only-a", dict(CFG, val_tokens=400, train_tokens=3000, mixture={"a": 1})
+    )
     assert meta["sources"]["b"]["train"]["docs"] == meta["sources"]["b"]["val"]["docs"] == 0
     assert meta["sources"]["b"]["unused_docs"] == 300
 
 
 def test_repository_context_groups_files_and_keeps_fim_off_the_metadata(tmp_path, tokenizer_path, tokenizer):
-    rows = [{"text": f"# file {r}.{i}\n" + "value = compute(x)\n" * 8, "path": f"pkg/m{i}.py", "repo": f"org/r{r}"}
-            for r in range(40) for i in range(3)]
+    rows = [
+        {"text": f"# file {r}.{i}\n" + "value = compute(x)\n" * 8, "path": f"pkg/m{i}.py", "repo": f"org/r{r}"}
+        for r in range(40)
+        for i in range(3)
+    ]
     path = write_jsonl(tmp_path / "code.jsonl", rows)
-    spec = {"name": "code", "kind": "local", "paths": [str(path)], "text_column": "text", "path_column": "path",
-            "repo_column": "repo"}
+    spec = {
+        "name": "code",
+        "kind": "local",
+        "paths": [str(path)],
+        "text_column": "text",
+        "path_column": "path",
+        "repo_column": "repo",
+    }
     write_raw(download_cfg([spec], rows_per_part=8, dedup=False), tmp_path / "raw")
     cfg = dict(CFG, val_tokens=300, repo_context=True, fim=dict(CFG["fim"], rate=1.0, min_chars=0))
     meta = run(tmp_path / "raw", tokenizer_path, tmp_path / "out", cfg)
@@ -276,8 +290,9 @@ def test_val_sources_place_each_source_in_val_bin(tokens, tokenizer):
 
 
 def test_val_sources_list_a_source_without_validation_tokens_as_empty(two_sources, tokenizer_path, tmp_path):
-    meta = run(two_sources, tokenizer_path, tmp_path / "only-a", dict(CFG, val_tokens=400, train_tokens=3000,
-                                                                      mixture={"a": 1}))
+    meta = run(
+        two_sources, tokenizer_path, tmp_path / "only-a", dict(CFG, val_tokens=400, train_tokens=3000, mixture={"a": 1})
+    )
     a, b = meta["val_sources"]["a"], meta["val_sources"]["b"]
     assert a["start"] == 0 and a["end"] == a["tokens"] == meta["splits"]["val"]["tokens"] > 0
     assert b["start"] == b["end"] == a["end"] and b["docs"] == b["tokens"] == b["bytes"] == 0

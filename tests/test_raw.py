@@ -13,8 +13,8 @@ import threading
 import datasets
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import download_cfg, write_jsonl
+
 from kiln.data.raw import write_raw
 from kiln.data.sources import SourceReader, iter_parts, part_paths, read_documents
 from kiln.errors import KilnError
@@ -54,7 +54,8 @@ def test_manifest_hashes_counts_and_read_back_order(tmp_path):
     parts = list(iter_parts(raw, manifest))
     assert [len(p) for p in parts] == [p["rows"] for s in manifest["sources"].values() for p in s["parts"]]
     assert [name for name, _ in part_paths(raw, manifest)] == ["std"] * len(manifest["sources"]["std"]["parts"]) + [
-        "loc"] * len(manifest["sources"]["loc"]["parts"])
+        "loc"
+    ] * len(manifest["sources"]["loc"]["parts"])
     assert not (tmp_path / ".raw.partial").exists()
 
 
@@ -70,8 +71,14 @@ def test_cleaning_is_counted_per_source(tmp_path):
     cfg = download_cfg([local([a], name="a"), local([b], name="b")], min_doc_bytes=2, max_doc_bytes=40)
     manifest = write_raw(cfg, tmp_path / "raw")
     counts = {k: v for k, v in manifest["sources"]["a"].items() if k.startswith("skipped") or k == "rows"}
-    assert counts == {"rows": 3, "skipped_non_utf8": 0, "skipped_empty": 2, "skipped_short": 1, "skipped_long": 1,
-                      "skipped_duplicate": 2}
+    assert counts == {
+        "rows": 3,
+        "skipped_non_utf8": 0,
+        "skipped_empty": 2,
+        "skipped_short": 1,
+        "skipped_long": 1,
+        "skipped_duplicate": 2,
+    }
     assert manifest["sources"]["b"]["skipped_duplicate"] == 1  # "ok" was seen in source a
     assert texts_of(tmp_path / "raw") == ["keep one", "dup", "ok", "fresh"]
     kept = write_raw(download_cfg([local([a], name="a")], dedup=False), tmp_path / "all")
@@ -122,8 +129,14 @@ def test_empty_source_fails_naming_it_and_leaves_nothing(tmp_path):
 
 
 def test_unreachable_hub_is_a_clear_error_leaving_nothing(tmp_path):
-    spec = {"name": "fw", "kind": "hf", "dataset": "HuggingFaceFW/fineweb-edu", "config": "sample-10BT",
-            "split": "train", "text_column": "text"}
+    spec = {
+        "name": "fw",
+        "kind": "hf",
+        "dataset": "HuggingFaceFW/fineweb-edu",
+        "config": "sample-10BT",
+        "split": "train",
+        "text_column": "text",
+    }
     with pytest.raises(KilnError, match="HF_HUB_OFFLINE=1"):
         write_raw(download_cfg([spec]), tmp_path / "raw")
     assert list(tmp_path.iterdir()) == []
@@ -170,8 +183,14 @@ def flaky_server(tmp_path, monkeypatch):
 
 
 def hub_like(base: str) -> dict:
-    return {"name": "web", "kind": "hf", "dataset": "json", "split": "train", "text_column": "text",
-            "data_files": [f"{base}/s{k}.jsonl" for k in range(3)]}
+    return {
+        "name": "web",
+        "kind": "hf",
+        "dataset": "json",
+        "split": "train",
+        "text_column": "text",
+        "data_files": [f"{base}/s{k}.jsonl" for k in range(3)],
+    }
 
 
 def test_network_failures_are_retried_from_the_last_complete_part(flaky_server, tmp_path):

@@ -32,9 +32,14 @@ def test_llama32_1b_has_the_count_seed_000_logged():
     assert _count(cfg) == 1_040_254_976
 
 
-@pytest.mark.parametrize("name,count", [
-    ("gpt2-350m", 354_823_168), ("gpt2-774m", 774_030_080), ("gpt2-1.5b", 1_557_611_200),
-])
+@pytest.mark.parametrize(
+    "name,count",
+    [
+        ("gpt2-350m", 354_823_168),
+        ("gpt2-774m", 774_030_080),
+        ("gpt2-1.5b", 1_557_611_200),
+    ],
+)
 def test_larger_gpt2_flavours_match_openais_checkpoints(name, count):
     assert _count(resolve({"flavour": name}, vocab_size=50257, seq_len=1024)) == count
 
@@ -51,8 +56,11 @@ def test_debug_flavour_is_torchtitans_debugmodel():
 
 
 def test_section_overrides_a_flavour_and_plain_dims_mean_gpt2():
-    cfg = resolve({"flavour": "llama3.2-1b", "n_layer": 2, "d_model": 64, "n_head": 4, "n_kv_head": 2, "d_ff": 128},
-                  vocab_size=576, seq_len=32)
+    cfg = resolve(
+        {"flavour": "llama3.2-1b", "n_layer": 2, "d_model": 64, "n_head": 4, "n_kv_head": 2, "d_ff": 128},
+        vocab_size=576,
+        seq_len=32,
+    )
     assert (cfg.family, cfg.n_layer, cfg.rope_theta, cfg.vocab_size, cfg.seq_len) == ("llama", 2, 500000.0, 576, 32)
     plain = resolve({"n_layer": 4, "n_head": 4, "d_model": 256}, vocab_size=8192, seq_len=256)
     assert (plain.family, plain.bias, plain.max_positions, plain.d_ff, plain.n_kv_head) == ("gpt2", False, 256, 1024, 4)
@@ -64,16 +72,23 @@ def test_saved_config_round_trips_with_every_field_concrete():
     assert ModelConfig(**cfg.to_dict()) == cfg
 
 
-@pytest.mark.parametrize("section,seq_len,message", [
-    ({"n_layer": 2, "n_head": 3, "d_model": 64}, 64, "model.d_model: 64 is not divisible by model.n_head=3"),
-    ({"flavour": "gpt3-175b"}, 64, "model.flavour: 'gpt3-175b' is not a known flavour (known: debug, gpt2-124m"),
-    ({"flavour": "gpt2-124m"}, 2048, "model.max_positions: 1024 learned positions cannot cover shard.seq_len=2048"),
-    ({"flavour": "debug", "n_kv_head": 5}, 64, "model.n_kv_head: model.n_head=16 is not a multiple of 5"),
-    ({"flavour": "debug", "bias": True}, 64, "model.bias: llama has no biases"),
-    ({"flavour": "debug", "family": "gpt2"}, 64, "model.family: flavour 'debug' is llama, not gpt2"),
-    ({"family": "llama", "n_layer": 1, "n_head": 4, "d_model": 36}, 64, "model.n_head: RoPE needs an even head dim"),
-    ({"n_layer": 1, "n_head": 2, "d_model": 8, "n_kv_head": 1}, 64, "model.n_kv_head: gpt2 has one key/value head"),
-])
+@pytest.mark.parametrize(
+    "section,seq_len,message",
+    [
+        ({"n_layer": 2, "n_head": 3, "d_model": 64}, 64, "model.d_model: 64 is not divisible by model.n_head=3"),
+        ({"flavour": "gpt3-175b"}, 64, "model.flavour: 'gpt3-175b' is not a known flavour (known: debug, gpt2-124m"),
+        ({"flavour": "gpt2-124m"}, 2048, "model.max_positions: 1024 learned positions cannot cover shard.seq_len=2048"),
+        ({"flavour": "debug", "n_kv_head": 5}, 64, "model.n_kv_head: model.n_head=16 is not a multiple of 5"),
+        ({"flavour": "debug", "bias": True}, 64, "model.bias: llama has no biases"),
+        ({"flavour": "debug", "family": "gpt2"}, 64, "model.family: flavour 'debug' is llama, not gpt2"),
+        (
+            {"family": "llama", "n_layer": 1, "n_head": 4, "d_model": 36},
+            64,
+            "model.n_head: RoPE needs an even head dim",
+        ),
+        ({"n_layer": 1, "n_head": 2, "d_model": 8, "n_kv_head": 1}, 64, "model.n_kv_head: gpt2 has one key/value head"),
+    ],
+)
 def test_bad_shapes_name_the_key(section, seq_len, message):
     assert any(message in p for p in check_section(section, seq_len)), check_section(section, seq_len)
     with pytest.raises(ModelConfigError, match="invalid model"):
@@ -91,12 +106,17 @@ def test_config_validation_reports_model_problems_and_accepts_flavours():
         run_config.validate(base | {"model": {"n_head": 2, "d_model": 64}})
 
 
-@pytest.mark.parametrize("section", [
-    {"flavour": "gpt2-124m"}, {"flavour": "llama3.2-1b"}, {"flavour": "debug"},
-    {"flavour": "gpt2-124m", "tie_embeddings": False, "max_positions": 2048},
-    {"family": "gpt2", "n_layer": 2, "n_head": 2, "d_model": 64, "bias": True, "tie_embeddings": False},
-    {"family": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "d_model": 64, "tie_embeddings": False},
-])
+@pytest.mark.parametrize(
+    "section",
+    [
+        {"flavour": "gpt2-124m"},
+        {"flavour": "llama3.2-1b"},
+        {"flavour": "debug"},
+        {"flavour": "gpt2-124m", "tie_embeddings": False, "max_positions": 2048},
+        {"family": "gpt2", "n_layer": 2, "n_head": 2, "d_model": 64, "bias": True, "tie_embeddings": False},
+        {"family": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "d_model": 64, "tie_embeddings": False},
+    ],
+)
 def test_parameter_count_from_the_shape_equals_the_built_model(section):
     """`kiln plan` counts parameters without building the model; the count must be the model's."""
     cfg = resolve(section, vocab_size=50304, seq_len=2048 if section.get("max_positions") else 1024)

@@ -55,26 +55,38 @@ def resumed(tmp_path_factory) -> list[dict]:
     ]
     plan = base / "plan.json"
     plan.write_text(json.dumps({"out": str(base), "cases": cases}))
-    argv = launch.command({"nproc_per_node": 2, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": f"127.0.0.1:{_free_port()}"},
-                          [str(TESTS / "resume_worker.py"), str(plan)])
+    argv = launch.command(
+        {"nproc_per_node": 2, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": f"127.0.0.1:{_free_port()}"},
+        [str(TESTS / "resume_worker.py"), str(plan)],
+    )
     env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"], OMP_NUM_THREADS="1")
     result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return [json.loads((base / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
-@pytest.mark.parametrize("name, step", [
-    ("newest", 4), ("torn newest", 2), ("asked for", 2), ("none", None), ("rank 0 starts over", None),
-    ("rank 1 alone would", 4),
-])
+@pytest.mark.parametrize(
+    "name, step",
+    [
+        ("newest", 4),
+        ("torn newest", 2),
+        ("asked for", 2),
+        ("none", None),
+        ("rank 0 starts over", None),
+        ("rank 1 alone would", 4),
+    ],
+)
 def test_every_rank_resumes_the_checkpoint_rank_0_picks(resumed, name, step):
     assert [rank[name] for rank in resumed] == [{"step": step}] * 2
 
 
-@pytest.mark.parametrize("name, why", [
-    ("asked for, torn", "is unusable: state.pt's sha256 differs"),
-    ("another run", "fingerprint"),
-])
+@pytest.mark.parametrize(
+    "name, why",
+    [
+        ("asked for, torn", "is unusable: state.pt's sha256 differs"),
+        ("another run", "fingerprint"),
+    ],
+)
 def test_an_error_on_rank_0_is_an_error_on_every_rank(resumed, name, why):
     rank0, rank1 = (rank[name]["error"] for rank in resumed)
     assert why in rank0 and why in rank1

@@ -23,7 +23,9 @@ from kiln.model.registry import FLAVOURS, resolve
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 EXPERIMENTS = sorted(ROOT.glob("config/experiments/*.yaml"))
-RUN_FILES = [p for p in EXPERIMENTS if "sweep" not in kiln_config.read_yaml(p)] + [ROOT / "tests" / "configs" / "tiny.yaml"]
+RUN_FILES = [p for p in EXPERIMENTS if "sweep" not in kiln_config.read_yaml(p)] + [
+    ROOT / "tests" / "configs" / "tiny.yaml"
+]
 # Each shipped sweep and the run file it is given after (its header says so).
 SWEEPS = {
     "stdlib-lr-sweep.yaml": ROOT / "config" / "config.yaml",
@@ -35,16 +37,33 @@ ENV = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
 
 
 def dry_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
-                             str(tmp_path), "--cores", "4", "-n", "-p", *args],
-                            capture_output=True, text=True, env=ENV, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-s",
+            str(ROOT / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "--cores",
+            "4",
+            "-n",
+            "-p",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
 
 def train_job(result: subprocess.CompletedProcess) -> tuple[dict, dict]:
     """The train rule's --params (the config sections train receives) and its resources."""
-    block = result.stdout[result.stdout.index("\nrule train:"):]
+    block = result.stdout[result.stdout.index("\nrule train:") :]
     block = block[: block.index("\nrule ", 1)] if "\nrule " in block[1:] else block
     resources = dict(pair.split("=", 1) for pair in re.search(r"resources: (.*)", block)[1].split(", "))
     command = shlex.split(re.search(r"Shell command: (.*)", block)[1])
@@ -66,8 +85,9 @@ def test_a_run_file_gets_exactly_its_own_settings(tmp_path, path):
     assert resources["gres"] == f"gpu:{train['nproc_per_node']}"
 
 
-@pytest.mark.parametrize("path", [p for p in RUN_FILES if "flavour" in kiln_config.read_yaml(p)["model"]],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", [p for p in RUN_FILES if "flavour" in kiln_config.read_yaml(p)["model"]], ids=lambda p: p.name
+)
 def test_a_flavoured_model_has_its_flavours_shape(tmp_path, path):
     params, _ = train_job(dry_run(tmp_path, "--configfile", str(path)))
     section = params["model"]
@@ -91,8 +111,9 @@ def test_no_file_runs_the_embedded_default_and_config_overrides_merge(tmp_path):
 
 
 def kiln_plan(*args: str) -> dict:
-    result = subprocess.run([str(VENV_BIN / "kiln"), "plan", "--json", *args], capture_output=True, text=True,
-                            env=ENV, timeout=120)
+    result = subprocess.run(
+        [str(VENV_BIN / "kiln"), "plan", "--json", *args], capture_output=True, text=True, env=ENV, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -141,8 +162,9 @@ def test_plan_disk_counts_the_data_both_token_copies_checkpoints_and_milestones(
     assert sweep_total({"a": plan, "b": plan})["disk_bytes"] == 2 * plan["disk_bytes"] - sum(data.values())
     assert kept_checkpoints(19073, 1000, 3, 10000) == (3, 1)  # 17k.. newest: 18k, 19k, 19,073; milestone 10k
     assert kept_checkpoints(4, 2, 5) == (2, 0)
-    with pytest.raises(KilnError, match="train.keep_checkpoint_every: 7000 is not a multiple of "
-                                        "train.checkpoint_every=5000"):
+    with pytest.raises(
+        KilnError, match="train.keep_checkpoint_every: 7000 is not a multiple of train.checkpoint_every=5000"
+    ):
         run_config.resolve([seed], {"train": "{keep_checkpoint_every: 7000}"})
 
 
@@ -156,8 +178,11 @@ def test_plan_of_seed_002_is_the_seeds_budget_on_one_gpu():
 def test_plan_of_seed_003_uses_the_consumer_cards_peak():
     plan = kiln_plan("--configfile", str(ROOT / "config" / "experiments" / "fineweb-wiki-arxiv-gpt2-164m-3080ti.yaml"))
     assert plan["predicted_from"]["peak_tflops"] == 68.2 and plan["grad_accum"] == 64
-    assert plan["n_params"] == resolve({"flavour": "gpt2-124m", "tie_embeddings": False, "max_positions": 2048},
-                                       vocab_size=padded_vocab_size(50257 + 7), seq_len=2048).num_params(False)
+    assert plan["n_params"] == resolve(
+        {"flavour": "gpt2-124m", "tie_embeddings": False, "max_positions": 2048},
+        vocab_size=padded_vocab_size(50257 + 7),
+        seq_len=2048,
+    ).num_params(False)
     assert 160e6 < plan["n_params"] < 170e6  # the seed's "164M"
     assert plan["memory"]["fits"] and plan["memory"]["gpu_memory_gib"] == 12
 
@@ -166,8 +191,13 @@ def test_plan_takes_overrides_as_snakemake_does_and_names_a_bad_gpu(tmp_path):
     seed = str(ROOT / "config" / "experiments" / "swallow-code-llama-1b.yaml")
     half = kiln_plan("--configfile", seed, "--config", "train={max_steps: 25000}")
     assert half["total_tokens"] == 9_830_400_000 // 2
-    result = subprocess.run([str(VENV_BIN / "kiln"), "plan", "--configfile", seed, "--config", "plan={gpu: TPU}"],
-                            capture_output=True, text=True, env=ENV, timeout=120)
+    result = subprocess.run(
+        [str(VENV_BIN / "kiln"), "plan", "--configfile", seed, "--config", "plan={gpu: TPU}"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
     assert result.returncode == 1 and "plan.gpu: 'TPU' is not a known GPU" in result.stderr
 
 
@@ -175,7 +205,9 @@ def test_plan_turns_a_budget_into_steps_at_the_assumed_speed():
     seed = str(ROOT / "config" / "experiments" / "swallow-code-llama-1b.yaml")
     full = kiln_plan("--configfile", seed)
     half = kiln_plan("--configfile", seed, "--config", f"train={{budget: {{dollars: {full['cost'] / 2}}}}}")
-    assert half["max_steps"] == pytest.approx(25_000, abs=1) and half["cost"] == pytest.approx(full["cost"] / 2, rel=1e-3)
+    assert half["max_steps"] == pytest.approx(25_000, abs=1) and half["cost"] == pytest.approx(
+        full["cost"] / 2, rel=1e-3
+    )
     capped = kiln_plan("--configfile", seed, "--config", "train={budget: {hours: 1000}}")
     assert capped["max_steps"] == 50_000  # train.max_steps caps what a budget buys
 
@@ -184,12 +216,15 @@ def test_every_shipped_sweep_is_listed_with_its_base():
     shipped = {p.name for p in EXPERIMENTS if "sweep" in kiln_config.read_yaml(p)}
     assert shipped == set(SWEEPS)
     for name, base in SWEEPS.items():
-        assert f"--configfile {base.relative_to(ROOT)} config/experiments/{name}" in (ROOT / "config" / "experiments" / name).read_text()
+        assert (
+            f"--configfile {base.relative_to(ROOT)} config/experiments/{name}"
+            in (ROOT / "config" / "experiments" / name).read_text()
+        )
 
 
 def job_counts(result: subprocess.CompletedProcess) -> dict[str, int]:
     """Snakemake's "Job stats" table of a dry run: jobs per rule."""
-    table = result.stdout[result.stdout.index("Job stats:"):].split("\n\n")[0].splitlines()[3:]
+    table = result.stdout[result.stdout.index("Job stats:") :].split("\n\n")[0].splitlines()[3:]
     return {rule: int(count) for rule, count in (line.split() for line in table)}
 
 
@@ -201,9 +236,19 @@ def test_a_sweep_builds_its_data_once_and_each_arm_gets_its_values(tmp_path, nam
 
     experiment = run_config.resolve_experiment([base, sweep_file])
     arms = len(experiment.runs)
-    assert arms == 3 and job_counts(result) == {"download": 1, "tokenizer": 1, "pretokenize": 1, "shard": 1, "smoke": arms,
-                                                "train": arms, "eval": arms, "report": arms, "sweep_report": 1,
-                                                "all": 1, "total": 4 * arms + 6}
+    assert arms == 3 and job_counts(result) == {
+        "download": 1,
+        "tokenizer": 1,
+        "pretokenize": 1,
+        "shard": 1,
+        "smoke": arms,
+        "train": arms,
+        "eval": arms,
+        "report": arms,
+        "sweep_report": 1,
+        "all": 1,
+        "total": 4 * arms + 6,
+    }
     trains = re.findall(r"--params '(\{[^']*\})' --shards \S+ --smoke results/([^/]+)/smoke", result.stdout)
     assert sorted(run for _, run in trains) == sorted(experiment.runs)
     for params, run in trains:
@@ -216,13 +261,21 @@ def test_a_sweep_builds_its_data_once_and_each_arm_gets_its_values(tmp_path, nam
 
 def test_seed_002s_exercises_as_shipped():
     base = str(ROOT / "config" / "experiments" / "fineweb-edu-gpt2-124m.yaml")
-    sweeps = {name: kiln_plan("--configfile", base, str(ROOT / "config" / "experiments" / name))["runs"]
-              for name in ("fineweb-edu-lr-sweep.yaml", "fineweb-edu-batch-sweep.yaml", "fineweb-edu-ladder.yaml")}
+    sweeps = {
+        name: kiln_plan("--configfile", base, str(ROOT / "config" / "experiments" / name))["runs"]
+        for name in ("fineweb-edu-lr-sweep.yaml", "fineweb-edu-batch-sweep.yaml", "fineweb-edu-ladder.yaml")
+    }
     lrs = sweeps["fineweb-edu-lr-sweep.yaml"]
-    assert sorted(lrs) == ["fineweb-edu-lr-sweep-lr-0.0003", "fineweb-edu-lr-sweep-lr-0.0006", "fineweb-edu-lr-sweep-lr-0.0012"]
+    assert sorted(lrs) == [
+        "fineweb-edu-lr-sweep-lr-0.0003",
+        "fineweb-edu-lr-sweep-lr-0.0006",
+        "fineweb-edu-lr-sweep-lr-0.0012",
+    ]
     batches = sweeps["fineweb-edu-batch-sweep.yaml"]
     assert sorted(p["tokens_per_step"] for p in batches.values()) == [131_072, 524_288, 2_097_152]
-    assert all(p["total_tokens"] == pytest.approx(10e9, rel=0.001) for p in batches.values())  # same tokens, other steps
+    assert all(
+        p["total_tokens"] == pytest.approx(10e9, rel=0.001) for p in batches.values()
+    )  # same tokens, other steps
     ladder = sweeps["fineweb-edu-ladder.yaml"]
     assert sorted(round(p["n_params"] / 1e6) for p in ladder.values()) == [124, 355, 774]
     assert all(p["memory"]["fits"] for p in ladder.values())  # every rung fits an H100 as configured
@@ -238,8 +291,11 @@ def rule_params(result: subprocess.CompletedProcess, rule: str) -> list[dict]:
     return out
 
 
-FINEWEB = [("fineweb-edu-gpt2-124m.yaml",), ("fineweb-wiki-arxiv-gpt2-164m-3080ti.yaml",),
-           ("fineweb-edu-gpt2-124m.yaml", "fineweb-edu-ladder.yaml")]
+FINEWEB = [
+    ("fineweb-edu-gpt2-124m.yaml",),
+    ("fineweb-wiki-arxiv-gpt2-164m-3080ti.yaml",),
+    ("fineweb-edu-gpt2-124m.yaml", "fineweb-edu-ladder.yaml"),
+]
 
 
 @pytest.mark.parametrize("files", FINEWEB, ids=lambda f: "+".join(f))
@@ -248,12 +304,20 @@ def test_fineweb_runs_are_evaluated_as_prose_models(tmp_path, files):
     0, so eval does not run infilling (kiln.eval.infill.not_run_reason reads the token folder's
     fim_modes, which FIM rate 0 leaves all "none")."""
     assert {p.name for p in EXPERIMENTS if p.name.startswith("fineweb")} == {f for fs in FINEWEB for f in fs} | {
-        "fineweb-edu-lr-sweep.yaml", "fineweb-edu-batch-sweep.yaml"}  # those two change train only
+        "fineweb-edu-lr-sweep.yaml",
+        "fineweb-edu-batch-sweep.yaml",
+    }  # those two change train only
     result = dry_run(tmp_path, "--configfile", *(str(ROOT / "config" / "experiments" / f) for f in files))
     evals = rule_params(result, "eval")
     assert len(evals) == (3 if len(files) == 2 else 1)
     for params in evals:
-        assert params["eval"]["lm_eval"]["tasks"] == ["hellaswag", "arc_easy", "piqa", "wikitext", "kiln_heldout_perplexity"]
+        assert params["eval"]["lm_eval"]["tasks"] == [
+            "hellaswag",
+            "arc_easy",
+            "piqa",
+            "wikitext",
+            "kiln_heldout_perplexity",
+        ]
         assert not any(p.startswith(("import ", "def ", "class ")) for p in params["eval"]["prompts"])
         assert params["train"]["init_from"] is None  # nothing before this run's data can have brought FIM
     [pretokenize] = rule_params(result, "pretokenize")

@@ -88,12 +88,28 @@ def test_unknown_schedule_is_an_error():
 
 
 def test_schedule_from_config_reads_the_train_section():
-    train = {"lr": LR, "min_lr": MIN_LR, "warmup_steps": WARMUP, "schedule": "wsd", "decay_fraction": 0.5,
-             "cooldown": "1-sqrt"}
+    train = {
+        "lr": LR,
+        "min_lr": MIN_LR,
+        "warmup_steps": WARMUP,
+        "schedule": "wsd",
+        "decay_fraction": 0.5,
+        "cooldown": "1-sqrt",
+    }
     lr_of = schedule_from_config(train, MAX)
     assert [lr_of(s) for s in range(MAX + 1)] == [
-        lr_at(s, lr=LR, min_lr=MIN_LR, warmup_steps=WARMUP, max_steps=MAX, kind="wsd", decay_fraction=0.5,
-              cooldown="1-sqrt") for s in range(MAX + 1)]
+        lr_at(
+            s,
+            lr=LR,
+            min_lr=MIN_LR,
+            warmup_steps=WARMUP,
+            max_steps=MAX,
+            kind="wsd",
+            decay_fraction=0.5,
+            cooldown="1-sqrt",
+        )
+        for s in range(MAX + 1)
+    ]
     assert lr_of(49) == LR and lr_of(51) < LR
 
 
@@ -131,6 +147,9 @@ def test_adamw_on_llama_decays_projections_and_tied_embedding_not_norms():
     model = Llama(ModelConfig(family="llama", vocab_size=64, seq_len=8, n_layer=1, n_head=2, d_model=16))
     decay, no_decay = build_adamw(model, TRAIN, "cpu").param_groups
     names = {id(p): n for n, p in model.named_parameters()}
-    assert {names[id(p)] for p in no_decay["params"]} == {"blocks.0.attn_norm.weight", "blocks.0.mlp_norm.weight",
-                                                          "norm.weight"}
+    assert {names[id(p)] for p in no_decay["params"]} == {
+        "blocks.0.attn_norm.weight",
+        "blocks.0.mlp_norm.weight",
+        "norm.weight",
+    }
     assert "wte.weight" in {names[id(p)] for p in decay["params"]}

@@ -24,8 +24,11 @@ def test_help(script):
 
 def test_missing_config_is_a_clear_error(tmp_path):
     script = next(p for p in SCRIPTS if p.stem == "download")
-    result = subprocess.run([sys.executable, str(script), "--config", str(tmp_path / "none.yaml"),
-                             "--out", str(tmp_path / "raw")], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(script), "--config", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "raw")],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 1
     assert "config file not found" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "raw").exists()

@@ -110,8 +110,9 @@ def test_shard_split_rejects_out_of_vocab_id_naming_file_offset_and_values(tmp_p
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(KilnError) as info:
-        shard_split(np.memmap(source, dtype=np.uint16, mode="r"), out, "train", row_len=10, rows_per_shard=4,
-                    vocab_size=50)
+        shard_split(
+            np.memmap(source, dtype=np.uint16, mode="r"), out, "train", row_len=10, rows_per_shard=4, vocab_size=50
+        )
     message = str(info.value)
     assert str(source) in message
     assert "token 77 (byte offset 154) is id 50, expected ids below the vocab size 50" in message
@@ -197,5 +198,7 @@ def test_verify_shards_catches_an_id_beyond_the_vocab_naming_offset_and_values(t
 
 
 def test_verify_shards_reports_what_it_checked(tmp_path):
-    assert verify_shards(tmp_path, _sharded(tmp_path)) == {"train": {"shards": 6, "rows": 45},
-                                                           "val": {"shards": 2, "rows": 9}}
+    assert verify_shards(tmp_path, _sharded(tmp_path)) == {
+        "train": {"shards": 6, "rows": 45},
+        "val": {"shards": 2, "rows": 9},
+    }

@@ -47,8 +47,16 @@ def failed(report: dict) -> set[str]:
 def test_healthy_tiny_run_passes_every_check(shards, tmp_path):
     report = run_checks(smoke_sections(), shards, tmp_path)
     checks = by_name(report)
-    assert list(checks) == ["preflight", "causality", "init loss", "health", "generalisation", "data", "tokens",
-                            "overfit"]
+    assert list(checks) == [
+        "preflight",
+        "causality",
+        "init loss",
+        "health",
+        "generalisation",
+        "data",
+        "tokens",
+        "overfit",
+    ]
     assert failed(report) == set(), [(c.name, c.figure, c.detail) for c in report["checks"]]
     assert report["val_loss_after"] < report["val_loss_init"]
     # the measured peak beside kiln.plan.memory's estimate of the same step
@@ -62,9 +70,15 @@ def test_healthy_tiny_run_passes_every_check(shards, tmp_path):
     assert not (tmp_path / "trace.json").exists()
 
 
-@pytest.mark.parametrize("train", [{"checkpoint_format": "full"}, {"checkpoint_format": "sharded"},
-                                   {"checkpoint_format": "sharded", "async_checkpoint": True}],
-                         ids=["full", "sharded", "sharded-async"])
+@pytest.mark.parametrize(
+    "train",
+    [
+        {"checkpoint_format": "full"},
+        {"checkpoint_format": "sharded"},
+        {"checkpoint_format": "sharded", "async_checkpoint": True},
+    ],
+    ids=["full", "sharded", "sharded-async"],
+)
 def test_the_checkpoint_timed_is_the_one_train_writes(shards, tmp_path, train):
     """The checkpoint whose writing a budget's step count allows for is the one train writes: its
     Saver and format, with the weights and AdamW's two moments (the probe's steps allocated them),
@@ -142,10 +156,17 @@ def test_profile_step_writes_a_chrome_trace(shards, tmp_path):
 def test_plan_reproduces_seed_000():
     # Seed 000: Llama-3.2-1B (1,040,254,976 parameters), local batch 6 on 4 H100s at seq 8192, 50k
     # steps, 55.8k tokens/s per GPU, $12.36/hour for the 4-GPU node ($3.09 per GPU-hour).
-    plan = full_run_plan(batch=BatchPlan(world=4, micro_batch=6, seq_len=8192, grad_accum=1), max_steps=50_000,
-                         tokens_per_s=4 * 55_800, n_params=1_040_254_976, train_tokens=10_000_000_000,
-                         checkpoint_bytes=12 * 1_040_254_976, keep_checkpoints=2, model_bytes=4 * 1_040_254_976,
-                         price_per_gpu_hour=12.36 / 4)
+    plan = full_run_plan(
+        batch=BatchPlan(world=4, micro_batch=6, seq_len=8192, grad_accum=1),
+        max_steps=50_000,
+        tokens_per_s=4 * 55_800,
+        n_params=1_040_254_976,
+        train_tokens=10_000_000_000,
+        checkpoint_bytes=12 * 1_040_254_976,
+        keep_checkpoints=2,
+        model_bytes=4 * 1_040_254_976,
+        price_per_gpu_hour=12.36 / 4,
+    )
     assert plan["total_tokens"] == 9_830_400_000
     assert plan["eta_h"] == pytest.approx(12.2, abs=0.05)
     assert plan["cost"] == pytest.approx(151, abs=1)
@@ -157,8 +178,16 @@ def test_plan_reproduces_seed_000():
 
 
 def test_plan_without_price_has_no_cost():
-    plan = full_run_plan(batch=BatchPlan(1, 16, 256, 1), max_steps=500, tokens_per_s=4096.0, n_params=10**6,
-                         train_tokens=10**6, checkpoint_bytes=10, keep_checkpoints=1, model_bytes=4)
+    plan = full_run_plan(
+        batch=BatchPlan(1, 16, 256, 1),
+        max_steps=500,
+        tokens_per_s=4096.0,
+        n_params=10**6,
+        train_tokens=10**6,
+        checkpoint_bytes=10,
+        keep_checkpoints=1,
+        model_bytes=4,
+    )
     assert plan["cost"] is None and plan["eta_s"] == pytest.approx(500.0)
     assert "no price set" in render_plan(plan) and "the train split repeats" in render_plan(plan)
 
@@ -170,9 +199,24 @@ def test_config_rejects_warmup_not_below_probe_steps():
 
 def _run_script(shards: Path, out: Path, sections: dict) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO / "tests"), OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, str(SMOKE_SCRIPT), "--params", json.dumps(sections), "--shards",
-                           str(shards), "--out", str(out), "--threads", "1"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(SMOKE_SCRIPT),
+            "--params",
+            json.dumps(sections),
+            "--shards",
+            str(shards),
+            "--out",
+            str(out),
+            "--threads",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_script_gate_fails_naming_the_check_and_writes_no_report(shards, tmp_path):
@@ -186,8 +230,9 @@ def test_script_gate_fails_naming_the_check_and_writes_no_report(shards, tmp_pat
 
 def test_script_with_gate_off_reports_the_skip_and_writes_the_plan(shards, tmp_path):
     unreachable = {"rows": 4, "max_steps": 3, "max_loss": 1e-6}
-    proc = _run_script(shards, tmp_path / "smoke", smoke_sections(overfit=unreachable, gate=False,
-                                                                  price_per_gpu_hour=2.0))
+    proc = _run_script(
+        shards, tmp_path / "smoke", smoke_sections(overfit=unreachable, gate=False, price_per_gpu_hour=2.0)
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "smoke" / "report.json").read_text())
     assert report["gate"] == "skipped (smoke.gate is false; failed: overfit)"
@@ -207,11 +252,18 @@ def _recording_compile(monkeypatch) -> list[dict]:
 
     def recorder(gm, example_inputs):
         values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
-        dynamic = any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and
-                                                      any(isinstance(d, torch.SymInt) for d in v.shape))
-                      for v in values)
-        graphs.append({"grad": torch.is_grad_enabled(), "dynamic": dynamic,
-                       "shapes": [tuple(v.shape) for v in values if isinstance(v, torch.Tensor) and v.dim() == 2]})
+        dynamic = any(
+            isinstance(v, torch.SymInt)
+            or (isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in v.shape))
+            for v in values
+        )
+        graphs.append(
+            {
+                "grad": torch.is_grad_enabled(),
+                "dynamic": dynamic,
+                "shapes": [tuple(v.shape) for v in values if isinstance(v, torch.Tensor) and v.dim() == 2],
+            }
+        )
         return gm.forward
 
     torch._dynamo.reset()

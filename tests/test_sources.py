@@ -9,8 +9,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import write_jsonl
+
 from kiln.data.sources import SourceReader, stdlib_root
 from kiln.errors import KilnError
 
@@ -28,8 +28,15 @@ def local(paths, name="loc", **extra) -> dict:
 
 
 def hf_spec(files, **extra) -> dict:
-    return {"name": "hub", "kind": "hf", "dataset": "json", "split": "train",
-            "data_files": [str(f) for f in files], "text_column": "text", **extra}
+    return {
+        "name": "hub",
+        "kind": "hf",
+        "dataset": "json",
+        "split": "train",
+        "data_files": [str(f) for f in files],
+        "text_column": "text",
+        **extra,
+    }
 
 
 # --- stdlib -----------------------------------------------------------------------------------------
@@ -75,8 +82,9 @@ def test_local_json_list(tmp_path, leading):
 
 def test_local_parquet_text_path_and_repo_columns(tmp_path):
     path = tmp_path / "c.parquet"
-    pq.write_table(pa.table({"content": ["p0", "p1", "p2"], "file": ["a.py", "b.py", "c.go"],
-                             "repo": ["r1", "r1", None]}), path)
+    pq.write_table(
+        pa.table({"content": ["p0", "p1", "p2"], "file": ["a.py", "b.py", "c.go"], "repo": ["r1", "r1", None]}), path
+    )
     docs = docs_of(local([path], text_column="content", path_column="file", repo_column="repo"))
     assert [d.text for d in docs] == ["p0", "p1", "p2"]
     assert [d.path for d in docs] == ["a.py", "b.py", "c.go"]
@@ -211,8 +219,14 @@ def test_hf_unreadable_dataset_raises_kiln_error(tmp_path):
 
 def test_hf_unreachable_hub_offline_is_a_clear_error():
     # conftest sets HF_HUB_OFFLINE=1: a dataset that is not cached fails at once, without retries.
-    spec = {"name": "fw", "kind": "hf", "dataset": "HuggingFaceFW/fineweb-edu", "config": "sample-10BT",
-            "split": "train", "text_column": "text"}
+    spec = {
+        "name": "fw",
+        "kind": "hf",
+        "dataset": "HuggingFaceFW/fineweb-edu",
+        "config": "sample-10BT",
+        "split": "train",
+        "text_column": "text",
+    }
     with pytest.raises(KilnError) as info:
         docs_of(spec)
     message = str(info.value)

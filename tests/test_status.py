@@ -23,8 +23,13 @@ FILES = {
     "pretokenize": ["tokens/meta.json", "tokens/train.bin", "tokens/val.bin", "tokens/val_ids.txt"],
     "shard": ["shards/manifest.json", "shards/train-00000.bin", "shards/val-00000.bin"],
     "smoke": ["smoke/report.json", "smoke/plan.md"],  # plan.json: written with its real keys below
-    "train": ["train/model.safetensors", "train/model_config.json", "train/summary.json", "train/hf/config.json",
-              "train/hf/model.safetensors"],
+    "train": [
+        "train/model.safetensors",
+        "train/model_config.json",
+        "train/summary.json",
+        "train/hf/config.json",
+        "train/hf/model.safetensors",
+    ],
     "eval": ["eval/metrics.json", "eval/samples.json"],
     "report": ["report.md", "loss.png"],
 }
@@ -35,8 +40,22 @@ SMOKE_FAILURE = """2026-12-01 04:36:01,257 kiln.smoke INFO probe step 12/12
 
 
 def metrics_line(step: int) -> str:
-    return json.dumps({"step": step, "loss": 6.0 - step / 100, "lr": 0.005, "grad_norm": 0.38, "tokens": step * 1024,
-                       "tokens_per_s": 41558.8, "tflops": 0.0368, "mfu": None, "memory_mb": 400.7}) + "\n"
+    return (
+        json.dumps(
+            {
+                "step": step,
+                "loss": 6.0 - step / 100,
+                "lr": 0.005,
+                "grad_norm": 0.38,
+                "tokens": step * 1024,
+                "tokens_per_s": 41558.8,
+                "tflops": 0.0368,
+                "mfu": None,
+                "memory_mb": 400.7,
+            }
+        )
+        + "\n"
+    )
 
 
 KEYS = {stage: f"{i:012x}" for i, stage in enumerate(layout.DATA_STAGES, 1)}  # results/data/<folder>-<key>
@@ -61,8 +80,9 @@ def finish(run: Path, stage: str, seconds: float = 13.71) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("x")
     if stage == "smoke":
-        Path(paths.output("smoke", "plan.json")).write_text(json.dumps(
-            {"ranks": 1, "tokens_per_step": 1024, "max_steps": 200, "tokens_per_s": 43382.3, "eta_s": 4.7}))
+        Path(paths.output("smoke", "plan.json")).write_text(
+            json.dumps({"ranks": 1, "tokens_per_step": 1024, "max_steps": 200, "tokens_per_s": 43382.3, "eta_s": 4.7})
+        )
     for path, text in ((paths.log(stage), f"{stage}: done\n"), (paths.benchmark(stage), BENCHMARK.format(s=seconds))):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(text)
@@ -147,7 +167,11 @@ def test_train_mid_way_with_a_torn_metrics_line(workdir, capsys):
     assert code == 0
     eta = status.format_eta((200 - 120) * 1024 / 41558.8)
     assert out.rstrip().endswith(f"train running: step 120/200 loss 4.80 41.6k tok/s ETA {eta} ckpt 100")
-    assert states(workdir) == dict.fromkeys(STAGES[:5], "done") | {"train": "running", "eval": "pending", "report": "pending"}
+    assert states(workdir) == dict.fromkeys(STAGES[:5], "done") | {
+        "train": "running",
+        "eval": "pending",
+        "report": "pending",
+    }
     report = json.loads(kiln_status(workdir, "--json", capsys=capsys)[1])
     assert report["stages"][5]["progress"]["step"] == 120 and report["stages"][5]["progress"]["checkpoint_step"] == 100
 
@@ -161,7 +185,9 @@ def test_a_failed_stage_shows_its_log_tail(workdir, capsys):
     code, out = kiln_status(workdir, capsys=capsys)
     assert code == 0
     assert "smoke failed: see results/tiny/logs/smoke.log" in out
-    assert "last lines of results/tiny/logs/smoke.log:\n  2026-12-01 04:36:01,257 kiln.smoke INFO probe step 12/12" in out
+    assert (
+        "last lines of results/tiny/logs/smoke.log:\n  2026-12-01 04:36:01,257 kiln.smoke INFO probe step 12/12" in out
+    )
     assert "kiln ERROR smoke: FAILED: health" in kiln_status(workdir, "--stage", "smoke", capsys=capsys)[1]
     assert states(workdir)["train"] == "pending"
 
@@ -229,8 +255,9 @@ def test_without_squeue_or_sacct_the_state_is_unknown(workdir, capsys, monkeypat
 
 
 def test_no_results_folder(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "kiln.main", "status", "results/tiny"], cwd=tmp_path,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "kiln.main", "status", "results/tiny"], cwd=tmp_path, capture_output=True, text=True
+    )
     assert result.returncode == 1
     assert result.stderr.startswith(f"kiln: {tmp_path / 'results' / 'tiny'}: no such run folder")
 
@@ -253,8 +280,12 @@ def test_a_real_snakemake_job_sees_itself_running(workdir):
     for stage in STAGES[:5]:
         finish(workdir / "results" / "tiny", stage)
     (workdir / "Snakefile").write_text(SNAKEFILE.format(python=sys.executable))
-    result = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "-d", str(workdir),
-                             "-s", str(workdir / "Snakefile")], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "1", "-d", str(workdir), "-s", str(workdir / "Snakefile")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads((workdir / "seen.json").read_text())
     assert [s["state"] for s in seen["stages"]] == ["done"] * 5 + ["running", "pending", "pending"]

@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import TOKENIZER_CFG, TRICKY_TEXTS, download_cfg, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import TOKENIZER_CFG, TRICKY_TEXTS, download_cfg, write_jsonl
-from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.encoders import tiktoken_encoding
 from kiln.data.raw import write_raw
 from kiln.data.sources import read_documents, stdlib_root
+from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import (
     EOS,
     build_tokenizer,
@@ -37,7 +37,9 @@ def test_trained_vocab_size(tokenizer):
     assert tokenizer.get_vocab_size() == TOKENIZER_CFG["vocab_size"]
 
 
-@pytest.mark.parametrize("n, padded", [(1, 64), (63, 64), (64, 64), (65, 128), (512, 512), (8193, 8256), (50257, 50304)])
+@pytest.mark.parametrize(
+    "n, padded", [(1, 64), (63, 64), (64, 64), (65, 128), (512, 512), (8193, 8256), (50257, 50304)]
+)
 def test_padded_vocab_size_rounds_up_to_64(n, padded):
     assert padded_vocab_size(n) == padded
     assert padded_vocab_size(n) % 64 == 0
@@ -52,8 +54,18 @@ def test_decode_encode_roundtrips_any_unicode(tokenizer, text):
 
 @pytest.mark.parametrize(
     "text",
-    ["", " ", "  leading and trailing  ", "\r\n\t\x00\x7f", "é", "🙂🙂", "\u200b\ufeff", "a" * 5000,
-     "".join(SPECIAL_TOKENS), "\U0010ffff"],
+    [
+        "",
+        " ",
+        "  leading and trailing  ",
+        "\r\n\t\x00\x7f",
+        "é",
+        "🙂🙂",
+        "\u200b\ufeff",
+        "a" * 5000,
+        "".join(SPECIAL_TOKENS),
+        "\U0010ffff",
+    ],
 )
 def test_decode_encode_roundtrips_edge_cases(tokenizer, text):
     assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False).ids) == text
@@ -151,8 +163,10 @@ def test_pretrained_tokenizer_json_gets_the_missing_special_tokens(tmp_path, raw
     pretrained = Tokenizer(models.BPE())
     pretrained.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     pretrained.decoder = decoders.ByteLevel()
-    pretrained.train_from_iterator(["def f(x):\n    return x\n"] * 50, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    pretrained.train_from_iterator(
+        ["def f(x):\n    return x\n"] * 50,
+        trainers.BpeTrainer(vocab_size=300, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+    )
     path = tmp_path / "pretrained.json"
     pretrained.save(str(path))
     n = pretrained.get_vocab_size()

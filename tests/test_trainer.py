@@ -28,7 +28,6 @@ from kiln.train import checkpoint
 from kiln.train.schedule import lr_at
 from kiln.train.trainer import run
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
 
 
@@ -82,9 +81,20 @@ def test_short_run_lowers_loss_and_writes_outputs(shards, tmp_path):
 
     assert (out / "model.safetensors").is_file()
     assert json.loads((out / "model_config.json").read_text()) == {
-        "family": "gpt2", "vocab_size": PADDED_VOCAB, "seq_len": SEQ_LEN, "n_layer": 1, "n_head": 2,
-        "d_model": 32, "n_kv_head": 2, "d_ff": 128, "max_positions": SEQ_LEN, "rope_theta": 10000.0,
-        "norm_eps": 1e-5, "bias": False, "dropout": 0.0, "tie_embeddings": True,
+        "family": "gpt2",
+        "vocab_size": PADDED_VOCAB,
+        "seq_len": SEQ_LEN,
+        "n_layer": 1,
+        "n_head": 2,
+        "d_model": 32,
+        "n_kv_head": 2,
+        "d_ff": 128,
+        "max_positions": SEQ_LEN,
+        "rope_theta": 10000.0,
+        "norm_eps": 1e-5,
+        "bias": False,
+        "dropout": 0.0,
+        "tie_embeddings": True,
     }
     model = load_model(out)
     assert not model.training
@@ -131,7 +141,12 @@ def test_samples_at_each_validation_leave_the_run_unchanged(shards, tmp_path):
     assert modes == [False, False]  # sampled in eval mode, at steps 10 and 20
     assert [r["loss"] for r in _records(tmp_path / "plain")] == [r["loss"] for r in _records(tmp_path / "sampled")]
     rows = [json.loads(line) for line in (tmp_path / "sampled" / "samples.jsonl").read_text().splitlines()]
-    assert [(r["step"], r["prompt"]) for r in rows] == [(10, "[1, 2, 3]"), (10, "[4, 5]"), (20, "[1, 2, 3]"), (20, "[4, 5]")]
+    assert [(r["step"], r["prompt"]) for r in rows] == [
+        (10, "[1, 2, 3]"),
+        (10, "[4, 5]"),
+        (20, "[1, 2, 3]"),
+        (20, "[4, 5]"),
+    ]
     assert all(len(json.loads(r["completion"])) == 4 for r in rows)
     assert (tmp_path / "plain" / "samples.jsonl").read_text() == ""
 
@@ -170,8 +185,11 @@ def _assert_resume_matches(full: Path, resumed: Path, result) -> None:
     assert result.losses == pytest.approx(after, rel=1e-6, abs=1e-6)
     assert result.tokens_seen == N * 8 * SEQ_LEN
     _assert_same_weights(load_model(resumed).state_dict(), load_model(full).state_dict(), atol=1e-6)
-    _assert_same_weights(_state(resumed, N)["optimizer"]["state"]["wte.weight"],
-                         _state(full, N)["optimizer"]["state"]["wte.weight"], atol=1e-6)
+    _assert_same_weights(
+        _state(resumed, N)["optimizer"]["state"]["wte.weight"],
+        _state(full, N)["optimizer"]["state"]["wte.weight"],
+        atol=1e-6,
+    )
 
 
 def test_resume_from_copied_mid_checkpoint_matches_uninterrupted(shards, tmp_path, uninterrupted):
@@ -249,8 +267,10 @@ def test_a_changed_training_setting_starts_over_naming_it(shards, tmp_path, unin
     _assert_same_weights(load_model(out).state_dict(), load_model(fresh).state_dict())
     assert _comparable(_records(out)) == _comparable(_records(fresh))
     message = " ".join(r.getMessage() for r in caplog.records)
-    assert f"step-{N // 2:07d} was trained with other settings: train.lr: {sections['train']['lr']!r} in the checkpoint, " \
-           f"{changed['train']['lr']!r} now" in message
+    assert (
+        f"step-{N // 2:07d} was trained with other settings: train.lr: {sections['train']['lr']!r} in the checkpoint, "
+        f"{changed['train']['lr']!r} now" in message
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,7 +281,12 @@ def test_keep_checkpoints_prunes_old_ones(shards, tmp_path):
     out = tmp_path / "run"
     run(train_sections(max_steps=8, log_every=2, checkpoint_every=2, keep_checkpoints=2), shards, out)
     root = out / "checkpoints"
-    assert sorted(p.name for p in root.iterdir()) == [checkpoint.FINISHED, checkpoint.MARKER, "step-0000006", "step-0000008"]
+    assert sorted(p.name for p in root.iterdir()) == [
+        checkpoint.FINISHED,
+        checkpoint.MARKER,
+        "step-0000006",
+        "step-0000008",
+    ]
     assert root.joinpath(checkpoint.MARKER).read_text().strip() == "step-0000008"
 
 
@@ -368,8 +393,9 @@ def test_grad_accum_matches_larger_micro_batch(shards, tmp_path):
     assert len(big_loss) == 10
     assert accum_loss == pytest.approx(big_loss, abs=1e-5, rel=0)
     assert [r["grad_norm"] for r in accum] == pytest.approx([r["grad_norm"] for r in big], rel=1e-4)
-    _assert_same_weights(load_model(tmp_path / "accum").state_dict(),
-                         load_model(tmp_path / "big").state_dict(), atol=1e-5)
+    _assert_same_weights(
+        load_model(tmp_path / "accum").state_dict(), load_model(tmp_path / "big").state_dict(), atol=1e-5
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,14 +404,27 @@ def test_grad_accum_matches_larger_micro_batch(shards, tmp_path):
 
 def test_llama_in_bf16_with_wsd_schedule_lowers_loss(shards, tmp_path):
     model = {"flavour": "debug", "n_layer": 1, "n_head": 2, "d_model": 32}
-    sections = train_sections(model=model, precision="bf16", schedule="wsd", decay_fraction=0.5,
-                              cooldown="1-sqrt", max_steps=20, log_every=2)
+    sections = train_sections(
+        model=model, precision="bf16", schedule="wsd", decay_fraction=0.5, cooldown="1-sqrt", max_steps=20, log_every=2
+    )
     result = run(sections, shards, tmp_path / "run")
     records = _records(tmp_path / "run")
     assert records[-1]["loss"] < records[0]["loss"] - 0.5
-    assert [r["lr"] for r in records] == pytest.approx([
-        lr_at(r["step"] - 1, lr=1e-2, min_lr=1e-3, warmup_steps=2, max_steps=20, kind="wsd",
-              decay_fraction=0.5, cooldown="1-sqrt") for r in records])
+    assert [r["lr"] for r in records] == pytest.approx(
+        [
+            lr_at(
+                r["step"] - 1,
+                lr=1e-2,
+                min_lr=1e-3,
+                warmup_steps=2,
+                max_steps=20,
+                kind="wsd",
+                decay_fraction=0.5,
+                cooldown="1-sqrt",
+            )
+            for r in records
+        ]
+    )
     assert records[4]["lr"] == 1e-2 and records[-1]["lr"] < 2e-3  # stable, then cooled down
     assert json.loads((tmp_path / "run" / "model_config.json").read_text())["family"] == "llama"
     assert result.n_params == load_model(tmp_path / "run").num_params(non_embedding=False)
@@ -402,7 +441,8 @@ def test_log_steps_record_throughput_memory_and_no_mfu_on_cpu(shards, tmp_path):
 def test_checkpoint_and_validation_time_is_left_out_of_tokens_per_s(shards, tmp_path, monkeypatch):
     """On a fake clock where a step takes 1 s, a checkpoint save 1,000 s and a validation 500 s: every
     log window and the steady rate read exactly one step's tokens per second."""
-    from kiln.train import metrics, trainer as trainer_module
+    from kiln.train import metrics
+    from kiln.train import trainer as trainer_module
 
     now = [0.0]
 
@@ -411,10 +451,10 @@ def test_checkpoint_and_validation_time_is_left_out_of_tokens_per_s(shards, tmp_
             out = fn(*args, **kwargs)
             now[0] += seconds
             return out
+
         return wrapped
 
-    monkeypatch.setattr(trainer_module, "Throughput",
-                        lambda *a, **k: metrics.Throughput(*a, **k, clock=lambda: now[0]))
+    monkeypatch.setattr(trainer_module, "Throughput", lambda *a, **k: metrics.Throughput(*a, **k, clock=lambda: now[0]))
     monkeypatch.setattr(trainer_module.Trainer, "train_step", advancing(trainer_module.Trainer.train_step, 1.0))
     monkeypatch.setattr(trainer_module.Trainer, "evaluate", advancing(trainer_module.Trainer.evaluate, 500.0))
     monkeypatch.setattr(checkpoint, "save", advancing(checkpoint.save, 1000.0))
@@ -428,8 +468,11 @@ def test_checkpoint_and_validation_time_is_left_out_of_tokens_per_s(shards, tmp_
 def test_batch_tokens_set_accumulation_and_must_divide(shards, tmp_path):
     result = run(train_sections(micro_batch=2, batch_tokens=8 * SEQ_LEN, max_steps=3), shards, tmp_path / "run")
     assert (result.grad_accum, result.tokens_per_step) == (4, 8 * SEQ_LEN)
-    with pytest.raises(KilnError, match=r"train.batch_tokens: 100 is not a multiple of 1 ranks x "
-                                        r"train.micro_batch 2 x shard.seq_len 16 = 32 tokens \(nearest that are: 96 or 128\)"):
+    with pytest.raises(
+        KilnError,
+        match=r"train.batch_tokens: 100 is not a multiple of 1 ranks x "
+        r"train.micro_batch 2 x shard.seq_len 16 = 32 tokens \(nearest that are: 96 or 128\)",
+    ):
         train_sections(micro_batch=2, batch_tokens=100)
 
 
@@ -450,8 +493,9 @@ def test_compiled_run_matches_eager_and_saves_plain_names(shards, tmp_path):
     run(train_sections(max_steps=4, log_every=1, compile=False), shards, tmp_path / "eager")
     compiled, eager = _records(tmp_path / "compiled"), _records(tmp_path / "eager")
     assert [r["loss"] for r in compiled] == pytest.approx([r["loss"] for r in eager], abs=1e-5, rel=0)
-    _assert_same_weights(load_model(tmp_path / "compiled").state_dict(), load_model(tmp_path / "eager").state_dict(),
-                         atol=1e-5)
+    _assert_same_weights(
+        load_model(tmp_path / "compiled").state_dict(), load_model(tmp_path / "eager").state_dict(), atol=1e-5
+    )
 
 
 def test_each_rank_draws_its_own_dropout_stream_after_a_shared_init():

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from conftest import download_cfg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import download_cfg
 from kiln.data.raw import write_raw
 from kiln.data.sources import SourceReader, read_part, read_rows
 from kiln.data.utf8text import BIG_TEXT_BYTES, Utf8Text, first_invalid_byte, string_column, texts_of, utf8_size
@@ -19,8 +19,10 @@ CHARS = st.sampled_from(["a", " ", "\n", "é", "漢", "🙂", "\x00", "\u2028"])
 
 
 @settings(max_examples=150, deadline=None)
-@given(text=st.text(CHARS, max_size=3000), cuts=st.lists(st.integers(min_value=-3100, max_value=3100), min_size=2,
-                                                          max_size=2))
+@given(
+    text=st.text(CHARS, max_size=3000),
+    cuts=st.lists(st.integers(min_value=-3100, max_value=3100), min_size=2, max_size=2),
+)
 def test_slices_and_length_match_the_string(text, cuts):
     wrapped = Utf8Text(text.encode("utf-8"))
     assert len(wrapped) == len(text) and wrapped.nbytes == utf8_size(text) == utf8_size(wrapped)

@@ -54,8 +54,9 @@ def run_dir(tmp_path_factory, tokenizer_path):
     noise = [{"text": "".join(rng.choice(letters, size=90)) + "\n"} for _ in range(300)]
     write_jsonl(base / "inputs" / "code.jsonl", code)
     write_jsonl(base / "inputs" / "noise.jsonl", noise)
-    sources = [{"name": n, "kind": "local", "paths": [f"inputs/{n}.jsonl"], "text_column": "text"}
-               for n in ("code", "noise")]
+    sources = [
+        {"name": n, "kind": "local", "paths": [f"inputs/{n}.jsonl"], "text_column": "text"} for n in ("code", "noise")
+    ]
     cwd = os.getcwd()
     os.chdir(base)  # relative paths: the same document ids, so the same split, on every run
     try:
@@ -67,14 +68,38 @@ def run_dir(tmp_path_factory, tokenizer_path):
     write_json(base / "tokens" / "meta.json", meta)
     shards = base / "shards"
     shards.mkdir()
-    splits = {split: shard_split(np.memmap(base / "tokens" / f"{split}.bin", dtype=meta["dtype"], mode="r"), shards,
-                                 split, SEQ_LEN + 1, 1000, meta["padded_vocab_size"]) for split in ("train", "val")}
-    write_json(shards / "manifest.json", {
-        "seq_len": SEQ_LEN, "row_len": SEQ_LEN + 1, "dtype": meta["dtype"], "vocab_size": meta["vocab_size"],
-        "padded_vocab_size": meta["padded_vocab_size"], "splits": splits, "sources": meta["sources"],
-    })
-    sections = train_sections(TINY_MODEL, max_steps=MAX_STEPS, micro_batch=16, checkpoint_every=CKPT_EVERY,
-                              keep_checkpoints=KEEP, eval_every=MAX_STEPS, log_every=10)
+    splits = {
+        split: shard_split(
+            np.memmap(base / "tokens" / f"{split}.bin", dtype=meta["dtype"], mode="r"),
+            shards,
+            split,
+            SEQ_LEN + 1,
+            1000,
+            meta["padded_vocab_size"],
+        )
+        for split in ("train", "val")
+    }
+    write_json(
+        shards / "manifest.json",
+        {
+            "seq_len": SEQ_LEN,
+            "row_len": SEQ_LEN + 1,
+            "dtype": meta["dtype"],
+            "vocab_size": meta["vocab_size"],
+            "padded_vocab_size": meta["padded_vocab_size"],
+            "splits": splits,
+            "sources": meta["sources"],
+        },
+    )
+    sections = train_sections(
+        TINY_MODEL,
+        max_steps=MAX_STEPS,
+        micro_batch=16,
+        checkpoint_every=CKPT_EVERY,
+        keep_checkpoints=KEEP,
+        eval_every=MAX_STEPS,
+        log_every=10,
+    )
     result = run(sections, shards, base / "train")
     write_json(base / "train" / "summary.json", dataclasses.asdict(result))
     return base
@@ -154,7 +179,8 @@ def test_loss_and_bits_per_byte_per_source(held_out, final_model):
     # the token-weighted mean of the sources is the loss over the whole split (up to where rows are cut)
     overall = held_out.overall(final_model)
     mean = sum(m["loss"] * m["tokens_evaluated"] for m in by_source.values()) / sum(
-        m["tokens_evaluated"] for m in by_source.values())
+        m["tokens_evaluated"] for m in by_source.values()
+    )
     assert mean == pytest.approx(overall["val_loss"], rel=0.02)
     assert min(code["loss"], noise["loss"]) < overall["val_loss"] < max(code["loss"], noise["loss"])
     # bits per byte per source use the source's own tokens/bytes, so they differ from the split's ratio
@@ -174,8 +200,13 @@ def test_checkpoint_curve_has_every_kept_checkpoint_and_the_final_model(run_dir,
     assert [step for step, _ in kept] == [10, 20, 30]
     summary = read_json(run_dir / "train" / "summary.json")
     overall = held_out.overall(final_model)
-    final = {"step": summary["steps"], "tokens": summary["tokens_seen"], "val_loss": overall["val_loss"],
-             "val_bits_per_byte": overall["val_bits_per_byte"], "final": True}
+    final = {
+        "step": summary["steps"],
+        "tokens": summary["tokens_seen"],
+        "val_loss": overall["val_loss"],
+        "val_bits_per_byte": overall["val_bits_per_byte"],
+        "final": True,
+    }
     curve = checkpoint_curve(run_dir / "train", held_out, final)
     assert [e["step"] for e in curve] == [10, 20, 30]  # the checkpoint at step 30 is the final model
     assert [e["final"] for e in curve] == [False, False, True] and curve[-1] is final
@@ -186,7 +217,8 @@ def test_checkpoint_curve_has_every_kept_checkpoint_and_the_final_model(run_dir,
     for e in curve[:-1]:
         assert set(e["by_source"]) == {"code", "noise"}
         assert e["val_bits_per_byte"] == pytest.approx(
-            e["val_loss"] / math.log(2) * held_out.split["tokens"] / held_out.split["bytes"])
+            e["val_loss"] / math.log(2) * held_out.split["tokens"] / held_out.split["bytes"]
+        )
     # the last checkpoint holds the final weights: loaded from it, the same loss
     model, at = load_checkpoint(kept[-1][1], run_dir / "train")
     assert at == {"step": 30, "tokens": summary["tokens_seen"]}
@@ -215,18 +247,25 @@ def test_eval_of_a_run_trained_without_fim_skips_infilling_and_says_so(run_dir, 
 
     from kiln import config as kiln_config
     from kiln import run_config
-    from kiln.report.run import _eval_tables
     from kiln.eval.suite import RunPaths, evaluate
+    from kiln.report.run import _eval_tables
 
     raw = yaml.safe_load((Path(__file__).parent / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
-    raw["eval"] = {"max_batches": 2, "prompts": ["def "], "max_new_tokens": 2, "infill_docs": 4,
-                   "lm_eval": {"tasks": [], "max_docs": 2}}
+    raw["eval"] = {
+        "max_batches": 2,
+        "prompts": ["def "],
+        "max_new_tokens": 2,
+        "infill_docs": 4,
+        "lm_eval": {"tasks": [], "max_docs": 2},
+    }
     cfg = kiln_config.stage_sections(run_config.validate(raw), "eval")["eval"]
     paths = RunPaths(run_dir / "train", run_dir / "shards", run_dir / "tokens", run_dir / "raw", tokenizer_path)
     metrics, samples = evaluate(paths, cfg, SEED, tmp_path)
-    assert metrics["infill"] == {"not_run": "trained without FIM: none of the "
-                                 f"{read_json(run_dir / 'tokens' / 'meta.json')['splits']['train']['docs']:,} train "
-                                 "documents was FIM-transformed (pretokenize.fim.rate 0)"}
+    assert metrics["infill"] == {
+        "not_run": "trained without FIM: none of the "
+        f"{read_json(run_dir / 'tokens' / 'meta.json')['splits']['train']['docs']:,} train "
+        "documents was FIM-transformed (pretokenize.fim.rate 0)"
+    }
     assert samples["infill"] == [] and set(metrics["contamination"]) == {"val_documents"}
     assert metrics["contamination"]["val_documents"]["items"] > 0 and metrics["unigram_val_loss"] > 0
     assert "not run: trained without FIM" in "\n".join(_eval_tables(metrics))

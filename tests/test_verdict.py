@@ -20,12 +20,30 @@ from kiln.report.run import _smoke_section
 
 TRAIN_SCRIPT = REPO / "workflow" / "scripts" / "train.py"
 MEASURED = Measurements(
-    probe=Probe(tokens_per_s=4096.0, step_time_s=0.5, data_wait_fraction=0.01, peak_memory_mb=100.0, mfu=0.25,
-                tflops=1.5, measured_steps=10),
-    losses=(4.1, 3.0), grad_norms=(1.0, 0.5), val_loss_init=4.1, val_loss_after=3.2, n_params=10**6,
-    checkpoint_bytes=12 * 10**6, model_bytes=4 * 10**6, train_tokens=10**6, batch=BatchPlan(1, 16, 256, 1),
-    device="cpu", world=1, times=StageTimes(step_s=0.5, startup_s=9.0, validation_s=1.5, checkpoint_s=0.25),
-    precision="bf16", precision_tokens_per_s={"bf16": 4096.0, "fp32": 2048.0})
+    probe=Probe(
+        tokens_per_s=4096.0,
+        step_time_s=0.5,
+        data_wait_fraction=0.01,
+        peak_memory_mb=100.0,
+        mfu=0.25,
+        tflops=1.5,
+        measured_steps=10,
+    ),
+    losses=(4.1, 3.0),
+    grad_norms=(1.0, 0.5),
+    val_loss_init=4.1,
+    val_loss_after=3.2,
+    n_params=10**6,
+    checkpoint_bytes=12 * 10**6,
+    model_bytes=4 * 10**6,
+    train_tokens=10**6,
+    batch=BatchPlan(1, 16, 256, 1),
+    device="cpu",
+    world=1,
+    times=StageTimes(step_s=0.5, startup_s=9.0, validation_s=1.5, checkpoint_s=0.25),
+    precision="bf16",
+    precision_tokens_per_s={"bf16": 4096.0, "fp32": 2048.0},
+)
 
 
 def checks(*failing: str) -> list[Check]:
@@ -34,8 +52,11 @@ def checks(*failing: str) -> list[Check]:
 
 
 def test_judge_and_round_trip(tmp_path):
-    for failing, enforce, gate in [((), True, Gate.PASSED), (("overfit",), False, Gate.SKIPPED),
-                                   (("health", "overfit"), True, Gate.FAILED)]:
+    for failing, enforce, gate in [
+        ((), True, Gate.PASSED),
+        (("overfit",), False, Gate.SKIPPED),
+        (("health", "overfit"), True, Gate.FAILED),
+    ]:
         report = SmokeReport.judge(checks(*failing), MEASURED, enforce=enforce)
         assert report.gate is gate and report.failed == failing
         report.save(tmp_path / "report.json")
@@ -70,19 +91,32 @@ def test_a_gate_that_contradicts_its_checks_is_refused():
 
 
 def test_load_of_a_missing_report_names_the_file(tmp_path):
-    with pytest.raises(KilnError, match=re.escape(f"{tmp_path / 'report.json'}: no smoke report there; run the smoke stage")):
+    with pytest.raises(
+        KilnError, match=re.escape(f"{tmp_path / 'report.json'}: no smoke report there; run the smoke stage")
+    ):
         SmokeReport.load(tmp_path / "report.json")
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda text: text[: len(text) // 2], "not a complete smoke report"),  # a torn copy
-    (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "version"}),
-     f"a smoke report from another version of kiln .format version none, this kiln reads {VERSION}."),  # written before the version field
-    (lambda text: json.dumps({**json.loads(text), "version": 99}), "a smoke report from another version of kiln .format version 99"),
-    (lambda text: json.dumps({**json.loads(text), "gate": "maybe"}), "not a valid smoke report"),
-    (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "n_params"}),
-     "not a valid smoke report"),
-], ids=["torn", "no version", "another version", "unknown gate", "missing figure"])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda text: text[: len(text) // 2], "not a complete smoke report"),  # a torn copy
+        (
+            lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "version"}),
+            f"a smoke report from another version of kiln .format version none, this kiln reads {VERSION}.",
+        ),  # written before the version field
+        (
+            lambda text: json.dumps({**json.loads(text), "version": 99}),
+            "a smoke report from another version of kiln .format version 99",
+        ),
+        (lambda text: json.dumps({**json.loads(text), "gate": "maybe"}), "not a valid smoke report"),
+        (
+            lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "n_params"}),
+            "not a valid smoke report",
+        ),
+    ],
+    ids=["torn", "no version", "another version", "unknown gate", "missing figure"],
+)
 def test_load_of_a_bad_report_names_the_file_and_the_fault(tmp_path, edit, message):
     path = tmp_path / "report.json"
     SmokeReport.judge(checks(), MEASURED, enforce=True).save(path)
@@ -94,9 +128,25 @@ def test_load_of_a_bad_report_names_the_file_and_the_fault(tmp_path, edit, messa
 def test_train_refuses_a_report_whose_gate_failed(tmp_path):
     smoke = tmp_path / "report.json"
     SmokeReport.judge(checks("overfit"), MEASURED, enforce=True).save(smoke)
-    proc = subprocess.run([sys.executable, str(TRAIN_SCRIPT), "--params", "{}", "--shards", str(tmp_path / "shards"),
-                           "--smoke", str(smoke), "--tokenizer", str(tmp_path / "tokenizer.json"),
-                           "--out", str(tmp_path / "train")], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(TRAIN_SCRIPT),
+            "--params",
+            "{}",
+            "--shards",
+            str(tmp_path / "shards"),
+            "--smoke",
+            str(smoke),
+            "--tokenizer",
+            str(tmp_path / "tokenizer.json"),
+            "--out",
+            str(tmp_path / "train"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1
     assert "smoke: FAILED: overfit" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "train").exists()
@@ -114,6 +164,8 @@ def test_report_shows_the_gate_and_its_checks():
 
 
 def test_the_report_stage_does_not_import_torch():
-    code = ("import sys; import kiln.report.run, kiln.plan.verdict, kiln.plan.tables; "
-            "assert 'torch' not in sys.modules, 'torch was imported'")
+    code = (
+        "import sys; import kiln.report.run, kiln.plan.verdict, kiln.plan.tables; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

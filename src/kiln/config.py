@@ -91,9 +91,7 @@ def _check_relations(cfg: dict) -> list[str]:
     fim = cfg["pretokenize"]["fim"]
     shares = fim["psm"] + fim["spm"] + fim["middle_only"]
     if not math.isclose(shares, 1.0, abs_tol=1e-6):
-        problems.append(
-            f"pretokenize.fim: psm + spm + middle_only must sum to 1, got {shares:g}"
-        )
+        problems.append(f"pretokenize.fim: psm + spm + middle_only must sum to 1, got {shares:g}")
     train = cfg["train"]
     if train["min_lr"] > train["lr"]:
         problems.append(f"train.min_lr: {train['min_lr']} is above train.lr={train['lr']}")
@@ -109,13 +107,16 @@ def _check_relations(cfg: dict) -> list[str]:
     if init is not None and len({"run", "checkpoint", "hf"} & set(init)) != 1:
         problems.append("train.init_from: give exactly one of run, checkpoint or hf")
     elif init is not None and init.get("optimizer") and "hf" in init:
-        problems.append("train.init_from.optimizer: a Hugging Face export holds no optimizer state; "
-                        "use run or checkpoint")
+        problems.append(
+            "train.init_from.optimizer: a Hugging Face export holds no optimizer state; use run or checkpoint"
+        )
     if train["node_rank"] >= train["nnodes"]:
         problems.append(f"train.node_rank: {train['node_rank']} must be below train.nnodes={train['nnodes']}")
     if train["async_checkpoint"] and checkpoint_format(train) != "sharded":
-        problems.append(f"train.async_checkpoint: needs sharded checkpoints, but train.checkpoint_format is "
-                        f"{train['checkpoint_format']} under train.parallel {train['parallel']} (full); set it to sharded")
+        problems.append(
+            f"train.async_checkpoint: needs sharded checkpoints, but train.checkpoint_format is "
+            f"{train['checkpoint_format']} under train.parallel {train['parallel']} (full); set it to sharded"
+        )
     smoke = cfg["smoke"]
     if smoke["warmup_steps"] >= smoke["steps"]:
         problems.append(f"smoke.warmup_steps: {smoke['warmup_steps']} must be below smoke.steps={smoke['steps']}")
@@ -186,9 +187,14 @@ def merge(base: dict, override: Mapping) -> dict:
 def yaml_values(overrides: Mapping) -> dict:
     """--config overrides with their nested values read as YAML. Snakemake reads `train={max_steps: 7}`
     with YAML's BaseLoader, which leaves every nested scalar a string ('7'); Kiln reads it as written."""
-    return {key: yaml_values(value) if isinstance(value, Mapping)
-            else yaml.safe_load(value) if isinstance(value, str) and value else value
-            for key, value in overrides.items()}
+    return {
+        key: yaml_values(value)
+        if isinstance(value, Mapping)
+        else yaml.safe_load(value)
+        if isinstance(value, str) and value
+        else value
+        for key, value in overrides.items()
+    }
 
 
 def resolve(configfiles: Sequence[str | Path] = (), overrides: Mapping | None = None) -> dict:

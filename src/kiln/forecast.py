@@ -47,8 +47,10 @@ def model_vocab(tokenizer: dict) -> int:
         from kiln.data.tokenizer import id_space, load_tokenizer, with_special_tokens
 
         return padded_vocab_size(id_space(with_special_tokens(load_tokenizer(tokenizer["path"]))))
-    raise KilnError(f"tokenizer: cannot tell the vocabulary size of {tokenizer} before the tokenizer stage; "
-                    f"known tiktoken encodings: {', '.join(TIKTOKEN_VOCAB)}")
+    raise KilnError(
+        f"tokenizer: cannot tell the vocabulary size of {tokenizer} before the tokenizer stage; "
+        f"known tiktoken encodings: {', '.join(TIKTOKEN_VOCAB)}"
+    )
 
 
 def data_disk(cfg: dict, vocab: int) -> dict[str, int | None]:
@@ -59,8 +61,13 @@ def data_disk(cfg: dict, vocab: int) -> dict[str, int | None]:
     sources = cfg["download"]["sources"]
     raw = sum(s["max_bytes"] for s in sources) if all(s.get("max_bytes") for s in sources) else None
     pre = cfg["pretokenize"]
-    tokens = (pre["train_tokens"] + pre["val_tokens"] if pre.get("train_tokens")
-              else raw // TEXT_BYTES_PER_TOKEN if raw else None)  # unset train_tokens: every document
+    tokens = (
+        pre["train_tokens"] + pre["val_tokens"]
+        if pre.get("train_tokens")
+        else raw // TEXT_BYTES_PER_TOKEN
+        if raw
+        else None
+    )  # unset train_tokens: every document
     itemsize = 2 if vocab <= 2**16 else 4  # kiln.data.pretokenize.token_dtype
     ids = None if tokens is None else tokens * itemsize
     return {"raw": raw, "pretokenized": ids, "shards": ids}
@@ -71,12 +78,14 @@ def predict(cfg: dict) -> dict:
     train, expect = cfg["train"], cfg["plan"]
     gpu = gpu_of(expect["gpu"])
     if gpu is None:
-        raise KilnError(f"plan.gpu: {expect['gpu']!r} is not a known GPU "
-                        f"(known: {', '.join(g.fragment for g in GPUS)})")
+        raise KilnError(
+            f"plan.gpu: {expect['gpu']!r} is not a known GPU (known: {', '.join(g.fragment for g in GPUS)})"
+        )
     peak = gpu.tflops * 1e12
     model = resolve_model(cfg["model"], vocab_size=model_vocab(cfg["tokenizer"]), seq_len=cfg["shard"]["seq_len"])
-    batch = plan_batch(train["batch_tokens"], train["micro_batch"], cfg["shard"]["seq_len"],
-                       train["nproc_per_node"] * train["nnodes"])
+    batch = plan_batch(
+        train["batch_tokens"], train["micro_batch"], cfg["shard"]["seq_len"], train["nproc_per_node"] * train["nnodes"]
+    )
     tokens_per_s = expect["mfu"] * peak * batch.world / model.flops_per_token()
     n_params = model.num_params(non_embedding=False)
     # A budget buys steps at the assumed speed; what the stage spends besides steps is unknown here
@@ -84,21 +93,36 @@ def predict(cfg: dict) -> dict:
     times = StageTimes(step_s=batch.tokens_per_step / tokens_per_s, startup_s=0.0, validation_s=0.0, checkpoint_s=0.0)
     budget = budget_steps(train, times, batch.world, cfg["smoke"]["price_per_gpu_hour"]) if train["budget"] else {}
     max_steps = budget.get("max_steps", train["max_steps"])
-    newest, milestones = kept_checkpoints(max_steps, train["checkpoint_every"], train["keep_checkpoints"],
-                                          train["keep_checkpoint_every"])
-    plan = full_run_plan(batch=batch, max_steps=max_steps,
-                         tokens_per_s=tokens_per_s, n_params=n_params,
-                         train_tokens=cfg["pretokenize"].get("train_tokens") or 0,
-                         checkpoint_bytes=ADAMW_BYTES_PER_PARAM * n_params, keep_checkpoints=newest,
-                         model_bytes=4 * n_params, price_per_gpu_hour=cfg["smoke"]["price_per_gpu_hour"],
-                         milestones=milestones, data_bytes=data_disk(cfg, model.vocab_size))
-    memory = fit_report(model, setting_of(train, world=batch.world, grad_accum=batch.grad_accum), gpu.fragment,
-                        gpu.memory_gib)
+    newest, milestones = kept_checkpoints(
+        max_steps, train["checkpoint_every"], train["keep_checkpoints"], train["keep_checkpoint_every"]
+    )
+    plan = full_run_plan(
+        batch=batch,
+        max_steps=max_steps,
+        tokens_per_s=tokens_per_s,
+        n_params=n_params,
+        train_tokens=cfg["pretokenize"].get("train_tokens") or 0,
+        checkpoint_bytes=ADAMW_BYTES_PER_PARAM * n_params,
+        keep_checkpoints=newest,
+        model_bytes=4 * n_params,
+        price_per_gpu_hour=cfg["smoke"]["price_per_gpu_hour"],
+        milestones=milestones,
+        data_bytes=data_disk(cfg, model.vocab_size),
+    )
+    memory = fit_report(
+        model, setting_of(train, world=batch.world, grad_accum=batch.grad_accum), gpu.fragment, gpu.memory_gib
+    )
     if budget:
         plan |= budget | {"stage_times": asdict(times)}
-    return plan | {"memory": memory,
-                   "predicted_from": {"gpu": expect["gpu"], "peak_tflops": peak / 1e12, "mfu": expect["mfu"],
-                                      "flops_per_token": model.flops_per_token()}}
+    return plan | {
+        "memory": memory,
+        "predicted_from": {
+            "gpu": expect["gpu"],
+            "peak_tflops": peak / 1e12,
+            "mfu": expect["mfu"],
+            "flops_per_token": model.flops_per_token(),
+        },
+    }
 
 
 def _override(text: str) -> dict:
@@ -130,7 +154,9 @@ def _titled(text: str, plan: dict, run: str | None = None) -> str:
     return text.replace(
         "# Plan for the full run",
         f"# Plan for {run or 'the full run'} (predicted: {source['gpu']} at {source['peak_tflops']:g} TFLOP/s bf16 x "
-        f"MFU {source['mfu']:g}; the smoke stage measures it)", 1)
+        f"MFU {source['mfu']:g}; the smoke stage measures it)",
+        1,
+    )
 
 
 def sweep_total(plans: dict[str, dict]) -> dict:
@@ -140,11 +166,14 @@ def sweep_total(plans: dict[str, dict]) -> dict:
     # the data stages run once for arms that share their data (a sweep's usually do): counted once
     data = {tuple(sorted(p.get("data_bytes", {}).items())) for p in plans.values()}
     runs = sum(p["disk_bytes"] - sum(v for v in p.get("data_bytes", {}).values() if v) for p in plans.values())
-    return {"arms": len(plans), "eta_h": sum(p["eta_h"] for p in plans.values()),
-            "device_hours": sum(p["device_hours"] for p in plans.values()),
-            "cost": sum(costs) if all(c is not None for c in costs) else None,
-            "disk_bytes": runs + sum(v for d in data for _, v in d if v),
-            "all_fit": all(p["memory"]["fits"] for p in plans.values())}
+    return {
+        "arms": len(plans),
+        "eta_h": sum(p["eta_h"] for p in plans.values()),
+        "device_hours": sum(p["device_hours"] for p in plans.values()),
+        "cost": sum(costs) if all(c is not None for c in costs) else None,
+        "disk_bytes": runs + sum(v for d in data for _, v in d if v),
+        "all_fit": all(p["memory"]["fits"] for p in plans.values()),
+    }
 
 
 def _sweep(name: str, plans: dict[str, dict], as_json: bool) -> int:
@@ -154,12 +183,33 @@ def _sweep(name: str, plans: dict[str, dict], as_json: bool) -> int:
         return 0
     rows = [("arm", "params", "steps", "tokens", "time", "device-hours", "cost", "memory/GPU", "fits")]
     for run, p in plans.items():
-        rows.append((run, f"{p['n_params'] / 1e6:,.1f}M", f"{p['max_steps']:,}", f"{p['total_tokens']:,}",
-                     f"{p['eta_h']:.2f} h", f"{p['device_hours']:.1f}", "" if p["cost"] is None else f"${p['cost']:,.2f}",
-                     f"{p['memory']['gib_per_gpu']:.1f} GiB", "yes" if p["memory"]["fits"] else "NO"))
+        rows.append(
+            (
+                run,
+                f"{p['n_params'] / 1e6:,.1f}M",
+                f"{p['max_steps']:,}",
+                f"{p['total_tokens']:,}",
+                f"{p['eta_h']:.2f} h",
+                f"{p['device_hours']:.1f}",
+                "" if p["cost"] is None else f"${p['cost']:,.2f}",
+                f"{p['memory']['gib_per_gpu']:.1f} GiB",
+                "yes" if p["memory"]["fits"] else "NO",
+            )
+        )
     cost = "" if total["cost"] is None else f"${total['cost']:,.2f}"
-    rows.append(("total", "", "", "", f"{total['eta_h']:.2f} h", f"{total['device_hours']:.1f}", cost, "",
-                 "yes" if total["all_fit"] else "NO"))
+    rows.append(
+        (
+            "total",
+            "",
+            "",
+            "",
+            f"{total['eta_h']:.2f} h",
+            f"{total['device_hours']:.1f}",
+            cost,
+            "",
+            "yes" if total["all_fit"] else "NO",
+        )
+    )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print(f"# Sweep {name}: {len(plans)} arms, each priced below in full\n")
     print("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows))
@@ -171,10 +221,14 @@ def _sweep(name: str, plans: dict[str, dict], as_json: bool) -> int:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "plan", help="print a config's plan (tokens, steps, time, GPU-hours, cost, disk) without training",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configfile", nargs="+", metavar="FILE",
-                        help="run files, as given to snakemake (none: the embedded default)")
+        "plan",
+        help="print a config's plan (tokens, steps, time, GPU-hours, cost, disk) without training",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--configfile", nargs="+", metavar="FILE", help="run files, as given to snakemake (none: the embedded default)"
+    )
     parser.add_argument("--config", nargs="+", metavar="KEY=VALUE", help="overrides, as given to snakemake")
     parser.add_argument("--json", action="store_true", help="the plan as JSON")
     parser.set_defaults(run=_run)

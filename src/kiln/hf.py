@@ -32,25 +32,42 @@ from kiln.model.registry import ModelConfig
 # transformer.h.i. / model.layers.i. on theirs), *_TOP outside the blocks. True marks GPT-2's Conv1D
 # weights, stored transposed.
 GPT2_BLOCK = {
-    "ln_1.weight": ("ln_1.weight", False), "ln_1.bias": ("ln_1.bias", False),
-    "attn.qkv.weight": ("attn.c_attn.weight", True), "attn.qkv.bias": ("attn.c_attn.bias", False),
-    "attn.proj.weight": ("attn.c_proj.weight", True), "attn.proj.bias": ("attn.c_proj.bias", False),
-    "ln_2.weight": ("ln_2.weight", False), "ln_2.bias": ("ln_2.bias", False),
-    "mlp.up.weight": ("mlp.c_fc.weight", True), "mlp.up.bias": ("mlp.c_fc.bias", False),
-    "mlp.down.weight": ("mlp.c_proj.weight", True), "mlp.down.bias": ("mlp.c_proj.bias", False),
+    "ln_1.weight": ("ln_1.weight", False),
+    "ln_1.bias": ("ln_1.bias", False),
+    "attn.qkv.weight": ("attn.c_attn.weight", True),
+    "attn.qkv.bias": ("attn.c_attn.bias", False),
+    "attn.proj.weight": ("attn.c_proj.weight", True),
+    "attn.proj.bias": ("attn.c_proj.bias", False),
+    "ln_2.weight": ("ln_2.weight", False),
+    "ln_2.bias": ("ln_2.bias", False),
+    "mlp.up.weight": ("mlp.c_fc.weight", True),
+    "mlp.up.bias": ("mlp.c_fc.bias", False),
+    "mlp.down.weight": ("mlp.c_proj.weight", True),
+    "mlp.down.bias": ("mlp.c_proj.bias", False),
 }
-GPT2_TOP = {"wte.weight": "transformer.wte.weight", "wpe.weight": "transformer.wpe.weight",
-            "ln_f.weight": "transformer.ln_f.weight", "ln_f.bias": "transformer.ln_f.bias",
-            "lm_head.weight": "lm_head.weight"}
+GPT2_TOP = {
+    "wte.weight": "transformer.wte.weight",
+    "wpe.weight": "transformer.wpe.weight",
+    "ln_f.weight": "transformer.ln_f.weight",
+    "ln_f.bias": "transformer.ln_f.bias",
+    "lm_head.weight": "lm_head.weight",
+}
 LLAMA_BLOCK = {
-    "attn_norm.weight": "input_layernorm.weight", "mlp_norm.weight": "post_attention_layernorm.weight",
-    "attn.q.weight": "self_attn.q_proj.weight", "attn.k.weight": "self_attn.k_proj.weight",
-    "attn.v.weight": "self_attn.v_proj.weight", "attn.o.weight": "self_attn.o_proj.weight",
-    "mlp.gate.weight": "mlp.gate_proj.weight", "mlp.up.weight": "mlp.up_proj.weight",
+    "attn_norm.weight": "input_layernorm.weight",
+    "mlp_norm.weight": "post_attention_layernorm.weight",
+    "attn.q.weight": "self_attn.q_proj.weight",
+    "attn.k.weight": "self_attn.k_proj.weight",
+    "attn.v.weight": "self_attn.v_proj.weight",
+    "attn.o.weight": "self_attn.o_proj.weight",
+    "mlp.gate.weight": "mlp.gate_proj.weight",
+    "mlp.up.weight": "mlp.up_proj.weight",
     "mlp.down.weight": "mlp.down_proj.weight",
 }
-LLAMA_TOP = {"wte.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-             "lm_head.weight": "lm_head.weight"}
+LLAMA_TOP = {
+    "wte.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "lm_head.weight": "lm_head.weight",
+}
 
 
 def _name_map(cfg: ModelConfig) -> dict[str, tuple[str, bool]]:
@@ -67,23 +84,44 @@ def _name_map(cfg: ModelConfig) -> dict[str, tuple[str, bool]]:
 
 def hf_config(cfg: ModelConfig, eos_id: int = 0) -> dict:
     """config.json for a Kiln model."""
-    common = {"vocab_size": cfg.vocab_size, "tie_word_embeddings": cfg.tie_embeddings,
-              "bos_token_id": eos_id, "eos_token_id": eos_id, "dtype": "float32"}
+    common = {
+        "vocab_size": cfg.vocab_size,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "bos_token_id": eos_id,
+        "eos_token_id": eos_id,
+        "dtype": "float32",
+    }
     if cfg.family == "gpt2":
         return common | {
-            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-            "n_positions": cfg.max_positions, "n_embd": cfg.d_model, "n_layer": cfg.n_layer,
-            "n_head": cfg.n_head, "n_inner": cfg.d_ff, "activation_function": "gelu_new",
-            "layer_norm_epsilon": cfg.norm_eps, "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "n_positions": cfg.max_positions,
+            "n_embd": cfg.d_model,
+            "n_layer": cfg.n_layer,
+            "n_head": cfg.n_head,
+            "n_inner": cfg.d_ff,
+            "activation_function": "gelu_new",
+            "layer_norm_epsilon": cfg.norm_eps,
+            "resid_pdrop": cfg.dropout,
+            "embd_pdrop": cfg.dropout,
             "attn_pdrop": cfg.dropout,
         }
     return common | {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layer,
-        "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_kv_head, "head_dim": cfg.head_dim,
-        "max_position_embeddings": cfg.seq_len, "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu",
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.d_ff,
+        "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head,
+        "num_key_value_heads": cfg.n_kv_head,
+        "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.seq_len,
+        "rms_norm_eps": cfg.norm_eps,
+        "hidden_act": "silu",
         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "attention_bias": False, "mlp_bias": False, "attention_dropout": cfg.dropout,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "attention_dropout": cfg.dropout,
     }
 
 
@@ -118,14 +156,21 @@ def hf_tokenizer(tokenizer_json: Path):
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
-        tokenizer_file=str(tokenizer_json), bos_token=EOS, eos_token=EOS, unk_token=EOS, pad_token=EOS,
-        additional_special_tokens=list(SPECIAL_TOKENS[1:]), split_special_tokens=True,
+        tokenizer_file=str(tokenizer_json),
+        bos_token=EOS,
+        eos_token=EOS,
+        unk_token=EOS,
+        pad_token=EOS,
+        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
+        split_special_tokens=True,
     )
 
 
 def _read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     index = model_dir / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    )
     state = {}
     for name in files:
         path = model_dir / name
@@ -143,9 +188,16 @@ def config_from_hf(hf: dict, source: Path) -> ModelConfig:
         if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
             raise KilnError(f"{source}: activation_function {hf['activation_function']!r} is not supported")
         return ModelConfig(
-            family="gpt2", vocab_size=hf["vocab_size"], seq_len=hf["n_positions"], n_layer=hf["n_layer"],
-            n_head=hf["n_head"], d_model=hf["n_embd"], d_ff=hf.get("n_inner"), max_positions=hf["n_positions"],
-            norm_eps=hf.get("layer_norm_epsilon", 1e-5), bias=True,
+            family="gpt2",
+            vocab_size=hf["vocab_size"],
+            seq_len=hf["n_positions"],
+            n_layer=hf["n_layer"],
+            n_head=hf["n_head"],
+            d_model=hf["n_embd"],
+            d_ff=hf.get("n_inner"),
+            max_positions=hf["n_positions"],
+            norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+            bias=True,
             tie_embeddings=hf.get("tie_word_embeddings", True),
         )
     if kind == "llama":
@@ -160,10 +212,17 @@ def config_from_hf(hf: dict, source: Path) -> ModelConfig:
         if hf.get("head_dim") not in (None, hf["hidden_size"] // n_head):
             raise KilnError(f"{source}: head_dim {hf['head_dim']} != hidden_size/num_attention_heads")
         return ModelConfig(
-            family="llama", vocab_size=hf["vocab_size"], seq_len=hf["max_position_embeddings"],
-            n_layer=hf["num_hidden_layers"], n_head=n_head, n_kv_head=hf.get("num_key_value_heads"),
-            d_model=hf["hidden_size"], d_ff=hf["intermediate_size"], rope_theta=float(rope["rope_theta"]),
-            norm_eps=hf.get("rms_norm_eps", 1e-6), tie_embeddings=hf.get("tie_word_embeddings", False),
+            family="llama",
+            vocab_size=hf["vocab_size"],
+            seq_len=hf["max_position_embeddings"],
+            n_layer=hf["num_hidden_layers"],
+            n_head=n_head,
+            n_kv_head=hf.get("num_key_value_heads"),
+            d_model=hf["hidden_size"],
+            d_ff=hf["intermediate_size"],
+            rope_theta=float(rope["rope_theta"]),
+            norm_eps=hf.get("rms_norm_eps", 1e-6),
+            tie_embeddings=hf.get("tie_word_embeddings", False),
         )
     raise KilnError(f"{source}: model_type {kind!r} is not one Kiln imports (gpt2, llama)")
 
@@ -177,8 +236,9 @@ def load(model_dir: Path) -> GPT | Llama:
     cfg = config_from_hf(json.loads(config_path.read_text(encoding="utf-8")), config_path)
     theirs = _read_hf_weights(model_dir)
     if cfg.family == "gpt2":  # OpenAI's own files name the weights without the "transformer." prefix
-        theirs = {(k if k.startswith(("transformer.", "lm_head.")) else f"transformer.{k}"): v
-                  for k, v in theirs.items()}
+        theirs = {
+            (k if k.startswith(("transformer.", "lm_head.")) else f"transformer.{k}"): v for k, v in theirs.items()
+        }
     state = {}
     for ours, (name, transposed) in _name_map(cfg).items():
         if ours == "lm_head.weight" and cfg.tie_embeddings:

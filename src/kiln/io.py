@@ -54,8 +54,10 @@ def _disk_full_is_an_error(path: Path) -> Iterator[None]:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         free = shutil.disk_usage(path.parent).free if path.parent.exists() else 0
-        raise KilnError(f"{path}: no space left on the device ({free / 2**20:,.0f} MiB free) while writing "
-                        f"it; nothing was replaced; free some space and rerun") from exc
+        raise KilnError(
+            f"{path}: no space left on the device ({free / 2**20:,.0f} MiB free) while writing "
+            f"it; nothing was replaced; free some space and rerun"
+        ) from exc
 
 
 @contextlib.contextmanager

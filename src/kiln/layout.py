@@ -101,8 +101,15 @@ class Layout:
     `run` may be a Snakemake wildcard ("{run}") to build a rule's patterns; `keys` then holds
     "{key}" for every data stage unless a config is given."""
 
-    def __init__(self, cfg: dict | None = None, *, run: str | None = None, root: str | Path = RESULTS,
-                 keys: dict[str, str] | None = None, legacy: bool = False):
+    def __init__(
+        self,
+        cfg: dict | None = None,
+        *,
+        run: str | None = None,
+        root: str | Path = RESULTS,
+        keys: dict[str, str] | None = None,
+        legacy: bool = False,
+    ):
         self.root = Path(root)
         self.run = run if run is not None else cfg["run_name"]
         self.keys = keys if keys is not None else {stage: data_key(cfg, stage) for stage in DATA_STAGES}
@@ -158,9 +165,11 @@ class Layout:
         return f"{self.folder('shard')}.verified.json"
 
     def to_json(self) -> dict:
-        return {"run": self.run, "data": {stage: str(self.folder(stage).relative_to(self.root))
-                                          for stage in DATA_STAGES},
-                "keys": self.keys}
+        return {
+            "run": self.run,
+            "data": {stage: str(self.folder(stage).relative_to(self.root)) for stage in DATA_STAGES},
+            "keys": self.keys,
+        }
 
     def write(self) -> None:
         """results/<run>/layout.json: where this run's data stages are, for `kiln status`."""
@@ -179,8 +188,10 @@ class Layout:
                 return cls(run=saved["run"], root=run_dir.parent, keys=saved["keys"])
         if legacy_data(run_dir):
             return cls(run=run_dir.name, root=run_dir.parent, keys={}, legacy=True)
-        raise KilnError(f"{run_dir}: no {LAYOUT_FILE}: no snakemake has started jobs for this run yet "
-                        "(it is written when snakemake starts)")
+        raise KilnError(
+            f"{run_dir}: no {LAYOUT_FILE}: no snakemake has started jobs for this run yet "
+            "(it is written when snakemake starts)"
+        )
 
 
 def init_folder(spec: dict, root: str | Path = RESULTS) -> Path:
@@ -243,14 +254,25 @@ def legacy_data(run_dir: Path) -> list[str]:
 
 
 def legacy_message(run_dir: Path, found: list[str], layout: Layout | None = None) -> str:
-    moves = [f"mv {run_dir / BY_NAME[s].folder} {layout.folder(s)}" for s in DATA_STAGES
-             if layout is not None and BY_NAME[s].folder in found]
-    where = (f"; if they were made with the data settings of this config, move them instead of rebuilding: "
-             f"mkdir -p {layout.data_dir}; " + "; ".join(moves)) if moves else ""
-    return (f"{run_dir}: {', '.join(f + '/' for f in found)} are data stages from an older Kiln, which kept them "
-            f"in each run's folder; they are no longer read: data stages now live in {Path(run_dir).parent / DATA}/, "
-            f"shared by every run with the same data settings, and are rebuilt there{where}. "
-            f"Delete the old folders once you no longer need them")
+    moves = [
+        f"mv {run_dir / BY_NAME[s].folder} {layout.folder(s)}"
+        for s in DATA_STAGES
+        if layout is not None and BY_NAME[s].folder in found
+    ]
+    where = (
+        (
+            f"; if they were made with the data settings of this config, move them instead of rebuilding: "
+            f"mkdir -p {layout.data_dir}; " + "; ".join(moves)
+        )
+        if moves
+        else ""
+    )
+    return (
+        f"{run_dir}: {', '.join(f + '/' for f in found)} are data stages from an older Kiln, which kept them "
+        f"in each run's folder; they are no longer read: data stages now live in {Path(run_dir).parent / DATA}/, "
+        f"shared by every run with the same data settings, and are rebuilt there{where}. "
+        f"Delete the old folders once you no longer need them"
+    )
 
 
 def check_run_name(run: str) -> None:

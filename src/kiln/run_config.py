@@ -38,8 +38,10 @@ def _cross_layer_problems(cfg: dict) -> list[str]:
         problems.append(str(exc))
     every, period = train["keep_checkpoint_every"], train["checkpoint_every"]
     if every % period:
-        problems.append(f"train.keep_checkpoint_every: {every} is not a multiple of train.checkpoint_every={period}, "
-                        f"so no checkpoint would fall on it (e.g. {max(1, every // period) * period})")
+        problems.append(
+            f"train.keep_checkpoint_every: {every} is not a multiple of train.checkpoint_every={period}, "
+            f"so no checkpoint would fall on it (e.g. {max(1, every // period) * period})"
+        )
     return problems
 
 
@@ -74,7 +76,9 @@ def resolve_experiment(configfiles: Sequence[str | Path] = (), overrides: Mappin
     raw = kiln_config.resolve(configfiles, overrides)
     spec = raw.get(sweep.SWEEP)
     if spec is not None and not isinstance(spec, dict):
-        raise ConfigError(f"sweep: expected a mapping of dotted keys to lists (and/or variants), got {type(spec).__name__}")
+        raise ConfigError(
+            f"sweep: expected a mapping of dotted keys to lists (and/or variants), got {type(spec).__name__}"
+        )
     if not spec:
         cfg = validate({k: v for k, v in raw.items() if k != sweep.SWEEP})
         layout.check_run_name(cfg["run_name"])
@@ -98,6 +102,8 @@ def load(path: str | Path) -> dict:
     spec = kiln_config.read_yaml(path).get(sweep.SWEEP)
     if spec:
         arms = list(sweep.arm_overrides(spec))
-        raise ConfigError(f"{path}: a sweep of {len(arms)} runs ({', '.join(arms)}); a stage run by hand takes "
-                          "one run's config: write that arm's settings to a file")
+        raise ConfigError(
+            f"{path}: a sweep of {len(arms)} runs ({', '.join(arms)}); a stage run by hand takes "
+            "one run's config: write that arm's settings to a file"
+        )
     return resolve([path])

@@ -21,9 +21,7 @@ from kiln.io import write_json
 
 
 def stage_parser(stage: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", help="a Kiln config file (YAML), validated before use")
     source.add_argument(
@@ -43,9 +41,7 @@ def stage_config(args: argparse.Namespace, stage: str) -> dict:
 def run_main(main: Callable[[], None]) -> None:
     """Run a stage's main with console logging; expected failures end in one clear line and exit with
     the error's code (kiln.errors.ExitCode: 1, or the code of a run that stopped itself)."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr
-    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
         main()
     except KilnError as exc:

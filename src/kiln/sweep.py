@@ -64,11 +64,13 @@ def _check(sweep: dict) -> None:
                 if not _NAME.match(str(name)):
                     problems.append(f"sweep.variants.{name}: a variant name is letters, digits, '.', '_' or '-'")
                 if not isinstance(fragment, dict):
-                    problems.append(f"sweep.variants.{name}: expected a config fragment (a mapping), "
-                                    f"got {type(fragment).__name__}")
+                    problems.append(
+                        f"sweep.variants.{name}: expected a config fragment (a mapping), got {type(fragment).__name__}"
+                    )
                 elif "run_name" in fragment:
-                    problems.append(f"sweep.variants.{name}: a variant cannot change run_name "
-                                    "(each arm is <run_name>-<variant>)")
+                    problems.append(
+                        f"sweep.variants.{name}: a variant cannot change run_name (each arm is <run_name>-<variant>)"
+                    )
         elif not _DOTTED.match(key):
             problems.append(f"sweep.{key}: expected a dotted config key (e.g. train.lr) or 'variants'")
         elif key.split(".")[0] == "run_name":
@@ -85,7 +87,9 @@ def arm_overrides(sweep: dict) -> dict[str, dict]:
     variants = sweep.get(VARIANTS) or {"": {}}
     grid_keys = [key for key in sweep if key != VARIANTS]
     arms: dict[str, dict] = {}
-    for (variant, fragment), values in itertools.product(variants.items(), itertools.product(*(sweep[k] for k in grid_keys))):
+    for (variant, fragment), values in itertools.product(
+        variants.items(), itertools.product(*(sweep[k] for k in grid_keys))
+    ):
         override = copy.deepcopy(fragment)
         parts = [variant] if variant else []
         for key, value in zip(grid_keys, values):
@@ -103,8 +107,10 @@ def expand(raw: dict) -> dict[str, dict]:
     if not raw.get(SWEEP):
         return {raw["run_name"]: raw}
     base = {k: v for k, v in raw.items() if k != SWEEP}
-    return {f"{raw['run_name']}-{name}": merge(base, override) | {"run_name": f"{raw['run_name']}-{name}"}
-            for name, override in arm_overrides(raw[SWEEP]).items()}
+    return {
+        f"{raw['run_name']}-{name}": merge(base, override) | {"run_name": f"{raw['run_name']}-{name}"}
+        for name, override in arm_overrides(raw[SWEEP]).items()
+    }
 
 
 def varied_keys(sweep: dict) -> list[str]:

@@ -52,8 +52,21 @@ from pathlib import Path
 DEFAULT_STATE = Path(os.environ.get("KILN_SLURM_STATE", "/tmp/kiln-slurm"))
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "slurmdbd", "mariadb-server"]
 # Everything we start or call; all come from PACKAGES.
-BINARIES = ["munged", "mariadbd", "mariadb-install-db", "mariadb", "slurmdbd", "slurmctld", "slurmd",
-            "sbatch", "srun", "sacct", "sacctmgr", "sinfo", "scontrol"]
+BINARIES = [
+    "munged",
+    "mariadbd",
+    "mariadb-install-db",
+    "mariadb",
+    "slurmdbd",
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "srun",
+    "sacct",
+    "sacctmgr",
+    "sinfo",
+    "scontrol",
+]
 
 CLUSTER_NAME = "kiln"
 NODES = ("n1", "n2")
@@ -66,8 +79,17 @@ SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
 HOSTS_LINE = "127.0.0.1 " + " ".join(NODES) + "  # kiln tests/slurm/cluster.py"
 
 SACCT_FIELDS = ["JobID", "JobName", "State", "AllocTRES", "NNodes", "NodeList", "ExitCode"]
-DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
-               "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+DONE_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "OUT_OF_MEMORY",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 
 class SlurmUnavailable(RuntimeError):
@@ -79,6 +101,7 @@ class SlurmError(RuntimeError):
 
 
 # --- configuration text ---------------------------------------------------------------------------
+
 
 def slurm_conf(state: Path) -> str:
     host = socket.gethostname().split(".")[0]
@@ -95,7 +118,7 @@ def slurm_conf(state: Path) -> str:
 # Written by kiln tests/slurm/cluster.py; regenerated on every start.
 ClusterName={CLUSTER_NAME}
 SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={PORTS['slurmctld']}
+SlurmctldPort={PORTS["slurmctld"]}
 SlurmUser=slurm
 SlurmdUser=root
 AuthType=auth/munge
@@ -132,7 +155,7 @@ MailProg=/bin/true
 GresTypes=gpu
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
-AccountingStoragePort={PORTS['slurmdbd']}
+AccountingStoragePort={PORTS["slurmdbd"]}
 # For the slurmdbd connection this, not AuthInfo, names the munge socket.
 AccountingStoragePass={state}/munge/munge.socket
 # Without this, sacct's AllocTRES has no gres/gpu=N.
@@ -160,13 +183,13 @@ AuthType=auth/munge
 AuthInfo=socket={state}/munge/munge.socket
 DbdHost=localhost
 DbdAddr=127.0.0.1
-DbdPort={PORTS['slurmdbd']}
+DbdPort={PORTS["slurmdbd"]}
 SlurmUser=slurm
 PidFile={state}/run/slurmdbd.pid
 LogFile={state}/log/slurmdbd.log
 StorageType=accounting_storage/mysql
 StorageHost=127.0.0.1
-StoragePort={PORTS['mariadb']}
+StoragePort={PORTS["mariadb"]}
 StorageUser=slurm
 StoragePass=slurm
 StorageLoc=slurm_acct_db
@@ -175,13 +198,15 @@ StorageLoc=slurm_acct_db
 
 # --- small helpers ---------------------------------------------------------------------------------
 
+
 def _which(name: str) -> str | None:
     # Root's PATH usually has /usr/sbin, but not always (e.g. under sudo or a venv's shell).
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin:/usr/bin:/bin")
 
 
-def _run(cmd: list[str], *, env: dict | None = None, check: bool = True, timeout: float = 60,
-         input: str | None = None) -> subprocess.CompletedProcess:
+def _run(
+    cmd: list[str], *, env: dict | None = None, check: bool = True, timeout: float = 60, input: str | None = None
+) -> subprocess.CompletedProcess:
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, input=input)
     except subprocess.TimeoutExpired as e:
@@ -225,6 +250,7 @@ def _tail(path: Path, n: int = 30) -> str:
 
 # --- installation ----------------------------------------------------------------------------------
 
+
 def missing_binaries() -> list[str]:
     return [b for b in BINARIES if _which(b) is None]
 
@@ -236,12 +262,13 @@ def check_possible() -> None:
     if os.geteuid() != 0:
         raise SlurmUnavailable(
             "Slurm test cluster needs root (it starts munged, MariaDB, slurmdbd, slurmctld and two "
-            f"slurmd as their own users and edits /etc/hosts); running as uid {os.geteuid()}")
+            f"slurmd as their own users and edits /etc/hosts); running as uid {os.geteuid()}"
+        )
     missing = missing_binaries()
     if missing and _which("apt-get") is None:
         raise SlurmUnavailable(
-            f"Slurm binaries missing ({', '.join(missing)}) and no apt-get to install "
-            f"{' '.join(PACKAGES)}")
+            f"Slurm binaries missing ({', '.join(missing)}) and no apt-get to install {' '.join(PACKAGES)}"
+        )
 
 
 def install() -> None:
@@ -269,6 +296,7 @@ def install() -> None:
 
 # --- the cluster -----------------------------------------------------------------------------------
 
+
 @dataclass
 class Cluster:
     state: Path = DEFAULT_STATE
@@ -277,8 +305,12 @@ class Cluster:
     # daemon name -> pid file, in start order
     def pid_files(self) -> dict[str, Path]:
         s = self.state
-        files = {"munged": s / "munge/munged.pid", "mariadbd": s / "mysql-run/mariadbd.pid",
-                 "slurmdbd": s / "run/slurmdbd.pid", "slurmctld": s / "run/slurmctld.pid"}
+        files = {
+            "munged": s / "munge/munged.pid",
+            "mariadbd": s / "mysql-run/mariadbd.pid",
+            "slurmdbd": s / "run/slurmdbd.pid",
+            "slurmctld": s / "run/slurmctld.pid",
+        }
         files |= {f"slurmd-{n}": s / f"run/slurmd-{n}.pid" for n in NODES}
         return files
 
@@ -355,8 +387,11 @@ class Cluster:
         return p.returncode == 0
 
     def status(self) -> dict:
-        return {"state": str(self.state), "daemons": self.daemons_alive(),
-                "nodes": self.node_states() if self.conf.exists() else {}}
+        return {
+            "state": str(self.state),
+            "daemons": self.daemons_alive(),
+            "nodes": self.node_states() if self.conf.exists() else {},
+        }
 
     # --- start and stop
 
@@ -371,9 +406,14 @@ class Cluster:
         for sub in ["etc", "gpu", "munge", "mysql", "mysql-run", "ctld", "run", "log", *[f"d-{n}" for n in NODES]]:
             (s / sub).mkdir(parents=True, exist_ok=True)
         s.chmod(0o755)
-        for sub, owner, mode in [("munge", "munge", 0o755), ("mysql", "mysql", 0o700),
-                                 ("mysql-run", "mysql", 0o755), ("ctld", "slurm", 0o755),
-                                 ("run", "slurm", 0o755), ("log", "slurm", 0o755)]:
+        for sub, owner, mode in [
+            ("munge", "munge", 0o755),
+            ("mysql", "mysql", 0o700),
+            ("mysql-run", "mysql", 0o755),
+            ("ctld", "slurm", 0o755),
+            ("run", "slurm", 0o755),
+            ("log", "slurm", 0o755),
+        ]:
             _chown(s / sub, owner)
             (s / sub).chmod(mode)
         for i in range(GPUS_PER_NODE):  # fake GPUs: character devices 1,3 (like /dev/null)
@@ -393,52 +433,104 @@ class Cluster:
         _run(["slurmdbd"], env=env)
         self._wait(lambda: _port_open(PORTS["slurmdbd"]), 30, "slurmdbd listening", "log/slurmdbd.log")
         _run(["slurmctld"], env=env)
-        self._wait(lambda: self.run(["scontrol", "ping"], check=False, timeout=10).returncode == 0,
-                   30, "slurmctld answering", "log/slurmctld.log")
+        self._wait(
+            lambda: self.run(["scontrol", "ping"], check=False, timeout=10).returncode == 0,
+            30,
+            "slurmctld answering",
+            "log/slurmctld.log",
+        )
         for n in NODES:
             _run(["slurmd", "-N", n], env=env)
-        self._wait(self.healthy, timeout, "both nodes idle and sacct answering",
-                   *(f"log/slurmd-{n}.log" for n in NODES), "log/slurmctld.log", "log/slurmdbd.log")
+        self._wait(
+            self.healthy,
+            timeout,
+            "both nodes idle and sacct answering",
+            *(f"log/slurmd-{n}.log" for n in NODES),
+            "log/slurmctld.log",
+            "log/slurmdbd.log",
+        )
         (s / "config.sha256").write_text(_config_hash(s))
 
     def _start_munge(self) -> None:
         m = self.state / "munge"
-        _run(["runuser", "-u", "munge", "--", _which("munged"), f"--socket={m}/munge.socket",
-              f"--pid-file={m}/munged.pid", f"--log-file={m}/munged.log", f"--seed-file={m}/munged.seed",
-              "--key-file=/etc/munge/munge.key"])
+        _run(
+            [
+                "runuser",
+                "-u",
+                "munge",
+                "--",
+                _which("munged"),
+                f"--socket={m}/munge.socket",
+                f"--pid-file={m}/munged.pid",
+                f"--log-file={m}/munged.log",
+                f"--seed-file={m}/munged.seed",
+                "--key-file=/etc/munge/munge.key",
+            ]
+        )
         self._wait(lambda: (m / "munge.socket").exists(), 10, "munged socket", "munge/munged.log")
 
     def _start_mariadb(self) -> None:
         s = self.state
         sock = s / "mysql-run/mysqld.sock"
-        _run(["mariadb-install-db", "--no-defaults", f"--datadir={s}/mysql", "--user=mysql",
-              "--skip-test-db", "--auth-root-authentication-method=socket"], timeout=120)
+        _run(
+            [
+                "mariadb-install-db",
+                "--no-defaults",
+                f"--datadir={s}/mysql",
+                "--user=mysql",
+                "--skip-test-db",
+                "--auth-root-authentication-method=socket",
+            ],
+            timeout=120,
+        )
         log = open(s / "log/mariadbd.log", "ab")
         # mariadbd does not daemonize: its own session, so it outlives this process and Ctrl-C.
         subprocess.Popen(
-            [_which("mariadbd"), "--no-defaults", f"--datadir={s}/mysql", "--user=mysql",
-             "--bind-address=127.0.0.1", f"--port={PORTS['mariadb']}", f"--socket={sock}",
-             f"--pid-file={s}/mysql-run/mariadbd.pid", "--skip-name-resolve",
-             # small and quick: a test database of a few rows
-             "--innodb-buffer-pool-size=64M", "--innodb-log-file-size=16M"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+            [
+                _which("mariadbd"),
+                "--no-defaults",
+                f"--datadir={s}/mysql",
+                "--user=mysql",
+                "--bind-address=127.0.0.1",
+                f"--port={PORTS['mariadb']}",
+                f"--socket={sock}",
+                f"--pid-file={s}/mysql-run/mariadbd.pid",
+                "--skip-name-resolve",
+                # small and quick: a test database of a few rows
+                "--innodb-buffer-pool-size=64M",
+                "--innodb-log-file-size=16M",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
         log.close()
         client = [_which("mariadb"), "--no-defaults", f"--socket={sock}", "-uroot"]
-        self._wait(lambda: _run([*client, "-e", "select 1"], check=False).returncode == 0, 60,
-                   "MariaDB answering", "log/mariadbd.log")
-        _run([*client], input=(
-            "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurm';\n"
-            "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurm';\n"
-            "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';\n"
-            "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';\n"))
+        self._wait(
+            lambda: _run([*client, "-e", "select 1"], check=False).returncode == 0,
+            60,
+            "MariaDB answering",
+            "log/mariadbd.log",
+        )
+        _run(
+            [*client],
+            input=(
+                "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurm';\n"
+                "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurm';\n"
+                "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';\n"
+                "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';\n"
+            ),
+        )
 
     def _wait(self, ok, timeout: float, what: str, *logs: str) -> None:
         deadline = time.monotonic() + timeout
         while not ok():
             if time.monotonic() > deadline:
                 tails = "\n".join(f"--- {self.state / lg}\n{_tail(self.state / lg)}" for lg in logs)
-                raise SlurmError(f"Slurm test cluster: no {what} after {timeout}s "
-                                 f"(daemons alive: {self.daemons_alive()})\n{tails}")
+                raise SlurmError(
+                    f"Slurm test cluster: no {what} after {timeout}s (daemons alive: {self.daemons_alive()})\n{tails}"
+                )
             time.sleep(0.2)
 
     def stop(self, timeout: float = 20) -> None:
@@ -474,8 +566,10 @@ def _link_system_conf(conf: Path) -> None:
         SYSTEM_CONF.unlink(missing_ok=True)
         SYSTEM_CONF.symlink_to(conf)
     elif "Written by kiln" not in SYSTEM_CONF.read_text(errors="replace"):
-        raise SlurmError(f"{SYSTEM_CONF} exists and was not written by this module: not replacing it "
-                         "(this machine seems to have a real Slurm configuration)")
+        raise SlurmError(
+            f"{SYSTEM_CONF} exists and was not written by this module: not replacing it "
+            "(this machine seems to have a real Slurm configuration)"
+        )
 
 
 def _ensure_hosts() -> None:
@@ -500,8 +594,9 @@ def up(state: Path | str = DEFAULT_STATE, *, install_packages: bool = True, time
         install()
     elif missing := missing_binaries():
         raise SlurmUnavailable(f"Slurm binaries missing: {', '.join(missing)}")
-    same_config = (cluster.state / "config.sha256").exists() and \
-        (cluster.state / "config.sha256").read_text() == _config_hash(cluster.state)
+    same_config = (cluster.state / "config.sha256").exists() and (
+        cluster.state / "config.sha256"
+    ).read_text() == _config_hash(cluster.state)
     if same_config and all(cluster.daemons_alive().values()):
         try:  # reuse it even while it runs jobs (another test session may be using it)
             cluster._wait(cluster.working, 10, "working cluster")
@@ -535,8 +630,9 @@ def session(state: Path | str = DEFAULT_STATE, *, keep: bool = False):
     finally:
         with _locked(registry / "lock"):
             me.unlink(missing_ok=True)
-            others = [p for p in registry.glob("*-*") if p.name.split("-")[0].isdigit()
-                      and _alive(int(p.name.split("-")[0]))]
+            others = [
+                p for p in registry.glob("*-*") if p.name.split("-")[0].isdigit() and _alive(int(p.name.split("-")[0]))
+            ]
             if not keep and not others and started_by_sessions.exists():
                 cluster.stop()
                 started_by_sessions.unlink()

@@ -14,8 +14,9 @@ pytestmark = pytest.mark.slurm
 
 def srun(cluster, *args: str, timeout: float = 60) -> tuple[str, str]:
     """Run srun with these arguments; return (job id, stdout)."""
-    proc = subprocess.run(["srun", "--verbose", *args], env=cluster.env(), capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        ["srun", "--verbose", *args], env=cluster.env(), capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job_id = re.search(r"jobid (\d+)", proc.stderr)  # "srun: jobid 12: nodes(2):`n[1-2]', ..."
     assert job_id, proc.stderr
@@ -23,15 +24,22 @@ def srun(cluster, *args: str, timeout: float = 60) -> tuple[str, str]:
 
 
 def test_one_task_on_each_of_two_nodes(slurm_cluster):
-    _, out = srun(slurm_cluster, "-N2", "--ntasks-per-node=1", "bash", "-c",
-                  "echo $SLURM_NODEID $SLURMD_NODENAME $SLURM_JOB_NODELIST")
+    _, out = srun(
+        slurm_cluster,
+        "-N2",
+        "--ntasks-per-node=1",
+        "bash",
+        "-c",
+        "echo $SLURM_NODEID $SLURMD_NODENAME $SLURM_JOB_NODELIST",
+    )
     lines = sorted(out.split("\n")[:-1])
     assert lines == ["0 n1 n[1-2]", "1 n2 n[1-2]"]
 
 
 def test_gpus_per_node_on_partition_gpu(slurm_cluster):
-    job_id, out = srun(slurm_cluster, "-p", "gpu", "-N1", "--gpus-per-node=4", "bash", "-c",
-                       "echo $CUDA_VISIBLE_DEVICES")
+    job_id, out = srun(
+        slurm_cluster, "-p", "gpu", "-N1", "--gpus-per-node=4", "bash", "-c", "echo $CUDA_VISIBLE_DEVICES"
+    )
     assert out.strip().split(",") == ["0", "1", "2", "3"]
     [row] = slurm_cluster.wait_done([job_id])
     assert "gres/gpu=4" in row["AllocTRES"].split(","), row
@@ -47,9 +55,25 @@ def test_partition_cpu_has_no_gpus(slurm_cluster):
 def test_sacct_lists_finished_batch_jobs(slurm_cluster, tmp_path):
     job_ids = []
     for script in ["true", "exit 3"]:
-        proc = subprocess.run(["sbatch", "--parsable", "--wait", "-N2", "--ntasks-per-node=1",
-                               "-o", str(tmp_path / "%j.out"), "-J", "kiln-sacct", "--wrap", script],
-                              env=slurm_cluster.env(), capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [
+                "sbatch",
+                "--parsable",
+                "--wait",
+                "-N2",
+                "--ntasks-per-node=1",
+                "-o",
+                str(tmp_path / "%j.out"),
+                "-J",
+                "kiln-sacct",
+                "--wrap",
+                script,
+            ],
+            env=slurm_cluster.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         job_ids.append(proc.stdout.strip().split(";")[0])
     rows = {r["JobID"]: r for r in slurm_cluster.wait_done(job_ids)}
     ok, failed = rows[job_ids[0]], rows[job_ids[1]]

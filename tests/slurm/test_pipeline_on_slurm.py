@@ -78,7 +78,13 @@ def snakemake_argv(workdir: Path, *args: str, slurm: bool = True) -> list[str]:
 
 
 def sweep_argv(workdir: Path, *args: str, slurm: bool = True) -> list[str]:
-    return [*snakemake_argv(workdir, *args, slurm=slurm), str(SWEEP_FILE), "--config", "train={budget: null}", NO_LM_EVAL]
+    return [
+        *snakemake_argv(workdir, *args, slurm=slurm),
+        str(SWEEP_FILE),
+        "--config",
+        "train={budget: null}",
+        NO_LM_EVAL,
+    ]
 
 
 def user_env(cluster) -> dict:
@@ -142,8 +148,13 @@ def sweep_started(slurm_cluster, tmp_path_factory):
     assert local.returncode == 0, local.stdout[-3000:]
     log = workdir / "snakemake.log"
     with log.open("w") as out:
-        proc = subprocess.Popen(sweep_argv(workdir, *ONE_THREAD), stdout=out, stderr=subprocess.STDOUT, text=True,
-                                env=user_env(slurm_cluster))
+        proc = subprocess.Popen(
+            sweep_argv(workdir, *ONE_THREAD),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=user_env(slurm_cluster),
+        )
     yield workdir, local.stdout, proc, log
     if proc.poll() is None:
         proc.terminate()
@@ -226,8 +237,9 @@ def two_nodes(slurm_cluster, pipeline, tmp_path_factory):
     shutil.copytree(source / "results", workdir / "results", ignore=keep)  # copy2: mtimes kept, no rerun
     argv = [*snakemake_argv(workdir, "results/tiny/train/summary.json", *TWO_NODES_ONE_RANK)]
     argv[argv.index("--profile") + 1] = str(profile(workdir, 2, 60))
-    env = slurm_cluster.env(dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ["PATH"],
-                                 KILN_FAULT=f"hold@{HOLD_STEP}"))  # sbatch passes it on (--export=ALL)
+    env = slurm_cluster.env(
+        dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ["PATH"], KILN_FAULT=f"hold@{HOLD_STEP}")
+    )  # sbatch passes it on (--export=ALL)
     log = workdir / "snakemake.log"
     with log.open("w") as out:
         result = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, text=True, env=env, timeout=900)
@@ -252,7 +264,9 @@ def test_a_train_job_at_its_time_limit_saves_on_both_nodes_and_is_resubmitted_un
     records = [json.loads(line) for line in (train_dir / "jobs.jsonl").read_text().splitlines()]
     # A start line and an end line per job: every job but the last preempted (exit 75: a slow machine
     # may see the resubmission signalled too, and resubmitted again), the last finished.
-    assert [(r["attempt"], r["slurm_job"]) for r in records] == [(n // 2 + 1, job_ids[n // 2]) for n in range(len(records))]
+    assert [(r["attempt"], r["slurm_job"]) for r in records] == [
+        (n // 2 + 1, job_ids[n // 2]) for n in range(len(records))
+    ]
     codes = [r["code"] for r in records[1::2]]
     assert len(codes) >= 2 and codes[-1] == 0 and set(codes[:-1]) == {75}, records
     assert all(r["code"] is None for r in records[0::2]), records

@@ -29,19 +29,26 @@ def main() -> None:
     train = cfg["train"]
     device = select_device(train["device"])
     configure(device)  # TF32 for fp32 matmuls on a GPU; on the CPU, the allocator that keeps freed memory
-    logging.getLogger("kiln.eval").info("eval on %s (train.device %s, train.precision %s)", device,
-                                        train["device"], train["precision"])
+    logging.getLogger("kiln.eval").info(
+        "eval on %s (train.device %s, train.precision %s)", device, train["device"], train["precision"]
+    )
     paths = RunPaths(args.model, args.shards, args.tokens, args.raw, args.tokenizer)
-    metrics, samples = evaluate(paths, cfg["eval"], cfg["seed"], args.out, device, train["precision"],
-                                train.get("init_from"))
+    metrics, samples = evaluate(
+        paths, cfg["eval"], cfg["seed"], args.out, device, train["precision"], train.get("init_from")
+    )
     write_json(args.out / "samples.json", samples)
     write_json(args.out / "metrics.json", metrics)
     infill = metrics["infill"]
-    infill = (f"infill not run ({infill['not_run']})" if "not_run" in infill
-              else f"infill exact match {infill['all']['exact_match']}")
-    print(f"eval: val loss {metrics['val_loss']:.4f} (unigram {metrics['unigram_val_loss']:.4f}), "
-          f"{metrics['val_bits_per_byte']:.3f} bits/byte (unigram {metrics['unigram_bits_per_byte']:.3f}), {infill} "
-          f"-> {args.out}")
+    infill = (
+        f"infill not run ({infill['not_run']})"
+        if "not_run" in infill
+        else f"infill exact match {infill['all']['exact_match']}"
+    )
+    print(
+        f"eval: val loss {metrics['val_loss']:.4f} (unigram {metrics['unigram_val_loss']:.4f}), "
+        f"{metrics['val_bits_per_byte']:.3f} bits/byte (unigram {metrics['unigram_bits_per_byte']:.3f}), {infill} "
+        f"-> {args.out}"
+    )
 
 
 if __name__ == "__main__":

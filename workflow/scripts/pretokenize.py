@@ -16,16 +16,17 @@ def main() -> None:
     parser.add_argument("--raw", required=True, type=Path, help="download stage output folder")
     parser.add_argument("--tokenizer", required=True, type=Path, help="tokenizer.json")
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/tokens")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="worker processes (the output does not depend on it)")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (the output does not depend on it)")
     args = parser.parse_args()
     cfg = stage_config(args, "pretokenize")
     with atomic_dir(args.out) as tmp:
         meta = pretokenize(args.raw, args.tokenizer, tmp, cfg["seed"], cfg["pretokenize"], args.workers)
         write_json(tmp / "meta.json", meta)
     s = meta["splits"]
-    print(f"pretokenize: train {s['train']['docs']} docs / {s['train']['tokens']} tokens, "
-          f"val {s['val']['docs']} docs / {s['val']['tokens']} tokens ({meta['encoder']['name']}) -> {args.out}")
+    print(
+        f"pretokenize: train {s['train']['docs']} docs / {s['train']['tokens']} tokens, "
+        f"val {s['val']['docs']} docs / {s['val']['tokens']} tokens ({meta['encoder']['name']}) -> {args.out}"
+    )
 
 
 if __name__ == "__main__":

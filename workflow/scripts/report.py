@@ -11,9 +11,13 @@ from kiln.stage import run_main, stage_config, stage_parser
 
 def main() -> None:
     parser = stage_parser("report", __doc__)
-    parser.add_argument("--results", required=True, type=Path,
-                        help="the results folder (results/): the run's stages and the data stages it used are "
-                        "found there by kiln.layout from the config")
+    parser.add_argument(
+        "--results",
+        required=True,
+        type=Path,
+        help="the results folder (results/): the run's stages and the data stages it used are "
+        "found there by kiln.layout from the config",
+    )
     parser.add_argument("--report", required=True, type=Path, help="output report.md")
     parser.add_argument("--plot", required=True, type=Path, help="output loss-curve PNG")
     args = parser.parse_args()
@@ -34,8 +38,13 @@ def main() -> None:
     }
     with atomic_file(args.plot) as tmp:
         ev = data["eval"]
-        plot_loss(read_metrics(train / METRICS), tmp, ev["unigram_val_loss"], cfg["eval"]["reference"],
-                  bits_per_nat=ev["val_bits_per_byte"] / ev["val_loss"])
+        plot_loss(
+            read_metrics(train / METRICS),
+            tmp,
+            ev["unigram_val_loss"],
+            cfg["eval"]["reference"],
+            bits_per_nat=ev["val_bits_per_byte"] / ev["val_loss"],
+        )
     with atomic_file(args.report) as tmp:
         tmp.write_text(render(cfg["run_name"], data, args.plot.name), encoding="utf-8")
     print(f"report: {args.report.resolve()}")

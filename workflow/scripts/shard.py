@@ -36,15 +36,29 @@ def main() -> None:
     row_len = cfg["seq_len"] + 1
     with atomic_dir(args.out) as tmp:
         splits = {
-            split: shard_split(np.memmap(args.tokens / f"{split}.bin", dtype=meta["dtype"], mode="r"), tmp, split,
-                               row_len, cfg["rows_per_shard"], meta["padded_vocab_size"])
+            split: shard_split(
+                np.memmap(args.tokens / f"{split}.bin", dtype=meta["dtype"], mode="r"),
+                tmp,
+                split,
+                row_len,
+                cfg["rows_per_shard"],
+                meta["padded_vocab_size"],
+            )
             for split in SPLITS
         }
-        write_json(tmp / "manifest.json", {
-            "seq_len": cfg["seq_len"], "row_len": row_len, "dtype": meta["dtype"],
-            "vocab_size": meta["vocab_size"], "padded_vocab_size": meta["padded_vocab_size"],
-            "splits": splits, "sources": meta["sources"], "tokenizer_sha256": meta.get("tokenizer_sha256"),
-        })
+        write_json(
+            tmp / "manifest.json",
+            {
+                "seq_len": cfg["seq_len"],
+                "row_len": row_len,
+                "dtype": meta["dtype"],
+                "vocab_size": meta["vocab_size"],
+                "padded_vocab_size": meta["padded_vocab_size"],
+                "splits": splits,
+                "sources": meta["sources"],
+                "tokenizer_sha256": meta.get("tokenizer_sha256"),
+            },
+        )
     print(f"shard: train {splits['train']['rows']} rows, val {splits['val']['rows']} rows of {row_len} -> {args.out}")
 
 

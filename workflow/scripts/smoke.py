@@ -32,8 +32,9 @@ from kiln.train.smoke import run_checks
 def main() -> None:
     parser = stage_parser("smoke", __doc__)
     parser.add_argument("--shards", required=True, type=Path, help="shard stage output folder")
-    parser.add_argument("--tokenizer", type=Path,
-                        help="tokenizer stage's tokenizer.json: the overfit check then takes FIM rows first")
+    parser.add_argument(
+        "--tokenizer", type=Path, help="tokenizer stage's tokenizer.json: the overfit check then takes FIM rows first"
+    )
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/smoke")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: torch default)")
     args = parser.parse_args()
@@ -60,18 +61,33 @@ def main() -> None:
     plan = None
     if measured is not None:
         train = cfg["train"]
-        budget = (budget_steps(train, measured.times, measured.world, cfg["smoke"]["price_per_gpu_hour"])
-                  if train["budget"] else {})
-        plan = full_run_plan(batch=measured.batch, max_steps=budget.get("max_steps", train["max_steps"]),
-                             tokens_per_s=measured.probe.tokens_per_s, n_params=measured.n_params,
-                             train_tokens=measured.train_tokens, checkpoint_bytes=measured.checkpoint_bytes,
-                             keep_checkpoints=cfg["train"]["keep_checkpoints"], model_bytes=measured.model_bytes,
-                             price_per_gpu_hour=cfg["smoke"]["price_per_gpu_hour"])
-        plan.update(budget, precision=measured.precision, precision_tokens_per_s=measured.precision_tokens_per_s,
-                    stage_times=dataclasses.asdict(measured.times))
+        budget = (
+            budget_steps(train, measured.times, measured.world, cfg["smoke"]["price_per_gpu_hour"])
+            if train["budget"]
+            else {}
+        )
+        plan = full_run_plan(
+            batch=measured.batch,
+            max_steps=budget.get("max_steps", train["max_steps"]),
+            tokens_per_s=measured.probe.tokens_per_s,
+            n_params=measured.n_params,
+            train_tokens=measured.train_tokens,
+            checkpoint_bytes=measured.checkpoint_bytes,
+            keep_checkpoints=cfg["train"]["keep_checkpoints"],
+            model_bytes=measured.model_bytes,
+            price_per_gpu_hour=cfg["smoke"]["price_per_gpu_hour"],
+        )
+        plan.update(
+            budget,
+            precision=measured.precision,
+            precision_tokens_per_s=measured.precision_tokens_per_s,
+            stage_times=dataclasses.asdict(measured.times),
+        )
     elif cfg["train"]["budget"]:
-        raise KilnError("train.budget: the smoke probe did not run, so there is no speed to turn the budget into "
-                        "steps; fix the failed checks (or set train.max_steps)")
+        raise KilnError(
+            "train.budget: the smoke probe did not run, so there is no speed to turn the budget into "
+            "steps; fix the failed checks (or set train.max_steps)"
+        )
     if plan is not None and math.isfinite(plan["eta_s"]):
         write_json(args.out / "plan.json", plan)
         markdown = render_plan(plan)

@@ -28,8 +28,11 @@ def main() -> None:
     parser = stage_parser("train", __doc__)
     parser.add_argument("--shards", required=True, type=Path, help="shard stage output folder")
     parser.add_argument("--smoke", type=Path, help="smoke stage's report.json: train refuses to start unless it passed")
-    parser.add_argument("--plan", type=Path,
-                        help="smoke stage's plan.json: the steps (a budget's, or train.max_steps) and the precision")
+    parser.add_argument(
+        "--plan",
+        type=Path,
+        help="smoke stage's plan.json: the steps (a budget's, or train.max_steps) and the precision",
+    )
     parser.add_argument("--tokenizer", required=True, type=Path, help="tokenizer stage's tokenizer.json")
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/train")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: torch default)")
@@ -47,12 +50,19 @@ def main() -> None:
     elif cfg["train"]["max_steps"] is None:
         raise KilnError("train.budget: train needs the smoke stage's plan.json (--plan) to know its steps")
     samples = cfg["train"]["samples"]
-    result = run(cfg, args.shards, args.out, max_steps=plan.max_steps if plan else None,
-                 sampler=make_sampler(args.tokenizer, samples["prompts"], samples["max_new_tokens"]))
+    result = run(
+        cfg,
+        args.shards,
+        args.out,
+        max_steps=plan.max_steps if plan else None,
+        sampler=make_sampler(args.tokenizer, samples["prompts"], samples["max_new_tokens"]),
+    )
     if result.is_main:
         hf.export(load_model(args.out), args.out / "hf", args.tokenizer)
         write_json(args.out / "summary.json", dataclasses.asdict(result))
-        print(f"train: {result.steps} steps, {result.tokens_seen} tokens, {result.tokens_per_s:.0f} tok/s -> {args.out}")
+        print(
+            f"train: {result.steps} steps, {result.tokens_seen} tokens, {result.tokens_per_s:.0f} tok/s -> {args.out}"
+        )
 
 
 if __name__ == "__main__":

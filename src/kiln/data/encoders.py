@@ -50,10 +50,16 @@ def _split_pattern(pre_tokenizer: dict | None) -> str:
         return GPT2_PATTERN
     if kind == "Sequence":
         steps = pre_tokenizer["pretokenizers"]
-        if (len(steps) == 2 and steps[0]["type"] == "Split" and "Regex" in steps[0]["pattern"]
-                and steps[0]["behavior"] == "Isolated" and not steps[0].get("invert")
-                and steps[1]["type"] == "ByteLevel" and not steps[1].get("use_regex", True)
-                and not steps[1].get("add_prefix_space")):
+        if (
+            len(steps) == 2
+            and steps[0]["type"] == "Split"
+            and "Regex" in steps[0]["pattern"]
+            and steps[0]["behavior"] == "Isolated"
+            and not steps[0].get("invert")
+            and steps[1]["type"] == "ByteLevel"
+            and not steps[1].get("use_regex", True)
+            and not steps[1].get("add_prefix_space")
+        ):
             return steps[0]["pattern"]["Regex"]
     raise KilnError(f"pre-tokenizer {json.dumps(pre_tokenizer)} is not a byte-level split tiktoken can reproduce")
 
@@ -64,8 +70,12 @@ def tiktoken_encoding(tokenizer: Tokenizer, name: str = "kiln") -> tiktoken.Enco
     model = spec["model"]
     if model.get("type") != "BPE" or spec.get("normalizer"):
         raise KilnError("tiktoken needs a BPE model without a normalizer")
-    if model.get("dropout") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") \
-            or model.get("byte_fallback"):
+    if (
+        model.get("dropout")
+        or model.get("continuing_subword_prefix")
+        or model.get("end_of_word_suffix")
+        or model.get("byte_fallback")
+    ):
         raise KilnError("tiktoken cannot reproduce BPE dropout, subword prefixes/suffixes or byte fallback")
     pattern = _split_pattern(spec.get("pre_tokenizer"))
     added = {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
@@ -83,8 +93,10 @@ def tiktoken_encoding(tokenizer: Tokenizer, name: str = "kiln") -> tiktoken.Enco
         raise KilnError("two vocabulary tokens spell the same bytes")
     if any(bytes([b]) not in ranks for b in range(256)):
         raise KilnError("the vocabulary lacks some of the 256 single bytes")
-    merged = [ranks[bytes(to_byte[c] for c in "".join(pair.split(" ") if isinstance(pair, str) else pair))]
-              for pair in model["merges"]]
+    merged = [
+        ranks[bytes(to_byte[c] for c in "".join(pair.split(" ") if isinstance(pair, str) else pair))]
+        for pair in model["merges"]
+    ]
     if merged != sorted(merged):
         raise KilnError("token ids do not follow merge order, so they cannot serve as tiktoken ranks")
     return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=added)
@@ -95,9 +107,7 @@ def _merge_of(ranks: dict[bytes, int], token: bytes) -> tuple[bytes, bytes] | No
     parts = [bytes([b]) for b in token]
     limit = ranks[token]
     while len(parts) > 2:
-        best = min(
-            ((ranks.get(parts[i] + parts[i + 1], limit), i) for i in range(len(parts) - 1)), default=(limit, -1)
-        )
+        best = min(((ranks.get(parts[i] + parts[i + 1], limit), i) for i in range(len(parts) - 1)), default=(limit, -1))
         if best[0] >= limit:
             return None
         i = best[1]
@@ -135,10 +145,12 @@ def tokenizer_from_tiktoken(encoding: tiktoken.Encoding, extra_special: tuple[st
     if encoding._pat_str == GPT2_PATTERN:
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(encoding._pat_str), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(encoding._pat_str), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
     tokenizer.encode_special_tokens = True
@@ -159,8 +171,12 @@ def safe_slices(text, start: int, end: int, max_chars: int = MAX_CHARS) -> Itera
             cut = floor + at
         else:
             cut = start + max_chars
-            log.warning("no safe cut in %d characters at offset %d: cut there; ids may differ from a "
-                        "whole-text encoding at that point", max_chars, start)
+            log.warning(
+                "no safe cut in %d characters at offset %d: cut there; ids may differ from a "
+                "whole-text encoding at that point",
+                max_chars,
+                start,
+            )
         yield start, cut
         start = cut
     yield start, end
@@ -169,18 +185,27 @@ def safe_slices(text, start: int, end: int, max_chars: int = MAX_CHARS) -> Itera
 class Encoder:
     """Ids of texts in `dtype` arrays, by tiktoken or by `tokenizers`, special spellings kept as text."""
 
-    def __init__(self, tokenizer: Tokenizer, backend: str, dtype=np.uint32, max_chars: int = MAX_CHARS,
-                 encoding: tiktoken.Encoding | None = None):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        backend: str,
+        dtype=np.uint32,
+        max_chars: int = MAX_CHARS,
+        encoding: tiktoken.Encoding | None = None,
+    ):
         self.tokenizer, self.backend, self.dtype, self.max_chars = tokenizer, backend, np.dtype(dtype), max_chars
         self.tiktoken = (encoding or tiktoken_encoding(tokenizer)) if backend == "tiktoken" else None
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         """Ids of each text, whole (the caller keeps texts below max_chars, or uses encode_long)."""
         if self.tiktoken is not None:
-            return [self.tiktoken.encode_to_numpy(t, disallowed_special=()).astype(self.dtype, copy=False)
-                    for t in texts]
-        return [np.asarray(e.ids, dtype=self.dtype)
-                for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+            return [
+                self.tiktoken.encode_to_numpy(t, disallowed_special=()).astype(self.dtype, copy=False) for t in texts
+            ]
+        return [
+            np.asarray(e.ids, dtype=self.dtype)
+            for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        ]
 
     def encode_long(self, text: str, start: int, end: int) -> Iterator[np.ndarray]:
         """Ids of text[start:end], one slice of at most max_chars characters at a time."""

@@ -40,8 +40,9 @@ def _network_errors() -> tuple[type[BaseException], ...]:
     try:
         import requests
 
-        errors.extend([requests.exceptions.ConnectionError, requests.exceptions.Timeout,
-                       requests.exceptions.ChunkedEncodingError])
+        errors.extend(
+            [requests.exceptions.ConnectionError, requests.exceptions.Timeout, requests.exceptions.ChunkedEncodingError]
+        )
     except ImportError:
         pass
     return tuple(errors)
@@ -106,6 +107,8 @@ def open_stream(spec: dict):
         for key in ("text_column", "path_column", "repo_column"):
             column = spec.get(key)
             if column is not None and column not in present:
-                raise KilnError(f"{describe(spec)}: no column {column!r} (download.sources: {key}); "
-                                f"columns present: {', '.join(present)}")
+                raise KilnError(
+                    f"{describe(spec)}: no column {column!r} (download.sources: {key}); "
+                    f"columns present: {', '.join(present)}"
+                )
     return stream

@@ -22,7 +22,6 @@ from kiln.data.shards import open_shard, verify_shard
 from kiln.errors import KilnError
 from kiln.io import read_json
 
-
 # Shards this process has seen pass, keyed by what changes when the file does: a second loader over the
 # same folder (the smoke stage builds two trainers) does not read them again.
 _PASSED: set[tuple] = set()
@@ -60,8 +59,9 @@ class ShardChecks:
         self._errors: dict[int, BaseException] = {}
         self.complete = bool(self.ok.all())  # every shard passed: take() skips the checks
         self._next = 0
-        self._threads = [threading.Thread(target=self._background, name="kiln-shard-verify", daemon=True)
-                         for _ in range(threads)]
+        self._threads = [
+            threading.Thread(target=self._background, name="kiln-shard-verify", daemon=True) for _ in range(threads)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -127,8 +127,13 @@ class ShardRows:
         self.shards = [open_shard(shard_dir / e["file"]) for e in entries]
         self.starts = np.cumsum([0] + [len(s) for s in self.shards])
         self.row_len = int(self.manifest["row_len"])
-        self.checks = ShardChecks([shard_dir / e["file"] for e in entries], entries,
-                                  self.manifest.get("vocab_size"), verify_threads) if verify else None
+        self.checks = (
+            ShardChecks(
+                [shard_dir / e["file"] for e in entries], entries, self.manifest.get("vocab_size"), verify_threads
+            )
+            if verify
+            else None
+        )
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -173,8 +178,9 @@ class TrainBatches:
     rows read the same rows per step. The len(rows) mod G rows past the epoch's last whole global
     batch sit that epoch out (another permutation next epoch)."""
 
-    def __init__(self, rows: ShardRows, micro_batch: int, seed: int, rank: int = 0, world: int = 1,
-                 grad_accum: int = 1):
+    def __init__(
+        self, rows: ShardRows, micro_batch: int, seed: int, rank: int = 0, world: int = 1, grad_accum: int = 1
+    ):
         self.rows, self.micro_batch, self.seed = rows, micro_batch, seed
         self.rank, self.world, self.grad_accum = rank, world, grad_accum
         self.global_rows = world * grad_accum * micro_batch
@@ -225,8 +231,10 @@ class TrainBatches:
 
     def state_dict(self) -> dict:
         if self.micro:
-            raise RuntimeError(f"TrainBatches.state_dict in the middle of a step ({self.micro} of "
-                               f"{self.grad_accum} micro-batches served): save between steps")
+            raise RuntimeError(
+                f"TrainBatches.state_dict in the middle of a step ({self.micro} of "
+                f"{self.grad_accum} micro-batches served): save between steps"
+            )
         return {"sample": self.sample, "global_rows": self.global_rows, "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:

@@ -91,14 +91,16 @@ def choose_encoder(tokenizer, wanted: str, texts: list[str]) -> tuple[Encoder, d
     differ = sum(encoding.encode_ordinary(t) != r.ids for t, r in zip(texts, reference))
     check = {"checked_docs": len(texts), "checked_bytes": sum(utf8_size(t) for t in texts), "differing_docs": differ}
     if differ and wanted == "auto":
-        log.warning("tiktoken gives other ids than tokenizers on %d of %d check documents: using tokenizers",
-                    differ, len(texts))
+        log.warning(
+            "tiktoken gives other ids than tokenizers on %d of %d check documents: using tokenizers", differ, len(texts)
+        )
         return Encoder(tokenizer, "tokenizers"), {"reason": "tiktoken ids differ on the check sample", **check}
     return Encoder(tokenizer, "tiktoken", encoding=encoding), check
 
 
-def _select_val(pool: WorkerPool, parts: list, quotas: dict[str, int], expected: dict[str, float],
-                scratch: Path) -> list[dict]:
+def _select_val(
+    pool: WorkerPool, parts: list, quotas: dict[str, int], expected: dict[str, float], scratch: Path
+) -> list[dict]:
     """The validation samples (smallest split hashes per source up to its quota), in stored order;
     their ids wait in scratch files (see val_candidates)."""
     rates = {s: min(1.0, VAL_MARGIN * q / max(expected[s], 1.0)) for s, q in quotas.items() if q > 0}
@@ -118,7 +120,9 @@ def _select_val(pool: WorkerPool, parts: list, quotas: dict[str, int], expected:
             if got >= quotas[s] or rates[s] >= 1:
                 pending.discard(s)
             else:
-                log.info("source %s: %d of %d validation tokens below rate %.3g; raising it", s, got, quotas[s], rates[s])
+                log.info(
+                    "source %s: %d of %d validation tokens below rate %.3g; raising it", s, got, quotas[s], rates[s]
+                )
                 done_below[s] = rates[s]
                 rates[s] = min(1.0, rates[s] * (max(2.0, VAL_MARGIN * quotas[s] / got) if got else 4.0))
     selected = []
@@ -143,8 +147,15 @@ def _copy_range(dst, src_path: Path, start: int, n_bytes: int) -> None:
             n_bytes -= len(block)
 
 
-def _write_train(pool: WorkerPool, parts: list, skip: dict[int, set[int]], targets: dict[str, int | None],
-                 out_dir: Path, scratch: Path, itemsize: int) -> dict[str, Counter]:
+def _write_train(
+    pool: WorkerPool,
+    parts: list,
+    skip: dict[int, set[int]],
+    targets: dict[str, int | None],
+    out_dir: Path,
+    scratch: Path,
+    itemsize: int,
+) -> dict[str, Counter]:
     """Encode the train side part by part into train.bin, each source cut at its target; per-source counts."""
     counts = {s: Counter() for s in targets}
     done: set[str] = set()
@@ -174,8 +185,13 @@ def _write_train(pool: WorkerPool, parts: list, skip: dict[int, set[int]], targe
                 train.flush()
                 faults.kill_point("pretokenize")
             counts[s].update(dict(zip(COUNT_COLUMNS, samples.sum(axis=0).tolist())))
-            log.info("part %d/%d (%s) encoded: %d train tokens so far", i + 1, len(parts), s,
-                     sum(c["tokens"] for c in counts.values()))
+            log.info(
+                "part %d/%d (%s) encoded: %d train tokens so far",
+                i + 1,
+                len(parts),
+                s,
+                sum(c["tokens"] for c in counts.values()),
+            )
     return counts
 
 
@@ -201,26 +217,53 @@ def _write_val(val: list[dict], parts: list, names: list[str], out_dir: Path, it
     return ranges
 
 
-def _per_source(manifest: dict, parts: list, val: list[dict], train: dict[str, Counter], shares: dict[str, float],
-                quotas: dict[str, int], targets: dict[str, int | None]) -> dict[str, dict]:
+def _per_source(
+    manifest: dict,
+    parts: list,
+    val: list[dict],
+    train: dict[str, Counter],
+    shares: dict[str, float],
+    quotas: dict[str, int],
+    targets: dict[str, int | None],
+) -> dict[str, dict]:
     """What each source gave to each split, beside what it was asked for."""
     source_of = {i: s for i, s, _ in parts}
     sources = {}
     for s, src in manifest["sources"].items():
         mine = [v for v in val if source_of[v["part"]] == s]
-        held = {"docs": sum(len(v["doc_ids"]) for v in mine), "tokens": sum(v["tokens"] for v in mine),
-                "bytes": sum(v["bytes"] for v in mine)}
+        held = {
+            "docs": sum(len(v["doc_ids"]) for v in mine),
+            "tokens": sum(v["tokens"] for v in mine),
+            "bytes": sum(v["bytes"] for v in mine),
+        }
         used = {k: train[s][k] for k in ("docs", "tokens", "bytes")}
         if targets[s] and used["tokens"] < targets[s]:
-            log.warning("source %s: %d train tokens, short of the %d its weight asks for; download more of it",
-                        s, used["tokens"], targets[s])
-        sources[s] = {"share": shares[s], "train_target_tokens": targets[s], "val_target_tokens": quotas[s],
-                      "train": used, "val": held, "unused_docs": src["rows"] - used["docs"] - held["docs"]}
+            log.warning(
+                "source %s: %d train tokens, short of the %d its weight asks for; download more of it",
+                s,
+                used["tokens"],
+                targets[s],
+            )
+        sources[s] = {
+            "share": shares[s],
+            "train_target_tokens": targets[s],
+            "val_target_tokens": quotas[s],
+            "train": used,
+            "val": held,
+            "unused_docs": src["rows"] - used["docs"] - held["docs"],
+        }
     return sources
 
 
-def pretokenize(raw_dir: Path, tokenizer_path: Path, out_dir: Path, seed: int, cfg: dict, workers: int = 1,
-                max_chars: int = MAX_CHARS) -> dict:
+def pretokenize(
+    raw_dir: Path,
+    tokenizer_path: Path,
+    out_dir: Path,
+    seed: int,
+    cfg: dict,
+    workers: int = 1,
+    max_chars: int = MAX_CHARS,
+) -> dict:
     """Write train.bin, val.bin and val_ids.txt to out_dir; return the meta. Texts longer than
     max_chars characters are encoded a slice at a time (see kiln.data.encoders)."""
     raw_dir, out_dir = Path(raw_dir), Path(out_dir)
@@ -240,7 +283,9 @@ def pretokenize(raw_dir: Path, tokenizer_path: Path, out_dir: Path, seed: int, c
     budget = cfg.get("train_tokens")
     targets = {s: 0 if share == 0 else None if budget is None else round(budget * share) for s, share in shares.items()}
     parts = [(i, s, path) for i, (s, path) in enumerate(part_paths(raw_dir, manifest))]
-    settings = Settings(str(tokenizer_path), local.backend, dtype.name, seed, cfg["fim"], cfg["repo_context"], max_chars)
+    settings = Settings(
+        str(tokenizer_path), local.backend, dtype.name, seed, cfg["fim"], cfg["repo_context"], max_chars
+    )
     scratch = out_dir / ".scratch"
     scratch.mkdir()
     with WorkerPool(workers, settings) as pool:
@@ -254,8 +299,10 @@ def pretokenize(raw_dir: Path, tokenizer_path: Path, out_dir: Path, seed: int, c
         train = _write_train(pool, parts, skip, targets, out_dir, scratch, dtype.itemsize)
     scratch.rmdir()
     sources = _per_source(manifest, parts, val, train, shares, quotas, targets)
-    splits = {split: {k: sum(src[split][k] for src in sources.values()) for k in ("docs", "tokens", "bytes")}
-              for split in SPLITS}
+    splits = {
+        split: {k: sum(src[split][k] for src in sources.values()) for k in ("docs", "tokens", "bytes")}
+        for split in SPLITS
+    }
     for split in SPLITS:
         if splits[split]["docs"] == 0:
             raise KilnError(

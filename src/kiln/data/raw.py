@@ -110,8 +110,9 @@ def _write_part(docs: list[Document], path: Path) -> dict:
     with atomic_file(path) as tmp:
         # No dictionary or statistics: for unique long texts they would put whole documents in the
         # footer and cost another copy when read.
-        with pq.ParquetWriter(tmp, PART_SCHEMA, compression="zstd", use_dictionary=False,
-                              write_statistics=False) as writer:
+        with pq.ParquetWriter(
+            tmp, PART_SCHEMA, compression="zstd", use_dictionary=False, write_statistics=False
+        ) as writer:
             for start, end in _row_groups(sizes):
                 writer.write_table(table.slice(start, end - start), row_group_size=end - start)
         faults.kill_point("download")  # KILN_DATA_FAULT: killed with the part unpublished
@@ -137,11 +138,20 @@ class _SourceWriter:
                     raise
                 attempts = 1 if len(self.entry["parts"]) > parts_before else attempts + 1
                 if attempts > self.cfg["retries"]:
-                    raise KilnError(f"{describe(self.spec)}: network failure, gave up after {attempts} "
-                                    f"attempts (download.retries={self.cfg['retries']}): {exc}") from exc
+                    raise KilnError(
+                        f"{describe(self.spec)}: network failure, gave up after {attempts} "
+                        f"attempts (download.retries={self.cfg['retries']}): {exc}"
+                    ) from exc
                 delay = self.cfg["retry_backoff_s"] * 2 ** (attempts - 1)
-                log.warning("%s: %s; retrying from part %d in %.1f s (attempt %d of %d)", describe(self.spec),
-                            exc, len(self.entry["parts"]), delay, attempts + 1, self.cfg["retries"] + 1)
+                log.warning(
+                    "%s: %s; retrying from part %d in %.1f s (attempt %d of %d)",
+                    describe(self.spec),
+                    exc,
+                    len(self.entry["parts"]),
+                    delay,
+                    attempts + 1,
+                    self.cfg["retries"] + 1,
+                )
                 time.sleep(delay)
 
     def _reject(self, doc: Document, counts: Counts) -> tuple[int, int] | None:
@@ -150,8 +160,10 @@ class _SourceWriter:
             digest, size = digest_and_size(doc.text)
         except UnicodeEncodeError:  # a lone surrogate, e.g. from a JSON "\ud800" escape
             if self.cfg["invalid_utf8"] == "fail":
-                raise KilnError(f"{doc.id}: text is not valid UTF-8 (a lone surrogate); set "
-                                "download.invalid_utf8: skip to skip such records") from None
+                raise KilnError(
+                    f"{doc.id}: text is not valid UTF-8 (a lone surrogate); set "
+                    "download.invalid_utf8: skip to skip such records"
+                ) from None
             counts.skipped_non_utf8 += 1
             return None
         cfg = self.cfg

@@ -106,8 +106,12 @@ def shard_split(
         write_shard(path, chunk, vocab_size)
         faults.kill_point("shard")  # KILN_DATA_FAULT: killed with the folder half written
         shards.append({"file": path.name, "rows": len(chunk), "sha256": sha256_file(path)})
-    return {"rows": n_rows, "tokens": n_rows * row_len, "dropped_tokens": len(tokens) - n_rows * row_len,
-            "shards": shards}
+    return {
+        "rows": n_rows,
+        "tokens": n_rows * row_len,
+        "dropped_tokens": len(tokens) - n_rows * row_len,
+        "shards": shards,
+    }
 
 
 def header_vocab(path: Path) -> int:
@@ -137,13 +141,14 @@ def verify_shard(path: Path, entry: dict, vocab_size: int | None = None) -> None
             if n > skip:
                 ids = np.frombuffer(buf, dtype=dtype, count=(n - skip) // itemsize, offset=skip)
                 if ids.max() >= limit:
-                    _check_ids(ids, limit, str(path), (pos + skip - HEADER_BYTES) // itemsize, HEADER_BYTES,
-                               itemsize)
+                    _check_ids(ids, limit, str(path), (pos + skip - HEADER_BYTES) // itemsize, HEADER_BYTES, itemsize)
             pos += n
     actual = digest.hexdigest()
     if actual != entry["sha256"]:
-        raise KilnError(f"{path}: sha256 {actual}, manifest says {entry['sha256']} "
-                        "(changed since the shard stage wrote it: rerun it, or restore the file)")
+        raise KilnError(
+            f"{path}: sha256 {actual}, manifest says {entry['sha256']} "
+            "(changed since the shard stage wrote it: rerun it, or restore the file)"
+        )
 
 
 def verify_shards(shard_dir: Path, manifest: dict) -> dict:
@@ -163,8 +168,10 @@ def check_tokenizer(shard_dir: Path, tokenizer: Path) -> None:
     want = read_json(Path(shard_dir) / "manifest.json").get("tokenizer_sha256")
     actual = sha256_file(tokenizer)
     if want is not None and actual != want:
-        raise KilnError(f"{tokenizer}: sha256 {actual}, but the shards in {shard_dir} were made with a tokenizer "
-                        f"of sha256 {want} (manifest.json); rerun pretokenize and shard, or pass that tokenizer")
+        raise KilnError(
+            f"{tokenizer}: sha256 {actual}, but the shards in {shard_dir} were made with a tokenizer "
+            f"of sha256 {want} (manifest.json); rerun pretokenize and shard, or pass that tokenizer"
+        )
 
 
 def tokens_per_byte(manifest: dict, split: str) -> float | None:

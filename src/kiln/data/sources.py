@@ -100,7 +100,7 @@ class SourceReader:
     def _invalid(self, where: str, offset: int, data: bytes) -> None:
         if self.invalid_utf8 == "fail":
             raise KilnError(
-                f"{where}: not valid UTF-8 (byte {offset}: {data[offset:offset + 1]!r}); "
+                f"{where}: not valid UTF-8 (byte {offset}: {data[offset : offset + 1]!r}); "
                 "set download.invalid_utf8: skip to skip such records"
             )
         log.warning("skipping %s: not valid UTF-8", where)
@@ -111,8 +111,9 @@ class SourceReader:
         if not isinstance(text, str):
             raise KilnError(f"{where}: column {column!r} holds {type(text).__name__}, expected a string")
         if repo is not None and not isinstance(repo, str):
-            raise KilnError(f"{where}: column {self.spec['repo_column']!r} holds {type(repo).__name__}, "
-                            "expected a string")
+            raise KilnError(
+                f"{where}: column {self.spec['repo_column']!r} holds {type(repo).__name__}, expected a string"
+            )
         return Document(doc_id, text, path, self.spec["name"], repo or None)
 
     def _hf_documents(self) -> Iterator[Document]:
@@ -123,8 +124,13 @@ class SourceReader:
             if text_col not in record:
                 raise KilnError(f"{where}: no column {text_col!r}; columns present: {', '.join(record)}")
             path = record.get(path_col) if path_col else spec["dataset"]
-            yield self.document(f"{spec['name']}/{spec['dataset']}#{row}", record.get(text_col), where,
-                                 str(path), record.get(repo_col) if repo_col else None)
+            yield self.document(
+                f"{spec['name']}/{spec['dataset']}#{row}",
+                record.get(text_col),
+                where,
+                str(path),
+                record.get(repo_col) if repo_col else None,
+            )
 
 
 def _stdlib_documents(reader: SourceReader) -> Iterator[Document | None]:
@@ -214,8 +220,13 @@ def _row_documents(path: Path, reader: SourceReader) -> Iterator[Document | None
             raise _missing_column(path, row, next(c for c in columns if c not in present), present)
         doc_path = record[spec["path_column"]] if spec.get("path_column") else path.as_posix()
         repo = record[spec["repo_column"]] if spec.get("repo_column") else None
-        yield reader.document(f"{spec['name']}/{path.as_posix()}#{row}", record[spec["text_column"]],
-                               f"{path}: row {row}", str(doc_path), repo)
+        yield reader.document(
+            f"{spec['name']}/{path.as_posix()}#{row}",
+            record[spec["text_column"]],
+            f"{path}: row {row}",
+            str(doc_path),
+            repo,
+        )
 
 
 def _local_documents(reader: SourceReader) -> Iterator[Document | None]:
@@ -236,8 +247,11 @@ KINDS = {"stdlib": _stdlib_documents, "local": _local_documents}
 
 def part_paths(raw_dir: Path, manifest: dict) -> list[tuple[str, Path]]:
     """(source name, path) of every part, in manifest order."""
-    return [(name, Path(raw_dir) / name / part["file"])
-            for name, source in manifest["sources"].items() for part in source["parts"]]
+    return [
+        (name, Path(raw_dir) / name / part["file"])
+        for name, source in manifest["sources"].items()
+        for part in source["parts"]
+    ]
 
 
 def read_part(path: Path, big_bytes: int | None = None) -> list[Document]:

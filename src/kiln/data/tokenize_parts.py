@@ -55,6 +55,7 @@ class Settings:
 def _exit_with_parent(parent_pid: int) -> None:
     """A pool worker whose parent was SIGKILLed (no chance to shut the pool down) would wait for tasks
     forever: it exits as soon as it is reparented."""
+
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(0.5)
@@ -103,8 +104,12 @@ def _encode_samples(samples: list[list], sink: _Sink) -> list[int]:
     counts = []
     for start in range(0, len(samples), _BATCH_SAMPLES):
         batch = samples[start : start + _BATCH_SAMPLES]
-        short = [p[0][p[1] : p[2]] for pieces in batch for p in pieces
-                 if not isinstance(p, str) and p[2] - p[1] <= encoder.max_chars]
+        short = [
+            p[0][p[1] : p[2]]
+            for pieces in batch
+            for p in pieces
+            if not isinstance(p, str) and p[2] - p[1] <= encoder.max_chars
+        ]
         encoded = iter(encoder.encode(short))
         for pieces in batch:
             n = 0
@@ -140,14 +145,22 @@ def val_candidates(task: tuple[int, str, int, int, str]) -> list[dict]:
     samples = [[docs[i] for i in group] for group in groups]
     with open(out_path, "wb") as f:
         sink = _Sink(f)
-        tokens = _encode_samples([sample_pieces(m, settings.repo_context, None, settings.seed, Counter())
-                                  for m in samples], sink)
+        tokens = _encode_samples(
+            [sample_pieces(m, settings.repo_context, None, settings.seed, Counter()) for m in samples], sink
+        )
         sink.flush()
     offsets = np.cumsum([0, *tokens[:-1]]).tolist()
     return [
-        {"hash": split_hash(ids[group[0]]), "part": index, "row": group[0], "doc_ids": [d.id for d in members],
-         "bytes": sum(utf8_size(d.text) for d in members) + metadata_bytes(members, settings.repo_context),
-         "tokens": n, "file": out_path, "offset": offset}
+        {
+            "hash": split_hash(ids[group[0]]),
+            "part": index,
+            "row": group[0],
+            "doc_ids": [d.id for d in members],
+            "bytes": sum(utf8_size(d.text) for d in members) + metadata_bytes(members, settings.repo_context),
+            "tokens": n,
+            "file": out_path,
+            "offset": offset,
+        }
         for group, members, n, offset in zip(groups, samples, tokens, offsets)
     ]
 

@@ -26,9 +26,9 @@ import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.encoders import GPT2_PATTERN, tokenizer_from_tiktoken
 from kiln.data.sources import part_paths, read_documents, read_part_column
+from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.utf8text import BIG_TEXT_BYTES, Utf8Text
 from kiln.errors import KilnError
 from kiln.io import read_json, stable_hash
@@ -138,14 +138,17 @@ def _pretrained(cfg: dict) -> Tokenizer:
             ranks = load_tiktoken_bpe(cfg["path"])
         except (OSError, ValueError) as exc:
             raise KilnError(f"tokenizer.path: cannot read {cfg['path']!r} as a .tiktoken file: {exc}") from None
-        encoding = tiktoken.Encoding(Path(cfg["path"]).stem, pat_str=cfg.get("pattern", GPT2_PATTERN),
-                                     mergeable_ranks=ranks, special_tokens={})
+        encoding = tiktoken.Encoding(
+            Path(cfg["path"]).stem, pat_str=cfg.get("pattern", GPT2_PATTERN), mergeable_ranks=ranks, special_tokens={}
+        )
     else:
         try:
             encoding = tiktoken.get_encoding(cfg["encoding"])
         except Exception as exc:  # unknown name, or not cached and no network
-            raise KilnError(f"tokenizer.encoding: tiktoken cannot load {cfg['encoding']!r} here (it must be "
-                            f"in tiktoken's local cache, TIKTOKEN_CACHE_DIR, when offline): {exc}") from None
+            raise KilnError(
+                f"tokenizer.encoding: tiktoken cannot load {cfg['encoding']!r} here (it must be "
+                f"in tiktoken's local cache, TIKTOKEN_CACHE_DIR, when offline): {exc}"
+            ) from None
     return tokenizer_from_tiktoken(encoding, SPECIAL_TOKENS)
 
 
@@ -159,12 +162,16 @@ def build_tokenizer(raw_dir: Path, cfg: dict, seed: int) -> tuple[Tokenizer, dic
         started = time.perf_counter()
         log.info("training a %d-token BPE on up to %d bytes", cfg["vocab_size"], cfg["train_bytes"])
         tokenizer = train_bpe(_sample(raw_dir, manifest, heldout, cfg["train_bytes"], seed, used), cfg["vocab_size"])
-        log.info("trained in %.1f s on %d documents (%d bytes)", time.perf_counter() - started,
-                 used["docs"], used["bytes"])
+        log.info(
+            "trained in %.1f s on %d documents (%d bytes)", time.perf_counter() - started, used["docs"], used["bytes"]
+        )
     else:
         tokenizer = with_special_tokens(_pretrained(cfg))
-    heldout_texts = [doc.text for doc in read_documents(raw_dir, manifest, BIG_TEXT_BYTES)
-                     if doc.id in heldout and isinstance(doc.text, str)]
+    heldout_texts = [
+        doc.text
+        for doc in read_documents(raw_dir, manifest, BIG_TEXT_BYTES)
+        if doc.id in heldout and isinstance(doc.text, str)
+    ]
     stats = {
         "kind": cfg["kind"],
         "vocab_size": id_space(tokenizer),

@@ -84,6 +84,9 @@ def _figures(items: list[np.ndarray], queries: np.ndarray, seen: np.ndarray) -> 
         total += len(hashes)
         found += int(present.sum())
         hit_items += bool(present.any())
-    return {"items": len(items), "contaminated_items": hit_items,
-            "contaminated_fraction": hit_items / len(items) if items else None,
-            "ngram_overlap": found / total if total else None}
+    return {
+        "items": len(items),
+        "contaminated_items": hit_items,
+        "contaminated_fraction": hit_items / len(items) if items else None,
+        "ngram_overlap": found / total if total else None,
+    }

@@ -26,9 +26,17 @@ from kiln.train.device import eval_autocast
 
 @register_model("kiln")
 class KilnLM(TemplateLM):
-    def __init__(self, pretrained: str, tokenizer: str, batch_size: int | str = 8,
-                 max_batch_size: int | None = None, device: str | None = None, max_gen_toks: int = 128,
-                 precision: str = "fp32", **kwargs):
+    def __init__(
+        self,
+        pretrained: str,
+        tokenizer: str,
+        batch_size: int | str = 8,
+        max_batch_size: int | None = None,
+        device: str | None = None,
+        max_gen_toks: int = 128,
+        precision: str = "fp32",
+        **kwargs,
+    ):
         """precision is train.precision: bf16 runs the model under bf16 autocast on a GPU (on the
         CPU it stays fp32, as in the eval stage: kiln.train.device.eval_autocast)."""
         super().__init__()
@@ -96,8 +104,10 @@ class KilnLM(TemplateLM):
             windows = [
                 lm_utils.make_disjoint_window(w)
                 for w in lm_utils.get_rolling_token_windows(
-                    token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
-                    max_seq_len=self.max_length, context_len=1,
+                    token_list=self.tok_encode(text),
+                    prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length,
+                    context_len=1,
                 )
             ]
             results.append(sum(score for score, _ in self._score(windows)))
@@ -116,9 +126,13 @@ class KilnLM(TemplateLM):
         until = (until,) if isinstance(until, str) else tuple(until)
         sample = bool(gen_kwargs.get("do_sample"))
         top_k = gen_kwargs.get("top_k") if sample else None
-        return (until, int(gen_kwargs.get("max_gen_toks", self.max_gen_toks)),
-                float(gen_kwargs.get("temperature", 0.0)) if sample else 0.0,
-                None if top_k is None else int(top_k), float(gen_kwargs.get("top_p", 1.0)) if sample else 1.0)
+        return (
+            until,
+            int(gen_kwargs.get("max_gen_toks", self.max_gen_toks)),
+            float(gen_kwargs.get("temperature", 0.0)) if sample else 0.0,
+            None if top_k is None else int(top_k),
+            float(gen_kwargs.get("top_p", 1.0)) if sample else 1.0,
+        )
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Continuations, each cut at its first stop string. Requests with the same settings are
@@ -131,9 +145,16 @@ class KilnLM(TemplateLM):
         for (until, max_new, temperature, top_k, top_p), members in groups.items():
             with self.autocast():
                 new = generate(
-                    self.model, [self.tok_encode(args[i][0]) for i in members], max_new,
-                    temperature=temperature, top_k=top_k, top_p=top_p, stop_ids=self._stop_ids(until),
-                    vocab_size=self.tokenizer.get_vocab_size(), keep_stop=True, batch_size=self.batch_size,
+                    self.model,
+                    [self.tok_encode(args[i][0]) for i in members],
+                    max_new,
+                    temperature=temperature,
+                    top_k=top_k,
+                    top_p=top_p,
+                    stop_ids=self._stop_ids(until),
+                    vocab_size=self.tokenizer.get_vocab_size(),
+                    keep_stop=True,
+                    batch_size=self.batch_size,
                 )
             for i, ids in zip(members, new):
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)  # drops a final EOS

@@ -67,8 +67,10 @@ def not_run_reason(meta: dict, tokenizer, init_from: dict | None) -> str | None:
     if modes is None or init_from is not None:
         return None
     if not any(modes.get(mode, 0) for mode in MODES):
-        return (f"trained without FIM: none of the {meta['splits']['train']['docs']:,} train documents was "
-                "FIM-transformed (pretokenize.fim.rate 0)")
+        return (
+            f"trained without FIM: none of the {meta['splits']['train']['docs']:,} train documents was "
+            "FIM-transformed (pretokenize.fim.rate 0)"
+        )
     return None
 
 
@@ -111,25 +113,33 @@ def run_infill(model, tokenizer, problems: list[InfillProblem]) -> dict:
     stop = frozenset({tokenizer.token_to_id(EOS), tokenizer.token_to_id("<file_sep>")})
     cases = [(problem, layout) for problem in problems for layout in LAYOUTS]
     prompts = [_prompt(problem, tokenizer, layout, model.cfg.seq_len - MAX_MIDDLE_TOKENS) for problem, layout in cases]
-    outs = generate(model, prompts, MAX_MIDDLE_TOKENS, stop_ids=stop, vocab_size=tokenizer.get_vocab_size(),
-                    batch_size=BATCH)
+    outs = generate(
+        model, prompts, MAX_MIDDLE_TOKENS, stop_ids=stop, vocab_size=tokenizer.get_vocab_size(), batch_size=BATCH
+    )
     examples = []
     for (problem, layout), out in zip(cases, outs):
         completion = tokenizer.decode(out, skip_special_tokens=False)
-        examples.append({
-            "doc_id": problem.doc_id, "span": problem.span, "layout": layout,
-            "expected": problem.middle, "completion": completion,
-            "exact_match": completion.rstrip() == problem.middle.rstrip(),
-            "edit_similarity": edit_similarity(completion.rstrip(), problem.middle.rstrip()),
-        })
+        examples.append(
+            {
+                "doc_id": problem.doc_id,
+                "span": problem.span,
+                "layout": layout,
+                "expected": problem.middle,
+                "completion": completion,
+                "exact_match": completion.rstrip() == problem.middle.rstrip(),
+                "edit_similarity": edit_similarity(completion.rstrip(), problem.middle.rstrip()),
+            }
+        )
     groups: dict[str, list[dict]] = defaultdict(list, {"all": []})
     for ex in examples:
         groups[f"{ex['span']}/{ex['layout']}"].append(ex)
         groups["all"].append(ex)
     scores = {
-        name: {"problems": len(rows),
-               "exact_match": sum(r["exact_match"] for r in rows) / len(rows) if rows else None,
-               "edit_similarity": sum(r["edit_similarity"] for r in rows) / len(rows) if rows else None}
+        name: {
+            "problems": len(rows),
+            "exact_match": sum(r["exact_match"] for r in rows) / len(rows) if rows else None,
+            "edit_similarity": sum(r["edit_similarity"] for r in rows) / len(rows) if rows else None,
+        }
         for name, rows in sorted(groups.items())
     }
     return {"scores": scores, "examples": examples}

@@ -40,6 +40,8 @@ def current_names(tasks: list[str]) -> list[str]:
         if task not in out:
             out.append(task)
     return out
+
+
 CONTEXT_LINES = 24
 
 
@@ -78,23 +80,26 @@ def write_local_tasks(docs: list[Document], out_dir: Path, seed: int, max_docs: 
                 f.write(json.dumps(example) + "\n")
     for name in LOCAL_TASKS:
         template = (TASKS_DIR / f"{name}.yaml").read_text(encoding="utf-8")
-        (out_dir / f"{name}.yaml").write_text(template.replace("{data_dir}", str(out_dir.resolve())),
-                                              encoding="utf-8")
+        (out_dir / f"{name}.yaml").write_text(template.replace("{data_dir}", str(out_dir.resolve())), encoding="utf-8")
     return out_dir
 
 
 def local_task_texts(tasks_dir: Path) -> dict[str, list[str]]:
     """The text of every example of each local task written by write_local_tasks (what the model is
     shown and scored on), for the contamination check."""
+
     def rows(name: str) -> list[dict]:
         return [json.loads(line) for line in (tasks_dir / name).read_text(encoding="utf-8").splitlines() if line]
 
-    return {"kiln_heldout_perplexity": [r["text"] for r in rows("heldout_documents.jsonl")],
-            "kiln_heldout_next_line": [r["context"] + r["target"] for r in rows("next_line.jsonl")]}
+    return {
+        "kiln_heldout_perplexity": [r["text"] for r in rows("heldout_documents.jsonl")],
+        "kiln_heldout_next_line": [r["context"] + r["target"] for r in rows("next_line.jsonl")],
+    }
 
 
-def run_lm_eval(model: str, model_args: dict, tasks: list[str], include_path: Path,
-                limit: int | None = None, batch_size: int = 8) -> dict:
+def run_lm_eval(
+    model: str, model_args: dict, tasks: list[str], include_path: Path, limit: int | None = None, batch_size: int = 8
+) -> dict:
     """lm_eval.simple_evaluate on `tasks` (local ones found through include_path); returns
     {task: {metric: value}} with lm-eval's metric names (e.g. 'bits_per_byte,none')."""
     import lm_eval
@@ -104,10 +109,17 @@ def run_lm_eval(model: str, model_args: dict, tasks: list[str], include_path: Pa
     import kiln.eval.harness  # noqa: F401  registers the "kiln" model with lm-eval
 
     results = lm_eval.simple_evaluate(
-        model=model, model_args=model_args, tasks=tasks, limit=limit, batch_size=batch_size,
-        task_manager=TaskManager(include_path=str(include_path)), log_samples=False,
-        random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0,
+        model=model,
+        model_args=model_args,
+        tasks=tasks,
+        limit=limit,
+        batch_size=batch_size,
+        task_manager=TaskManager(include_path=str(include_path)),
+        log_samples=False,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=0,
     )
     # lm-eval names metrics "<metric>,<filter>" and adds bookkeeping keys (alias, name, sample_len)
-    return {task: {k: v for k, v in metrics.items() if "," in k}
-            for task, metrics in results["results"].items()}
+    return {task: {k: v for k, v in metrics.items() if "," in k} for task, metrics in results["results"].items()}

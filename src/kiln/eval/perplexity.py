@@ -54,8 +54,10 @@ def unigram_counts(train: TokenFile, vocab_size: int, chunk: int = CHUNK) -> np.
     for piece in train.chunks(chunk):
         found = np.bincount(piece, minlength=vocab_size)
         if len(found) > vocab_size:
-            raise KilnError(f"{train.path}: token id {len(found) - 1} is outside the padded vocabulary of "
-                            f"{vocab_size} (meta.json padded_vocab_size): the token folder and its meta.json disagree")
+            raise KilnError(
+                f"{train.path}: token id {len(found) - 1} is outside the padded vocabulary of "
+                f"{vocab_size} (meta.json padded_vocab_size): the token folder and its meta.json disagree"
+            )
         counts += found
     return counts
 
@@ -104,8 +106,9 @@ def range_rows(tokens: np.ndarray, start: int, end: int, row_len: int, max_rows:
         yield tokens[tail:end]
 
 
-def range_loss(model: torch.nn.Module, tokens: np.ndarray, start: int, end: int, seq_len: int, micro_batch: int,
-               max_batches: int) -> tuple[float, int]:
+def range_loss(
+    model: torch.nn.Module, tokens: np.ndarray, start: int, end: int, seq_len: int, micro_batch: int, max_batches: int
+) -> tuple[float, int]:
     """(mean loss, number of target tokens) of model on tokens[start:end] (val.bin as a memmap, say),
     in non-overlapping rows of seq_len + 1 tokens batched by micro_batch, at most max_batches
     batches' worth of rows."""
@@ -114,8 +117,9 @@ def range_loss(model: torch.nn.Module, tokens: np.ndarray, start: int, end: int,
     return batches_loss(model, _range_batches(tokens, start, end, seq_len, micro_batch, max_batches))
 
 
-def _range_batches(tokens: np.ndarray, start: int, end: int, seq_len: int, micro_batch: int,
-                   max_batches: int) -> Iterator[torch.Tensor]:
+def _range_batches(
+    tokens: np.ndarray, start: int, end: int, seq_len: int, micro_batch: int, max_batches: int
+) -> Iterator[torch.Tensor]:
     """range_rows stacked micro_batch at a time (the shorter tail row in a batch of its own)."""
     batch: list[np.ndarray] = []
     for row in range_rows(tokens, start, end, seq_len + 1, max_batches * micro_batch):

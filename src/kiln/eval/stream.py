@@ -45,4 +45,4 @@ class TokenFile:
                     return
                 piece = np.concatenate([tail, new]) if len(tail) else new
                 yield piece
-                tail = piece[len(piece) - overlap:].copy() if overlap else tail
+                tail = piece[len(piece) - overlap :].copy() if overlap else tail

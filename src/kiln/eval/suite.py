@@ -65,8 +65,16 @@ def completions(model, tokenizer, cfg: dict, seed: int) -> list[dict]:
     generator = torch.Generator().manual_seed(seed)
     out = [{"prompt": prompt} for prompt in cfg["prompts"]]
     for name, temperature in (("greedy", 0.0), ("sampled", cfg["temperature"])):
-        texts = complete(model, tokenizer, cfg["prompts"], cfg["max_new_tokens"], temperature=temperature,
-                         top_k=cfg["top_k"], top_p=cfg["top_p"], generator=generator)
+        texts = complete(
+            model,
+            tokenizer,
+            cfg["prompts"],
+            cfg["max_new_tokens"],
+            temperature=temperature,
+            top_k=cfg["top_k"],
+            top_p=cfg["top_p"],
+            generator=generator,
+        )
         for row, text in zip(out, texts):
             row[name] = text
     return out
@@ -89,14 +97,23 @@ class HeldOut:
     @classmethod
     def open(cls, shards: Path, tokens: Path, meta: dict, max_batches: int) -> "HeldOut":
         rows = ShardRows(shards, "val")
-        return cls(rows, np.memmap(tokens / "val.bin", dtype=meta["dtype"], mode="r"), source_ranges(meta),
-                   meta["splits"]["val"], int(rows.manifest["seq_len"]), max_batches)
+        return cls(
+            rows,
+            np.memmap(tokens / "val.bin", dtype=meta["dtype"], mode="r"),
+            source_ranges(meta),
+            meta["splits"]["val"],
+            int(rows.manifest["seq_len"]),
+            max_batches,
+        )
 
     def overall(self, model) -> dict:
         """val_loss, val_bits_per_byte (the split's tokens/bytes) and val_tokens_evaluated."""
         loss, n = val_rows_loss(model, self.rows, BATCH, self.max_batches)
-        return {"val_loss": loss, "val_bits_per_byte": bits_per_byte(loss, self.split["tokens"], self.split["bytes"]),
-                "val_tokens_evaluated": n}
+        return {
+            "val_loss": loss,
+            "val_bits_per_byte": bits_per_byte(loss, self.split["tokens"], self.split["bytes"]),
+            "val_tokens_evaluated": n,
+        }
 
     def by_source(self, model, overall: dict) -> dict[str, dict]:
         """{source: {loss, perplexity, bits_per_byte, tokens_evaluated}}, each on its own tokens, its
@@ -105,16 +122,26 @@ class HeldOut:
         if len(self.ranges) == 1:
             name = next(iter(self.ranges))
             loss = overall["val_loss"]
-            return {name: {"loss": loss, "perplexity": math.exp(loss), "bits_per_byte": overall["val_bits_per_byte"],
-                           "tokens_evaluated": overall["val_tokens_evaluated"]}}
+            return {
+                name: {
+                    "loss": loss,
+                    "perplexity": math.exp(loss),
+                    "bits_per_byte": overall["val_bits_per_byte"],
+                    "tokens_evaluated": overall["val_tokens_evaluated"],
+                }
+            }
         batches = max(1, -(-self.max_batches // max(len(self.ranges), 1)))
         out = {}
         for name, r in self.ranges.items():
             if r["end"] - r["start"] < 2:
                 continue
             loss, n = range_loss(model, self.tokens, r["start"], r["end"], self.seq_len, BATCH, batches)
-            out[name] = {"loss": loss, "perplexity": math.exp(loss),
-                         "bits_per_byte": bits_per_byte(loss, r["tokens"], r["bytes"]), "tokens_evaluated": n}
+            out[name] = {
+                "loss": loss,
+                "perplexity": math.exp(loss),
+                "bits_per_byte": bits_per_byte(loss, r["tokens"], r["bytes"]),
+                "tokens_evaluated": n,
+            }
         return out
 
 
@@ -156,19 +183,34 @@ def checkpoint_curve(model_dir: Path, held_out: HeldOut, final: dict, device: to
         point = held_out.overall(model)
         entry = {**at, "val_loss": point["val_loss"], "val_bits_per_byte": point["val_bits_per_byte"], "final": False}
         if mixture:
-            entry["by_source"] = {s: {"loss": m["loss"], "bits_per_byte": m["bits_per_byte"]}
-                                  for s, m in held_out.by_source(model, point).items()}
+            entry["by_source"] = {
+                s: {"loss": m["loss"], "bits_per_byte": m["bits_per_byte"]}
+                for s, m in held_out.by_source(model, point).items()
+            }
         curve.append(entry)
         del model
     return sorted(curve, key=lambda e: (e["step"] is None, e["step"] or 0))
 
 
-def _lm_eval(paths: RunPaths, cfg: dict, tasks: list[str], val_docs, tokenizer, tasks_dir: Path, seed: int,
-             device: torch.device, precision: str) -> dict:
+def _lm_eval(
+    paths: RunPaths,
+    cfg: dict,
+    tasks: list[str],
+    val_docs,
+    tokenizer,
+    tasks_dir: Path,
+    seed: int,
+    device: torch.device,
+    precision: str,
+) -> dict:
     """lm-eval results by task; tasks that cannot be loaded (a hub task offline) are reported, not fatal."""
     write_local_tasks(val_docs, tasks_dir, seed, cfg["max_docs"], tokenizer)
-    model_args = {"pretrained": str(paths.model), "tokenizer": str(paths.tokenizer), "device": str(device),
-                  "precision": precision}
+    model_args = {
+        "pretrained": str(paths.model),
+        "tokenizer": str(paths.tokenizer),
+        "device": str(device),
+        "precision": precision,
+    }
     results = {}
     for task in tasks:
         try:
@@ -181,8 +223,15 @@ def _lm_eval(paths: RunPaths, cfg: dict, tasks: list[str], val_docs, tokenizer, 
     return results
 
 
-def evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path, device: torch.device = CPU,
-             precision: str = "fp32", init_from: dict | None = None) -> tuple[dict, dict]:
+def evaluate(
+    paths: RunPaths,
+    cfg: dict,
+    seed: int,
+    work_dir: Path,
+    device: torch.device = CPU,
+    precision: str = "fp32",
+    init_from: dict | None = None,
+) -> tuple[dict, dict]:
     """(metrics, samples) for the run, the model on `device` with train.precision's autocast there
     (eval_autocast); lm-eval's task files go under work_dir. init_from: train.init_from (whether the
     model may have seen FIM before this run's data)."""
@@ -190,8 +239,9 @@ def evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path, device: torc
         return _evaluate(paths, cfg, seed, work_dir, device, precision, init_from)
 
 
-def _evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path, device: torch.device,
-              precision: str, init_from: dict | None) -> tuple[dict, dict]:
+def _evaluate(
+    paths: RunPaths, cfg: dict, seed: int, work_dir: Path, device: torch.device, precision: str, init_from: dict | None
+) -> tuple[dict, dict]:
     torch.manual_seed(seed)
     model, tokenizer = load_model(paths.model, device), load_tokenizer(paths.tokenizer)
     meta = read_json(paths.tokens / "meta.json")
@@ -204,8 +254,13 @@ def _evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path, device: tor
     by_source = held_out.by_source(model, overall)
     summary_path = paths.model / "summary.json"  # the train stage's: steps, tokens_seen
     summary = read_json(summary_path) if summary_path.exists() else {}
-    final = {"step": summary.get("steps"), "tokens": summary.get("tokens_seen"), "val_loss": loss,
-             "val_bits_per_byte": overall["val_bits_per_byte"], "final": True}
+    final = {
+        "step": summary.get("steps"),
+        "tokens": summary.get("tokens_seen"),
+        "val_loss": loss,
+        "val_bits_per_byte": overall["val_bits_per_byte"],
+        "final": True,
+    }
     if len(held_out.ranges) > 1:
         final["by_source"] = {s: {"loss": m["loss"], "bits_per_byte": m["bits_per_byte"]} for s, m in by_source.items()}
     curve = checkpoint_curve(paths.model, held_out, final, device)
@@ -226,8 +281,9 @@ def _evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path, device: tor
         infill = run_infill(model, tokenizer, problems)
     tasks = current_names(cfg["lm_eval"]["tasks"])
     log.info("lm-eval tasks: %s", ", ".join(tasks))
-    harness = _lm_eval(paths, cfg["lm_eval"], tasks, val_docs, tokenizer, work_dir / "lm_eval_tasks", seed, device,
-                       precision)
+    harness = _lm_eval(
+        paths, cfg["lm_eval"], tasks, val_docs, tokenizer, work_dir / "lm_eval_tasks", seed, device, precision
+    )
 
     log.info("13-gram contamination against %d training tokens", len(train))
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
@@ -239,7 +295,8 @@ def _evaluate(paths: RunPaths, cfg: dict, seed: int, work_dir: Path, device: tor
             sets[f"lm_eval {task}"] = [encode(t) for t in texts]
     contaminated = contamination.overlaps(train, sets)
     metrics = {
-        "val_loss": loss, "val_perplexity": math.exp(loss),
+        "val_loss": loss,
+        "val_perplexity": math.exp(loss),
         "val_bits_per_byte": bits_per_byte(loss, val["tokens"], val["bytes"]),
         "val_tokens_evaluated": n_tokens,
         "val_by_source": by_source,

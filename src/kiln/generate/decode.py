@@ -20,11 +20,21 @@ from kiln.model.kv_cache import KVCache
 
 
 @torch.no_grad()
-def generate(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, *,
-             temperature: float = 0.0, top_k: int | None = None, top_p: float = 1.0,
-             stop_ids: frozenset[int] = frozenset(), vocab_size: int | None = None,
-             generator: torch.Generator | None = None, keep_stop: bool = False,
-             batch_size: int | None = None, first_allowed: list[list[int] | None] | None = None) -> list[list[int]]:
+def generate(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float = 1.0,
+    stop_ids: frozenset[int] = frozenset(),
+    vocab_size: int | None = None,
+    generator: torch.Generator | None = None,
+    keep_stop: bool = False,
+    batch_size: int | None = None,
+    first_allowed: list[list[int] | None] | None = None,
+) -> list[list[int]]:
     """New token ids after each prompt, each list ending before its first stop token (or with it,
     if keep_stop). temperature 0 means greedy; otherwise sampling from the temperature-scaled
     distribution cut to its top_k ids, then to the fewest ids holding top_p of the mass.
@@ -41,17 +51,36 @@ def generate(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: i
     for start in range(0, len(order), size):
         chunk = order[start : start + size]
         allowed = [first_allowed[i] for i in chunk] if first_allowed is not None else None
-        rows = _decode(model, [prompts[i] for i in chunk], max_new_tokens, temperature=temperature, top_k=top_k,
-                       top_p=top_p, stop_ids=stop_ids, vocab_size=vocab_size, generator=generator,
-                       first_allowed=allowed)
+        rows = _decode(
+            model,
+            [prompts[i] for i in chunk],
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            stop_ids=stop_ids,
+            vocab_size=vocab_size,
+            generator=generator,
+            first_allowed=allowed,
+        )
         for i, row in zip(chunk, rows):
             out[i] = _until_stop(row, stop_ids, keep_stop)
     return out
 
 
-def _decode(model, prompts: list[list[int]], max_new_tokens: int, *, temperature: float, top_k: int | None,
-            top_p: float, stop_ids: frozenset[int], vocab_size: int | None,
-            generator: torch.Generator | None, first_allowed: list[list[int] | None] | None) -> list[list[int]]:
+def _decode(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    *,
+    temperature: float,
+    top_k: int | None,
+    top_p: float,
+    stop_ids: frozenset[int],
+    vocab_size: int | None,
+    generator: torch.Generator | None,
+    first_allowed: list[list[int] | None] | None,
+) -> list[list[int]]:
     """max_new_tokens ids per prompt, or fewer once every row has produced a stop id."""
     device = next(model.parameters()).device
     context = model.cfg.seq_len
@@ -91,8 +120,9 @@ def _restrict(scores: torch.Tensor, allowed: list[list[int] | None]) -> torch.Te
     return scores.masked_fill(~keep, float("-inf"))
 
 
-def pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float,
-         generator: torch.Generator | None) -> torch.Tensor:
+def pick(
+    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float, generator: torch.Generator | None
+) -> torch.Tensor:
     """Next id (B,) from logits (B, V): the argmax when temperature is 0, else a sample, drawn on
     the generator's device so that a seeded CPU generator gives the same ids whatever the model's
     device."""

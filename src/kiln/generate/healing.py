@@ -28,18 +28,34 @@ def heal(tokenizer: Tokenizer, ids: list[int]) -> tuple[list[int], list[int] | N
     return ids[:-1], allowed, tokenizer.decode([ids[-1]], skip_special_tokens=False)
 
 
-def complete(model: torch.nn.Module, tokenizer: Tokenizer, prompts: list[str], max_new_tokens: int, *,
-             temperature: float = 0.0, top_k: int | None = None, top_p: float = 1.0,
-             generator: torch.Generator | None = None) -> list[str]:
+def complete(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    prompts: list[str],
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> list[str]:
     """The text each prompt continues with (up to <|endoftext|> or max_new_tokens, the healed token
     counting as one), decoded in one batch."""
     healed = [heal(tokenizer, tokenizer.encode(p, add_special_tokens=False).ids) for p in prompts]
-    new = generate(model, [ids for ids, _, _ in healed], max_new_tokens, temperature=temperature, top_k=top_k,
-                   top_p=top_p, stop_ids=frozenset({tokenizer.token_to_id(EOS)}),
-                   vocab_size=tokenizer.get_vocab_size(), generator=generator,
-                   first_allowed=[allowed for _, allowed, _ in healed])
+    new = generate(
+        model,
+        [ids for ids, _, _ in healed],
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        stop_ids=frozenset({tokenizer.token_to_id(EOS)}),
+        vocab_size=tokenizer.get_vocab_size(),
+        generator=generator,
+        first_allowed=[allowed for _, allowed, _ in healed],
+    )
     out = []
     for (_, _, cut), row in zip(healed, new):
         text = tokenizer.decode(row, skip_special_tokens=False)
-        out.append(text[len(cut):] if text.startswith(cut) else text)
+        out.append(text[len(cut) :] if text.startswith(cut) else text)
     return out

@@ -29,8 +29,9 @@ def build_model(cfg: ModelConfig) -> GPT | Llama:
 def save_model(cfg: ModelConfig, state: dict[str, torch.Tensor], out_dir: Path) -> None:
     """model_config.json and model.safetensors (written atomically) from a model's state dict; a
     head tied to the embedding is stored once."""
-    weights = {k: v.detach().cpu().contiguous() for k, v in state.items()
-               if not (cfg.tie_embeddings and k == "lm_head.weight")}
+    weights = {
+        k: v.detach().cpu().contiguous() for k, v in state.items() if not (cfg.tie_embeddings and k == "lm_head.weight")
+    }
     write_json(out_dir / CONFIG_FILE, cfg.to_dict())
     with atomic_file(out_dir / WEIGHTS_FILE) as tmp:
         save_file(weights, str(tmp), metadata={"format": "pt"})

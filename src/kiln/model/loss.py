@@ -34,8 +34,9 @@ def _chunk_loss_sum(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
     return F.cross_entropy(logits.float(), targets, reduction="sum")
 
 
-def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-            chunk_rows: int | None = None) -> torch.Tensor:
+def lm_loss(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_rows: int | None = None
+) -> torch.Tensor:
     """Mean next-token cross-entropy of hidden (B, T, C), the final norm's output, through the head
     `weight` (V, C) against targets (B, T): equal to F.cross_entropy(F.linear(hidden, weight).float()
     .flatten(0, 1), targets.flatten()), without its (N, V) tensors alive at once. Every target counts
@@ -49,6 +50,7 @@ def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
         return _chunk_loss_sum(h, weight, y) / n_rows
     total = torch.zeros((), device=h.device, dtype=torch.float32)
     for start in range(0, n_rows, rows):
-        total = total + checkpoint(_chunk_loss_sum, h[start:start + rows], weight, y[start:start + rows],
-                                   use_reentrant=False)
+        total = total + checkpoint(
+            _chunk_loss_sum, h[start : start + rows], weight, y[start : start + rows], use_reentrant=False
+        )
     return total / n_rows

@@ -138,8 +138,9 @@ def _problems(cfg: ModelConfig) -> list[str]:
         if cfg.n_kv_head != cfg.n_head:
             out.append(f"model.n_kv_head: gpt2 has one key/value head per head ({cfg.n_head}), got {cfg.n_kv_head}")
         if cfg.seq_len > cfg.max_positions:
-            out.append(f"model.max_positions: {cfg.max_positions} learned positions cannot cover "
-                       f"shard.seq_len={cfg.seq_len}")
+            out.append(
+                f"model.max_positions: {cfg.max_positions} learned positions cannot cover shard.seq_len={cfg.seq_len}"
+            )
     else:
         if cfg.head_dim % 2:
             out.append(f"model.n_head: RoPE needs an even head dim, d_model/n_head = {cfg.head_dim}")
@@ -162,17 +163,31 @@ GPT2 = dict(max_positions=1024, bias=True)  # every GPT-2 size: 1024 learned pos
 
 FLAVOURS: dict[str, Flavour] = {
     # torchtitan's llama3 debugmodel: a few million parameters besides the embedding.
-    "debug": Flavour("llama", "https://github.com/pytorch/torchtitan/blob/main/torchtitan/models/llama3/__init__.py",
-                     dict(n_layer=6, n_head=16, d_model=256, rope_theta=500000.0)),
+    "debug": Flavour(
+        "llama",
+        "https://github.com/pytorch/torchtitan/blob/main/torchtitan/models/llama3/__init__.py",
+        dict(n_layer=6, n_head=16, d_model=256, rope_theta=500000.0),
+    ),
     "gpt2-124m": Flavour("gpt2", GPT2_SOURCE.format("gpt2"), dict(n_layer=12, n_head=12, d_model=768, **GPT2)),
     "gpt2-350m": Flavour("gpt2", GPT2_SOURCE.format("gpt2-medium"), dict(n_layer=24, n_head=16, d_model=1024, **GPT2)),
     "gpt2-774m": Flavour("gpt2", GPT2_SOURCE.format("gpt2-large"), dict(n_layer=36, n_head=20, d_model=1280, **GPT2)),
     "gpt2-1.5b": Flavour("gpt2", GPT2_SOURCE.format("gpt2-xl"), dict(n_layer=48, n_head=25, d_model=1600, **GPT2)),
     # Plain RoPE: the checkpoint's rope_scaling (llama3, factor 32) stretches a model already trained
     # at 8k to 128k; a model pretrained from scratch at <= 8k tokens has nothing to stretch.
-    "llama3.2-1b": Flavour("llama", "https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json",
-                           dict(n_layer=16, n_head=32, n_kv_head=8, d_model=2048, d_ff=8192,
-                                rope_theta=500000.0, norm_eps=1e-5, tie_embeddings=True)),
+    "llama3.2-1b": Flavour(
+        "llama",
+        "https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json",
+        dict(
+            n_layer=16,
+            n_head=32,
+            n_kv_head=8,
+            d_model=2048,
+            d_ff=8192,
+            rope_theta=500000.0,
+            norm_eps=1e-5,
+            tie_embeddings=True,
+        ),
+    ),
 }
 
 

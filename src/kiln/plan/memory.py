@@ -134,7 +134,9 @@ def layer_activation_bytes(cfg: ModelConfig, tokens: int, bf16: bool, compiled: 
             per_token += (8 if compiled else 13) * H * cfg.seq_len
     else:
         casts = 5 if bf16 else 2
-        per_token = 4 * C + a * (5 * C + 2 * K + 3 * F) if compiled else 16 * C + a * (casts * C + 2 * C + 2 * K + 4 * F)
+        per_token = (
+            4 * C + a * (5 * C + 2 * K + 3 * F) if compiled else 16 * C + a * (casts * C + 2 * C + 2 * K + 4 * F)
+        )
         per_token += 8 + 4 * H  # two RMSNorms' rstd; log-sum-exp
     return tokens * per_token
 
@@ -177,16 +179,24 @@ def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
     # no sharded gradient yet.
     accumulated = 4 * n if fsdp and s.grad_accum > 1 else 0
     acts, copies, grads = sum(kept) + outside, sum(kept_casts), grad(head)
-    candidates = {"backward start": {"activations": acts, "weight copies": copies,
-                                     "gradients": 0 if accumulated else grads,
-                                     "accumulated gradients": accumulated, "loss chunk": loss_chunk}}
+    candidates = {
+        "backward start": {
+            "activations": acts,
+            "weight copies": copies,
+            "gradients": 0 if accumulated else grads,
+            "accumulated gradients": accumulated,
+            "loss chunk": loss_chunk,
+        }
+    }
     for i in reversed(range(L)):
         recompute = full_layer if i in ckpt else 0
         # + the gradients flowing through the block: of its output and of its input, (B*T, C) fp32
-        candidates[f"block {i} backward"] = {"activations": acts + recompute + 8 * C * tokens,
-                                             "weight copies": copies + (casts if i in ckpt else 0),
-                                             "gradients": 0 if accumulated else grads + grad(per_layer),
-                                             "accumulated gradients": accumulated}
+        candidates[f"block {i} backward"] = {
+            "activations": acts + recompute + 8 * C * tokens,
+            "weight copies": copies + (casts if i in ckpt else 0),
+            "gradients": 0 if accumulated else grads + grad(per_layer),
+            "accumulated gradients": accumulated,
+        }
         acts, copies, grads = acts - kept[i], copies - kept_casts[i], grads + grad(per_layer)
     candidates["optimizer step"] = {"gradients": grad(n)}
     peak_at = max(candidates, key=lambda k: sum(candidates[k].values()))
@@ -194,19 +204,29 @@ def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
     return Estimate(parts={k: v for k, v in parts.items() if v}, peak_at=peak_at)
 
 
-def setting_of(train: dict, *, cuda: bool = True, world: int | None = None, bf16: bool | None = None,
-               compiled: bool | None = None, grad_accum: int = 1) -> Setting:
+def setting_of(
+    train: dict,
+    *,
+    cuda: bool = True,
+    world: int | None = None,
+    bf16: bool | None = None,
+    compiled: bool | None = None,
+    grad_accum: int = 1,
+) -> Setting:
     """The Setting a validated train section means: on a GPU by default (`kiln plan`: bf16 as
     train.precision says, compiled unless train.compile is false), or as a run decided it (smoke).
     grad_accum: micro-batches per step (kiln.plan.steps.plan_batch's, which needs shard.seq_len)."""
     return Setting(
         grad_accum=grad_accum,
-        micro_batch=train["micro_batch"], world=world or train["nproc_per_node"] * train["nnodes"],
+        micro_batch=train["micro_batch"],
+        world=world or train["nproc_per_node"] * train["nnodes"],
         nnodes=train["nnodes"],
-        parallel=train["parallel"], activation_checkpointing=train["activation_checkpointing"],
+        parallel=train["parallel"],
+        activation_checkpointing=train["activation_checkpointing"],
         bf16=train["precision"] in ("bf16", "auto") if bf16 is None else bf16,  # auto is bf16 on a GPU
         compiled=(train["compile"] is True or (train["compile"] == "auto" and cuda)) if compiled is None else compiled,
-        cuda=cuda)
+        cuda=cuda,
+    )
 
 
 def fits(est: Estimate, memory_gib: float) -> bool:
@@ -218,7 +238,7 @@ def changes_to_fit(cfg: ModelConfig, s: Setting, memory_gib: float, limit: int =
     (selective, then full activation checkpointing; a smaller micro-batch, the global batch kept by
     more accumulation; FSDP across several ranks), then the first combination that fits."""
     more_recompute = ("none", "selective", "full")
-    ac_order = more_recompute[more_recompute.index(s.activation_checkpointing):]
+    ac_order = more_recompute[more_recompute.index(s.activation_checkpointing) :]
     micros = [m for m in range(s.micro_batch, 0, -1) if s.micro_batch % m == 0]  # keeps batch_tokens whole
     parallels = [s.parallel] + (["fsdp"] if s.world > 1 and s.parallel != "fsdp" else [])
 
@@ -227,13 +247,16 @@ def changes_to_fit(cfg: ModelConfig, s: Setting, memory_gib: float, limit: int =
         if t.activation_checkpointing != s.activation_checkpointing:
             out.append(f"train.activation_checkpointing: {t.activation_checkpointing}")
         if t.micro_batch != s.micro_batch:
-            out.append(f"train.micro_batch: {t.micro_batch} ({s.micro_batch // t.micro_batch}x the gradient "
-                       "accumulation keeps train.batch_tokens)")
+            out.append(
+                f"train.micro_batch: {t.micro_batch} ({s.micro_batch // t.micro_batch}x the gradient "
+                "accumulation keeps train.batch_tokens)"
+            )
         if t.parallel != s.parallel:
             out.append(f"train.parallel: {t.parallel}")
         return " + ".join(out)
 
     singles = [replace(s, activation_checkpointing=m) for m in ac_order[1:]]
+
     def smaller(m: int) -> Setting:  # micro-batch m, the global batch kept by more accumulation
         return replace(s, micro_batch=m, grad_accum=s.grad_accum * s.micro_batch // m)
 
@@ -254,10 +277,19 @@ def fit_report(cfg: ModelConfig, s: Setting, gpu_name: str, memory_gib: float) -
     (the plain form `kiln plan --json` prints and kiln.plan.tables renders)."""
     est = estimate(cfg, s)
     ok = fits(est, memory_gib)
-    return {"gib_per_gpu": est.gib, "parts_gib": {k: v / GIB for k, v in est.parts.items()}, "peak_at": est.peak_at,
-            "assumes": f"micro-batch {s.micro_batch} x {cfg.seq_len}, {'bf16' if s.bf16 else 'fp32'}, "
-                       f"{'compiled' if s.compiled else 'eager'}, activation checkpointing {s.activation_checkpointing}, "
-                       f"{s.world} rank{'s' if s.world > 1 else ''} ({s.parallel})"
-                       + (f", {s.grad_accum} micro-batches a step" if s.grad_accum > 1 else ""),
-            "gpu": gpu_name, "gpu_memory_gib": memory_gib, "usable_gib": FIT_FRACTION * memory_gib, "fits": ok,
-            "changes": [] if ok else [{"set": what, "gib_per_gpu": e.gib} for what, e in changes_to_fit(cfg, s, memory_gib)]}
+    return {
+        "gib_per_gpu": est.gib,
+        "parts_gib": {k: v / GIB for k, v in est.parts.items()},
+        "peak_at": est.peak_at,
+        "assumes": f"micro-batch {s.micro_batch} x {cfg.seq_len}, {'bf16' if s.bf16 else 'fp32'}, "
+        f"{'compiled' if s.compiled else 'eager'}, activation checkpointing {s.activation_checkpointing}, "
+        f"{s.world} rank{'s' if s.world > 1 else ''} ({s.parallel})"
+        + (f", {s.grad_accum} micro-batches a step" if s.grad_accum > 1 else ""),
+        "gpu": gpu_name,
+        "gpu_memory_gib": memory_gib,
+        "usable_gib": FIT_FRACTION * memory_gib,
+        "fits": ok,
+        "changes": []
+        if ok
+        else [{"set": what, "gib_per_gpu": e.gib} for what, e in changes_to_fit(cfg, s, memory_gib)],
+    }

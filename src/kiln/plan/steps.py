@@ -56,10 +56,20 @@ def kept_checkpoints(max_steps: int, checkpoint_every: int, keep: int, milestone
     return len(newest), sum(1 for s in steps if milestone_every and s % milestone_every == 0 and s not in newest)
 
 
-def full_run_plan(*, batch: BatchPlan, max_steps: int, tokens_per_s: float, n_params: int,
-                  train_tokens: int, checkpoint_bytes: int, keep_checkpoints: int, model_bytes: int,
-                  price_per_gpu_hour: float | None = None, milestones: int = 0,
-                  data_bytes: dict[str, int | None] | None = None) -> dict:
+def full_run_plan(
+    *,
+    batch: BatchPlan,
+    max_steps: int,
+    tokens_per_s: float,
+    n_params: int,
+    train_tokens: int,
+    checkpoint_bytes: int,
+    keep_checkpoints: int,
+    model_bytes: int,
+    price_per_gpu_hour: float | None = None,
+    milestones: int = 0,
+    data_bytes: dict[str, int | None] | None = None,
+) -> dict:
     """What the full run will take, from the smoke stage's steady-state tokens/s (all ranks together).
 
     Total tokens are max_steps x the global batch; time is that over tokens/s; cost is the
@@ -71,20 +81,33 @@ def full_run_plan(*, batch: BatchPlan, max_steps: int, tokens_per_s: float, n_pa
     eta_s = total_tokens / tokens_per_s if tokens_per_s > 0 else float("inf")
     device_hours = eta_s / 3600 * batch.world
     return {
-        "ranks": batch.world, "micro_batch": batch.micro_batch, "seq_len": batch.seq_len,
-        "grad_accum": batch.grad_accum, "tokens_per_step": batch.tokens_per_step, "max_steps": max_steps,
+        "ranks": batch.world,
+        "micro_batch": batch.micro_batch,
+        "seq_len": batch.seq_len,
+        "grad_accum": batch.grad_accum,
+        "tokens_per_step": batch.tokens_per_step,
+        "max_steps": max_steps,
         "total_tokens": total_tokens,
-        "tokens_per_s": tokens_per_s, "tokens_per_s_per_rank": tokens_per_s / batch.world,
-        "eta_s": eta_s, "eta_h": eta_s / 3600, "device_hours": device_hours,
+        "tokens_per_s": tokens_per_s,
+        "tokens_per_s_per_rank": tokens_per_s / batch.world,
+        "eta_s": eta_s,
+        "eta_h": eta_s / 3600,
+        "device_hours": device_hours,
         "price_per_gpu_hour": price_per_gpu_hour,
         "cost": device_hours * price_per_gpu_hour if price_per_gpu_hour is not None else None,
-        "n_params": n_params, "tokens_per_param": total_tokens / n_params,
+        "n_params": n_params,
+        "tokens_per_param": total_tokens / n_params,
         "chinchilla_tokens": CHINCHILLA_TOKENS_PER_PARAM * n_params,
-        "train_tokens": train_tokens, "epochs": total_tokens / train_tokens if train_tokens else None,
-        "checkpoint_bytes": checkpoint_bytes, "keep_checkpoints": keep_checkpoints,
-        "milestone_checkpoints": milestones, "model_bytes": model_bytes, "data_bytes": data_bytes or {},
-        "disk_bytes": (keep_checkpoints + milestones) * checkpoint_bytes + 2 * model_bytes
-                      + sum(v for v in (data_bytes or {}).values() if v),
+        "train_tokens": train_tokens,
+        "epochs": total_tokens / train_tokens if train_tokens else None,
+        "checkpoint_bytes": checkpoint_bytes,
+        "keep_checkpoints": keep_checkpoints,
+        "milestone_checkpoints": milestones,
+        "model_bytes": model_bytes,
+        "data_bytes": data_bytes or {},
+        "disk_bytes": (keep_checkpoints + milestones) * checkpoint_bytes
+        + 2 * model_bytes
+        + sum(v for v in (data_bytes or {}).values() if v),
     }
 
 
@@ -121,8 +144,9 @@ def _stage_cost(times: StageTimes, eval_every: int, checkpoint_every: int) -> tu
     return fixed, times.step_s + times.validation_s / eval_every + times.checkpoint_s / checkpoint_every
 
 
-def steps_within(budget_s: float, times: StageTimes, *, eval_every: int, checkpoint_every: int,
-                 cap: int | None = None) -> int:
+def steps_within(
+    budget_s: float, times: StageTimes, *, eval_every: int, checkpoint_every: int, cap: int | None = None
+) -> int:
     """The most steps whose stage (_stage_cost) fits in budget_s; at most `cap`; 0 when even the
     fixed costs do not fit."""
     fixed, per_step = _stage_cost(times, eval_every, checkpoint_every)
@@ -132,7 +156,7 @@ def steps_within(budget_s: float, times: StageTimes, *, eval_every: int, checkpo
 
 def budget_text(budget: dict) -> str:
     """A train.budget as words: {"minutes": 7} -> "7 minutes"."""
-    (unit, amount), = budget.items()
+    ((unit, amount),) = budget.items()
     return f"{amount:g} {unit}"
 
 
@@ -146,7 +170,8 @@ def budget_steps(train: dict, times: StageTimes, world: int, price_per_gpu_hour:
         raise KilnError(
             f"train.budget: {train['budget']} ({budget_s:,.0f} s of the train stage) buys {steps} steps at "
             f"{times.step_s:.3f} s/step after {times.startup_s:.0f} s of start-up, not more than "
-            f"train.warmup_steps={train['warmup_steps']}: raise the budget or lower warmup_steps")
+            f"train.warmup_steps={train['warmup_steps']}: raise the budget or lower warmup_steps"
+        )
     fixed, per_step = _stage_cost(times, **every)
     return {"budget": train["budget"], "budget_s": budget_s, "max_steps": steps, "stage_s": fixed + steps * per_step}
 

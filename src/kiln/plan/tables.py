@@ -13,7 +13,9 @@ from kiln.plan.verdict import Check
 
 def format_eta(seconds: float) -> str:
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
 
 
 def _size(n_bytes: float) -> str:
@@ -27,36 +29,51 @@ def _size(n_bytes: float) -> str:
 def checks_table(checks: Sequence[Check]) -> str:
     """The smoke gate's checks as a markdown table."""
     lines = ["| check | result | measured | threshold | note |", "|---|---|---|---|---|"]
-    lines += [f"| {c.name} | {'pass' if c.passed else 'FAIL'} | {c.figure} | {c.threshold} | {c.detail} |"
-              for c in checks]
+    lines += [
+        f"| {c.name} | {'pass' if c.passed else 'FAIL'} | {c.figure} | {c.threshold} | {c.detail} |" for c in checks
+    ]
     return "\n".join(lines)
 
 
 def render_plan(plan: dict) -> str:
     """plan.md: the plan (kiln.plan.steps.full_run_plan) as a table a person reads before paying for the run."""
-    cost = (f"${plan['cost']:,.2f} at ${plan['price_per_gpu_hour']:g} per device-hour"
-            if plan["cost"] is not None else "no price set (smoke.price_per_gpu_hour)")
+    cost = (
+        f"${plan['cost']:,.2f} at ${plan['price_per_gpu_hour']:g} per device-hour"
+        if plan["cost"] is not None
+        else "no price set (smoke.price_per_gpu_hour)"
+    )
     ratio = plan["tokens_per_param"] / CHINCHILLA_TOKENS_PER_PARAM
     epochs = f"{plan['epochs']:.2f}" if plan["epochs"] is not None else "n/a"
     repeat = " (the train split repeats: more epochs than one)" if plan["epochs"] and plan["epochs"] > 1 else ""
     rows = [
-        ("global batch", f"{plan['ranks']} ranks x {plan['grad_accum']} micro-batches x {plan['micro_batch']} rows "
-                         f"x {plan['seq_len']} tokens = {plan['tokens_per_step']:,} tokens/step"),
+        (
+            "global batch",
+            f"{plan['ranks']} ranks x {plan['grad_accum']} micro-batches x {plan['micro_batch']} rows "
+            f"x {plan['seq_len']} tokens = {plan['tokens_per_step']:,} tokens/step",
+        ),
         ("total tokens", f"{plan['max_steps']:,} steps x {plan['tokens_per_step']:,} = {plan['total_tokens']:,}"),
         ("throughput", f"{plan['tokens_per_s']:,.0f} tokens/s ({plan['tokens_per_s_per_rank']:,.0f} per rank)"),
         ("time", f"{plan['eta_h']:.2f} h ({plan['device_hours']:.1f} device-hours)"),
         ("cost", cost),
-        ("tokens per parameter", f"{plan['tokens_per_param']:.2f} for {plan['n_params']:,} parameters "
-                                 f"({ratio:.2f}x Chinchilla's {CHINCHILLA_TOKENS_PER_PARAM})"),
+        (
+            "tokens per parameter",
+            f"{plan['tokens_per_param']:.2f} for {plan['n_params']:,} parameters "
+            f"({ratio:.2f}x Chinchilla's {CHINCHILLA_TOKENS_PER_PARAM})",
+        ),
         ("epochs of the train split", f"{epochs} of {plan['train_tokens']:,} tokens{repeat}"),
         ("disk", disk_text(plan)),
     ]
     if plan.get("budget"):
         t = plan["stage_times"]
-        rows.append(("budget", f"{budget_text(plan['budget'])} = {plan['budget_s']:,.0f} s of the train stage buys "
-                               f"{plan['max_steps']:,} steps at {t['step_s']:.3f} s/step, after {t['startup_s']:.0f} s "
-                               f"of start-up, with validations of {t['validation_s']:.1f} s and checkpoints of "
-                               f"{t['checkpoint_s']:.1f} s: the stage should take {plan['stage_s']:,.0f} s"))
+        rows.append(
+            (
+                "budget",
+                f"{budget_text(plan['budget'])} = {plan['budget_s']:,.0f} s of the train stage buys "
+                f"{plan['max_steps']:,} steps at {t['step_s']:.3f} s/step, after {t['startup_s']:.0f} s "
+                f"of start-up, with validations of {t['validation_s']:.1f} s and checkpoints of "
+                f"{t['checkpoint_s']:.1f} s: the stage should take {plan['stage_s']:,.0f} s",
+            )
+        )
     if plan.get("precision_tokens_per_s"):
         timed = ", ".join(f"{k} {v:,.0f}" for k, v in plan["precision_tokens_per_s"].items())
         rows.append(("precision", f"{plan['precision']} (auto: the faster here; tokens/s timed {timed})"))
@@ -64,8 +81,7 @@ def render_plan(plan: dict) -> str:
         rows.append(("precision", plan["precision"]))
     if "memory" in plan:
         rows += memory_rows(plan["memory"])
-    return "\n".join(["# Plan for the full run", "", "| | |", "|---|---|",
-                      *(f"| {k} | {v} |" for k, v in rows), ""])
+    return "\n".join(["# Plan for the full run", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""])
 
 
 def disk_text(plan: dict) -> str:
@@ -75,11 +91,17 @@ def disk_text(plan: dict) -> str:
     data = plan.get("data_bytes") or {}
     parts = []
     if "raw" in data:
-        parts.append(f"raw text {_size(data['raw'])} at most (zstd parquet: less on disk)" if data["raw"]
-                     else "raw text not counted (a source without download max_bytes)")
+        parts.append(
+            f"raw text {_size(data['raw'])} at most (zstd parquet: less on disk)"
+            if data["raw"]
+            else "raw text not counted (a source without download max_bytes)"
+        )
     if "pretokenized" in data:
-        parts.append(f"the token ids twice, pretokenized and sharded ({_size(data['pretokenized'])} each)"
-                     if data["pretokenized"] else "token ids not counted (no pretokenize.train_tokens or max_bytes)")
+        parts.append(
+            f"the token ids twice, pretokenized and sharded ({_size(data['pretokenized'])} each)"
+            if data["pretokenized"]
+            else "token ids not counted (no pretokenize.train_tokens or max_bytes)"
+        )
     milestones = plan.get("milestone_checkpoints", 0)
     kept = f"{plan['keep_checkpoints']} checkpoints"
     if milestones:
@@ -97,9 +119,18 @@ def memory_rows(memory: dict) -> list[tuple[str, str]]:
     if memory["fits"]:
         verdict = f"yes: {memory['gib_per_gpu']:.1f} of the {memory['usable_gib']:.1f} GiB a step may use"
     else:
-        tries = "; ".join(f"{c['set']} ({c['gib_per_gpu']:.1f} GiB)" for c in memory["changes"]) or \
-            "nothing in train alone: a shorter shard.seq_len, a smaller model or a larger GPU"
-        verdict = f"no: {memory['gib_per_gpu']:.1f} GiB > the {memory['usable_gib']:.1f} a step may use; what fits: {tries}"
-    return [("memory per GPU", f"{memory['gib_per_gpu']:.1f} GiB estimated at the step's peak ({memory['peak_at']}): "
-                               f"{parts}; {memory['assumes']}"),
-            (f"fits on {gpu}?", verdict)]
+        tries = (
+            "; ".join(f"{c['set']} ({c['gib_per_gpu']:.1f} GiB)" for c in memory["changes"])
+            or "nothing in train alone: a shorter shard.seq_len, a smaller model or a larger GPU"
+        )
+        verdict = (
+            f"no: {memory['gib_per_gpu']:.1f} GiB > the {memory['usable_gib']:.1f} a step may use; what fits: {tries}"
+        )
+    return [
+        (
+            "memory per GPU",
+            f"{memory['gib_per_gpu']:.1f} GiB estimated at the step's peak ({memory['peak_at']}): "
+            f"{parts}; {memory['assumes']}",
+        ),
+        (f"fits on {gpu}?", verdict),
+    ]

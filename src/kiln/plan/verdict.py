@@ -46,7 +46,9 @@ class Probe:
     mfu: float | None
     tflops: float
     measured_steps: int
-    mfu_torchtitan: float | None = None  # the same throughput under torchtitan's transformers-backend FLOP count (kiln.train.metrics)
+    mfu_torchtitan: float | None = (
+        None  # the same throughput under torchtitan's transformers-backend FLOP count (kiln.train.metrics)
+    )
     warmup_s: float = 0.0  # the warm-up steps before the timed ones (compilation on a compiled run)
 
 
@@ -74,9 +76,16 @@ class Measurements:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Measurements:
         """From the plain form that kiln.train.smoke.run_checks returns and report.json holds."""
-        return cls(**{**d, "probe": Probe(**d["probe"]), "batch": BatchPlan(**d["batch"]),
-                      "times": StageTimes(**d["times"]),
-                      "losses": tuple(d["losses"]), "grad_norms": tuple(d["grad_norms"])})
+        return cls(
+            **{
+                **d,
+                "probe": Probe(**d["probe"]),
+                "batch": BatchPlan(**d["batch"]),
+                "times": StageTimes(**d["times"]),
+                "losses": tuple(d["losses"]),
+                "grad_norms": tuple(d["grad_norms"]),
+            }
+        )
 
 
 class Gate(enum.Enum):
@@ -119,14 +128,17 @@ class SmokeReport:
     def require_passed(self) -> None:
         """Raise unless train may start: every check passed, or smoke.gate is false."""
         if self.gate is Gate.FAILED:
-            raise KilnError(f"smoke: FAILED: {', '.join(self.failed)} (thresholds are in the smoke section, "
-                            "and smoke.gate: false lets train start anyway)")
+            raise KilnError(
+                f"smoke: FAILED: {', '.join(self.failed)} (thresholds are in the smoke section, "
+                "and smoke.gate: false lets train start anyway)"
+            )
 
     def save(self, path: str | Path) -> None:
         # The measurements sit beside the checks at the top level, as report.json has always had them.
         measured = asdict(self.measurements) if self.measurements is not None else {}
-        write_json(path, {"version": VERSION, "gate": self.summary, "checks": [asdict(c) for c in self.checks],
-                          **measured})
+        write_json(
+            path, {"version": VERSION, "gate": self.summary, "checks": [asdict(c) for c in self.checks], **measured}
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> SmokeReport:
@@ -142,12 +154,15 @@ class SmokeReport:
             raise KilnError(f"{path}: not a complete smoke report (invalid JSON: {exc}); {rerun}") from None
         if not isinstance(data, dict) or data.get("version") != VERSION:
             found = data.get("version", "none") if isinstance(data, dict) else "none"
-            raise KilnError(f"{path}: a smoke report from another version of kiln (format version {found}, "
-                            f"this kiln reads {VERSION}); {rerun}")
+            raise KilnError(
+                f"{path}: a smoke report from another version of kiln (format version {found}, "
+                f"this kiln reads {VERSION}); {rerun}"
+            )
         try:
             gate = Gate(re.match(r"[a-z]*", data["gate"]).group())  # the summary's first word
             measured = {k: v for k, v in data.items() if k not in _HEADER}
-            return cls(tuple(Check(**c) for c in data["checks"]), gate,
-                       Measurements.from_dict(measured) if measured else None)
+            return cls(
+                tuple(Check(**c) for c in data["checks"]), gate, Measurements.from_dict(measured) if measured else None
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise KilnError(f"{path}: not a valid smoke report ({type(exc).__name__}: {exc}); {rerun}") from None

@@ -19,14 +19,20 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def plot_loss(records: list[dict], png: Path, unigram: float | None = None, reference: dict | None = None,
-              bits_per_nat: float | None = None) -> None:
+def plot_loss(
+    records: list[dict],
+    png: Path,
+    unigram: float | None = None,
+    reference: dict | None = None,
+    bits_per_nat: float | None = None,
+) -> None:
     """The loss curves, with the learning rate, throughput and MFU (TFLOP/s where no peak is known,
     as on a CPU) of the same log steps beneath; reference lines for the unigram baseline and for a
     published figure (eval.reference). With bits_per_nat (the val split's bits per byte for one nat
     per token) a right-hand axis reads the curves in bits per byte."""
-    fig, (ax, ax_lr, ax_speed, ax_mfu) = plt.subplots(4, 1, figsize=(7, 8.5), dpi=120, sharex=True,
-                                                      gridspec_kw={"height_ratios": [3, 1, 1, 1]})
+    fig, (ax, ax_lr, ax_speed, ax_mfu) = plt.subplots(
+        4, 1, figsize=(7, 8.5), dpi=120, sharex=True, gridspec_kw={"height_ratios": [3, 1, 1, 1]}
+    )
     val = [r for r in records if "val_loss" in r]  # step 0 too, in a run started from other weights
     records = [r for r in records if "loss" in r]  # training log steps
     steps = [r["step"] for r in records]
@@ -37,8 +43,14 @@ def plot_loss(records: list[dict], png: Path, unigram: float | None = None, refe
     if records and all(r.get("mfu") is not None for r in records):
         ax_mfu.plot(steps, [100 * r["mfu"] for r in records], lw=1.2, color="tab:red", label="Kiln's FLOP count")
         if all(r.get("mfu_torchtitan") is not None for r in records):
-            ax_mfu.plot(steps, [100 * r["mfu_torchtitan"] for r in records], lw=1.2, ls="--", color="tab:red",
-                        label="torchtitan transformers-backend count")
+            ax_mfu.plot(
+                steps,
+                [100 * r["mfu_torchtitan"] for r in records],
+                lw=1.2,
+                ls="--",
+                color="tab:red",
+                label="torchtitan transformers-backend count",
+            )
             ax_mfu.legend(fontsize="small")
         ax_mfu.set_ylabel("MFU (%)")
     else:
@@ -52,8 +64,9 @@ def plot_loss(records: list[dict], png: Path, unigram: float | None = None, refe
     if unigram is not None:
         ax.axhline(unigram, color="grey", ls="--", lw=1, label="unigram baseline (val)")
     if reference is not None and (nats := reference_loss(reference, bits_per_nat)) is not None:
-        figure = (f"{reference['val_loss']:g}" if "val_loss" in reference
-                  else f"{reference['bits_per_byte']:g} bits/byte")
+        figure = (
+            f"{reference['val_loss']:g}" if "val_loss" in reference else f"{reference['bits_per_byte']:g} bits/byte"
+        )
         ax.axhline(nats, color="tab:orange", ls=":", lw=1.2, label=f"reference {figure} ({reference['source']})")
     if bits_per_nat:
         right = ax.secondary_yaxis("right", functions=(lambda n: n * bits_per_nat, lambda b: b / bits_per_nat))
@@ -76,44 +89,77 @@ def render(run: str, data: dict, png_name: str) -> str:
     shards, smoke (a SmokeReport), plan, train, train_samples, eval, samples; the others as read from JSON)."""
     ev, tok, split, train = data["eval"], data["tokenizer"], data["tokens"]["splits"], data["train"]
     lines = [
-        f"# Kiln run `{run}`", "",
-        *_config_summary(data["config"], train), "",
-        "## Data", "",
-        "| | documents | tokens | bytes |", "|---|---:|---:|---:|",
+        f"# Kiln run `{run}`",
+        "",
+        *_config_summary(data["config"], train),
+        "",
+        "## Data",
+        "",
+        "| | documents | tokens | bytes |",
+        "|---|---:|---:|---:|",
         *(f"| {s} | {split[s]['docs']:,} | {split[s]['tokens']:,} | {split[s]['bytes']:,} |" for s in ("train", "val")),
         "",
         f"Tokenizer: {tok['vocab_size']:,} tokens (padded to {tok['padded_vocab_size']:,}), "
         f"{tok['heldout_bytes_per_token']:.2f} bytes/token on {tok['heldout_docs']} held-out documents. "
-        f"FIM modes on the train split: {data['tokens']['fim_modes']}.", "",
+        f"FIM modes on the train split: {data['tokens']['fim_modes']}.",
+        "",
         f"Shards: {data['shards']['splits']['train']['rows']:,} train and {data['shards']['splits']['val']['rows']:,} "
-        f"val rows of {data['shards']['row_len']} tokens.", "",
-        *_smoke_section(data["smoke"], data["plan"], train), "",
-        "## Training", "",
-        f"![loss curve]({png_name})", "",
-        "| | value |", "|---|---:|",
+        f"val rows of {data['shards']['row_len']} tokens.",
+        "",
+        *_smoke_section(data["smoke"], data["plan"], train),
+        "",
+        "## Training",
+        "",
+        f"![loss curve]({png_name})",
+        "",
+        "| | value |",
+        "|---|---:|",
         f"| parameters | {train['n_params']:,} |",
         f"| steps | {train['steps']:,} |",
         f"| tokens seen | {train['tokens_seen']:,} |",
         f"| tokens/s (steady state; checkpoints and validation left out) | {train['tokens_per_s']:,.0f} |",
-        f"| MFU, Kiln's count / torchtitan transformers-backend count | {_pct(train['mfu'])} / {_pct(train.get('mfu_torchtitan'))} |", "",
+        f"| MFU, Kiln's count / torchtitan transformers-backend count | {_pct(train['mfu'])} / {_pct(train.get('mfu_torchtitan'))} |",
+        "",
         *_training_samples(data["train_samples"]),
-        "## Evaluation (held-out split)", "",
-        "| metric | model | unigram baseline |", "|---|---:|---:|",
+        "## Evaluation (held-out split)",
+        "",
+        "| metric | model | unigram baseline |",
+        "|---|---:|---:|",
         f"| loss (nats/token) | {ev['val_loss']:.4f} | {ev['unigram_val_loss']:.4f} |",
         f"| bits per byte | {ev['val_bits_per_byte']:.4f} | {ev['unigram_bits_per_byte']:.4f} |",
-        f"| perplexity | {ev['val_perplexity']:.2f} | |", "",
+        f"| perplexity | {ev['val_perplexity']:.2f} | |",
+        "",
         *_reference_line(data["config"]["eval"].get("reference"), ev["val_loss"], ev["val_bits_per_byte"]),
         *_eval_tables(ev),
-        "## Samples", "",
+        "## Samples",
+        "",
     ]
     for row in data["samples"]["completions"]:
-        lines += [f"Prompt `{row['prompt']!r}`, greedy:", "", _fence(row["prompt"] + row["greedy"]), "",
-                  "sampled:", "", _fence(row["prompt"] + row["sampled"]), ""]
+        lines += [
+            f"Prompt `{row['prompt']!r}`, greedy:",
+            "",
+            _fence(row["prompt"] + row["greedy"]),
+            "",
+            "sampled:",
+            "",
+            _fence(row["prompt"] + row["sampled"]),
+            "",
+        ]
     lines += ["## Infilling examples", ""] if data["samples"]["infill"] else []
     for ex in data["samples"]["infill"][:6]:
         mark = "exact" if ex["exact_match"] else f"similarity {ex['edit_similarity']:.2f}"
-        lines += [f"`{ex['doc_id']}` ({ex['span']}, {ex['layout']}, {mark}):", "",
-                  "expected:", "", _fence(ex["expected"].rstrip()), "", "got:", "", _fence(ex["completion"].rstrip()), ""]
+        lines += [
+            f"`{ex['doc_id']}` ({ex['span']}, {ex['layout']}, {mark}):",
+            "",
+            "expected:",
+            "",
+            _fence(ex["expected"].rstrip()),
+            "",
+            "got:",
+            "",
+            _fence(ex["completion"].rstrip()),
+            "",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -128,21 +174,32 @@ def reference_loss(reference: dict, bits_per_nat: float | None) -> float | None:
 def _reference_line(reference: dict | None, val_loss: float, val_bpb: float) -> list[str]:
     if reference is None:
         return []
-    name, ours, theirs = (("val loss", val_loss, reference["val_loss"]) if "val_loss" in reference
-                          else ("bits per byte", val_bpb, reference["bits_per_byte"]))
+    name, ours, theirs = (
+        ("val loss", val_loss, reference["val_loss"])
+        if "val_loss" in reference
+        else ("bits per byte", val_bpb, reference["bits_per_byte"])
+    )
     gap = ours - theirs
-    return [f"Reference: {name} {theirs:g} ({reference['source']}); this run "
-            f"{ours:.4f}, {abs(gap):.3f} {'above' if gap > 0 else 'below'} it.", ""]
+    return [
+        f"Reference: {name} {theirs:g} ({reference['source']}); this run "
+        f"{ours:.4f}, {abs(gap):.3f} {'above' if gap > 0 else 'below'} it.",
+        "",
+    ]
 
 
 def _config_summary(cfg: dict, train_result: dict) -> list[str]:
     model, train, sources = cfg["model"], cfg["train"], cfg["download"]["sources"]
-    shape = model.get("flavour") or f"{model.get('family', 'gpt2')} {model['n_layer']} layers x {model['d_model']}, {model['n_head']} heads"
+    shape = (
+        model.get("flavour")
+        or f"{model.get('family', 'gpt2')} {model['n_layer']} layers x {model['d_model']}, {model['n_head']} heads"
+    )
     batch = train["batch_tokens"] or "one micro-batch per rank"
     data = ", ".join(f"{source['name']} ({source['kind']})" for source in sources)
     return [
-        "## Configuration", "",
-        "| | |", "|---|---|",
+        "## Configuration",
+        "",
+        "| | |",
+        "|---|---|",
         f"| data | {data} |",
         f"| model | {shape}; {train_result['n_params']:,} parameters; context {cfg['shard']['seq_len']} |",
         f"| batch | {batch} tokens per step, micro-batch {train['micro_batch']} x {train['nproc_per_node'] * train['nnodes']} ranks ({train['parallel']}) |",
@@ -163,15 +220,20 @@ def _smoke_section(smoke: SmokeReport, plan: dict, train: dict) -> list[str]:
     if "eta_s" not in plan or smoke.measurements is None:
         return lines
     mfu = lambda v: "n/a" if v is None else f"{v:.1%}"  # noqa: E731
-    lines += ["", "### Plan against the full run", "",
-              "| | planned (smoke) | actual (train) |", "|---|---:|---:|",
-              f"| tokens | {plan['total_tokens']:,} | {train['tokens_seen']:,} |",
-              f"| tokens/s | {plan['tokens_per_s']:,.0f} | {train['tokens_per_s']:,.0f} |",
-              f"| MFU, Kiln's FLOP count (6N + 12·L·H·Q·T) | {mfu(smoke.measurements.probe.mfu)} | {mfu(train['mfu'])} |",
-              f"| MFU, torchtitan transformers-backend count (6(N - embeddings) + 6·L·H·Q·T) | "
-              f"{mfu(smoke.measurements.probe.mfu_torchtitan)} | {mfu(train.get('mfu_torchtitan'))} |",
-              f"| time | {format_eta(plan['eta_s'])} | {format_eta(train['wall_s'])} (with validation and checkpoints) |",
-              f"| tokens per parameter | {plan['tokens_per_param']:.2f} | |"]
+    lines += [
+        "",
+        "### Plan against the full run",
+        "",
+        "| | planned (smoke) | actual (train) |",
+        "|---|---:|---:|",
+        f"| tokens | {plan['total_tokens']:,} | {train['tokens_seen']:,} |",
+        f"| tokens/s | {plan['tokens_per_s']:,.0f} | {train['tokens_per_s']:,.0f} |",
+        f"| MFU, Kiln's FLOP count (6N + 12·L·H·Q·T) | {mfu(smoke.measurements.probe.mfu)} | {mfu(train['mfu'])} |",
+        f"| MFU, torchtitan transformers-backend count (6(N - embeddings) + 6·L·H·Q·T) | "
+        f"{mfu(smoke.measurements.probe.mfu_torchtitan)} | {mfu(train.get('mfu_torchtitan'))} |",
+        f"| time | {format_eta(plan['eta_s'])} | {format_eta(train['wall_s'])} (with validation and checkpoints) |",
+        f"| tokens per parameter | {plan['tokens_per_param']:.2f} | |",
+    ]
     if plan["cost"] is not None:
         lines.append(f"| cost | ${plan['cost']:,.2f} | ${plan['cost'] * train['wall_s'] / plan['eta_s']:,.2f} |")
     return lines
@@ -199,26 +261,47 @@ def _number(value) -> str:
 
 def _eval_tables(ev: dict) -> list[str]:
     """Per-source, per-checkpoint, infilling, lm-eval and contamination tables of the eval stage's metrics."""
-    lines = ["### Per source", "", "| source | loss | perplexity | bits per byte | tokens evaluated |",
-             "|---|---:|---:|---:|---:|"]
-    lines += [f"| {name} | {m['loss']:.4f} | {m['perplexity']:.2f} | {m['bits_per_byte']:.4f} | {m['tokens_evaluated']:,} |"
-              for name, m in ev["val_by_source"].items()]
+    lines = [
+        "### Per source",
+        "",
+        "| source | loss | perplexity | bits per byte | tokens evaluated |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {name} | {m['loss']:.4f} | {m['perplexity']:.2f} | {m['bits_per_byte']:.4f} | {m['tokens_evaluated']:,} |"
+        for name, m in ev["val_by_source"].items()
+    ]
     lines += ["", "### Checkpoints kept", "", "| step | tokens | val loss | bits per byte |", "|---:|---:|---:|---:|"]
-    lines += [f"| {_number(c['step'])}{' (final)' if c['final'] else ''} | {_number(c['tokens'])} | "
-              f"{c['val_loss']:.4f} | {c['val_bits_per_byte']:.4f} |" for c in ev["checkpoints"]]
+    lines += [
+        f"| {_number(c['step'])}{' (final)' if c['final'] else ''} | {_number(c['tokens'])} | "
+        f"{c['val_loss']:.4f} | {c['val_bits_per_byte']:.4f} |"
+        for c in ev["checkpoints"]
+    ]
     lines += ["", "### Fill-in-the-middle (held-out documents)", ""]
     if "not_run" in ev["infill"]:  # kiln.eval.infill.not_run_reason
         lines += [f"not run: {ev['infill']['not_run']}"]
     else:
         lines += ["| span / layout | problems | exact match | edit similarity |", "|---|---:|---:|---:|"]
-        lines += [f"| {name} | {row['problems']} | {_number(row['exact_match'])} | {_number(row['edit_similarity'])} |"
-                  for name, row in ev["infill"].items()]
+        lines += [
+            f"| {name} | {row['problems']} | {_number(row['exact_match'])} | {_number(row['edit_similarity'])} |"
+            for name, row in ev["infill"].items()
+        ]
     lines += ["", "### lm-evaluation-harness", "", "| task | metric | value |", "|---|---|---:|"]
     for task, metrics in ev["lm_eval"].items():
-        lines += [f"| {task} | {metric.split(',')[0]} | {_number(value) if not isinstance(value, str) else value} |"
-                  for metric, value in metrics.items() if "stderr" not in metric]
-    lines += ["", "### Contamination (13-gram overlap with the training tokens)", "",
-              "| eval set | items | items with overlap | 13-grams found |", "|---|---:|---:|---:|"]
-    lines += [f"| {name} | {row['items']} | {row['contaminated_items']} | {_number(row['ngram_overlap'])} |"
-              for name, row in ev["contamination"].items()]
+        lines += [
+            f"| {task} | {metric.split(',')[0]} | {_number(value) if not isinstance(value, str) else value} |"
+            for metric, value in metrics.items()
+            if "stderr" not in metric
+        ]
+    lines += [
+        "",
+        "### Contamination (13-gram overlap with the training tokens)",
+        "",
+        "| eval set | items | items with overlap | 13-grams found |",
+        "|---|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {name} | {row['items']} | {row['contaminated_items']} | {_number(row['ngram_overlap'])} |"
+        for name, row in ev["contamination"].items()
+    ]
     return lines + [""]

@@ -67,14 +67,16 @@ def marker_path(workdir: Path, key: str) -> Path:
     """Where Snakemake's FilePersistence puts the incomplete marker of output `key`: names longer
     than NAME_MAX (255) - 1 are split into folders, all but the last prefixed with '@'."""
     name = base64.urlsafe_b64encode(key.encode()).decode()
-    parts = [name[i:i + 254] for i in range(0, len(name), 254)]
+    parts = [name[i : i + 254] for i in range(0, len(name), 254)]
     return workdir.joinpath(".snakemake", "incomplete", *["@" + p for p in parts[:-1]], parts[-1])
 
 
 def query_slurm(job_id: str) -> tuple[str, str | None]:
     """(state, nodes) of a job: squeue knows queued and running jobs, sacct also finished ones."""
-    commands = [["squeue", "-h", "-j", job_id, "-o", "%T|%N"],
-                ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State,NodeList"]]
+    commands = [
+        ["squeue", "-h", "-j", job_id, "-o", "%T|%N"],
+        ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State,NodeList"],
+    ]
     available = [c for c in commands if shutil.which(c[0])]
     for command in available:
         try:
@@ -127,10 +129,15 @@ def train_progress(paths: Layout) -> dict | None:
     max_steps, rate = plan.get("max_steps"), record.get("tokens_per_s")
     tokens_per_step = plan.get("tokens_per_step") or record["tokens"] / max(record["step"], 1)
     checkpoint = kiln_layout.latest_step(train)
-    return {"step": record["step"], "max_steps": max_steps, "loss": record.get("loss"),
-            "val_loss": record.get("val_loss"), "tokens_per_s": rate,
-            "eta_s": (max_steps - record["step"]) * tokens_per_step / rate if max_steps and rate else None,
-            "checkpoint_step": checkpoint}
+    return {
+        "step": record["step"],
+        "max_steps": max_steps,
+        "loss": record.get("loss"),
+        "val_loss": record.get("val_loss"),
+        "tokens_per_s": rate,
+        "eta_s": (max_steps - record["step"]) * tokens_per_step / rate if max_steps and rate else None,
+        "checkpoint_step": checkpoint,
+    }
 
 
 def smoke_progress(log: Path) -> dict | None:
@@ -139,16 +146,20 @@ def smoke_progress(log: Path) -> dict | None:
     return {"step": int(found[-1][0]), "max_steps": int(found[-1][1])} if found else None
 
 
-def inspect_stage(workdir: Path, paths: Layout, name: str, upstream_done: bool,
-                  locked_since: float | None) -> StageStatus:
+def inspect_stage(
+    workdir: Path, paths: Layout, name: str, upstream_done: bool, locked_since: float | None
+) -> StageStatus:
     """done: every output there and none marked incomplete; running: marked (Slurm has not ended
     the job, or a Snakemake still holds the folder); failed: the job ended without its outputs;
     pending: not started, or failed before the Snakemake now running, which will redo it."""
     outputs = {Path(p).relative_to(workdir).as_posix(): Path(p) for p in paths.outputs(name)}
     markers = {m: t for m in (marker_path(workdir, rel) for rel in outputs) if (t := mtime(m))}
     log = Path(paths.log(name))
-    status = StageStatus(name, missing=[rel for rel, p in outputs.items() if not p.exists()],
-                         log=str(log.relative_to(workdir)) if log.exists() else None)
+    status = StageStatus(
+        name,
+        missing=[rel for rel, p in outputs.items() if not p.exists()],
+        log=str(log.relative_to(workdir)) if log.exists() else None,
+    )
     if markers:
         started = min(markers.values())  # Snakemake too takes a marker's mtime as the job's start
         job_id = json_or_empty(next(iter(markers))).get("external_jobid")
@@ -239,7 +250,7 @@ def render_table(run_dir: Path, stages: list[StageStatus]) -> str:
         seconds = format_eta(s.seconds) if s.seconds is not None else ""
         rows.append((s.name, s.state, seconds, describe_job(s.job), describe_progress(s.progress) or s.note))
     with_slurm = any(s.job for s in stages)  # no empty column on a machine without Slurm
-    rows = [r[:3] + r[3 + (not with_slurm):] for r in rows]
+    rows = [r[:3] + r[3 + (not with_slurm) :] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"run {run_dir.name} ({run_dir})"]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -269,8 +280,10 @@ def render_detail(stage: StageStatus) -> str:
 def run(args: argparse.Namespace) -> int:
     run_dir = (args.directory / args.run_dir).resolve()
     if not run_dir.is_dir():
-        raise KilnError(f"{run_dir}: no such run folder; run `kiln status results/<run>` from the folder "
-                        "holding results/ (where snakemake ran), or pass --directory")
+        raise KilnError(
+            f"{run_dir}: no such run folder; run `kiln status results/<run>` from the folder "
+            "holding results/ (where snakemake ran), or pass --directory"
+        )
     workdir = run_dir.parents[1]  # the Snakefile puts every run at results/<run> of the working directory
     arms = kiln_layout.read_sweep_index(run_dir)
     if arms is not None:
@@ -280,8 +293,13 @@ def run(args: argparse.Namespace) -> int:
     if args.stage:
         stages = [s for s in stages if s.name == args.stage]
     if args.json:
-        body = {"run": run_dir.name, "run_dir": str(run_dir), "workdir": str(workdir),
-                "overall": summary, "stages": [dataclasses.asdict(s) for s in stages]}
+        body = {
+            "run": run_dir.name,
+            "run_dir": str(run_dir),
+            "workdir": str(workdir),
+            "overall": summary,
+            "stages": [dataclasses.asdict(s) for s in stages],
+        }
         json.dump(body, sys.stdout, indent=1)
         print()
     else:
@@ -316,11 +334,20 @@ def _sweep(args: argparse.Namespace, workdir: Path, sweep_dir: Path, arms: list[
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("status", help="where a run stands: each stage's state, Slurm job and progress",
-                                   description=__doc__.split("\n\n")[0])
+    parser = subparsers.add_parser(
+        "status",
+        help="where a run stands: each stage's state, Slurm job and progress",
+        description=__doc__.split("\n\n")[0],
+    )
     parser.add_argument("run_dir", metavar="run", help="the run's folder, results/<run_name> (or a sweep's)")
-    parser.add_argument("--directory", type=Path, default=Path("."),
-                        help="the working directory snakemake ran in, holding results/ (default: here)")
-    parser.add_argument("--stage", choices=[stage.name for stage in kiln_layout.STAGES], help="show one stage in detail")
+    parser.add_argument(
+        "--directory",
+        type=Path,
+        default=Path("."),
+        help="the working directory snakemake ran in, holding results/ (default: here)",
+    )
+    parser.add_argument(
+        "--stage", choices=[stage.name for stage in kiln_layout.STAGES], help="show one stage in detail"
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(run=run)

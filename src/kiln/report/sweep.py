@@ -71,12 +71,22 @@ def collect(runs: dict[str, dict], varied: list[str], results: Path) -> tuple[li
         price = cfg["smoke"]["price_per_gpu_hour"]
         ranks = train["nproc_per_node"] * train["nnodes"]
         losses = [r["loss"] for r in records if "loss" in r]
-        arms.append(Arm(run=run, values={key: _get(cfg, key) for key in varied}, n_params=summary["n_params"],
-                        steps=summary["steps"], tokens=summary["tokens_seen"],
-                        train_loss=losses[-1] if losses else None, val_loss=metrics["val_loss"],
-                        val_bpb=metrics.get("val_bits_per_byte"), tokens_per_s=summary["tokens_per_s"],
-                        time_s=time_s, cost=time_s / 3600 * ranks * price if price else None,
-                        init_from=summary.get("init_from")))
+        arms.append(
+            Arm(
+                run=run,
+                values={key: _get(cfg, key) for key in varied},
+                n_params=summary["n_params"],
+                steps=summary["steps"],
+                tokens=summary["tokens_seen"],
+                train_loss=losses[-1] if losses else None,
+                val_loss=metrics["val_loss"],
+                val_bpb=metrics.get("val_bits_per_byte"),
+                tokens_per_s=summary["tokens_per_s"],
+                time_s=time_s,
+                cost=time_s / 3600 * ranks * price if price else None,
+                init_from=summary.get("init_from"),
+            )
+        )
         curves[run] = records
     return arms, curves
 
@@ -98,14 +108,20 @@ def ladder_fit(arms: list[Arm]) -> dict | None:
         predicted = intercept + slope * np.log(x)
         residual = np.sum((np.log(loss) - predicted) ** 2)
         total = np.sum((np.log(loss) - np.log(loss).mean()) ** 2)
-        out[name] = {"a": float(math.exp(intercept)), "b": float(slope),
-                     "r2": float(1 - residual / total) if total > 0 else 1.0}
+        out[name] = {
+            "a": float(math.exp(intercept)),
+            "b": float(slope),
+            "r2": float(1 - residual / total) if total > 0 else 1.0,
+        }
     next_size = sizes[-1] * sizes[-1] / sizes[-2]
     tokens_per_param = max(a.tokens / a.n_params for a in arms if a.n_params == sizes[-1])
     next_compute = 6 * next_size * next_size * tokens_per_param
-    out["next"] = {"n_params": int(next_size), "tokens": int(next_size * tokens_per_param),
-                   "val_loss_by_params": out["params"]["a"] * next_size ** out["params"]["b"],
-                   "val_loss_by_compute": out["compute"]["a"] * next_compute ** out["compute"]["b"]}
+    out["next"] = {
+        "n_params": int(next_size),
+        "tokens": int(next_size * tokens_per_param),
+        "val_loss_by_params": out["params"]["a"] * next_size ** out["params"]["b"],
+        "val_loss_by_compute": out["compute"]["a"] * next_compute ** out["compute"]["b"],
+    }
     return out
 
 
@@ -138,30 +154,64 @@ def _number(value) -> str:
 
 def render(name: str, arms: list[Arm], varied: list[str], fit: dict | None, png_name: str) -> str:
     best = min(arms, key=lambda a: a.val_loss)
-    header = ["arm", *varied, "parameters", "steps", "tokens", "train loss", "val loss", "bits/byte", "tokens/s",
-              "time", "cost"]
-    lines = [f"# Sweep {name}", "",
-             f"{len(arms)} arms over the same data where their data settings agree; the best held-out loss is "
-             f"**{best.run}** ({best.val_loss:.4f}).", "", f"![validation curves]({png_name})", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    header = [
+        "arm",
+        *varied,
+        "parameters",
+        "steps",
+        "tokens",
+        "train loss",
+        "val loss",
+        "bits/byte",
+        "tokens/s",
+        "time",
+        "cost",
+    ]
+    lines = [
+        f"# Sweep {name}",
+        "",
+        f"{len(arms)} arms over the same data where their data settings agree; the best held-out loss is "
+        f"**{best.run}** ({best.val_loss:.4f}).",
+        "",
+        f"![validation curves]({png_name})",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
     for a in arms:
         mark = " **best**" if a is best else ""
-        cells = [a.run + mark, *(_number(a.values[k]) for k in varied), f"{a.n_params:,}", f"{a.steps:,}",
-                 f"{a.tokens:,}", "" if a.train_loss is None else f"{a.train_loss:.4f}", f"{a.val_loss:.4f}",
-                 "" if a.val_bpb is None else f"{a.val_bpb:.4f}", f"{a.tokens_per_s:,.0f}", format_eta(a.time_s),
-                 "" if a.cost is None else f"${a.cost:,.2f}"]
+        cells = [
+            a.run + mark,
+            *(_number(a.values[k]) for k in varied),
+            f"{a.n_params:,}",
+            f"{a.steps:,}",
+            f"{a.tokens:,}",
+            "" if a.train_loss is None else f"{a.train_loss:.4f}",
+            f"{a.val_loss:.4f}",
+            "" if a.val_bpb is None else f"{a.val_bpb:.4f}",
+            f"{a.tokens_per_s:,.0f}",
+            format_eta(a.time_s),
+            "" if a.cost is None else f"${a.cost:,.2f}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Time is the train stage's wall time (start-up, validation and checkpoints included); cost is that "
-              "time x the arm's devices x smoke.price_per_gpu_hour."]
+    lines += [
+        "",
+        "Time is the train stage's wall time (start-up, validation and checkpoints included); cost is that "
+        "time x the arm's devices x smoke.price_per_gpu_hour.",
+    ]
     if fit is not None:
         p, c, nxt = fit["params"], fit["compute"], fit["next"]
-        lines += ["", "## Ladder fit", "",
-                  f"- against parameters: val loss = {p['a']:.4g} · N^{p['b']:.4f} (R² {p['r2']:.3f})",
-                  f"- against compute: val loss = {c['a']:.4g} · C^{c['b']:.4f} (R² {c['r2']:.3f}), C = 6·N·D",
-                  f"- the next size up, {nxt['n_params']:,} parameters on {nxt['tokens']:,} tokens (the same tokens "
-                  f"per parameter as the largest arm), would reach about {nxt['val_loss_by_params']:.3f} by the "
-                  f"parameter fit and {nxt['val_loss_by_compute']:.3f} by the compute fit. A power law without an "
-                  "irreducible term reads low far from the fitted sizes."]
+        lines += [
+            "",
+            "## Ladder fit",
+            "",
+            f"- against parameters: val loss = {p['a']:.4g} · N^{p['b']:.4f} (R² {p['r2']:.3f})",
+            f"- against compute: val loss = {c['a']:.4g} · C^{c['b']:.4f} (R² {c['r2']:.3f}), C = 6·N·D",
+            f"- the next size up, {nxt['n_params']:,} parameters on {nxt['tokens']:,} tokens (the same tokens "
+            f"per parameter as the largest arm), would reach about {nxt['val_loss_by_params']:.3f} by the "
+            f"parameter fit and {nxt['val_loss_by_compute']:.3f} by the compute fit. A power law without an "
+            "irreducible term reads low far from the fitted sizes.",
+        ]
     return "\n".join(lines) + "\n"
 
 

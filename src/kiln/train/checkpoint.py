@@ -126,8 +126,19 @@ class Saver:
     rank at the same steps. At most one async save is in flight: the next save, and `wait`, first see
     it renamed into place (or raise its error)."""
 
-    def __init__(self, root: Path, fmt: str, keep: int, *, rank: int, world: int, async_save: bool = False,
-                 faults: Faults = NONE, on_saved: Callable[[Path], None] | None = None, milestone_every: int = 0):
+    def __init__(
+        self,
+        root: Path,
+        fmt: str,
+        keep: int,
+        *,
+        rank: int,
+        world: int,
+        async_save: bool = False,
+        faults: Faults = NONE,
+        on_saved: Callable[[Path], None] | None = None,
+        milestone_every: int = 0,
+    ):
         self.root, self.sharded, self.keep, self.faults = Path(root), fmt == "sharded", keep, faults
         self.milestone_every = milestone_every  # steps whose checkpoints pruning keeps (0: none)
         self.rank, self.world = rank, world
@@ -155,8 +166,9 @@ class Saver:
                 if self.rank == 0:
                     _write_state(tmp, state, self.faults)
             else:  # returns once the shards are copied to host memory: training may change them now
-                written = dcp.async_save(shards, checkpoint_id=tmp / SHARDS, process_group=self._group,
-                                         no_dist=self.world == 1)
+                written = dcp.async_save(
+                    shards, checkpoint_id=tmp / SHARDS, process_group=self._group, no_dist=self.world == 1
+                )
                 self._pending = self._commits.submit(self._commit, stack.pop_all(), tmp, state, written)
                 return
         if self.rank == 0:
@@ -187,10 +199,16 @@ def _write_state(folder: Path, state: dict, faults: Faults) -> None:
     fsync_path(folder / STATE)
     faults.during_save(state["step"])
     files = sorted(p for p in folder.rglob("*") if p.is_file())
-    write_json(folder / MANIFEST, {"step": state["step"], "fingerprint": state["fingerprint"],
-                                   "files": {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size,
-                                                                                "sha256": sha256_file(p)}
-                                             for p in files}})
+    write_json(
+        folder / MANIFEST,
+        {
+            "step": state["step"],
+            "fingerprint": state["fingerprint"],
+            "files": {
+                p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files
+            },
+        },
+    )
 
 
 def _publish(root: Path, name: str, keep: int, milestone_every: int = 0) -> Path:
@@ -229,8 +247,15 @@ def load_latest(root: Path, fingerprint: dict | str, requested: str | Path | Non
     return None if found is None else _same_run(found[1], found[0], fingerprint, Path(root))
 
 
-def resume_state(root: Path, fingerprint: dict | str, requested: str | Path | None = None, *, rank: int = 0,
-                 world: int = 1, start_over: bool = False) -> dict | None:
+def resume_state(
+    root: Path,
+    fingerprint: dict | str,
+    requested: str | Path | None = None,
+    *,
+    rank: int = 0,
+    world: int = 1,
+    start_over: bool = False,
+) -> dict | None:
     """load_latest for a run of `world` ranks, collective: rank 0 alone picks the checkpoint (none when
     its start_over is set: kiln.train.trainer's superseded check, which rank 0 acts on) and checks
     every file's hash, and tells the others which folder it is, or its error, which every rank then
@@ -278,8 +303,10 @@ def _newest(root: Path, requested: str | Path | None) -> tuple[Path, dict] | Non
             log.warning("checkpoint %s skipped: %s; trying the one before it", folder, exc)
     finished = [p.name for p in candidates if (p / MANIFEST).exists()]
     if finished:  # the run did save, and none of it reads: never silently start again from step 0
-        raise KilnError(f"{root}: no checkpoint there reads ({', '.join(finished)}: see the warnings above); "
-                        f"move them away to start over, or set {RESUME_ENV} to one to see why")
+        raise KilnError(
+            f"{root}: no checkpoint there reads ({', '.join(finished)}: see the warnings above); "
+            f"move them away to start over, or set {RESUME_ENV} to one to see why"
+        )
     return None
 
 
@@ -301,7 +328,9 @@ def superseded_by(root: Path, fingerprint: dict) -> str | None:
     each setting that changed."""
     root = Path(root)
     if (root / FINISHED).is_file():
-        return f"the run there finished at {(root / FINISHED).read_text(encoding='utf-8').strip()}; a rerun trains again"
+        return (
+            f"the run there finished at {(root / FINISHED).read_text(encoding='utf-8').strip()}; a rerun trains again"
+        )
     found = kept(root)
     if not found:
         return None
@@ -311,8 +340,11 @@ def superseded_by(root: Path, fingerprint: dict) -> str | None:
         return None  # unreadable: load_latest skips it and says why
     if saved == fingerprint:
         return None
-    what = differences(saved, fingerprint) if isinstance(saved, dict) else [
-        "a bare digest (a checkpoint of an older Kiln)"]
+    what = (
+        differences(saved, fingerprint)
+        if isinstance(saved, dict)
+        else ["a bare digest (a checkpoint of an older Kiln)"]
+    )
     return f"{found[-1][1].name} was trained with other settings: {'; '.join(what) or 'fingerprint parts differ'}"
 
 
@@ -366,8 +398,11 @@ def read_shards(shards: Path, into: dict) -> None:
 def _model_from_shards(shards: Path) -> dict[str, torch.Tensor]:
     try:
         entries = dcp.FileSystemReader(shards).read_metadata().state_dict_metadata
-        model = {key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
-                 for key, meta in entries.items() if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)}
+        model = {
+            key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
+            for key, meta in entries.items()
+            if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+        }
         dcp.load({"model": model}, checkpoint_id=shards, no_dist=True)
     except Exception as exc:  # the sizes matched complete.json: a file's content is wrong
         raise Unreadable(f"{SHARDS}/ does not load ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from exc

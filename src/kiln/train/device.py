@@ -30,8 +30,10 @@ def select_device(setting: str = "auto", local_rank: int = 0) -> torch.device:
     if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise KilnError("train.device is cuda, but CUDA sees no GPU here (a CPU build of torch, no driver, or "
-                        "CUDA_VISIBLE_DEVICES empty); set train.device to auto or cpu, or run on a GPU node")
+        raise KilnError(
+            "train.device is cuda, but CUDA sees no GPU here (a CPU build of torch, no driver, or "
+            "CUDA_VISIBLE_DEVICES empty); set train.device to auto or cpu, or run on a GPU node"
+        )
     return torch.device("cuda", local_rank)
 
 

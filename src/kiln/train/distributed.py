@@ -60,14 +60,19 @@ def init_distributed(device_setting: str = "auto", timeout_s: float = DEFAULT_TI
     world = int(os.environ.get("WORLD_SIZE", 1))
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if per_node < 1 or world % per_node:
-        raise KilnError(f"train: WORLD_SIZE {world} is not a whole number of nodes of LOCAL_WORLD_SIZE {per_node} "
-                        "ranks (torchrun sets both: every node must run train.nproc_per_node ranks)")
+        raise KilnError(
+            f"train: WORLD_SIZE {world} is not a whole number of nodes of LOCAL_WORLD_SIZE {per_node} "
+            "ranks (torchrun sets both: every node must run train.nproc_per_node ranks)"
+        )
     device = select_device(device_setting, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
-                                device_id=device if device.type == "cuda" else None, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            device_id=device if device.type == "cuda" else None,
+            timeout=timedelta(seconds=timeout_s),
+        )
     return Dist(rank, local_rank, world, device, world // per_node)
 
 

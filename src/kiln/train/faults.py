@@ -36,8 +36,19 @@ from dataclasses import dataclass
 from kiln.errors import KilnError
 
 ENV = "KILN_FAULT"
-KINDS = ("nan_loss", "inf_grad", "spike", "sigterm", "sigusr1", "sigterm_parent", "sigusr1_parent", "sigkill",
-         "kill_in_save", "enospc", "hold")
+KINDS = (
+    "nan_loss",
+    "inf_grad",
+    "spike",
+    "sigterm",
+    "sigusr1",
+    "sigterm_parent",
+    "sigusr1_parent",
+    "sigkill",
+    "kill_in_save",
+    "enospc",
+    "hold",
+)
 SPIKE_FACTOR = 10.0
 _SIGNALS = {"sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1, "sigkill": signal.SIGKILL}
 HOLD_POLL_S = 0.2  # how often a held rank looks for the signal

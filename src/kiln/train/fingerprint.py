@@ -23,12 +23,33 @@ from __future__ import annotations
 from kiln.errors import KilnError
 
 PARTS = ("model", "tokenizer", "shards", "seed", "train")
-NOT_TRAJECTORY = frozenset({
-    "nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "device", "parallel", "collective_timeout_s",
-    "micro_batch", "compile", "activation_checkpointing", "log_every", "eval_every", "eval_batches", "samples",
-    "checkpoint_every", "keep_checkpoints", "checkpoint_format", "async_checkpoint", "nonfinite", "spike_factor",
-    "checkpoint_mirror", "max_resubmits", "keep_checkpoint_every",
-})
+NOT_TRAJECTORY = frozenset(
+    {
+        "nproc_per_node",
+        "nnodes",
+        "node_rank",
+        "rdzv_endpoint",
+        "device",
+        "parallel",
+        "collective_timeout_s",
+        "micro_batch",
+        "compile",
+        "activation_checkpointing",
+        "log_every",
+        "eval_every",
+        "eval_batches",
+        "samples",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "checkpoint_format",
+        "async_checkpoint",
+        "nonfinite",
+        "spike_factor",
+        "checkpoint_mirror",
+        "max_resubmits",
+        "keep_checkpoint_every",
+    }
+)
 
 
 def trajectory(train: dict, steps: int, init_sha256: str | None = None) -> dict:
@@ -41,8 +62,13 @@ def trajectory(train: dict, steps: int, init_sha256: str | None = None) -> dict:
 def of_run(model: dict, manifest: dict, seed: int, train: dict) -> dict:
     """`train` is `trajectory(...)`'s dict."""
     shards = {split: {s["file"]: s["sha256"] for s in entry["shards"]} for split, entry in manifest["splits"].items()}
-    return {"model": model, "tokenizer": manifest.get("tokenizer_sha256"), "shards": shards, "seed": seed,
-            "train": train}
+    return {
+        "model": model,
+        "tokenizer": manifest.get("tokenizer_sha256"),
+        "shards": shards,
+        "seed": seed,
+        "train": train,
+    }
 
 
 def _short(value) -> str:
@@ -53,8 +79,10 @@ def differences(saved: dict, current: dict) -> list[str]:
     """What differs between two fingerprints, one phrase per part, the checkpoint's value first."""
     out = []
     if saved.get("tokenizer") != current.get("tokenizer"):
-        out.append(f"tokenizer: sha256 {_short(saved.get('tokenizer'))} in the checkpoint, "
-                   f"{_short(current.get('tokenizer'))} now")
+        out.append(
+            f"tokenizer: sha256 {_short(saved.get('tokenizer'))} in the checkpoint, "
+            f"{_short(current.get('tokenizer'))} now"
+        )
     old_shards, new_shards = saved.get("shards", {}), current.get("shards", {})
     for split in sorted(set(old_shards) | set(new_shards)):
         old, new = old_shards.get(split, {}), new_shards.get(split, {})
@@ -79,10 +107,13 @@ def differences(saved: dict, current: dict) -> list[str]:
     for key in sorted(set(old_train) | set(new_train)):
         if old_train.get(key) != new_train.get(key):
             where = {"steps": "steps trained", "init_from_sha256": "train.init_from's weights (sha256)"}.get(
-                key, f"train.{key}")
+                key, f"train.{key}"
+            )
             out.append(f"{where}: {_short(old_train.get(key))} in the checkpoint, {_short(new_train.get(key))} now")
     for part in sorted((set(saved) | set(current)) - set(PARTS)):  # parts of an older Kiln's fingerprint
-        out.append(f"{part}: only in {'the checkpoint' if part in saved else 'this run'} (a checkpoint of an older Kiln)")
+        out.append(
+            f"{part}: only in {'the checkpoint' if part in saved else 'this run'} (a checkpoint of an older Kiln)"
+        )
     return out
 
 
@@ -95,5 +126,7 @@ def require_same(saved: dict | str, current: dict | str, where: str, root) -> No
         what = "; ".join(differences(saved, current)) or "fingerprint parts differ"
     else:
         what = "one is a bare digest (a checkpoint from an older Kiln): model, data, seed or training settings changed"
-    raise KilnError(f"{where}: checkpoint fingerprint does not match this run's: {what}; delete {root} to "
-                    "start over, or restore what changed")
+    raise KilnError(
+        f"{where}: checkpoint fingerprint does not match this run's: {what}; delete {root} to "
+        "start over, or restore what changed"
+    )

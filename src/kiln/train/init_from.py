@@ -21,8 +21,7 @@ from pathlib import Path
 
 import torch
 
-from kiln import layout
-from kiln import hf
+from kiln import hf, layout
 from kiln.errors import KilnError
 from kiln.io import read_json, sha256_file
 from kiln.model.build import WEIGHTS_FILE, load_model
@@ -50,8 +49,10 @@ class InitSource:
             return self.folder
         newest = self._newest_or_none()
         if newest is None:
-            raise KilnError(f"train.init_from: {self.folder / layout.CHECKPOINTS} holds no complete checkpoint to take "
-                            "the optimizer state from (optimizer: true)")
+            raise KilnError(
+                f"train.init_from: {self.folder / layout.CHECKPOINTS} holds no complete checkpoint to take "
+                "the optimizer state from (optimizer: true)"
+            )
         return newest
 
     def identity(self) -> str:
@@ -82,8 +83,10 @@ class InitSource:
         folder = self._checkpoint_folder()
         state = checkpoint.load_full(folder)
         if "optimizer" not in state:
-            raise KilnError(f"train.init_from: {folder} is a sharded checkpoint; taking its optimizer state is not "
-                            "supported: drop optimizer: true, or continue from a full-format checkpoint")
+            raise KilnError(
+                f"train.init_from: {folder} is a sharded checkpoint; taking its optimizer state is not "
+                "supported: drop optimizer: true, or continue from a full-format checkpoint"
+            )
         return state["optimizer"]
 
     def tokenizer_sha256(self) -> str | None:
@@ -105,26 +108,33 @@ def check_same_shape(source: InitSource, theirs: dict[str, torch.Tensor], ours: 
     """An error naming the first weight whose name or shape differs between source and model."""
     missing, extra = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
     if missing or extra:
-        raise KilnError(f"train.init_from: {source.describe()} is another architecture than this run's model: "
-                        f"{len(missing)} weights missing ({', '.join(missing[:3])}), {len(extra)} not in this model "
-                        f"({', '.join(extra[:3])}); set model: to the source's shape")
+        raise KilnError(
+            f"train.init_from: {source.describe()} is another architecture than this run's model: "
+            f"{len(missing)} weights missing ({', '.join(missing[:3])}), {len(extra)} not in this model "
+            f"({', '.join(extra[:3])}); set model: to the source's shape"
+        )
     for name in ours:
         if tuple(theirs[name].shape) != tuple(ours[name].shape):
-            raise KilnError(f"train.init_from: {source.describe()}: weight {name} is {tuple(theirs[name].shape)}, "
-                            f"this run's model has {tuple(ours[name].shape)}; set model: to the source's shape "
-                            "(and tokenizer: to its tokenizer)")
+            raise KilnError(
+                f"train.init_from: {source.describe()}: weight {name} is {tuple(theirs[name].shape)}, "
+                f"this run's model has {tuple(ours[name].shape)}; set model: to the source's shape "
+                "(and tokenizer: to its tokenizer)"
+            )
 
 
 def check_same_tokenizer(source: InitSource, shards_tokenizer: str | None) -> None:
     theirs = source.tokenizer_sha256()
     if theirs and shards_tokenizer and theirs != shards_tokenizer:
-        raise KilnError(f"train.init_from: {source.describe()} was trained with another tokenizer (sha256 "
-                        f"{theirs[:12]}…) than this run's shards (sha256 {shards_tokenizer[:12]}…): token ids would "
-                        "mean other things; give this run the source's tokenizer (tokenizer: {kind: file, path: ...})")
+        raise KilnError(
+            f"train.init_from: {source.describe()} was trained with another tokenizer (sha256 "
+            f"{theirs[:12]}…) than this run's shards (sha256 {shards_tokenizer[:12]}…): token ids would "
+            "mean other things; give this run the source's tokenizer (tokenizer: {kind: file, path: ...})"
+        )
 
 
-def load_into(source: InitSource, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-              shards_tokenizer: str | None) -> None:
+def load_into(
+    source: InitSource, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shards_tokenizer: str | None
+) -> None:
     """Load the source's weights (and AdamW state, when asked) into a fresh, parallelized model (every
     rank passes the whole state and keeps its part). The optimizer's hyperparameters stay this
     run's: only the moments and step counts are taken."""

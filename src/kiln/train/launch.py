@@ -81,35 +81,62 @@ def command(train: Mapping, script: Sequence[str], env: Mapping[str, str] = os.e
     if nnodes == 1 and not train["rdzv_endpoint"]:
         return [*torchrun, "--standalone", *script]
     if train["rdzv_endpoint"]:
-        return [*torchrun, f"--nnodes={nnodes}", f"--node_rank={train['node_rank']}", "--rdzv_backend=static",
-                f"--rdzv_endpoint={train['rdzv_endpoint']}", *script]
+        return [
+            *torchrun,
+            f"--nnodes={nnodes}",
+            f"--node_rank={train['node_rank']}",
+            "--rdzv_backend=static",
+            f"--rdzv_endpoint={train['rdzv_endpoint']}",
+            *script,
+        ]
     if "SLURM_JOB_ID" not in env:
-        raise KilnError(f"train.nnodes: {nnodes} nodes need a Slurm allocation of {nnodes} nodes (snakemake "
-                        "--profile profiles/slurm) or, started by hand on each node, train.rdzv_endpoint and "
-                        "train.node_rank")
+        raise KilnError(
+            f"train.nnodes: {nnodes} nodes need a Slurm allocation of {nnodes} nodes (snakemake "
+            "--profile profiles/slurm) or, started by hand on each node, train.rdzv_endpoint and "
+            "train.node_rank"
+        )
     job = env["SLURM_JOB_ID"]
     fields = slurm_job(job)
     hosts = slurm_hostnames(fields["NodeList"])
     if len(hosts) != nnodes:
-        raise KilnError(f"train.nnodes: {nnodes}, but Slurm job {job} holds {len(hosts)} node(s) "
-                        f"({', '.join(hosts)}): the rule's `nodes` resource must follow train.nnodes")
+        raise KilnError(
+            f"train.nnodes: {nnodes}, but Slurm job {job} holds {len(hosts)} node(s) "
+            f"({', '.join(hosts)}): the rule's `nodes` resource must follow train.nnodes"
+        )
     port = RDZV_BASE_PORT + int(job) % RDZV_PORT_SPAN
     step = ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     if fields.get("CPUs/Task", "").isdigit():  # since Slurm 22.05 a step no longer inherits the job's value
         step.append(f"--cpus-per-task={fields['CPUs/Task']}")
-    return [*step, *torchrun, f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={hosts[0]}:{port}",
-            f"--rdzv_id={job}", *script]
+    return [
+        *step,
+        *torchrun,
+        f"--nnodes={nnodes}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={hosts[0]}:{port}",
+        f"--rdzv_id={job}",
+        *script,
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train", required=True, help="train.nproc_per_node, nnodes, node_rank and rdzv_endpoint as JSON")
+    parser.add_argument(
+        "--train", required=True, help="train.nproc_per_node, nnodes, node_rank and rdzv_endpoint as JSON"
+    )
     parser.add_argument("--attempt", type=int, default=1, help="Snakemake's attempt of this job (1: the first)")
     parser.add_argument("--max-resubmits", type=int, default=0, help="train.max_resubmits: attempts past the first")
-    parser.add_argument("--record", type=Path, help="train/jobs.jsonl: a line per job as it starts and ends; with "
-                        "--attempt > 1 the job trains only if the one before it was preempted")
-    parser.add_argument("--log", type=Path, help="the job's log (the rule's); with --record, a job that fails keeps "
-                        "a copy beside it, since Snakemake deletes the log before the next attempt")
+    parser.add_argument(
+        "--record",
+        type=Path,
+        help="train/jobs.jsonl: a line per job as it starts and ends; with "
+        "--attempt > 1 the job trains only if the one before it was preempted",
+    )
+    parser.add_argument(
+        "--log",
+        type=Path,
+        help="the job's log (the rule's); with --record, a job that fails keeps "
+        "a copy beside it, since Snakemake deletes the log before the next attempt",
+    )
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- then the script and its arguments")
     args = parser.parse_args(argv)
     script = args.script[1:] if args.script[:1] == ["--"] else args.script
@@ -145,15 +172,21 @@ def resubmission_refused(record: Path, attempt: int, max_resubmits: int) -> tupl
     code = None if last is None else last.get("code")
     log_named = f"; its log: {last['log']}" if last and last.get("log") else ""
     if code == ExitCode.OK:  # trained to the end; Snakemake failed the job after (outputs not seen in time)
-        return 0, (f"resubmission {attempt - 1}: not training again, the job before it finished (exit 0); "
-                   "Snakemake checks its outputs once more")
+        return 0, (
+            f"resubmission {attempt - 1}: not training again, the job before it finished (exit 0); "
+            "Snakemake checks its outputs once more"
+        )
     if code not in RETRYABLE:
-        return int(code), (f"resubmission {attempt - 1}: not training, the job before it exited with code {code}, "
-                           f"not {int(ExitCode.PREEMPTED)} (preempted) ({record}{log_named}); only a preempted "
-                           "train job is resubmitted: fix what that log names and run the same command again")
+        return int(code), (
+            f"resubmission {attempt - 1}: not training, the job before it exited with code {code}, "
+            f"not {int(ExitCode.PREEMPTED)} (preempted) ({record}{log_named}); only a preempted "
+            "train job is resubmitted: fix what that log names and run the same command again"
+        )
     if attempt - 1 > max_resubmits:
-        return int(ExitCode.PREEMPTED), (f"resubmission {attempt - 1}: not training, train.max_resubmits is "
-                                         f"{max_resubmits}; run the same command again to continue")
+        return int(ExitCode.PREEMPTED), (
+            f"resubmission {attempt - 1}: not training, train.max_resubmits is "
+            f"{max_resubmits}; run the same command again to continue"
+        )
     return None
 
 
@@ -177,8 +210,13 @@ def _record(record: Path, attempt: int, code: int | None, log: str | None = None
     """A line in train/jobs.jsonl: this job's attempt, Slurm job id and host, its exit code (None as it
     starts) and, after a failure, where its log was kept. Appended and flushed at once: a kill
     mid-job leaves the start line as the last."""
-    entry = {"attempt": attempt, "code": code, "slurm_job": os.environ.get("SLURM_JOB_ID"),
-             "host": socket.gethostname(), "time": time.time()} | ({"log": log} if log else {})
+    entry = {
+        "attempt": attempt,
+        "code": code,
+        "slurm_job": os.environ.get("SLURM_JOB_ID"),
+        "host": socket.gethostname(),
+        "time": time.time(),
+    } | ({"log": log} if log else {})
     Path(record).parent.mkdir(parents=True, exist_ok=True)
     with open(record, "a", encoding="utf-8") as f:
         f.write(json.dumps(entry) + "\n")
@@ -215,8 +253,11 @@ def run_ranks(argv: list[str]) -> int:
 
 
 def _note_signal(signum: int, frame) -> None:
-    print(f"kiln.train.launch: {signal.Signals(signum).name} received; waiting for the ranks to save and exit",
-          file=sys.stderr, flush=True)
+    print(
+        f"kiln.train.launch: {signal.Signals(signum).name} received; waiting for the ranks to save and exit",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

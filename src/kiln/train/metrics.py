@@ -77,8 +77,14 @@ class Throughput:
     costs (allocator warm-up, compilation) and is left out of the steady-state rate unless it is the
     only one. Call `window` right after a host sync (the loss .item()), so the time is the device's."""
 
-    def __init__(self, flops_token: float, peak: float | None, world: int, flops_token_torchtitan: float | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        flops_token: float,
+        peak: float | None,
+        world: int,
+        flops_token_torchtitan: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.flops_token, self.peak, self.world = flops_token, peak, world
         self.flops_token_torchtitan = flops_token_torchtitan
         self.clock = clock
@@ -150,8 +156,7 @@ class MetricsSink:
     rather than open a new one, and a trajectory started over takes a new id (the wandb/ folder
     is set aside with its checkpoints, kiln.layout.TRAJECTORY)."""
 
-    def __init__(self, path: Path, wandb_cfg: dict, run_config: dict, enabled: bool = True,
-                 resume_step: int = 0):
+    def __init__(self, path: Path, wandb_cfg: dict, run_config: dict, enabled: bool = True, resume_step: int = 0):
         self.enabled = enabled
         self.file = self._open(path, resume_step) if enabled else None
         self.samples_file = self._open(path.with_name(layout.SAMPLES), resume_step) if enabled else None
@@ -160,9 +165,13 @@ class MetricsSink:
             import wandb
 
             self.wandb = wandb.init(
-                project=wandb_cfg["project"], mode=wandb_cfg["mode"], dir=str(path.parent),
-                id=wandb_run_id(path.parent), resume="allow",
-                config=run_config, settings=wandb.Settings(silent=True, console="off"),
+                project=wandb_cfg["project"],
+                mode=wandb_cfg["mode"],
+                dir=str(path.parent),
+                id=wandb_run_id(path.parent),
+                resume="allow",
+                config=run_config,
+                settings=wandb.Settings(silent=True, console="off"),
             )
 
     @staticmethod
@@ -204,8 +213,9 @@ class MetricsSink:
         if self.wandb is not None:
             import wandb
 
-            table = wandb.Table(columns=["step", "prompt", "completion"],
-                                data=[[step, r["prompt"], r["completion"]] for r in rows])
+            table = wandb.Table(
+                columns=["step", "prompt", "completion"], data=[[step, r["prompt"], r["completion"]] for r in rows]
+            )
             self.wandb.log({"samples": table}, step=step)
 
     def close(self) -> None:

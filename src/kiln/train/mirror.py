@@ -75,11 +75,15 @@ class Mirror:
             try:
                 target.format(src="s", name="n", run="r")
             except (KeyError, IndexError, ValueError) as exc:
-                raise KilnError(f"{KEY}: {target!r} is a command (it names {{src}}) whose other placeholders "
-                                f"can only be {{name}} and {{run}} ({type(exc).__name__}: {exc})") from None
+                raise KilnError(
+                    f"{KEY}: {target!r} is a command (it names {{src}}) whose other placeholders "
+                    f"can only be {{name}} and {{run}} ({type(exc).__name__}: {exc})"
+                ) from None
         elif target is not None and ("{" in target or "}" in target):
-            raise KilnError(f"{KEY}: {target!r} has a placeholder but no {{src}}: a command must name the "
-                            "checkpoint folder as {src}; a folder is a plain path")
+            raise KilnError(
+                f"{KEY}: {target!r} has a placeholder but no {{src}}: a command must name the "
+                "checkpoint folder as {src}; a folder is a plain path"
+            )
 
     @classmethod
     def of(cls, train: dict, train_dir: Path, *, rank: int) -> "Mirror":
@@ -142,9 +146,12 @@ class Mirror:
             while self._busy or self._waiting is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    log.warning("checkpoint mirror: still copying to %s after %.0f s; not waiting longer "
-                                "(the next train job copies the newest checkpoint if this copy is lost)",
-                                self.describe(), timeout_s)
+                    log.warning(
+                        "checkpoint mirror: still copying to %s after %.0f s; not waiting longer "
+                        "(the next train job copies the newest checkpoint if this copy is lost)",
+                        self.describe(),
+                        timeout_s,
+                    )
                     return False
                 self._cond.wait(left)
             self._closing = True  # the worker ends; a later submit starts another
@@ -180,13 +187,15 @@ class Mirror:
 
     def _copy(self, name: str, source: Path) -> None:
         if self.command:
-            cmd = self.target.format(src=shlex.quote(str(source.resolve())), name=shlex.quote(name),
-                                     run=shlex.quote(self.run))
+            cmd = self.target.format(
+                src=shlex.quote(str(source.resolve())), name=shlex.quote(name), run=shlex.quote(self.run)
+            )
             done = subprocess.run(cmd, shell=True, stdin=subprocess.DEVNULL, capture_output=True, text=True)
             if done.returncode != 0:
                 said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-3:]
-                raise RuntimeError(f"`{cmd}` exited with status {done.returncode}" +
-                                   (f": {' | '.join(said)}" if said else ""))
+                raise RuntimeError(
+                    f"`{cmd}` exited with status {done.returncode}" + (f": {' | '.join(said)}" if said else "")
+                )
             return
         dest = Path(self.target) / self.run
         with atomic_dir(dest / name, durable=True) as tmp:
@@ -215,8 +224,14 @@ class Mirror:
         with self._cond:  # from the worker, or from submit on the checkpoint writer's thread
             self.failures += 1
         self._record({"name": name, "ok": False, "seconds": round(seconds, 3), "error": why[:2000]})
-        log.warning("checkpoint mirror: %s NOT copied to %s: %s (failure %d of this job; training goes on, "
-                    "see %s)", name, self.describe(), why, self.failures, self.train_dir / layout.MIRROR_LOG)
+        log.warning(
+            "checkpoint mirror: %s NOT copied to %s: %s (failure %d of this job; training goes on, see %s)",
+            name,
+            self.describe(),
+            why,
+            self.failures,
+            self.train_dir / layout.MIRROR_LOG,
+        )
 
     def _record(self, entry: dict) -> None:
         try:

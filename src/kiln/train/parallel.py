@@ -60,13 +60,16 @@ SCATTER = StateDictOptions(full_state_dict=True)  # every rank passes the whole 
 # RoPE cos/sin tables, derived from the config on every rank alike and never trained (GPT has none),
 # so that is NCCL traffic for nothing each step. torch 2.13 renamed the switch forward_sync_buffers
 # (which still syncs once at construction) and deprecated broadcast_buffers; older torch has only the latter.
-NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
-                  if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
-                  else {"broadcast_buffers": False})
+NO_BUFFER_SYNC = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    else {"broadcast_buffers": False}
+)
 
 
-def parallelize(model: nn.Module, d: Dist, *, strategy: str, compile_model: bool,
-                activation_checkpointing: str, bf16: bool) -> nn.Module:
+def parallelize(
+    model: nn.Module, d: Dist, *, strategy: str, compile_model: bool, activation_checkpointing: str, bf16: bool
+) -> nn.Module:
     """The module the training step calls. `model` itself stays the one to read parameters and
     state from (fully_shard changes it in place; DDP wraps it)."""
     if strategy not in STRATEGIES:
@@ -77,7 +80,11 @@ def parallelize(model: nn.Module, d: Dist, *, strategy: str, compile_model: bool
     if d.world == 1:  # nothing to replicate or shard across
         return model
     if strategy == "fsdp":
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+        policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if bf16
+            else MixedPrecisionPolicy()
+        )
         mesh = device_mesh(d.device.type, d.world, d.nnodes)
         for block in model.blocks:
             fully_shard(block, mesh=mesh, mp_policy=policy)  # gathered for its forward, freed after
@@ -85,8 +92,12 @@ def parallelize(model: nn.Module, d: Dist, *, strategy: str, compile_model: bool
         return model
     # Gradients as views into DDP's all-reduce buckets: without it the buckets are a second copy of
     # every gradient (4 bytes a parameter: 4.2 GB for llama3.2-1b) (kiln.plan.memory counts them once).
-    return DistributedDataParallel(model, device_ids=[d.local_rank] if d.device.type == "cuda" else None,
-                                   gradient_as_bucket_view=True, **NO_BUFFER_SYNC)
+    return DistributedDataParallel(
+        model,
+        device_ids=[d.local_rank] if d.device.type == "cuda" else None,
+        gradient_as_bucket_view=True,
+        **NO_BUFFER_SYNC,
+    )
 
 
 def device_mesh(device_type: str, world: int, nnodes: int) -> DeviceMesh:
@@ -182,7 +193,8 @@ def load_full_model_state(model: nn.Module, model_state: dict) -> None:
     set_model_state_dict(model, model_state, options=SCATTER)
 
 
-def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict,
-                    optimizer_state: dict) -> None:
+def load_full_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict, optimizer_state: dict
+) -> None:
     set_model_state_dict(model, model_state, options=SCATTER)
     set_optimizer_state_dict(model, optimizer, optimizer_state, options=SCATTER)

@@ -16,7 +16,9 @@ from kiln.data.tokenizer import load_tokenizer
 from kiln.generate.healing import complete
 
 
-def make_sampler(tokenizer_path: Path, prompts: list[str], max_new_tokens: int) -> Callable[[torch.nn.Module], list[dict]] | None:
+def make_sampler(
+    tokenizer_path: Path, prompts: list[str], max_new_tokens: int
+) -> Callable[[torch.nn.Module], list[dict]] | None:
     """model -> [{"prompt", "completion"}] for each prompt (greedy with token healing, up to
     max_new_tokens or <|endoftext|>); None when there are no prompts."""
     if not prompts:

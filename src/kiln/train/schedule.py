@@ -20,8 +20,17 @@ KINDS = ("cosine", "wsd", "constant")
 COOLDOWNS = ("linear", "1-sqrt")
 
 
-def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, max_steps: int, kind: str = "cosine",
-          decay_fraction: float = 0.2, cooldown: str = "linear") -> float:
+def lr_at(
+    step: int,
+    *,
+    lr: float,
+    min_lr: float,
+    warmup_steps: int,
+    max_steps: int,
+    kind: str = "cosine",
+    decay_fraction: float = 0.2,
+    cooldown: str = "linear",
+) -> float:
     """LR for optimizer step `step` (0-based). Warmup starts at lr/warmup_steps, never at 0, so the
     first step already moves the weights."""
     if step < warmup_steps:
@@ -48,6 +57,13 @@ def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, max_steps: 
 
 def schedule_from_config(train: dict, max_steps: int) -> Callable[[int], float]:
     """step -> LR for a validated `train` section, run for max_steps steps."""
-    return partial(lr_at, lr=train["lr"], min_lr=train["min_lr"], warmup_steps=train["warmup_steps"],
-                   max_steps=max_steps, kind=train["schedule"], decay_fraction=train["decay_fraction"],
-                   cooldown=train["cooldown"])
+    return partial(
+        lr_at,
+        lr=train["lr"],
+        min_lr=train["min_lr"],
+        warmup_steps=train["warmup_steps"],
+        max_steps=max_steps,
+        kind=train["schedule"],
+        decay_fraction=train["decay_fraction"],
+        cooldown=train["cooldown"],
+    )

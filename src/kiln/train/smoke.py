@@ -64,7 +64,8 @@ OOM_MESSAGES = ("out of memory", "can't allocate memory")
 def is_out_of_memory(exc: BaseException) -> bool:
     """A CUDA OOM, or the CPU allocator refusing a request."""
     return isinstance(exc, torch.OutOfMemoryError) or (
-        isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MESSAGES))
+        isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MESSAGES)
+    )
 
 
 def oom_advice(train: dict, seq_len: int) -> str:
@@ -74,11 +75,15 @@ def oom_advice(train: dict, seq_len: int) -> str:
     if micro > 1:
         tips.append(f"train.micro_batch: {micro // 2} (train.batch_tokens unchanged doubles the gradient accumulation)")
     if train["activation_checkpointing"] == "none":
-        tips.append("train.activation_checkpointing: selective (every other block recomputed in backward: "
-                    "~1/6 more compute, about half the activation memory), or full")
+        tips.append(
+            "train.activation_checkpointing: selective (every other block recomputed in backward: "
+            "~1/6 more compute, about half the activation memory), or full"
+        )
     elif train["activation_checkpointing"] == "selective":
-        tips.append("train.activation_checkpointing: full (every block recomputed: ~1/3 more compute, "
-                    "the least activation memory)")
+        tips.append(
+            "train.activation_checkpointing: full (every block recomputed: ~1/3 more compute, "
+            "the least activation memory)"
+        )
     if train["parallel"] == "ddp":
         tips.append("train.parallel: fsdp (shard weights, gradients and optimizer state across ranks)")
     tips.append(f"a shorter shard.seq_len than {seq_len}")
@@ -108,8 +113,9 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def probe(trainer: Trainer, steps: int, warmup: int, trace_dir: Path | None = None,
-          profile_step: int | None = None) -> tuple[list[float], list[float], Probe]:
+def probe(
+    trainer: Trainer, steps: int, warmup: int, trace_dir: Path | None = None, profile_step: int | None = None
+) -> tuple[list[float], list[float], Probe]:
     """Run `steps` optimizer steps; return per-step losses and gradient norms (mean over ranks) and
     the throughput of the steps after `warmup`. The timed steps are cut into up to PROBE_SPANS spans
     and the figure is the median span's: a neighbour's burst of load on a shared machine slows one
@@ -149,15 +155,25 @@ def probe(trainer: Trainer, steps: int, warmup: int, trace_dir: Path | None = No
     norm_list = torch.stack(norms).float().tolist()
     step_s = statistics.median(sec / n for sec, n in spans) if spans else 0.0
     tokens_per_s = trainer.plan.tokens_per_step / step_s if step_s else 0.0
-    rates = Throughput(flops_per_token(trainer.model), peak_flops(d.device), d.world,
-                       flops_per_token_torchtitan(trainer.model)).rates(tokens_per_s)
+    rates = Throughput(
+        flops_per_token(trainer.model), peak_flops(d.device), d.world, flops_per_token_torchtitan(trainer.model)
+    ).rates(tokens_per_s)
     timed_s = time.perf_counter() - t0 if steps > warmup else 0.0
-    return loss_list, norm_list, Probe(
-        tokens_per_s=tokens_per_s, step_time_s=step_s,
-        data_wait_fraction=(trainer.data_wait_s - wait_start) / timed_s if timed_s else 0.0,
-        peak_memory_mb=memory_mb(d.device), mfu=rates["mfu"], tflops=rates["tflops"],
-        measured_steps=sum(n for _, n in spans), mfu_torchtitan=rates["mfu_torchtitan"],
-        warmup_s=(t0 if steps > warmup else time.perf_counter()) - started)
+    return (
+        loss_list,
+        norm_list,
+        Probe(
+            tokens_per_s=tokens_per_s,
+            step_time_s=step_s,
+            data_wait_fraction=(trainer.data_wait_s - wait_start) / timed_s if timed_s else 0.0,
+            peak_memory_mb=memory_mb(d.device),
+            mfu=rates["mfu"],
+            tflops=rates["tflops"],
+            measured_steps=sum(n for _, n in spans),
+            mfu_torchtitan=rates["mfu_torchtitan"],
+            warmup_s=(t0 if steps > warmup else time.perf_counter()) - started,
+        ),
+    )
 
 
 def _traced_step(trainer: Trainer, trace_dir: Path | None):
@@ -218,8 +234,14 @@ def overfit(sections: dict, shard_dir: Path, cfg: dict, marker_id: int | None) -
     until its loss is below cfg["max_loss"] or cfg["max_steps"] run out. Returns (loss at the
     start, steps taken, final loss)."""
     # A correctness check, not a speed one: eager, one micro-batch of the chosen rows per step.
-    train = dict(sections["train"], micro_batch=cfg["rows"], batch_tokens=None, schedule="constant",
-                 warmup_steps=max(1, cfg["max_steps"] // 10), compile=False)
+    train = dict(
+        sections["train"],
+        micro_batch=cfg["rows"],
+        batch_tokens=None,
+        schedule="constant",
+        warmup_steps=max(1, cfg["max_steps"] // 10),
+        compile=False,
+    )
     trainer = Trainer(dict(sections, train=train), shard_dir, max_steps=cfg["max_steps"])
     trainer.batches = FixedRows(pick_overfit_rows(trainer, cfg["rows"], marker_id))
     first = last = float("nan")
@@ -236,13 +258,23 @@ def _health(losses: list[float], norms: list[float], min_drop: float) -> Check:
     threshold = f"finite; last-quarter mean loss >= {min_drop} nats below the first quarter's"
     if not all(math.isfinite(x) for x in losses + norms):
         bad = next(i for i, (a, b) in enumerate(zip(losses, norms), 1) if not (math.isfinite(a) and math.isfinite(b)))
-        return Check("health", False, f"step {bad}: loss {losses[bad - 1]}, grad norm {norms[bad - 1]}", threshold,
-                     "not finite: lower train.lr, raise train.warmup_steps, check the data")
+        return Check(
+            "health",
+            False,
+            f"step {bad}: loss {losses[bad - 1]}, grad norm {norms[bad - 1]}",
+            threshold,
+            "not finite: lower train.lr, raise train.warmup_steps, check the data",
+        )
     q = max(1, len(losses) // 4)
     first, last = sum(losses[:q]) / q, sum(losses[-q:]) / q
     drop = first - last
-    return Check("health", drop >= min_drop, f"loss {first:.4f} -> {last:.4f} (drop {drop:.4f})", threshold,
-                 "" if drop >= min_drop else "the loss did not fall: is the learning rate 0 or the data constant?")
+    return Check(
+        "health",
+        drop >= min_drop,
+        f"loss {first:.4f} -> {last:.4f} (drop {drop:.4f})",
+        threshold,
+        "" if drop >= min_drop else "the loss did not fall: is the learning rate 0 or the data constant?",
+    )
 
 
 def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | None = None) -> dict:
@@ -254,8 +286,10 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
     report: dict = {"checks": checks}
     trainer = None
     manifest = read_json(Path(shard_dir) / "manifest.json")
-    memory = _estimate_note(estimate_for(sections, manifest, int(os.environ.get("WORLD_SIZE", "1"))),
-                            device.select_device(train["device"]).type == "cuda")
+    memory = _estimate_note(
+        estimate_for(sections, manifest, int(os.environ.get("WORLD_SIZE", "1"))),
+        device.select_device(train["device"]).type == "cuda",
+    )
     extra_s = 0.0  # time spent here on what train does not do (precision timing, the checks)
     try:
         # The probe reaches the full run's peak lr (warmup at most a third of the probe) and holds
@@ -278,28 +312,48 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
             leak = causality_leak(trainer.model, vocab, seq_len, trainer.d.device, trainer.seed)
             init = trainer.evaluate(cfg["val_batches"])
         extra_s += time.perf_counter() - started
-        checks.append(Check("causality", leak <= cfg["causal_tolerance"], f"max logit change {leak:.2e}",
-                            f"<= {cfg['causal_tolerance']:g}",
-                            "" if leak <= cfg["causal_tolerance"] else "the attention mask lets positions see later tokens"))
+        checks.append(
+            Check(
+                "causality",
+                leak <= cfg["causal_tolerance"],
+                f"max logit change {leak:.2e}",
+                f"<= {cfg['causal_tolerance']:g}",
+                "" if leak <= cfg["causal_tolerance"] else "the attention mask lets positions see later tokens",
+            )
+        )
         uniform = math.log(vocab)
-        checks.append(Check("init loss", abs(init - uniform) <= cfg["init_loss_tolerance"],
-                            f"{init:.4f} nats", f"within {cfg['init_loss_tolerance']:g} of ln({vocab}) = {uniform:.4f}",
-                            "" if abs(init - uniform) <= cfg["init_loss_tolerance"] else "check the initialisation scale"))
+        checks.append(
+            Check(
+                "init loss",
+                abs(init - uniform) <= cfg["init_loss_tolerance"],
+                f"{init:.4f} nats",
+                f"within {cfg['init_loss_tolerance']:g} of ln({vocab}) = {uniform:.4f}",
+                "" if abs(init - uniform) <= cfg["init_loss_tolerance"] else "check the initialisation scale",
+            )
+        )
         # train's start-up: this stage's so far, less what train does not do, plus the warm-up steps
         startup_s = time.time() - launch_start() - extra_s
-        losses, norms, measured = probe(trainer, cfg["steps"], cfg["warmup_steps"], out_dir,
-                                        cfg["profile_step"])
+        losses, norms, measured = probe(trainer, cfg["steps"], cfg["warmup_steps"], out_dir, cfg["profile_step"])
         startup_s += measured.warmup_s
     except Exception as exc:  # noqa: BLE001 -- only an out-of-memory error is turned into a check
         if not is_out_of_memory(exc):
             raise
         where = "building the model" if trainer is None else "the probe steps"
         advice = oom_advice(train, manifest["seq_len"])
-        checks.insert(0, Check("preflight", False, f"out of memory in {where}; {memory}", "fits in memory",
-                               f"{advice}. ({str(exc).splitlines()[0][:200]})"))
+        checks.insert(
+            0,
+            Check(
+                "preflight",
+                False,
+                f"out of memory in {where}; {memory}",
+                "fits in memory",
+                f"{advice}. ({str(exc).splitlines()[0][:200]})",
+            ),
+        )
         return report
-    checks.insert(0, Check("preflight", True, f"peak memory {measured.peak_memory_mb:,.0f} MB; {memory}",
-                           "fits in memory"))
+    checks.insert(
+        0, Check("preflight", True, f"peak memory {measured.peak_memory_mb:,.0f} MB; {memory}", "fits in memory")
+    )
     checks.append(_health(losses, norms, cfg["min_loss_drop"]))
     started = time.perf_counter()
     with torch.compiler.set_stance("force_eager"):  # a correctness figure: no graphs compiled for it
@@ -307,39 +361,76 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
     validation_s = (time.perf_counter() - started) * train["eval_batches"] / cfg["val_batches"]
     val_drop = init - after
     train_drop = losses[0] - losses[-1]
-    checks.append(Check("generalisation", val_drop >= cfg["min_val_drop"],
-                        f"held-out loss {init:.4f} -> {after:.4f} (drop {val_drop:.4f}; train loss drop {train_drop:.4f})",
-                        f"drop >= {cfg['min_val_drop']:g}",
-                        "" if val_drop >= cfg["min_val_drop"] else
-                        "the held-out next-token loss did not fall: are the targets the inputs shifted by one?"))
-    checks.append(Check("data", measured.data_wait_fraction <= cfg["max_data_wait"],
-                        f"data wait {measured.data_wait_fraction:.1%} of step time",
-                        f"<= {cfg['max_data_wait']:.0%}",
-                        "" if measured.data_wait_fraction <= cfg["max_data_wait"] else
-                        "the loader is a bottleneck: faster disk, or fewer ranks per node reading"))
+    checks.append(
+        Check(
+            "generalisation",
+            val_drop >= cfg["min_val_drop"],
+            f"held-out loss {init:.4f} -> {after:.4f} (drop {val_drop:.4f}; train loss drop {train_drop:.4f})",
+            f"drop >= {cfg['min_val_drop']:g}",
+            ""
+            if val_drop >= cfg["min_val_drop"]
+            else "the held-out next-token loss did not fall: are the targets the inputs shifted by one?",
+        )
+    )
+    checks.append(
+        Check(
+            "data",
+            measured.data_wait_fraction <= cfg["max_data_wait"],
+            f"data wait {measured.data_wait_fraction:.1%} of step time",
+            f"<= {cfg['max_data_wait']:.0%}",
+            ""
+            if measured.data_wait_fraction <= cfg["max_data_wait"]
+            else "the loader is a bottleneck: faster disk, or fewer ranks per node reading",
+        )
+    )
     entropy = token_entropy_bits(trainer)
-    checks.append(Check("tokens", entropy >= cfg["min_token_entropy"], f"unigram entropy {entropy:.2f} bits/token",
-                        f">= {cfg['min_token_entropy']:g}",
-                        "" if entropy >= cfg["min_token_entropy"] else
-                        "the training tokens are nearly constant: check the tokenizer (unknown-token ids?) and the data"))
+    checks.append(
+        Check(
+            "tokens",
+            entropy >= cfg["min_token_entropy"],
+            f"unigram entropy {entropy:.2f} bits/token",
+            f">= {cfg['min_token_entropy']:g}",
+            ""
+            if entropy >= cfg["min_token_entropy"]
+            else "the training tokens are nearly constant: check the tokenizer (unknown-token ids?) and the data",
+        )
+    )
     checkpoint_s, checkpoint_written = _time_checkpoint(trainer, out_dir)
     report.update(
-        probe=asdict(measured), losses=losses, grad_norms=norms, val_loss_init=init, val_loss_after=after,
+        probe=asdict(measured),
+        losses=losses,
+        grad_norms=norms,
+        val_loss_init=init,
+        val_loss_after=after,
         n_params=trainer.model.num_params(non_embedding=False),
-        checkpoint_bytes=_checkpoint_bytes(trainer), checkpoint_written_bytes=checkpoint_written,
+        checkpoint_bytes=_checkpoint_bytes(trainer),
+        checkpoint_written_bytes=checkpoint_written,
         model_bytes=_param_bytes(trainer.model),
-        train_tokens=trainer.rows.manifest["splits"]["train"]["tokens"], batch=asdict(trainer.plan),
-        device=str(trainer.d.device), world=trainer.d.world, precision=precision,
+        train_tokens=trainer.rows.manifest["splits"]["train"]["tokens"],
+        batch=asdict(trainer.plan),
+        device=str(trainer.d.device),
+        world=trainer.d.world,
+        precision=precision,
         precision_tokens_per_s=candidates,
-        times=asdict(StageTimes(step_s=measured.step_time_s, startup_s=startup_s, validation_s=validation_s,
-                                checkpoint_s=checkpoint_s)))
+        times=asdict(
+            StageTimes(
+                step_s=measured.step_time_s, startup_s=startup_s, validation_s=validation_s, checkpoint_s=checkpoint_s
+            )
+        ),
+    )
     del trainer
     _free_memory()
     start, steps, final = overfit(sections, shard_dir, cfg["overfit"], marker_id)
     ok = final < cfg["overfit"]["max_loss"]
-    checks.append(Check("overfit", ok, f"loss {start:.4f} -> {final:.4f} in {steps} steps on {cfg['overfit']['rows']} rows",
-                        f"< {cfg['overfit']['max_loss']:g} within {cfg['overfit']['max_steps']} steps",
-                        "" if ok else "a fresh model could not memorise a few rows: check lr, schedule, labels and data"))
+    checks.append(
+        Check(
+            "overfit",
+            ok,
+            f"loss {start:.4f} -> {final:.4f} in {steps} steps on {cfg['overfit']['rows']} rows",
+            f"< {cfg['overfit']['max_loss']:g} within {cfg['overfit']['max_steps']} steps",
+            "" if ok else "a fresh model could not memorise a few rows: check lr, schedule, labels and data",
+        )
+    )
     return report
 
 
@@ -383,8 +474,9 @@ def _time_checkpoint(trainer: Trainer, out_dir: Path) -> tuple[float, int]:
         out_dir.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(dir=out_dir, prefix=".checkpoint-timing-"))
     scratch = broadcast_object(scratch, d.world)
-    trainer.saver = checkpoint.Saver(scratch, checkpoint_format(train), 1, rank=d.rank, world=d.world,
-                                     async_save=train["async_checkpoint"])
+    trainer.saver = checkpoint.Saver(
+        scratch, checkpoint_format(train), 1, rank=d.rank, world=d.world, async_save=train["async_checkpoint"]
+    )
     try:
         _sync(d.device)
         barrier(d.world)
@@ -406,13 +498,22 @@ def estimate_for(sections: dict, manifest: dict, world: int) -> Estimate:
     train = sections["train"]
     dev = device.select_device(train["device"])
     cfg = resolve(sections["model"], manifest["padded_vocab_size"], manifest["seq_len"])
-    return estimate(cfg, setting_of(train, cuda=dev.type == "cuda", world=world,
-                                    bf16=device.use_bf16(train["precision"], dev),
-                                    compiled=device.use_compile(train["compile"], dev)))
+    return estimate(
+        cfg,
+        setting_of(
+            train,
+            cuda=dev.type == "cuda",
+            world=world,
+            bf16=device.use_bf16(train["precision"], dev),
+            compiled=device.use_compile(train["compile"], dev),
+        ),
+    )
 
 
 def _estimate_note(est: Estimate, cuda: bool) -> str:
-    measured = "torch.cuda.max_memory_allocated" if cuda else "the process's resident set, interpreter and libraries included"
+    measured = (
+        "torch.cuda.max_memory_allocated" if cuda else "the process's resident set, interpreter and libraries included"
+    )
     return f"tensors estimated per device {est.summary()} (the measured peak is {measured})"
 
 
@@ -424,8 +525,12 @@ def _param_bytes(model: torch.nn.Module) -> int:
 
 def _checkpoint_bytes(trainer: Trainer) -> int:
     """Bytes of a checkpoint: the weights and the optimizer state (AdamW: two moments per weight)."""
-    opt = sum(t.numel() * t.element_size() for state in trainer.optimizer.state.values()
-              for t in state.values() if torch.is_tensor(t) and t.dim() > 0)
+    opt = sum(
+        t.numel() * t.element_size()
+        for state in trainer.optimizer.state.values()
+        for t in state.values()
+        if torch.is_tensor(t) and t.dim() > 0
+    )
     return _param_bytes(trainer.model) + opt
 
 

@@ -35,23 +35,37 @@ from typing import Callable
 import numpy as np
 import torch
 
+from kiln import layout
 from kiln.config import checkpoint_format
 from kiln.data.loader import ShardRows, TrainBatches, eval_batches
 from kiln.data.shards import tokens_per_byte
 from kiln.errors import ExitCode, RunStopped
-from kiln import layout
 from kiln.io import remove_dead_temps
 from kiln.model.build import build_model, save_model
 from kiln.model.registry import resolve
-from kiln.train import checkpoint, device, faults, fingerprint, init_from, parallel
-from kiln.train.distributed import (barrier, collective_deadline, gather_objects, init_distributed, max_across_ranks,
-                                    mean_across_ranks, shutdown, sum_across_ranks)
-from kiln.train.health import SpikeDetector
-from kiln.train.init_from import InitSource
-from kiln.train.metrics import (MetricsSink, Throughput, flops_per_token, flops_per_token_torchtitan, memory_mb,
-                                peak_flops)
 from kiln.plan.steps import plan_batch
 from kiln.plan.tables import format_eta
+from kiln.train import checkpoint, device, faults, fingerprint, init_from, parallel
+from kiln.train.distributed import (
+    barrier,
+    collective_deadline,
+    gather_objects,
+    init_distributed,
+    max_across_ranks,
+    mean_across_ranks,
+    shutdown,
+    sum_across_ranks,
+)
+from kiln.train.health import SpikeDetector
+from kiln.train.init_from import InitSource
+from kiln.train.metrics import (
+    MetricsSink,
+    Throughput,
+    flops_per_token,
+    flops_per_token_torchtitan,
+    memory_mb,
+    peak_flops,
+)
 from kiln.train.mirror import Mirror
 from kiln.train.optim import build_adamw
 from kiln.train.preemption import StopSignal
@@ -73,7 +87,9 @@ class RunResult:
     data_wait_fraction: float = 0.0
     peak_memory_mb: float = 0.0
     mfu: float | None = None
-    mfu_torchtitan: float | None = None  # the same under torchtitan's transformers-backend FLOP count (kiln.train.metrics)
+    mfu_torchtitan: float | None = (
+        None  # the same under torchtitan's transformers-backend FLOP count (kiln.train.metrics)
+    )
     n_params: int = 0
     tokens_per_step: int = 0
     grad_accum: int = 1
@@ -121,12 +137,18 @@ class Trainer:
         self.bf16 = device.use_bf16(train["precision"], self.d.device)
         self.autocast = device.autocast(self.d.device, self.bf16)
         self.wrapped = parallel.parallelize(
-            self.model, self.d, strategy=train["parallel"], compile_model=device.use_compile(train["compile"], self.d.device),
-            activation_checkpointing=train["activation_checkpointing"], bf16=self.bf16)
+            self.model,
+            self.d,
+            strategy=train["parallel"],
+            compile_model=device.use_compile(train["compile"], self.d.device),
+            activation_checkpointing=train["activation_checkpointing"],
+            bf16=self.bf16,
+        )
         self.optimizer = build_adamw(self.model, train, self.d.device.type)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.batches = TrainBatches(self.rows, train["micro_batch"], self.seed, self.d.rank, self.d.world,
-                                    self.plan.grad_accum)
+        self.batches = TrainBatches(
+            self.rows, train["micro_batch"], self.seed, self.d.rank, self.d.world, self.plan.grad_accum
+        )
         self.lr_at = schedule_from_config(train, self.max_steps)
         self.step, self.tokens_seen, self.data_wait_s = 0, 0, 0.0
         self.elapsed_s, self._loop_start = 0.0, None  # the training wall time of earlier attempts; this one's start
@@ -142,23 +164,39 @@ class Trainer:
         """What a checkpoint must share with the run resuming it (kiln.train.fingerprint): model,
         tokenizer, shards, seed and the train settings that shape the trajectory (steps included);
         not the rank layout, which may change on resume, nor logging and checkpoint cadence."""
-        return fingerprint.of_run(self.cfg.to_dict(), self.rows.manifest, self.seed,
-                                  fingerprint.trajectory(self.train_cfg, self.max_steps, self.init_sha256))
+        return fingerprint.of_run(
+            self.cfg.to_dict(),
+            self.rows.manifest,
+            self.seed,
+            fingerprint.trajectory(self.train_cfg, self.max_steps, self.init_sha256),
+        )
 
     def state_dict(self) -> dict:
         """Everything needed to continue exactly but model and optimizer (on rank 0; collective)."""
-        return {"step": self.step, "tokens_seen": self.tokens_seen,
-                "data": self.batches.state_dict(), "rng": self._rng_states(), "fingerprint": self.fingerprint,
-                "config": self.sections, "skipped": self.skipped, "spikes": self.spikes.state_dict(),
-                "elapsed_s": self.elapsed_s + self._since_start()}
+        return {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "data": self.batches.state_dict(),
+            "rng": self._rng_states(),
+            "fingerprint": self.fingerprint,
+            "config": self.sections,
+            "skipped": self.skipped,
+            "spikes": self.spikes.state_dict(),
+            "elapsed_s": self.elapsed_s + self._since_start(),
+        }
 
     def _save_checkpoint(self) -> None:
         """A checkpoint of this step in train.checkpoint_format (fit's saver). Collective."""
         if self.saver.sharded:  # each rank's own part, nothing gathered
             self.saver.save(self.state_dict(), parallel.sharded_state(self.model, self.optimizer))
             return
-        self.saver.save(self.state_dict() | {"model": parallel.full_model_state(self.model),
-                                             "optimizer": parallel.full_optimizer_state(self.model, self.optimizer)})
+        self.saver.save(
+            self.state_dict()
+            | {
+                "model": parallel.full_model_state(self.model),
+                "optimizer": parallel.full_optimizer_state(self.model, self.optimizer),
+            }
+        )
 
     def load_state_dict(self, state: dict) -> None:
         if checkpoint.SHARDS in state:
@@ -260,26 +298,52 @@ class Trainer:
             for path in remove_dead_temps(out_dir):
                 log.info("removed %s, left by a writer that died", path)
         self._resume_or_start(out_dir)
-        result = RunResult(n_params=self.model.num_params(non_embedding=False), is_main=d.is_main,
-                           tokens_per_step=self.plan.tokens_per_step, grad_accum=self.plan.grad_accum,
-                           init_from=self.init_source.describe() if self.init_source else None)
+        result = RunResult(
+            n_params=self.model.num_params(non_embedding=False),
+            is_main=d.is_main,
+            tokens_per_step=self.plan.tokens_per_step,
+            grad_accum=self.plan.grad_accum,
+            init_from=self.init_source.describe() if self.init_source else None,
+        )
         if d.is_main:
-            log.info("model: %s, %s parameters; %d ranks (%s) x %d micro-batches x %d rows x %d tokens = %d tokens/step",
-                     self.cfg.to_dict(), f"{result.n_params:,}", d.world, train["parallel"], self.plan.grad_accum,
-                     self.plan.micro_batch, self.cfg.seq_len, self.plan.tokens_per_step)
-        sink = MetricsSink(out_dir / layout.METRICS, self.sections.get("wandb", {"mode": "disabled"}),
-                           self.sections, enabled=d.is_main, resume_step=self.step)
-        meter = Throughput(flops_per_token(self.model), peak_flops(d.device), d.world,
-                           flops_per_token_torchtitan(self.model))
+            log.info(
+                "model: %s, %s parameters; %d ranks (%s) x %d micro-batches x %d rows x %d tokens = %d tokens/step",
+                self.cfg.to_dict(),
+                f"{result.n_params:,}",
+                d.world,
+                train["parallel"],
+                self.plan.grad_accum,
+                self.plan.micro_batch,
+                self.cfg.seq_len,
+                self.plan.tokens_per_step,
+            )
+        sink = MetricsSink(
+            out_dir / layout.METRICS,
+            self.sections.get("wandb", {"mode": "disabled"}),
+            self.sections,
+            enabled=d.is_main,
+            resume_step=self.step,
+        )
+        meter = Throughput(
+            flops_per_token(self.model), peak_flops(d.device), d.world, flops_per_token_torchtitan(self.model)
+        )
         if self.step == 0 and self.init_source is not None:  # where the source left off, before any step
             self._log_start_validation(sink, sampler)
         log_every = train["log_every"]
         unread, window, window_tokens = [], _Window(), 0
         self.faults = faults.from_env(d.rank)
         self.mirror = Mirror.of(train, out_dir, rank=d.rank)  # rank 0 copies each checkpoint off the node
-        self.saver = checkpoint.Saver(ckpt_root, checkpoint_format(train), train["keep_checkpoints"], rank=d.rank,
-                                      world=d.world, async_save=train["async_checkpoint"], faults=self.faults,
-                                      on_saved=self.mirror.submit, milestone_every=train["keep_checkpoint_every"])
+        self.saver = checkpoint.Saver(
+            ckpt_root,
+            checkpoint_format(train),
+            train["keep_checkpoints"],
+            rank=d.rank,
+            world=d.world,
+            async_save=train["async_checkpoint"],
+            faults=self.faults,
+            on_saved=self.mirror.submit,
+            milestone_every=train["keep_checkpoint_every"],
+        )
         self.mirror.catch_up(ckpt_root)
         self.stop.install()  # restored when fit ends, and by run() whatever happens
         loop_start = self._loop_start = time.perf_counter()
@@ -300,23 +364,35 @@ class Trainer:
             if done % log_every == 0 or done == self.max_steps or preempted:
                 mean_loss = window.mean_loss()
                 rates = meter.window(window_tokens, last=done == self.max_steps)
-                record = {"step": done, "loss": mean_loss, "bpb": self._bits_per_byte(mean_loss, "train"), "lr": lr, "grad_norm": grad_norm.item(),
-                          "tokens": self.tokens_seen, "elapsed_s": self.elapsed_s + self._since_start(), **rates,
-                          "memory_mb": memory_mb(d.device),
-                          "batch_hash": self._batch_hash()}
+                record = {
+                    "step": done,
+                    "loss": mean_loss,
+                    "bpb": self._bits_per_byte(mean_loss, "train"),
+                    "lr": lr,
+                    "grad_norm": grad_norm.item(),
+                    "tokens": self.tokens_seen,
+                    "elapsed_s": self.elapsed_s + self._since_start(),
+                    **rates,
+                    "memory_mb": memory_mb(d.device),
+                    "batch_hash": self._batch_hash(),
+                }
                 record.update(window.events() | self.mirror.events())
                 window, window_tokens = _Window(), 0
                 result.losses.append(mean_loss)
                 if d.is_main:
                     self._print_progress(record, meter)
-                if (done % train["eval_every"] == 0 or done == self.max_steps):
+                if done % train["eval_every"] == 0 or done == self.max_steps:
                     record["val_loss"] = self.evaluate()
                     record["val_bpb"] = self._bits_per_byte(record["val_loss"], "val")
                     result.val_losses.append((done, record["val_loss"]))
                     samples = self._sample(sampler)
                     if d.is_main:
-                        log.info("step %d | val loss %.4f%s", done, record["val_loss"],
-                                 "" if record["val_bpb"] is None else f" | {record['val_bpb']:.4f} bits/byte")
+                        log.info(
+                            "step %d | val loss %.4f%s",
+                            done,
+                            record["val_loss"],
+                            "" if record["val_bpb"] is None else f" | {record['val_bpb']:.4f} bits/byte",
+                        )
                         for row in samples:
                             log.info("step %d | sample %r -> %r", done, row["prompt"], row["completion"])
                         sink.log_samples(done, samples)
@@ -360,8 +436,9 @@ class Trainer:
         superseded = not requested and self._superseded(out_dir)
         # Rank 0 reads the checkpoint's hashes and picks it for every rank (its superseded verdict
         # counts); every rank memory-maps it: one copy in the node's page cache, not one per rank.
-        state = checkpoint.resume_state(ckpt_root, self.fingerprint, requested, rank=self.d.rank, world=self.d.world,
-                                        start_over=superseded)
+        state = checkpoint.resume_state(
+            ckpt_root, self.fingerprint, requested, rank=self.d.rank, world=self.d.world, start_over=superseded
+        )
         if state is not None:
             self.load_state_dict(state)
             log.info("resumed from step %d (%d tokens seen)", self.step, self.tokens_seen)
@@ -396,8 +473,9 @@ class Trainer:
         why = checkpoint.superseded_by(out_dir / layout.CHECKPOINTS, self.fingerprint)
         if why is not None and self.d.is_main:
             moved = layout.set_aside(out_dir)
-            log.warning("train: starting from step 0: %s; the earlier run's checkpoints and metrics are in %s",
-                        why, moved)
+            log.warning(
+                "train: starting from step 0: %s; the earlier run's checkpoints and metrics are in %s", why, moved
+            )
         return why is not None
 
     def _preempted(self, unread: list, synced: bool) -> bool:
@@ -420,41 +498,61 @@ class Trainer:
             return None
         policy = self.train_cfg["nonfinite"]
         losses = mean_across_ranks(torch.stack([u[1] for u in unread]), self.d.world)
-        rows = torch.stack([losses, torch.stack([u[2] for u in unread]).float(),
-                            torch.stack([u[3][0] for u in unread])]).tolist()
+        rows = torch.stack(
+            [losses, torch.stack([u[2] for u in unread]).float(), torch.stack([u[3][0] for u in unread])]
+        ).tolist()
         for step, loss, norm, bad in zip([u[0] for u in unread], *rows):
             if bad:
                 self.skipped += 1
                 window.skipped.append(step)
                 if self.d.is_main:
-                    log.warning("step %d: loss %s, gradient norm %s: not finite on some rank; update not applied "
-                                "(%d skipped in this run)", step, loss, norm, self.skipped)
+                    log.warning(
+                        "step %d: loss %s, gradient norm %s: not finite on some rank; update not applied "
+                        "(%d skipped in this run)",
+                        step,
+                        loss,
+                        norm,
+                        self.skipped,
+                    )
                 if policy["action"] == "stop" or self.skipped > policy["max_skips"]:
-                    why = ("train.nonfinite.action is stop" if policy["action"] == "stop" else
-                           f"{self.skipped} batches skipped, more than train.nonfinite.max_skips {policy['max_skips']}")
+                    why = (
+                        "train.nonfinite.action is stop"
+                        if policy["action"] == "stop"
+                        else f"{self.skipped} batches skipped, more than train.nonfinite.max_skips {policy['max_skips']}"
+                    )
                     return RunStopped(
                         f"train: step {step}: loss {loss}, gradient norm {norm}: not finite, so not applied, and "
                         f"the run stopped ({why}); nothing after it was saved. Last good checkpoint: "
                         f"{self._last_checkpoint(ckpt_root)}, where a rerun resumes. Lower train.lr, raise "
                         "train.warmup_steps or check the data; train.nonfinite.action: skip drops such batches",
-                        ExitCode.NONFINITE)
+                        ExitCode.NONFINITE,
+                    )
                 continue
             window.losses.append(loss)
             ratio = self.spikes.update(loss)
             if ratio is not None:
                 window.spikes.append(step)
                 if self.d.is_main:
-                    log.warning("step %d: loss spike: %.4f is %.1fx the running average %.4f (train.spike_factor %g)",
-                                step, loss, ratio, loss / ratio, self.spikes.factor)
+                    log.warning(
+                        "step %d: loss spike: %.4f is %.1fx the running average %.4f (train.spike_factor %g)",
+                        step,
+                        loss,
+                        ratio,
+                        loss / ratio,
+                        self.spikes.factor,
+                    )
         return None
 
     def _preemption_stop(self, ckpt_root: Path) -> RunStopped:
         self.saver.wait()  # an async save: this rank's shards written (rank 0: the checkpoint in place)
         barrier(self.d.world)  # rank 0 has written the checkpoint before any rank exits
         signal = self.stop.received or "a preemption signal on another rank"
-        return RunStopped(f"train: {signal}: every rank saved step {self.step} "
-                          f"({self._last_checkpoint(ckpt_root)}); rerun the same command to continue from "
-                          f"step {self.step + 1}", ExitCode.PREEMPTED)
+        return RunStopped(
+            f"train: {signal}: every rank saved step {self.step} "
+            f"({self._last_checkpoint(ckpt_root)}); rerun the same command to continue from "
+            f"step {self.step + 1}",
+            ExitCode.PREEMPTED,
+        )
 
     def _last_checkpoint(self, ckpt_root: Path) -> str:
         self.saver.wait()  # an async save in flight is the last one once it is in place
@@ -494,13 +592,26 @@ class Trainer:
     def _print_progress(self, record: dict, meter: Throughput) -> None:
         rate = meter.steady_tokens_per_s or record["tokens_per_s"]
         eta = (self.max_steps - record["step"]) * self.plan.tokens_per_step / rate
-        mfu = (f" | MFU {record['mfu']:.1%} (torchtitan transformers-backend count {record['mfu_torchtitan']:.1%})"
-               if record["mfu"] is not None else "")
+        mfu = (
+            f" | MFU {record['mfu']:.1%} (torchtitan transformers-backend count {record['mfu_torchtitan']:.1%})"
+            if record["mfu"] is not None
+            else ""
+        )
         bpb = "" if record["bpb"] is None else f" ({record['bpb']:.3f} bits/byte)"
-        log.info("step %d/%d | loss %.4f%s | lr %.2e | grad %.3f | %s tok/s | %.2f TFLOP/s%s | %.0f MB | ETA %s",
-                 record["step"], self.max_steps, record["loss"], bpb, record["lr"], record["grad_norm"],
-                 f"{record['tokens_per_s']:,.0f}", record["tflops"], mfu, record["memory_mb"],
-                 format_eta(eta))
+        log.info(
+            "step %d/%d | loss %.4f%s | lr %.2e | grad %.3f | %s tok/s | %.2f TFLOP/s%s | %.0f MB | ETA %s",
+            record["step"],
+            self.max_steps,
+            record["loss"],
+            bpb,
+            record["lr"],
+            record["grad_norm"],
+            f"{record['tokens_per_s']:,.0f}",
+            record["tflops"],
+            mfu,
+            record["memory_mb"],
+            format_eta(eta),
+        )
 
 
 @dataclass
@@ -523,8 +634,9 @@ def _split(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return batch[:, :-1], batch[:, 1:]
 
 
-def run(sections: dict, shard_dir: Path, out_dir: Path, *, max_steps: int | None = None,
-        sampler: Sampler | None = None) -> RunResult:
+def run(
+    sections: dict, shard_dir: Path, out_dir: Path, *, max_steps: int | None = None, sampler: Sampler | None = None
+) -> RunResult:
     """Train per `sections` (seed, model, train[, wandb]) on shard_dir, writing into out_dir (see
     Trainer.fit); the process group, if any, is shut down at the end."""
     trainer = Trainer(sections, shard_dir, max_steps=max_steps)
