@@ -26,7 +26,7 @@ Outside the state folder this touches only: the Debian packages, /etc/hosts (add
 `127.0.0.1 n1 n2`) and /etc/slurm/slurm.conf, a symlink to <state>/etc/slurm.conf. The symlink is
 there because the slurm-jobstep plugin strips SLURM_* variables (SLURM_CONF included) before its
 inner `srun`, which then falls back to the compiled-in /etc/slurm/slurm.conf. Ports are fixed (PORTS)
-and the symlink is global: one such cluster per machine at a time.
+and the symlink is global: one such cluster per machine at a time. stop() removes it again.
 """
 
 from __future__ import annotations
@@ -546,6 +546,10 @@ class Cluster:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
             f.unlink(missing_ok=True)
+        # With no controller to answer, a config left in /etc makes every Slurm client wait ~9 s for it:
+        # the Slurm executor plugin runs `scontrol show config` each time Snakemake starts.
+        if SYSTEM_CONF.is_symlink() and SYSTEM_CONF.resolve() == self.conf.resolve():
+            SYSTEM_CONF.unlink()
 
 
 def _port_open(port: int) -> bool:
