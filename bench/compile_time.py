@@ -6,6 +6,7 @@ backward's time (the compile). docs/benchmarks.md, section "GPU check".
     TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0 \\
         python bench/compile_time.py --mode whole --layers 16
     python bench/compile_time.py --mode block --backend count --layers 8   # graphs only: 1 for all blocks
+    python bench/compile_time.py --quick       # block, count, 2 layers: what tests/test_bench.py runs
 """
 
 from __future__ import annotations
@@ -22,10 +23,19 @@ from kiln.train.parallel import compile_blocks
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["whole", "block"], required=True)
+    parser.add_argument("--mode", choices=["whole", "block"], help="required unless --quick")
     parser.add_argument("--backend", default="inductor", help="a torch.compile backend, or count (graphs only)")
     parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
+    )
     args = parser.parse_args()
+    if args.quick:
+        vars(args).update(mode="block", backend="count", layers=2)
+    if args.mode is None:
+        parser.error("--mode is required")
     torch.manual_seed(0)
     model = build_model(
         resolve({"family": "llama", "n_layer": args.layers, "n_head": 4, "n_kv_head": 2, "d_model": 128}, 512, 128)

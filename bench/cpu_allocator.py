@@ -4,6 +4,7 @@ batch and machine, in one run.
 
     python bench/cpu_allocator.py                 # the default config's 4x256 GPT, batch 16 x 256, bf16
     python bench/cpu_allocator.py --rounds 5 --steps 16
+    python bench/cpu_allocator.py --quick        # one round of one step, a 1-layer model: tests/test_bench.py
 
 An allocator setting is per process, so each measurement is a child process (this script with
 --child), alternating default and tuned over --rounds so a noisy neighbour hits both alike; each child
@@ -22,17 +23,20 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-from kiln.train import device
-from kiln.train.trainer import Trainer
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_throughput import synthetic_shards, train_sections  # noqa: E402
+QUICK_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32}  # --quick (train_throughput's)
 
 
 def child(args) -> None:
     """One measurement: tokens/s of args.steps train steps, allocator tuned or left as glibc's."""
+    # Imported here, not at the top: the parent only starts children and reads their figures.
+    import torch
+
+    from kiln.train import device
+    from kiln.train.trainer import Trainer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from train_throughput import synthetic_shards, train_sections
+
     if args.child == "default":
         device.tune_cpu_allocator = lambda: False  # Trainer's device.configure calls it
     torch.set_num_threads(args.threads)
@@ -60,8 +64,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="child processes per setting, alternating")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
+    )
     parser.add_argument("--child", choices=["default", "tuned"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:  # train_throughput's tiny model and batch (the children get --quick too)
+        vars(args).update(model=QUICK_MODEL, vocab=512, seq_len=32, micro_batch=2, steps=1, warmup=0, rounds=1)
     args.flavour, args.compile = None, False  # what train_sections reads: the default config's GPT, eager
     if args.child:
         child(args)

@@ -2,6 +2,7 @@
 and against the raw batch-encode speed of the encoders, on the same corpus and machine, in one run.
 
     python bench/dataprep.py                                   # the default corpus (Python stdlib)
+    python bench/dataprep.py --quick   # QUICK_CONFIG (json and http of the stdlib), a 1 MiB big document
     python bench/dataprep.py --raw results/data/raw-<key> --tokenizer results/data/tokenizer-<key>/tokenizer.json   # kiln status shows the keys
 
 Measured, each as corpus bytes per second of wall time (best of --repeat rounds, taken in turns):
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from kiln import run_config
 from kiln.data.encoders import tiktoken_encoding
@@ -39,6 +41,13 @@ from kiln.data.tokenizer import EOS, build_tokenizer, load_tokenizer
 from kiln.io import read_json
 
 ROOT = Path(__file__).resolve().parents[1]
+# --quick: tests/configs/tiny.yaml on two stdlib packages, written to the scratch folder (the memory
+# part's children read the config from a file)
+QUICK_CONFIG = {
+    "download": {"sources": [{"name": "stdlib", "kind": "stdlib", "include": ["json/*.py", "http/*.py"]}]},
+    "tokenizer": {"vocab_size": 512, "heldout_docs": 2},
+    "pretokenize": {"val_tokens": 2000},
+}
 
 
 def kiln_pretokenize(raw: Path, tokenizer: Path, tokens: Path, cfg: dict, workers: int) -> dict:
@@ -195,9 +204,18 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--repeat", type=int, default=1, help="rounds; the best time of each is reported")
     parser.add_argument("--big-doc-mb", type=int, default=200)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
+    )
     args = parser.parse_args()
-    cfg = run_config.load(args.config)
     scratch = Path(tempfile.mkdtemp(prefix="kiln-dataprep-"))
+    if args.quick:
+        tiny = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+        args.config, args.big_doc_mb = scratch / "quick.yaml", 1
+        args.config.write_text(yaml.safe_dump(tiny | QUICK_CONFIG), encoding="utf-8")
+    cfg = run_config.load(args.config)
     try:
         raw = args.raw or scratch / "raw"
         if args.raw is None:

@@ -3,6 +3,7 @@
 
     python bench/eval_memory.py                              # 1x = 1 GiB of uint16 ids (512M tokens), 4x = 4 GiB
     python bench/eval_memory.py --gib 0.25 --old-gib 0.0625  # smaller; the old code at 1/16 GiB and 1/4 GiB
+    python bench/eval_memory.py --quick     # 128 KiB, 1x only, old code too, one child: tests/test_bench.py
 
 The synthetic split is what pretokenize writes and eval reads: train.bin, flat ids (uint16 below
 65,536 ids), drawn at random over GPT-2's padded 50,304 ids, written under --dir (default /tmp);
@@ -27,8 +28,10 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -159,8 +162,17 @@ def main() -> None:
     parser.add_argument("--scales", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--dir", type=Path, default=Path("/tmp/kiln-eval-memory"))
     parser.add_argument("--keep", action="store_true", help="leave the synthetic splits on disk")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
+    )
     parser.add_argument("--child", nargs=3, metavar=("FOLDER", "IMPL", "PART"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:  # every implementation and part once, on one split of 128 KiB
+        vars(args).update(
+            gib=2**-13, old_gib=2**-13, scales=[1], dir=Path(tempfile.mkdtemp(prefix="kiln-eval-memory-"))
+        )
     if args.child:
         print(json.dumps(child(Path(args.child[0]), args.child[1], args.child[2])))
         return
@@ -179,7 +191,10 @@ def main() -> None:
                 write_split(folder, n_tokens, seed=scale)
             for g, impl, part in plan:
                 if g == gib:
-                    row = run_child(folder, impl, part) | {"scale": scale, "split_gib": gib * scale}
+                    # --quick: the first part in a child as always (its command line, its JSON), the
+                    # others in this process (a child's imports cost seconds; the figures mean nothing)
+                    how = child if args.quick and rows else run_child
+                    row = how(folder, impl, part) | {"scale": scale, "split_gib": gib * scale}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
             if not args.keep:
@@ -195,6 +210,8 @@ def main() -> None:
             f"| {r['part']} | {r['impl']} | {r['split_gib']:g} GiB ({r['scale']}x) | {r['tokens']:,} | "
             f"{r['peak_rss_mb']:,} | {r['rss_start_mb']:,} | {r['peak_rss_mb'] - r['rss_start_mb']:,} | {r['seconds']} |"
         )
+    if args.quick:
+        shutil.rmtree(args.dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ on the same model, prompts and machine, in one run.
 
     python bench/generate.py                                  # the default config's 4x256 GPT, 32 prompts x 64 tokens
     python bench/generate.py --family llama --prompts 64 --rounds 3
+    python bench/generate.py --quick          # 2 prompts x 4 tokens at seq 32: what tests/test_bench.py runs
 
 Three loops, all greedy with no stop ids, so each makes exactly prompts x new tokens:
 - uncached, one by one: the pre-cache kiln.generate.decode, kept here as the baseline;
@@ -65,7 +66,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
+    )
     args = parser.parse_args()
+    if args.quick:
+        vars(args).update(vocab=512, seq_len=32, prompts=2, prompt_len=8, new_tokens=4, rounds=1)
     if args.prompt_len + args.new_tokens > args.seq_len:
         parser.error("--prompt-len + --new-tokens must fit --seq-len (the baseline would slide its window)")
     if args.threads:

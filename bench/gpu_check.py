@@ -552,7 +552,10 @@ def _check_rows(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--cpu-dry-run", action="store_true", help="hide CUDA; run the CPU-capable parts at tiny shapes"
+        "--cpu-dry-run",
+        "--quick",
+        action="store_true",
+        help="hide CUDA; run the CPU-capable parts at tiny shapes (--quick, as every bench script spells it)",
     )
     parser.add_argument("--only", help=f"comma-separated checks: {', '.join(c.slug for c in CHECKS)}")
     parser.add_argument("--out", type=Path, help="logs and scratch files (default: a new temporary folder)")

@@ -3,6 +3,7 @@ one (whole logits, upcast to fp32, one F.cross_entropy), in one run on the CPU.
 
     python bench/loss_memory.py                    # head + loss alone at V 32,768, then a whole model step
     python bench/loss_memory.py --rows 8192 --rounds 3
+    python bench/loss_memory.py --quick            # 64 rows, V 512, one round, one child: tests/test_bench.py
 
 Two measurements of each, forward and backward, bf16 autocast as train runs it:
   - allocated: the peak of tensor bytes above what was alive before (torch's CPU profiler,
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import queue
 import resource
 import statistics
 import time
@@ -92,13 +94,21 @@ def measure(case: str, loss: str, args, queue) -> None:
 
 
 def child_result(case: str, loss: str, args) -> dict:
-    ctx = multiprocessing.get_context("spawn")
+    # --quick forks (this process has run no torch op yet): a spawned child's imports cost seconds
+    # (pickling the arguments, which spawn does and fork does not, is left to the full run)
+    ctx = multiprocessing.get_context("fork" if args.quick else "spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=measure, args=(case, loss, args, queue))
     proc.start()
     out = queue.get()
     proc.join()
     return out
+
+
+def in_process(case: str, loss: str, args) -> dict:
+    out = queue.SimpleQueue()
+    measure(case, loss, args, out)
+    return out.get()
 
 
 def main() -> None:
@@ -112,14 +122,26 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
+    )
     args = parser.parse_args()
+    if args.quick:
+        vars(args).update(rows=64, d_model=32, vocab=512, model_vocab=512, batch=2, seq_len=32, rounds=1, threads=1)
     rows = []
     shapes = {
         "loss": f"head + loss, {args.rows:,} rows x C {args.d_model} -> V {args.vocab:,}",
         "model": f"default 4x256 GPT, {args.batch} x {args.seq_len}, V {args.model_vocab:,}",
     }
     for case in CASES:
-        results = {loss: child_result(case, loss, args) for loss in LOSSES}
+        results = {}
+        for loss in LOSSES:
+            # --quick: the first in a child as always, the others here (a child pays torch's profiler
+            # start-up, ~1.5 s, and the figures mean nothing)
+            quick_here = args.quick and (rows or results)
+            results[loss] = in_process(case, loss, args) if quick_here else child_result(case, loss, args)
         rows.append((case, results))
     if args.json:
         print(json.dumps({case: r for case, r in rows}, indent=2))

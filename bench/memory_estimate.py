@@ -3,12 +3,13 @@ seeds' runs on their GPUs.
 
     python bench/memory_estimate.py              # both tables
     python bench/memory_estimate.py --seeds-only # the seeds' table alone (torch-free arithmetic, instant)
+    python bench/memory_estimate.py --quick      # both tables, the CPU one on QUICK_ROWS: tests/test_bench.py
 
 The CPU table builds Kiln's Trainer on random-token shards (train.device cpu, compile off unless the
 row says compiled: then aot_eager_decomp_partition, inductor's partitioner without its C++), runs one
 step (AdamW's moments allocated) and measures the next: the weights and optimizer state alive before
 it plus the peak of torch's CPU profiler during it (kiln.train.cpu_memory). The seeds' table is
-`kiln plan`'s memory rows for config/experiments/*.yaml, plus llama3.2-1b's flagship shape under
+`kiln plan`'s memory rows for the run files in config/experiments/ (not the sweeps laid over them), plus llama3.2-1b's flagship shape under
 each activation checkpointing mode on one GPU.
 """
 
@@ -26,6 +27,7 @@ from kiln.forecast import model_vocab
 from kiln.model.registry import resolve
 from kiln.plan.memory import GIB, Setting, estimate, fit_report, setting_of
 from kiln.plan.peaks import gpu_of
+from kiln.sections import TrainSection
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_ROWS = [  # tests/test_memory.py's shapes and more: (model, seq_len, micro_batch, vocab, precision, AC, compiled)
@@ -62,9 +64,15 @@ CPU_ROWS = [  # tests/test_memory.py's shapes and more: (model, seq_len, micro_b
     ({"family": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "d_model": 256}, 512, 8, 512, "bf16", "none", True),
     ({"n_layer": 4, "n_head": 4, "d_model": 256}, 256, 16, 8192, "bf16", "none", True),
 ]
+# --quick: two tiny eager rows (a compiled row costs seconds of tracing; tests/test_memory.py
+# compiles with the same backend)
+QUICK_ROWS = [
+    ({"n_layer": 1, "n_head": 2, "d_model": 32}, 32, 2, 512, "fp32", "none", False),
+    ({"family": "llama", "n_layer": 1, "n_head": 2, "n_kv_head": 1, "d_model": 32}, 32, 2, 512, "bf16", "full", False),
+]
 
 
-def cpu_table() -> None:
+def cpu_table(rows: list[tuple] = CPU_ROWS) -> None:
     import torch
 
     from kiln.train.cpu_memory import allocated_during, tensor_bytes
@@ -75,7 +83,7 @@ def cpu_table() -> None:
 
     print("| model | tokens | V | precision | AC | measured MiB | estimated MiB | est / measured |")
     print("|---|---|---:|---|---|---:|---:|---:|")
-    for model, seq, micro, vocab, precision, ac, compiled in CPU_ROWS:
+    for model, seq, micro, vocab, precision, ac, compiled in rows:
         raw = {
             "run_name": "m",
             "seed": 1,
@@ -128,10 +136,12 @@ def seeds_table() -> None:
     print("| run | GPU | setting | estimated GiB per GPU | fits? | what to change |")
     print("|---|---|---|---:|---|---|")
     for path in sorted((REPO / "config" / "experiments").glob("*.yaml")):
+        if kiln_config.read_yaml(path).get("sweep"):  # an overlay on a run file listed here, not a run
+            continue
         cfg = run_config.resolve([str(path)], {})
         model = resolve(cfg["model"], vocab_size=model_vocab(cfg["tokenizer"]), seq_len=cfg["shard"]["seq_len"])
         gpu = gpu_of(cfg["plan"]["gpu"])
-        report = fit_report(model, setting_of(cfg["train"]), gpu.fragment, gpu.memory_gib)
+        report = fit_report(model, setting_of(TrainSection.of(cfg["train"])), gpu.fragment, gpu.memory_gib)
         _row(path.stem, report)
     flagship = resolve({"flavour": "llama3.2-1b"}, vocab_size=32768, seq_len=8192)
     base = Setting(micro_batch=6, world=1, parallel="ddp")
@@ -161,9 +171,14 @@ def _row(run: str, report: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds-only", action="store_true")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
+    )
     args = parser.parse_args()
     if not args.seeds_only:
-        cpu_table()
+        cpu_table(QUICK_ROWS if args.quick else CPU_ROWS)
         print()
     seeds_table()
     print(

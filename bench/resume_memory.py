@@ -3,6 +3,7 @@ checkpoint (model and AdamW state in state.pt), on CPU under torchrun with gloo.
 
     python bench/resume_memory.py                               # 2 ranks, ~109M parameters (1.3 GB state.pt)
     python bench/resume_memory.py --ranks 4 --d-model 1024 --n-layer 8
+    python bench/resume_memory.py --quick       # 2 ranks, a 1 x 64 model: what tests/test_bench.py runs
     PYTHONPATH=/tmp/old/src python bench/resume_memory.py       # the same against another checkout's kiln
 
 One process writes the checkpoint (a Trainer, one optimizer step, saved); then R ranks each build the
@@ -120,8 +121,15 @@ def main() -> None:
     parser.add_argument("--n-layer", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        vars(args).update(ranks=2, d_model=64, n_layer=1, seq_len=16, vocab=512)
     if args.child:
         return child(json.loads(Path(args.child).read_text()))
     with tempfile.TemporaryDirectory() as tmp:

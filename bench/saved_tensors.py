@@ -5,6 +5,8 @@ rebuilt from these figures, and the seed's setting as Kiln would run it.
 
     python bench/saved_tensors.py                                   # seed 000's widths, 2 x 512 tokens
     python bench/saved_tensors.py --d-model 512 --n-head 8 --n-kv-head 2 --d-ff 2048 --seq 1024 --batch 3
+    python bench/saved_tensors.py --quick   # eager at d_model 64 (the loss too), seed 000 from the
+                                            # eager bf16 row: what tests/test_bench.py runs
 
 Each row runs one block under bf16 autocast on this CPU (a warm-up forward and backward first, which
 compiles), then one forward with autograd's saved-tensor hooks on (kiln.train.cpu_memory.
@@ -133,7 +135,7 @@ def table(cfg: ModelConfig, batch: int, modes: tuple[str, ...]) -> dict:
     return results
 
 
-def loss_bytes_per_logit(n: int = 2048, vocab: int = 8192) -> tuple[float, float]:
+def loss_bytes_per_logit(n: int = 2048, vocab: int = 8192, backend: str = "inductor") -> tuple[float, float]:
     """torchtitan's loss (components/loss.py cross_entropy_loss, compiled as seed 000 ran it) on bf16
     logits: bytes per logit it keeps for backward, and the most its backward allocates above that."""
 
@@ -141,7 +143,7 @@ def loss_bytes_per_logit(n: int = 2048, vocab: int = 8192) -> tuple[float, float
         return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
 
     torch._dynamo.reset()
-    fn = torch.compile(cross_entropy_loss)
+    fn = torch.compile(cross_entropy_loss, backend=backend)
     labels = torch.randint(0, vocab, (1, n))
     for _ in range(2):
         logits = torch.randn(1, n, vocab, dtype=torch.bfloat16, requires_grad=True)
@@ -209,7 +211,14 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
+    )
     args = parser.parse_args()
+    if args.quick:  # eager only: inductor's C++ build alone takes minutes cold
+        vars(args).update(d_model=64, n_head=2, n_kv_head=1, d_ff=128, seq=16, batch=1, modes="eager")
     cfg = ModelConfig(
         family="llama",
         vocab_size=SEED["vocab"],
@@ -223,14 +232,14 @@ def main() -> None:
     )
     modes = tuple(args.modes.split(","))
     results = table(cfg, args.batch, modes)
-    saved, peak = loss_bytes_per_logit()
+    saved, peak = loss_bytes_per_logit(64, 256, "eager") if args.quick else loss_bytes_per_logit()
     print(
         f"\ntorchtitan's compiled loss on bf16 logits: keeps {saved:.2f} B a logit for backward; its backward "
         f"allocates {peak:.2f} B a logit more (the gradient)"
     )
     seeds = (args.d_model, args.n_head, args.n_kv_head, args.d_ff) == (2048, 32, 8, 8192)
-    key = ("transformers LlamaDecoderLayer", "bf16", "inductor")
-    if seeds and key in results:
+    key = ("transformers LlamaDecoderLayer", "bf16", "eager" if args.quick else "inductor")
+    if (seeds or args.quick) and key in results:
         seed_000(
             results[key]["per token"],
             saved + peak,

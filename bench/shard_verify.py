@@ -2,6 +2,7 @@
 
     python bench/shard_verify.py                      # 256M tokens (512 MB) in 16 shards, seq_len 1024
     python bench/shard_verify.py --tokens 64e6 --batches 200
+    python bench/shard_verify.py --quick          # 4 shards of 64 rows, 4 batches: what tests/test_bench.py runs
 
 Writes a synthetic shard folder (uint16 ids, the shard stage's layout) in a temporary folder, reads it
 once untimed so that every figure below comes from the page cache, then, best of --repeat rounds:
@@ -73,7 +74,16 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--batches", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
+    )
     args = parser.parse_args()
+    if args.quick:
+        vars(args).update(
+            tokens=4 * 64 * 65, seq_len=64, rows_per_shard=64, vocab=512, micro_batch=2, batches=4, repeat=1
+        )
     with tempfile.TemporaryDirectory(prefix="kiln-shard-verify-") as tmp:
         shards = Path(tmp)
         size = make_shards(shards, int(args.tokens), args.seq_len, args.rows_per_shard, args.vocab)

@@ -1,6 +1,7 @@
 """Per-stage wall time, CPU time and peak memory of a finished run, from Snakemake's benchmark files.
 
     python bench/stage_times.py results/stdlib-code
+    python bench/stage_times.py --quick     # a made-up run folder (every stage but report): tests/test_bench.py
 
 Prints a markdown table (the form docs/benchmarks.md records) with the total against the 15-minute
 budget of the embedded default on a 2-core machine.
@@ -10,17 +11,42 @@ from __future__ import annotations
 
 import argparse
 import csv
+import shutil
+import tempfile
 from pathlib import Path
 
+from kiln import run_config
 from kiln.layout import STAGES, Layout
 
 BUDGET_S = 15 * 60
+BENCHMARK_HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time"  # Snakemake's
+
+
+def made_up_run(root: Path) -> Path:
+    """--quick: the embedded default's run folder under root with layout.json and a benchmark file
+    of one second for every stage but the last (which reads as not run)."""
+    paths = Layout(run_config.resolve(), root=root)
+    paths.write()
+    for stage in [s.name for s in STAGES][:-1]:
+        path = Path(paths.benchmark(stage))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{BENCHMARK_HEADER}\n1.00\t0:00:01\t100.0\t200.0\t90.0\t95.0\t0.0\t0.0\t50.0\t0.50\n")
+    return paths.run_dir
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dir", type=Path, help="results/<run>")
+    parser.add_argument("run_dir", type=Path, nargs="?", help="results/<run>")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.run_dir = made_up_run(Path(tempfile.mkdtemp(prefix="kiln-stage-times-")))
+    if args.run_dir is None:
+        parser.error("the run folder (results/<run>) is required")
     paths = Layout.read(args.run_dir)  # the data stages' benchmarks are in the shared folders it used
     print("| stage | wall s | CPU s | max RSS MiB |\n|---|---:|---:|---:|")
     total = 0.0
@@ -33,6 +59,8 @@ def main() -> None:
         total += float(row["s"])
         print(f"| {stage} | {float(row['s']):.1f} | {float(row['cpu_time']):.1f} | {float(row['max_rss']):.0f} |")
     print(f"| **total** | **{total:.1f}** ({total / BUDGET_S:.0%} of the {BUDGET_S // 60}-minute budget) | | |")
+    if args.quick:
+        shutil.rmtree(args.run_dir.parent)
 
 
 if __name__ == "__main__":

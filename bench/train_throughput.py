@@ -3,6 +3,7 @@ model, batch, precision and machine, in one run.
 
     python bench/train_throughput.py                                    # CPU: the default config's model
     python bench/train_throughput.py --compile true                     # ... with torch.compile
+    python bench/train_throughput.py --quick     # a 1-layer model, 1 step a round: what tests/test_bench.py runs
     # one H100/H200 (compile on by default on CUDA):
     python bench/train_throughput.py --flavour llama3.2-1b --vocab 32768 --seq-len 8192 --micro-batch 6 --steps 10 --rounds 3 --warmup 5
     python bench/train_throughput.py --flavour gpt2-124m --vocab 50257 --seq-len 1024 --micro-batch 16 --steps 20 --rounds 3 --warmup 5
@@ -41,6 +42,9 @@ DEFAULT_MODEL = yaml.safe_load(kiln_config.EMBEDDED_DEFAULT.read_text(encoding="
     "model"
 ]  # the embedded default's
 BASELINE, OURS = "nanoGPT eager loop", "kiln Trainer.train_step"
+# --quick: a 1-layer model on tiny batches, one step a round (train_sections reads `model`)
+QUICK = dict(model={"n_layer": 1, "n_head": 2, "d_model": 32}, vocab=512, seq_len=32, micro_batch=2)
+QUICK |= dict(compile="false", steps=1, rounds=1, warmup=1)
 
 
 def synthetic_shards(out: Path, vocab: int, seq_len: int, rows: int, seed: int) -> Path:
@@ -63,7 +67,7 @@ def synthetic_shards(out: Path, vocab: int, seq_len: int, rows: int, seed: int) 
 
 
 def train_sections(args) -> dict:
-    model = {"flavour": args.flavour} if args.flavour else DEFAULT_MODEL
+    model = {"flavour": args.flavour} if args.flavour else getattr(args, "model", None) or DEFAULT_MODEL
     raw = {
         "run_name": "bench",
         "seed": args.seed,
@@ -158,7 +162,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
+    )
     args = parser.parse_args()
+    if args.quick:
+        vars(args).update(QUICK)
     args.compile = {"true": True, "false": False}.get(args.compile, "auto")
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("kiln",),  # the package's own __init__: a docstring
     ("kiln.errors",),  # KilnError and the exit codes every layer raises
     ("kiln.io",),  # atomic files, JSON, Snakemake's benchmark files
+    ("kiln.sections",),  # typed, frozen train and smoke sections (the schema owns their defaults)
     ("kiln.config",),  # the schema: defaults, validation, each stage's sections
     ("kiln.layout", "kiln.sweep"),  # where results land; a sweep's arms
     ("kiln.data", "kiln.model"),  # text to token shards; the decoder models (torch)

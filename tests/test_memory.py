@@ -13,6 +13,7 @@ from kiln.data.shards import shard_split
 from kiln.io import write_json
 from kiln.model.registry import resolve
 from kiln.plan.memory import GIB, Setting, changes_to_fit, estimate, fit_report, fits, setting_of
+from kiln.sections import TrainSection
 from kiln.train.cpu_memory import allocated_during, tensor_bytes
 from kiln.train.trainer import Trainer
 
@@ -162,7 +163,7 @@ def test_the_flagship_does_not_fit_an_h100_and_the_advice_fits():
 
 
 def test_setting_of_a_train_section_on_a_gpu_and_on_the_cpu():
-    train = _sections({"n_layer": 1, "n_head": 1, "d_model": 8}, 16, 2, "bf16", "selective")["train"]
+    train = TrainSection.of(_sections({"n_layer": 1, "n_head": 1, "d_model": 8}, 16, 2, "bf16", "selective")["train"])
     gpu = setting_of(train)
     assert (gpu.bf16, gpu.compiled, gpu.cuda, gpu.activation_checkpointing) == (True, True, True, "selective")
     assert not setting_of(train, cuda=False).compiled  # compile auto: off on the CPU
@@ -189,7 +190,8 @@ def test_fsdp_accumulation_keeps_every_gradient_whole_until_the_last_micro_batch
             assert est.parts.get("accumulated gradients") == 4 * n
     assert (
         setting_of(
-            _sections({"n_layer": 1, "n_head": 1, "d_model": 8}, 16, 2, "bf16", "none")["train"], grad_accum=4
+            TrainSection.of(_sections({"n_layer": 1, "n_head": 1, "d_model": 8}, 16, 2, "bf16", "none")["train"]),
+            grad_accum=4,
         ).grad_accum
         == 4
     )

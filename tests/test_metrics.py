@@ -149,7 +149,7 @@ def test_metrics_file_torn_last_line_is_dropped_on_resume(tmp_path, caplog):
 def test_a_resumed_sink_continues_the_same_wandb_run_and_a_set_aside_trajectory_takes_its_id(tmp_path, monkeypatch):
     """wandb offline, as the default config writes it: the second sink in the same train folder (a job
     resumed after a preemption) opens the first one's W&B run; once the trajectory is set aside
-    (Trainer._superseded: a restart from step 0), the next sink opens a new one."""
+    (kiln.train.resume: a restart from step 0), the next sink opens a new one."""
     monkeypatch.delenv("WANDB_MODE", raising=False)
     train_dir = tmp_path / "train"
     cfg = {"mode": "offline", "project": "kiln-test"}

@@ -15,6 +15,7 @@ from synthetic import train_sections, write_shards
 
 from kiln import layout
 from kiln.errors import KilnError
+from kiln.sections import TrainSection
 from kiln.train import checkpoint, faults
 from kiln.train.mirror import Mirror
 from kiln.train.trainer import run
@@ -26,6 +27,11 @@ STEPS = (5, 10, 15, 20)
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
     return write_shards(tmp_path_factory.mktemp("shards"))
+
+
+def mirrored(setting: str) -> TrainSection:
+    """A validated train section with train.checkpoint_mirror set."""
+    return TrainSection.of(train_sections(checkpoint_mirror=setting)["train"])
 
 
 def _entries(train_dir: Path) -> list[dict]:
@@ -111,14 +117,14 @@ def test_the_next_job_copies_the_newest_checkpoint_a_stopped_job_did_not(tmp_pat
     root = train_dir / layout.CHECKPOINTS
     _save(root, 1)
     _save(root, 2)
-    first = Mirror.of({"checkpoint_mirror": str(tmp_path / "m")}, train_dir, rank=0)
+    first = Mirror.of(mirrored(str(tmp_path / "m")), train_dir, rank=0)
     first.catch_up(root)
     assert first.close(60)
     assert [f.name for _, f in checkpoint.kept(tmp_path / "m" / "run")] == ["step-0000002"]
-    again = Mirror.of({"checkpoint_mirror": str(tmp_path / "m")}, train_dir, rank=0)
+    again = Mirror.of(mirrored(str(tmp_path / "m")), train_dir, rank=0)
     again.catch_up(root)  # already there: nothing to do
     assert again.close(60) and len(_entries(train_dir)) == 1
-    assert not Mirror.of({"checkpoint_mirror": str(tmp_path / "m")}, train_dir, rank=1).enabled
+    assert not Mirror.of(mirrored(str(tmp_path / "m")), train_dir, rank=1).enabled
 
 
 @pytest.mark.parametrize(
@@ -133,4 +139,4 @@ def test_the_next_job_copies_the_newest_checkpoint_a_stopped_job_did_not(tmp_pat
 )
 def test_a_bad_mirror_setting_is_a_clear_error(tmp_path, setting, match):
     with pytest.raises(KilnError, match=match):
-        Mirror.of({"checkpoint_mirror": setting}, tmp_path / "train", rank=0)
+        Mirror.of(mirrored(setting), tmp_path / "train", rank=0)

@@ -5,6 +5,8 @@ library or the slicing of long texts)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from conftest import download_cfg, write_jsonl
@@ -72,7 +74,8 @@ def pieces_of(ids: list[int], tokenizer) -> list:
 
 def test_writes_expected_files_and_meta(tokens, tokenizer):
     out, meta, docs, streams = tokens
-    assert {p.name for p in out.iterdir()} == {"train.bin", "val.bin", "val_ids.txt"}
+    assert {p.name for p in out.iterdir()} == {"train.bin", "val.bin", "val_ids.txt", "meta.json"}
+    assert json.loads((out / "meta.json").read_text()) == meta  # the stage's record, written by pretokenize itself
     assert meta["dtype"] == "uint16" == token_dtype(meta["padded_vocab_size"]).name
     assert meta["vocab_size"] == tokenizer.get_vocab_size() and meta["padded_vocab_size"] % 64 == 0
     assert meta["eos_id"] == EOS_ID == tokenizer.token_to_id(SPECIAL_TOKENS[0])

@@ -1,12 +1,16 @@
 """The LR schedules (warmup, then cosine, warmup-stable-decay or constant) and the AdamW parameter
 groups."""
 
+from dataclasses import replace
+
 import pytest
 import torch
+from synthetic import train_sections
 
 from kiln.model.gpt import GPT
 from kiln.model.llama import Llama
 from kiln.model.registry import ModelConfig
+from kiln.sections import TrainSection
 from kiln.train.optim import build_adamw
 from kiln.train.schedule import lr_at, schedule_from_config
 
@@ -88,14 +92,15 @@ def test_unknown_schedule_is_an_error():
 
 
 def test_schedule_from_config_reads_the_train_section():
-    train = {
-        "lr": LR,
-        "min_lr": MIN_LR,
-        "warmup_steps": WARMUP,
-        "schedule": "wsd",
-        "decay_fraction": 0.5,
-        "cooldown": "1-sqrt",
-    }
+    train = replace(
+        TrainSection.of(train_sections()["train"]),
+        lr=LR,
+        min_lr=MIN_LR,
+        warmup_steps=WARMUP,
+        schedule="wsd",
+        decay_fraction=0.5,
+        cooldown="1-sqrt",
+    )
     lr_of = schedule_from_config(train, MAX)
     assert [lr_of(s) for s in range(MAX + 1)] == [
         lr_at(

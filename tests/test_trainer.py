@@ -499,7 +499,7 @@ def test_compiled_run_matches_eager_and_saves_plain_names(shards, tmp_path):
 
 
 def test_each_rank_draws_its_own_dropout_stream_after_a_shared_init():
-    from kiln.train.trainer import seed_everything, seed_rank_stream
+    from kiln.train.seeds import seed_everything, seed_rank_stream
 
     def draws(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         seed_everything(7)

@@ -65,7 +65,6 @@ def run_dir(tmp_path_factory, tokenizer_path):
         os.chdir(cwd)
     (base / "tokens").mkdir()
     meta = pretokenize(base / "raw", tokenizer_path, base / "tokens", SEED, PRETOKENIZE)
-    write_json(base / "tokens" / "meta.json", meta)
     shards = base / "shards"
     shards.mkdir()
     splits = {
@@ -267,5 +266,7 @@ def test_eval_of_a_run_trained_without_fim_skips_infilling_and_says_so(run_dir, 
         "documents was FIM-transformed (pretokenize.fim.rate 0)"
     }
     assert samples["infill"] == [] and set(metrics["contamination"]) == {"val_documents"}
+    # the report labels each completion with how eval decoded it (the schema's temperature, top-k, top-p)
+    assert samples["decoding"] == {"greedy": "greedy", "sampled": "sampled (temperature 0.8, top-k 50, top-p 1)"}
     assert metrics["contamination"]["val_documents"]["items"] > 0 and metrics["unigram_val_loss"] > 0
     assert "not run: trained without FIM" in "\n".join(_eval_tables(metrics))

@@ -24,6 +24,7 @@ import jsonschema
 import yaml
 
 from kiln.errors import KilnError
+from kiln.sections import TrainSection, train_section
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -135,12 +136,14 @@ def _check_relations(cfg: dict) -> list[str]:
     return problems
 
 
-def checkpoint_format(train: dict) -> str:
+def checkpoint_format(train: TrainSection | Mapping) -> str:
     """A validated train section's checkpoint format: auto is sharded under FSDP (no rank gathers the
-    whole state) and full under DDP (one file, as before sharded checkpoints existed)."""
-    if train["checkpoint_format"] != "auto":
-        return train["checkpoint_format"]
-    return "sharded" if train["parallel"] == "fsdp" else "full"
+    whole state) and full under DDP (one file, as before sharded checkpoints existed). (A dict too,
+    for kiln.train.trainer and the rules above, which hold the section as one.)"""
+    train = train_section(train)
+    if train.checkpoint_format != "auto":
+        return train.checkpoint_format
+    return "sharded" if train.parallel == "fsdp" else "full"
 
 
 def validate(raw: dict) -> dict:

@@ -3,8 +3,8 @@
 The run's config is resolved exactly as `snakemake --configfile ... --config ...` resolves it; its
 model's FLOPs per token come from the shape (ModelConfig.flops_per_token) and throughput is the
 config's expected MFU x the GPU's dense bf16 peak x the ranks (plan.gpu, plan.mfu). Everything else
-(tokens, steps, time, GPU-hours, cost, disk) is the same arithmetic as the smoke stage's plan, which
-replaces this prediction with a measurement once the smoke stage has run on the real hardware.
+(tokens, steps, time, GPU-hours, cost, disk) is the smoke stage's plan, built by the same function
+(kiln.plan.steps.build_plan), which replaces this prediction with a measurement once the smoke stage has run on the real hardware.
 Memory per GPU is kiln.plan.memory's estimate of a step's peak at the config's micro-batch, precision,
 activation checkpointing and parallelism (compiled, as train runs on a GPU), held against plan.gpu's
 memory (kiln.plan.peaks): whether it fits, and when it does not, what to change.
@@ -15,22 +15,22 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
 
 from kiln import run_config
 from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import padded_vocab_size
 from kiln.errors import KilnError
 from kiln.model.registry import resolve as resolve_model
-from kiln.plan.memory import fit_report, setting_of
+from kiln.plan.memory import fit_report, optimizer_state_bytes, setting_of
 from kiln.plan.peaks import GPUS, gpu_of
-from kiln.plan.steps import StageTimes, budget_steps, full_run_plan, kept_checkpoints, plan_batch
+from kiln.plan.steps import StageTimes, build_plan, plan_batch
 from kiln.plan.tables import render_plan
+from kiln.sections import SmokeSection, TrainSection
 
 # Token counts of tiktoken's named encodings (tiktoken's own n_vocab), so a run on one of them is
 # priced without fetching its ranks file.
 TIKTOKEN_VOCAB = {"gpt2": 50257, "r50k_base": 50257, "p50k_base": 50281, "cl100k_base": 100277, "o200k_base": 200019}
-ADAMW_BYTES_PER_PARAM = 4 + 4 + 4  # fp32 weights + exp_avg + exp_avg_sq: what a checkpoint holds
+ADAMW_BYTES_PER_PARAM = 4 + 4 + 4  # fp32 weights + exp_avg + exp_avg_sq: an AdamW run's checkpoint (muon: less)
 # Text bytes a token, for a disk figure when the config gives no token count: ~3.6 for Python on
 # seed 000's 32k vocabulary, ~4.8 for GPT-2's on FineWeb-Edu (their configs); the lower counts more
 # tokens, so more disk.
@@ -75,7 +75,7 @@ def data_disk(cfg: dict, vocab: int) -> dict[str, int | None]:
 
 def predict(cfg: dict) -> dict:
     """The plan of a validated config, with what it assumed (plan.gpu, plan.mfu) recorded in it."""
-    train, expect = cfg["train"], cfg["plan"]
+    train, expect = TrainSection.of(cfg["train"]), cfg["plan"]
     gpu = gpu_of(expect["gpu"])
     if gpu is None:
         raise KilnError(
@@ -83,37 +83,27 @@ def predict(cfg: dict) -> dict:
         )
     peak = gpu.tflops * 1e12
     model = resolve_model(cfg["model"], vocab_size=model_vocab(cfg["tokenizer"]), seq_len=cfg["shard"]["seq_len"])
-    batch = plan_batch(
-        train["batch_tokens"], train["micro_batch"], cfg["shard"]["seq_len"], train["nproc_per_node"] * train["nnodes"]
-    )
+    batch = plan_batch(train.batch_tokens, train.micro_batch, cfg["shard"]["seq_len"], train.ranks)
     tokens_per_s = expect["mfu"] * peak * batch.world / model.flops_per_token()
     n_params = model.num_params(non_embedding=False)
     # A budget buys steps at the assumed speed; what the stage spends besides steps is unknown here
     # (the smoke stage measures it), so it counts as nothing: this is the most the budget buys.
     times = StageTimes(step_s=batch.tokens_per_step / tokens_per_s, startup_s=0.0, validation_s=0.0, checkpoint_s=0.0)
-    budget = budget_steps(train, times, batch.world, cfg["smoke"]["price_per_gpu_hour"]) if train["budget"] else {}
-    max_steps = budget.get("max_steps", train["max_steps"])
-    newest, milestones = kept_checkpoints(
-        max_steps, train["checkpoint_every"], train["keep_checkpoints"], train["keep_checkpoint_every"]
-    )
-    plan = full_run_plan(
+    plan = build_plan(
+        train,
+        SmokeSection.of(cfg["smoke"]).price_per_gpu_hour,
         batch=batch,
-        max_steps=max_steps,
+        times=times,
         tokens_per_s=tokens_per_s,
         n_params=n_params,
         train_tokens=cfg["pretokenize"].get("train_tokens") or 0,
-        checkpoint_bytes=ADAMW_BYTES_PER_PARAM * n_params,
-        keep_checkpoints=newest,
+        checkpoint_bytes=4 * n_params + optimizer_state_bytes(model, train.optimizer),  # fp32 weights + state
         model_bytes=4 * n_params,
-        price_per_gpu_hour=cfg["smoke"]["price_per_gpu_hour"],
-        milestones=milestones,
         data_bytes=data_disk(cfg, model.vocab_size),
     )
     memory = fit_report(
         model, setting_of(train, world=batch.world, grad_accum=batch.grad_accum), gpu.fragment, gpu.memory_gib
     )
-    if budget:
-        plan |= budget | {"stage_times": asdict(times)}
     return plan | {
         "memory": memory,
         "predicted_from": {

@@ -73,7 +73,10 @@ METRICS, SAMPLES, CHECKPOINTS = "metrics.jsonl", "samples.jsonl", "checkpoints"
 # resumed job continues the same W&B run and a trajectory set aside takes its id with it.
 # MIRROR_LOG: one line per copy of a checkpoint to train.checkpoint_mirror (kiln.train.mirror).
 WANDB, WANDB_ID, MIRROR_LOG = "wandb", "run_id", "mirror.jsonl"
-TRAJECTORY = (METRICS, SAMPLES, WANDB, MIRROR_LOG, CHECKPOINTS)
+# BUDGET_LOG: one line per decision of a budgeted run's re-planning (kiln.train.budget), which a resumed
+# run replays.
+BUDGET_LOG = "budget.jsonl"
+TRAJECTORY = (METRICS, SAMPLES, WANDB, MIRROR_LOG, BUDGET_LOG, CHECKPOINTS)
 # One line per train job that kiln.train.launch ran (its Snakemake attempt and exit code), read by
 # the next attempt to tell a resubmission after a preemption from one after a real error.
 TRAIN_JOBS = "jobs.jsonl"

@@ -7,7 +7,7 @@ Writes <out>/train.bin, <out>/val.bin (raw token ids), <out>/val_ids.txt and <ou
 from pathlib import Path
 
 from kiln.data.pretokenize import pretokenize
-from kiln.io import atomic_dir, write_json
+from kiln.io import atomic_dir
 from kiln.stage import run_main, stage_config, stage_parser
 
 
@@ -21,7 +21,6 @@ def main() -> None:
     cfg = stage_config(args, "pretokenize")
     with atomic_dir(args.out) as tmp:
         meta = pretokenize(args.raw, args.tokenizer, tmp, cfg["seed"], cfg["pretokenize"], args.workers)
-        write_json(tmp / "meta.json", meta)
     s = meta["splits"]
     print(
         f"pretokenize: train {s['train']['docs']} docs / {s['train']['tokens']} tokens, "

@@ -7,10 +7,7 @@ vocabulary size, checksums; --report then records the result.
 
 from pathlib import Path
 
-import numpy as np
-
-from kiln.data.pretokenize import SPLITS
-from kiln.data.shards import shard_split, verify_shards
+from kiln.data.shards import verify_shards, write_shards
 from kiln.io import atomic_dir, read_json, write_json
 from kiln.stage import run_main, stage_config, stage_parser
 
@@ -32,33 +29,9 @@ def main() -> None:
     if args.tokens is None:
         parser.error("--tokens is required unless --verify")
     cfg = stage_config(args, "shard")["shard"]
-    meta = read_json(args.tokens / "meta.json")
-    row_len = cfg["seq_len"] + 1
     with atomic_dir(args.out) as tmp:
-        splits = {
-            split: shard_split(
-                np.memmap(args.tokens / f"{split}.bin", dtype=meta["dtype"], mode="r"),
-                tmp,
-                split,
-                row_len,
-                cfg["rows_per_shard"],
-                meta["padded_vocab_size"],
-            )
-            for split in SPLITS
-        }
-        write_json(
-            tmp / "manifest.json",
-            {
-                "seq_len": cfg["seq_len"],
-                "row_len": row_len,
-                "dtype": meta["dtype"],
-                "vocab_size": meta["vocab_size"],
-                "padded_vocab_size": meta["padded_vocab_size"],
-                "splits": splits,
-                "sources": meta["sources"],
-                "tokenizer_sha256": meta.get("tokenizer_sha256"),
-            },
-        )
+        manifest = write_shards(args.tokens, tmp, cfg["seq_len"], cfg["rows_per_shard"])
+    splits, row_len = manifest["splits"], manifest["row_len"]
     print(f"shard: train {splits['train']['rows']} rows, val {splits['val']['rows']} rows of {row_len} -> {args.out}")
 
 

@@ -10,7 +10,6 @@ fails and the gate is on, it writes nothing the train rule would take and exits 
 checks that failed.
 """
 
-import dataclasses
 import math
 import os
 from pathlib import Path
@@ -21,9 +20,9 @@ from kiln.data.shards import check_tokenizer
 from kiln.data.tokenizer import load_tokenizer
 from kiln.errors import KilnError
 from kiln.io import atomic_file, write_json
-from kiln.plan.steps import budget_steps, full_run_plan
 from kiln.plan.tables import checks_table, render_plan
 from kiln.plan.verdict import Measurements, SmokeReport
+from kiln.sections import SmokeSection, TrainSection
 from kiln.stage import run_main, stage_config, stage_parser
 from kiln.train.distributed import shutdown
 from kiln.train.smoke import run_checks
@@ -55,35 +54,14 @@ def main() -> None:
         return
     checks = report.pop("checks")
     measured = Measurements.from_dict(report) if report else None
-    verdict = SmokeReport.judge(checks, measured, enforce=cfg["smoke"]["gate"])
+    train, smoke = TrainSection.of(cfg["train"]), SmokeSection.of(cfg["smoke"])
+    verdict = SmokeReport.judge(checks, measured, enforce=smoke.gate)
     print(checks_table(verdict.checks))
     verdict.require_passed()
     plan = None
     if measured is not None:
-        train = cfg["train"]
-        budget = (
-            budget_steps(train, measured.times, measured.world, cfg["smoke"]["price_per_gpu_hour"])
-            if train["budget"]
-            else {}
-        )
-        plan = full_run_plan(
-            batch=measured.batch,
-            max_steps=budget.get("max_steps", train["max_steps"]),
-            tokens_per_s=measured.probe.tokens_per_s,
-            n_params=measured.n_params,
-            train_tokens=measured.train_tokens,
-            checkpoint_bytes=measured.checkpoint_bytes,
-            keep_checkpoints=cfg["train"]["keep_checkpoints"],
-            model_bytes=measured.model_bytes,
-            price_per_gpu_hour=cfg["smoke"]["price_per_gpu_hour"],
-        )
-        plan.update(
-            budget,
-            precision=measured.precision,
-            precision_tokens_per_s=measured.precision_tokens_per_s,
-            stage_times=dataclasses.asdict(measured.times),
-        )
-    elif cfg["train"]["budget"]:
+        plan = measured.plan(train, smoke.price_per_gpu_hour)  # kiln.plan.steps.build_plan, as `kiln plan`
+    elif train.budget:
         raise KilnError(
             "train.budget: the smoke probe did not run, so there is no speed to turn the budget into "
             "steps; fix the failed checks (or set train.max_steps)"

@@ -1,7 +1,7 @@
 """train stage: the full run. Launch under torchrun (one process per device; gloo on CPU).
 
 Writes into --out: metrics.jsonl (one JSON object per log step; wandb/ too unless wandb.mode is
-disabled), samples.jsonl (greedy completions of train.samples.prompts at every validation), checkpoints/ (resumable: a rerun with the same training settings continues from the newest complete one;
+disabled), samples.jsonl (completions of train.samples.prompts at every validation, sampled or greedy as each row says), checkpoints/ (resumable: a rerun with the same training settings continues from the newest complete one;
 one with other settings, or of a finished run, sets them aside under superseded/ and starts over), and at the end
 model.safetensors + model_config.json, summary.json, and hf/: the model in Hugging Face format
 (config.json, model.safetensors, tokenizer files) for `AutoModelForCausalLM.from_pretrained`.
@@ -20,6 +20,7 @@ from kiln.model.build import load_model
 from kiln.plan.steps import TrainPlan
 from kiln.plan.verdict import SmokeReport
 from kiln.stage import run_main, stage_config, stage_parser
+from kiln.train.budget import final_summary
 from kiln.train.samples import make_sampler
 from kiln.train.trainer import run
 
@@ -55,11 +56,22 @@ def main() -> None:
         args.shards,
         args.out,
         max_steps=plan.max_steps if plan else None,
-        sampler=make_sampler(args.tokenizer, samples["prompts"], samples["max_new_tokens"]),
+        budget=plan.budget if plan else None,  # re-planned as the run goes (kiln.train.budget)
+        sampler=make_sampler(
+            args.tokenizer,
+            samples["prompts"],
+            samples["max_new_tokens"],
+            temperature=samples["temperature"],
+            top_p=samples["top_p"],
+            seed=cfg["seed"],
+        ),
     )
     if result.is_main:
         hf.export(load_model(args.out), args.out / "hf", args.tokenizer)
-        write_json(args.out / "summary.json", dataclasses.asdict(result))
+        summary = dataclasses.asdict(result)
+        if result.budget is not None:  # budget_s, spent_s (to here: all but the exit), planned/final steps, decisions
+            summary |= final_summary(summary.pop("budget"))
+        write_json(args.out / "summary.json", summary)
         print(
             f"train: {result.steps} steps, {result.tokens_seen} tokens, {result.tokens_per_s:.0f} tok/s -> {args.out}"
         )

@@ -41,7 +41,7 @@ from kiln.data.tokenize_parts import COUNT_COLUMNS, Settings, WorkerPool, train_
 from kiln.data.tokenizer import EOS, id_space, load_tokenizer, padded_vocab_size
 from kiln.data.utf8text import utf8_size
 from kiln.errors import KilnError
-from kiln.io import read_json, sha256_file
+from kiln.io import read_json, sha256_file, write_json
 
 log = logging.getLogger("kiln.pretokenize")
 SPLITS = ("train", "val")
@@ -264,7 +264,7 @@ def pretokenize(
     workers: int = 1,
     max_chars: int = MAX_CHARS,
 ) -> dict:
-    """Write train.bin, val.bin and val_ids.txt to out_dir; return the meta. Texts longer than
+    """Write train.bin, val.bin, val_ids.txt and last meta.json to out_dir; return the meta. Texts longer than
     max_chars characters are encoded a slice at a time (see kiln.data.encoders)."""
     raw_dir, out_dir = Path(raw_dir), Path(out_dir)
     manifest = read_json(raw_dir / "manifest.json")
@@ -309,7 +309,7 @@ def pretokenize(
                 f"pretokenize: the {split} split is empty ({manifest['rows']} documents in all); add documents "
                 f"or change pretokenize.val_tokens (now {cfg['val_tokens']})"
             )
-    return {
+    meta = {
         "dtype": dtype.name,
         "vocab_size": vocab,
         "padded_vocab_size": padded_vocab_size(vocab),
@@ -322,3 +322,5 @@ def pretokenize(
         "fim_modes": {m: sum(train[s][m] for s in train) for m in COUNT_COLUMNS[3:]},
         "repo_context": cfg["repo_context"],
     }
+    write_json(out_dir / "meta.json", meta)  # what the shard stage, eval and the report read
+    return meta

@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from kiln.data import faults
+from kiln.data.pretokenize import SPLITS
 from kiln.errors import KilnError
-from kiln.io import read_json, sha256_file
+from kiln.io import read_json, sha256_file, write_json
 
 MAGIC = b"KILNSHRD"
 VERSION = 1
@@ -112,6 +113,37 @@ def shard_split(
         "dropped_tokens": len(tokens) - n_rows * row_len,
         "shards": shards,
     }
+
+
+def write_shards(tokens_dir: Path, out_dir: Path, seq_len: int, rows_per_shard: int) -> dict:
+    """The shard stage's output in out_dir (an existing, empty folder): every split of the pretokenize
+    folder tokens_dir cut into rows of seq_len + 1, then manifest.json (what the loader, verify_shards
+    and the train fingerprint read). Returns the manifest."""
+    meta = read_json(tokens_dir / "meta.json")
+    row_len = seq_len + 1
+    splits = {
+        split: shard_split(
+            np.memmap(tokens_dir / f"{split}.bin", dtype=meta["dtype"], mode="r"),
+            out_dir,
+            split,
+            row_len,
+            rows_per_shard,
+            meta["padded_vocab_size"],
+        )
+        for split in SPLITS
+    }
+    manifest = {
+        "seq_len": seq_len,
+        "row_len": row_len,
+        "dtype": meta["dtype"],
+        "vocab_size": meta["vocab_size"],
+        "padded_vocab_size": meta["padded_vocab_size"],
+        "splits": splits,
+        "sources": meta["sources"],
+        "tokenizer_sha256": meta.get("tokenizer_sha256"),
+    }
+    write_json(out_dir / "manifest.json", manifest)
+    return manifest
 
 
 def header_vocab(path: Path) -> int:

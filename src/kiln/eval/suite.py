@@ -38,6 +38,7 @@ from kiln.eval.infill import make_problems, not_run_reason, run_infill
 from kiln.eval.lm_tasks import LOCAL_TASKS, current_names, local_task_texts, run_lm_eval, write_local_tasks
 from kiln.eval.perplexity import bits_per_byte, range_loss, source_ranges, unigram_loss, val_rows_loss
 from kiln.eval.stream import TokenFile
+from kiln.generate.decode import describe
 from kiln.generate.healing import complete
 from kiln.io import read_json
 from kiln.model.build import CONFIG_FILE, build_model, load_model
@@ -78,6 +79,11 @@ def completions(model, tokenizer, cfg: dict, seed: int) -> list[dict]:
         for row, text in zip(out, texts):
             row[name] = text
     return out
+
+
+def decoding(cfg: dict) -> dict[str, str]:
+    """completions()'s rows' keys -> how each was decoded (kiln.generate.decode.describe)."""
+    return {"greedy": describe(0.0), "sampled": describe(cfg["temperature"], cfg["top_k"], cfg["top_p"])}
 
 
 @dataclass(frozen=True)
@@ -308,5 +314,9 @@ def _evaluate(
         "contamination": contaminated,
         "n_params": sum(p.numel() for p in model.parameters()),
     }
-    samples = {"completions": completions(model, tokenizer, cfg, seed), "infill": infill["examples"]}
+    samples = {
+        "completions": completions(model, tokenizer, cfg, seed),
+        "decoding": decoding(cfg),  # what the report labels each completion with
+        "infill": infill["examples"],  # greedy: scored by exact match
+    }
     return metrics, samples

@@ -148,3 +148,13 @@ def _until_stop(row: list[int], stop_ids: frozenset[int], keep_stop: bool) -> li
         if token in stop_ids:
             return row[: i + 1] if keep_stop else row[:i]
     return row
+
+
+def describe(temperature: float, top_k: int | None = None, top_p: float = 1.0) -> str:
+    """How a completion was decoded, for whoever reads it beside others: "greedy" (what exact-match
+    metrics need: one answer per prompt) or "sampled (temperature T, top-p P)" (what a model
+    writes; greedy text of a small model tends to loop on one line). pick()'s arguments."""
+    if temperature == 0.0:
+        return "greedy"
+    cut = f"top-k {top_k}, " if top_k is not None else ""
+    return f"sampled (temperature {temperature:g}, {cut}top-p {top_p:g})"

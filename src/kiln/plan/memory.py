@@ -15,6 +15,9 @@ L layers):
   post-backward then keeps each block's unsharded gradient, upcast to the fp32 reduce dtype
   (FSDPParam.to_accumulated_grad_if_needed), instead of reduce-scattering it. DDP's no_sync
   accumulates into the buckets it already has: nothing more.
+- under train.optimizer muon, the blocks' matrices (L x layer_params' matmul weights) keep one
+  momentum, 4 bytes, instead of AdamW's 8; the rest keeps AdamW's (kiln.train.optim). Muon's
+  Newton-Schulz temporaries, a few copies of one matrix at a time, are not counted.
 - activations, what autograd keeps from the forward pass for backward, per layer per token, counted
   tensor by tensor from the models (tests/test_memory.py checks the totals against torch's CPU
   profiler). With a = 2 bytes (bf16 autocast) or 4 (fp32):
@@ -54,6 +57,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kiln.model.registry import ModelConfig, loss_chunk_rows
+from kiln.sections import TrainSection
 
 GIB = 2**30
 AC_MODES = ("none", "full", "selective")  # train.activation_checkpointing
@@ -83,6 +87,7 @@ class Setting:
     compiled: bool = True
     cuda: bool = True  # on a CPU, attention with dropout runs SDPA's math kernel (below)
     grad_accum: int = 1  # micro-batches per optimizer step on each rank (FSDP: whole gradients between them)
+    optimizer: str = "adamw"  # train.optimizer: muon keeps one moment for the blocks' matrices, not two
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,17 @@ def layer_params(cfg: ModelConfig) -> tuple[int, int]:
         return mat, mat + b * (3 * d + d + f + d) + 2 * d * (1 + b)
     mat = 2 * d * d + 2 * d * k + 3 * d * f
     return mat, mat + 2 * d
+
+
+def optimizer_state_bytes(cfg: ModelConfig, optimizer: str = "adamw") -> int:
+    """Bytes of the optimizer's state for the whole model, fp32: AdamW's two moments for every
+    parameter, or, under muon, one momentum for each block's matrices (kiln.train.optim.hidden_matrices)
+    and AdamW's two for the rest."""
+    n = cfg.num_params(non_embedding=False)
+    if optimizer == "muon":
+        hidden = cfg.n_layer * layer_params(cfg)[0]
+        return 4 * hidden + 8 * (n - hidden)
+    return 8 * n
 
 
 def layer_activation_bytes(cfg: ModelConfig, tokens: int, bf16: bool, compiled: bool, cuda: bool = True) -> int:
@@ -164,7 +180,7 @@ def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
     # norm's output, (B*T, C) fp32, and the slice's full-size gradient it is summed from.
     loss_chunk = LOSS_BYTES_PER_LOGIT * rows * V + (2 * head if s.bf16 else 0) + 8 * tokens * C
 
-    states = {"weights": 4 * n // shard, "optimizer": 8 * n // shard}
+    states = {"weights": 4 * n // shard, "optimizer": optimizer_state_bytes(cfg, s.optimizer) // shard}
     buckets = 4 * n if s.parallel == "ddp" and s.world > 1 else 0  # DDP: gradients live in its buckets
     fsdp_buffers = 0
     if fsdp:  # two blocks gathered (this one and the prefetch), the root's tables, a block's gradients
@@ -205,7 +221,7 @@ def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
 
 
 def setting_of(
-    train: dict,
+    train: TrainSection,
     *,
     cuda: bool = True,
     world: int | None = None,
@@ -218,14 +234,15 @@ def setting_of(
     grad_accum: micro-batches per step (kiln.plan.steps.plan_batch's, which needs shard.seq_len)."""
     return Setting(
         grad_accum=grad_accum,
-        micro_batch=train["micro_batch"],
-        world=world or train["nproc_per_node"] * train["nnodes"],
-        nnodes=train["nnodes"],
-        parallel=train["parallel"],
-        activation_checkpointing=train["activation_checkpointing"],
-        bf16=train["precision"] in ("bf16", "auto") if bf16 is None else bf16,  # auto is bf16 on a GPU
-        compiled=(train["compile"] is True or (train["compile"] == "auto" and cuda)) if compiled is None else compiled,
+        micro_batch=train.micro_batch,
+        world=world or train.ranks,
+        nnodes=train.nnodes,
+        parallel=train.parallel,
+        activation_checkpointing=train.activation_checkpointing,
+        bf16=train.precision in ("bf16", "auto") if bf16 is None else bf16,  # auto is bf16 on a GPU
+        compiled=(train.compile is True or (train.compile == "auto" and cuda)) if compiled is None else compiled,
         cuda=cuda,
+        optimizer=train.optimizer,
     )
 
 

@@ -1,6 +1,7 @@
 """How one optimizer step's tokens split across ranks and micro-batches (torch-free, so config
-validation can check it before any job starts), and the arithmetic of the smoke stage's plan of the
-full run (kiln.plan.tables renders it).
+validation can check it before any job starts), and the arithmetic of the plan of the full run:
+build_plan, which the smoke stage (measured speed) and `kiln plan` (assumed speed) both call, so the
+two plans cannot drift apart (kiln.plan.tables renders it).
 
 The global batch is given in tokens (train.batch_tokens); each of W ranks runs micro-batches of
 micro_batch rows of seq_len tokens, so gradient accumulation is
@@ -10,11 +11,12 @@ batch_tokens / (W * micro_batch * seq_len), which must be a whole number.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kiln.errors import KilnError
 from kiln.io import read_json
+from kiln.sections import TrainSection
 
 
 @dataclass(frozen=True)
@@ -160,28 +162,95 @@ def budget_text(budget: dict) -> str:
     return f"{amount:g} {unit}"
 
 
-def budget_steps(train: dict, times: StageTimes, world: int, price_per_gpu_hour: float | None) -> dict:
+def budget_steps(train: TrainSection, times: StageTimes, world: int, price_per_gpu_hour: float | None) -> dict:
     """The steps train.budget buys at the measured times, and what the stage is then expected to
     take: {budget, budget_s, max_steps, stage_s}. A budget too small for the warmup is an error."""
-    budget_s = budget_seconds(train["budget"], world, price_per_gpu_hour)
-    every = {"eval_every": train["eval_every"], "checkpoint_every": train["checkpoint_every"]}
-    steps = steps_within(budget_s, times, **every, cap=train["max_steps"])
-    if steps <= train["warmup_steps"]:
+    budget = train.budget.as_dict()
+    budget_s = budget_seconds(budget, world, price_per_gpu_hour)
+    every = {"eval_every": train.eval_every, "checkpoint_every": train.checkpoint_every}
+    steps = steps_within(budget_s, times, **every, cap=train.max_steps)
+    if steps <= train.warmup_steps:
         raise KilnError(
-            f"train.budget: {train['budget']} ({budget_s:,.0f} s of the train stage) buys {steps} steps at "
+            f"train.budget: {budget} ({budget_s:,.0f} s of the train stage) buys {steps} steps at "
             f"{times.step_s:.3f} s/step after {times.startup_s:.0f} s of start-up, not more than "
-            f"train.warmup_steps={train['warmup_steps']}: raise the budget or lower warmup_steps"
+            f"train.warmup_steps={train.warmup_steps}: raise the budget or lower warmup_steps"
         )
     fixed, per_step = _stage_cost(times, **every)
-    return {"budget": train["budget"], "budget_s": budget_s, "max_steps": steps, "stage_s": fixed + steps * per_step}
+    return {"budget": budget, "budget_s": budget_s, "max_steps": steps, "stage_s": fixed + steps * per_step}
+
+
+def build_plan(
+    train: TrainSection,
+    price_per_gpu_hour: float | None,
+    *,
+    batch: BatchPlan,
+    times: StageTimes,
+    tokens_per_s: float,
+    n_params: int,
+    train_tokens: int,
+    checkpoint_bytes: int,
+    model_bytes: int,
+    data_bytes: dict[str, int | None] | None = None,
+) -> dict:
+    """The full run's plan, the one builder of both its callers: the smoke stage (smoke/plan.json, at
+    the speed and stage times it measured) and `kiln plan` (kiln.forecast, at an assumed speed).
+
+    A train.budget is turned into steps (budget_steps, its fields added); without one the run has
+    train.max_steps. The disk counts the checkpoints pruning leaves (kept_checkpoints: the newest
+    and the milestones). stage_times is recorded whether or not a budget used it, so every plan has
+    one shape and a plan without a budget still says what the stage spends besides steps."""
+    budget = budget_steps(train, times, batch.world, price_per_gpu_hour) if train.budget else {}
+    max_steps = budget.get("max_steps", train.max_steps)
+    newest, milestones = kept_checkpoints(
+        max_steps, train.checkpoint_every, train.keep_checkpoints, train.keep_checkpoint_every
+    )
+    plan = full_run_plan(
+        batch=batch,
+        max_steps=max_steps,
+        tokens_per_s=tokens_per_s,
+        n_params=n_params,
+        train_tokens=train_tokens,
+        checkpoint_bytes=checkpoint_bytes,
+        keep_checkpoints=newest,
+        model_bytes=model_bytes,
+        price_per_gpu_hour=price_per_gpu_hour,
+        milestones=milestones,
+        data_bytes=data_bytes,
+    )
+    return plan | budget | {"stage_times": asdict(times)}
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """What a budgeted train stage starts from (smoke/plan.json): the budget in seconds of the stage
+    (budget_seconds: minutes, hours and dollars alike) and the stage times the smoke stage measured;
+    kiln.train.budget re-plans the steps from these and from the run's own measurements.
+
+    final_s: what follows the loop, model.safetensors and the Hugging Face export, two writes of the
+    weights at the measured checkpoint speed (checkpoint_s for checkpoint_bytes)."""
+
+    budget_s: float
+    times: StageTimes
+    final_s: float
+
+    @classmethod
+    def of(cls, plan: dict) -> BudgetPlan | None:
+        """The budget part of a plan.json; None for a run planned in steps (no train.budget)."""
+        if not plan.get("budget"):
+            return None
+        times = StageTimes(**plan["stage_times"])
+        share = 2 * plan["model_bytes"] / plan["checkpoint_bytes"] if plan.get("checkpoint_bytes") else 1.0
+        return cls(float(plan["budget_s"]), times, times.checkpoint_s * share)
 
 
 @dataclass(frozen=True)
 class TrainPlan:
-    """What the smoke stage decided for train (smoke/plan.json): the steps and the precision."""
+    """What the smoke stage decided for train (smoke/plan.json): the steps and the precision, and
+    for a budgeted run what the budget re-plans from."""
 
     max_steps: int
     precision: str
+    budget: BudgetPlan | None = None
 
     @classmethod
     def load(cls, path: Path) -> TrainPlan | None:
@@ -192,4 +261,4 @@ class TrainPlan:
         missing = [key for key in ("max_steps", "precision") if key not in data]
         if missing:
             raise KilnError(f"{path}: no {' or '.join(missing)}: written by an older kiln; rerun the smoke stage")
-        return cls(int(data["max_steps"]), str(data["precision"]))
+        return cls(int(data["max_steps"]), str(data["precision"]), BudgetPlan.of(data))

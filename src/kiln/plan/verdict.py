@@ -16,7 +16,8 @@ from typing import Any, Mapping, Sequence
 
 from kiln.errors import KilnError
 from kiln.io import read_json, write_json
-from kiln.plan.steps import BatchPlan, StageTimes
+from kiln.plan.steps import BatchPlan, StageTimes, build_plan
+from kiln.sections import TrainSection
 
 # Bumped whenever the layout of report.json changes, so that a report written by another version
 # of kiln is refused with a clear message instead of half-read.
@@ -86,6 +87,21 @@ class Measurements:
                 "grad_norms": tuple(d["grad_norms"]),
             }
         )
+
+    def plan(self, train: TrainSection, price_per_gpu_hour: float | None) -> dict:
+        """smoke/plan.json: the full run's plan at the measured speed and stage times (build_plan,
+        which `kiln plan` calls with its assumed ones), and the precision the probe ran."""
+        return build_plan(
+            train,
+            price_per_gpu_hour,
+            batch=self.batch,
+            times=self.times,
+            tokens_per_s=self.probe.tokens_per_s,
+            n_params=self.n_params,
+            train_tokens=self.train_tokens,
+            checkpoint_bytes=self.checkpoint_bytes,
+            model_bytes=self.model_bytes,
+        ) | {"precision": self.precision, "precision_tokens_per_s": self.precision_tokens_per_s}
 
 
 class Gate(enum.Enum):

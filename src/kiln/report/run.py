@@ -131,21 +131,9 @@ def render(run: str, data: dict, png_name: str) -> str:
         "",
         *_reference_line(data["config"]["eval"].get("reference"), ev["val_loss"], ev["val_bits_per_byte"]),
         *_eval_tables(ev),
-        "## Samples",
-        "",
+        *_completions(data["samples"]),
     ]
-    for row in data["samples"]["completions"]:
-        lines += [
-            f"Prompt `{row['prompt']!r}`, greedy:",
-            "",
-            _fence(row["prompt"] + row["greedy"]),
-            "",
-            "sampled:",
-            "",
-            _fence(row["prompt"] + row["sampled"]),
-            "",
-        ]
-    lines += ["## Infilling examples", ""] if data["samples"]["infill"] else []
+    lines += ["## Infilling examples (greedy, scored by exact match)", ""] if data["samples"]["infill"] else []
     for ex in data["samples"]["infill"][:6]:
         mark = "exact" if ex["exact_match"] else f"similarity {ex['edit_similarity']:.2f}"
         lines += [
@@ -233,21 +221,53 @@ def _smoke_section(smoke: SmokeReport, plan: dict, train: dict) -> list[str]:
         f"{mfu(smoke.measurements.probe.mfu_torchtitan)} | {mfu(train.get('mfu_torchtitan'))} |",
         f"| time | {format_eta(plan['eta_s'])} | {format_eta(train['wall_s'])} (with validation and checkpoints) |",
         f"| tokens per parameter | {plan['tokens_per_param']:.2f} | |",
+        *_budget_rows(plan, train),
     ]
     if plan["cost"] is not None:
-        lines.append(f"| cost | ${plan['cost']:,.2f} | ${plan['cost'] * train['wall_s'] / plan['eta_s']:,.2f} |")
+        spent = train.get("spent_s", train["wall_s"])  # a budgeted stage's own wall time, else the loop's
+        lines.append(f"| cost | ${plan['cost']:,.2f} | ${plan['cost'] * spent / plan['eta_s']:,.2f} |")
+    return lines
+
+
+def _budget_rows(plan: dict, train: dict) -> list[str]:
+    """A budgeted run (kiln.train.budget): the steps the smoke stage planned against those trained,
+    and the stage's wall time against its budget."""
+    if "budget_s" not in train:
+        return []
+    return [
+        f"| steps | {plan['max_steps']:,} | {train['steps']:,} ({train['replans']} re-plans in "
+        f"{train['decisions']} decisions: train/budget.jsonl) |",
+        f"| stage wall time | budget {train['budget_s']:,.0f} s | spent {train['spent_s']:,.0f} s "
+        f"({train['spent_s'] / train['budget_s']:.1%}) |",
+    ]
+
+
+def _completions(samples: dict) -> list[str]:
+    """The eval stage's completions: sampled first (what the model writes), then greedy (the decoding
+    exact-match metrics score), each labelled as eval decoded it (samples.json from before the
+    labels: the bare names)."""
+    how = samples.get("decoding", {"sampled": "sampled", "greedy": "greedy"})
+    lines = ["## Samples", ""]
+    for row in samples["completions"]:
+        lines += [f"Prompt `{row['prompt']!r}`, {how['sampled']}:", "", _fence(row["prompt"] + row["sampled"]), ""]
+        lines += [f"{how['greedy']}:", "", _fence(row["prompt"] + row["greedy"]), ""]
     return lines
 
 
 def _training_samples(rows: list[dict]) -> list[str]:
-    """Greedy completions logged during training, first and last validation step side by side."""
+    """Completions logged during training, first and last validation step side by side, each with
+    how it was decoded (rows from before the label were greedy)."""
     if not rows:
         return []
     steps = sorted({r["step"] for r in rows})
     shown = [steps[0], steps[-1]] if len(steps) > 1 else steps
-    lines = ["### Samples during training", "", "| step | prompt | greedy completion |", "|---:|---|---|"]
+    lines = ["### Samples during training", "", "| step | prompt | decoding | completion |", "|---:|---|---|---|"]
     for step in shown:
-        lines += [f"| {step} | `{r['prompt']!r}` | `{r['completion']!r}` |" for r in rows if r["step"] == step]
+        lines += [
+            f"| {step} | `{r['prompt']!r}` | {r.get('decoding', 'greedy')} | `{r['completion']!r}` |"
+            for r in rows
+            if r["step"] == step
+        ]
     return lines + [""]
 
 

@@ -21,12 +21,16 @@ rank has the fault. Kinds:
                     then save the same step and exit 75 as for any preemption: a job that runs until it
                     is signalled, e.g. Slurm's time-limit warning, however fast the machine trains
 
-Only Trainer.fit (the train stage) reads it, at its start; the smoke stage's steps never fault.
+Only Trainer.fit (the train stage) reads it, at its start; the smoke stage's steps never fault. The
+training loop reaches the faults through three hooks, so it carries no fault branches of its own:
+`before_step` (signals, hold) at the top of each step, `on_loss` on each micro-batch's loss and
+`on_grads` once the gradients are in; with nothing planned (NONE) each is a set lookup and no more.
 """
 
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 import signal
@@ -66,6 +70,26 @@ class Faults:
 
     def at(self, kind: str, step: int) -> bool:
         return (kind, step) in self.planned
+
+    def before_step(self, step: int, stop) -> None:
+        """At the start of `step`: the signals planned for it, then the hold (see hold_until_signalled)."""
+        self.signal_self(step)
+        self.hold_until_signalled(step, stop)
+
+    def on_loss(self, loss, step: int, micro: int):
+        """Micro-batch `micro`'s loss at `step`, as nan_loss (the first micro-batch) and spike make it."""
+        if self.at("nan_loss", step) and micro == 0:
+            loss = loss * math.nan
+        if self.at("spike", step):
+            loss = loss * SPIKE_FACTOR
+        return loss
+
+    def on_grads(self, params: list, step: int) -> None:
+        """After the backward pass of `step`: inf_grad sets one entry of the first parameter's gradient
+        to +inf (this rank's shard under FSDP: a DTensor's local tensor)."""
+        if self.at("inf_grad", step):
+            grad = params[0].grad
+            getattr(grad, "_local_tensor", grad).view(-1)[0] = math.inf
 
     def signal_self(self, step: int) -> None:
         """Send the signals planned for the start of `step`."""

@@ -20,7 +20,10 @@ is part of the fingerprint: a setting added later restarts a run rather than res
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from kiln.errors import KilnError
+from kiln.sections import TrainSection
 
 PARTS = ("model", "tokenizer", "shards", "seed", "train")
 NOT_TRAJECTORY = frozenset(
@@ -52,10 +55,19 @@ NOT_TRAJECTORY = frozenset(
 )
 
 
-def trajectory(train: dict, steps: int, init_sha256: str | None = None) -> dict:
+# Settings only train.optimizer muon reads: an AdamW run leaves them out, so changing one does not
+# restart it (train.optimizer itself is always in).
+MUON_ONLY = frozenset({"muon_lr", "muon_momentum", "muon_weight_decay", "muon_adjust_lr"})
+
+
+def trajectory(train: TrainSection | Mapping, steps: int, init_sha256: str | None = None) -> dict:
     """The train settings a checkpoint must share with the run that resumes it, the steps it trains
-    and, for a run started from another model's weights (train.init_from), what those were."""
-    own = {key: value for key, value in sorted(train.items()) if key not in NOT_TRAJECTORY} | {"steps": steps}
+    and, for a run started from another model's weights (train.init_from), what those were. A typed
+    section counts as its validated dict (as_dict: dataclasses.asdict would add unset keys)."""
+    train = train.as_dict() if isinstance(train, TrainSection) else train
+    unread = MUON_ONLY if train.get("optimizer") != "muon" else frozenset()
+    own = {key: value for key, value in sorted(train.items()) if key not in NOT_TRAJECTORY | unread}
+    own |= {"steps": steps}
     return own | ({"init_from_sha256": init_sha256} if init_sha256 else {})
 
 

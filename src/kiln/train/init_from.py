@@ -132,6 +132,19 @@ def check_same_tokenizer(source: InitSource, shards_tokenizer: str | None) -> No
         )
 
 
+def check_same_optimizer(source: InitSource, state: dict, optimizer) -> None:
+    """An error unless the source's optimizer state is of this run's train.optimizer: Muon keeps a
+    momentum_buffer for the blocks' matrices where AdamW keeps its moments."""
+    parts = getattr(optimizer, "parts", [optimizer])  # kiln.train.optim.Optimizers, or one optimizer
+    ours = "muon" if any(isinstance(p, torch.optim.Muon) for p in parts) else "adamw"
+    theirs = "muon" if any("momentum_buffer" in s for s in state["state"].values()) else "adamw"
+    if ours != theirs:
+        raise KilnError(
+            f"train.init_from.optimizer: {source.describe()} holds {theirs} state, and this run's "
+            f"train.optimizer is {ours}: set train.optimizer: {theirs}, or drop optimizer: true (weights only)"
+        )
+
+
 def load_into(
     source: InitSource, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shards_tokenizer: str | None
 ) -> None:
@@ -147,6 +160,8 @@ def load_into(
         parallel.load_full_model_state(model, weights)
         return
     settings = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-    parallel.load_full_state(model, optimizer, weights, source.optimizer_state())
+    state = source.optimizer_state()
+    check_same_optimizer(source, state, optimizer)
+    parallel.load_full_state(model, optimizer, weights, state)
     for group, own in zip(optimizer.param_groups, settings):
         group.update(own)

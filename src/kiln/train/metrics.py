@@ -204,7 +204,7 @@ class MetricsSink:
             self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None}, step=record["step"])
 
     def log_samples(self, step: int, rows: list[dict]) -> None:
-        """Generated text at `step`: rows of {"prompt", "completion"}."""
+        """Generated text at `step`: rows of {"prompt", "completion"} and how it was decoded ("decoding")."""
         if not self.enabled or not rows:
             return
         for row in rows:
@@ -214,7 +214,8 @@ class MetricsSink:
             import wandb
 
             table = wandb.Table(
-                columns=["step", "prompt", "completion"], data=[[step, r["prompt"], r["completion"]] for r in rows]
+                columns=["step", "prompt", "completion", "decoding"],
+                data=[[step, r["prompt"], r["completion"], r.get("decoding", "")] for r in rows],
             )
             self.wandb.log({"samples": table}, step=step)
 

@@ -167,16 +167,22 @@ def full_model_state(model: nn.Module) -> dict:
     return get_model_state_dict(model, options=GATHER)
 
 
+def _parts(optimizer) -> torch.optim.Optimizer | list[torch.optim.Optimizer]:
+    """A torch optimizer, or kiln.train.optim.Optimizers' parts: the helpers below take a list and
+    key every part's state by parameter name in one dict (one optimizer's dict for a single one)."""
+    return getattr(optimizer, "parts", optimizer)
+
+
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """Optimizer state keyed by parameter name, whole and on CPU, on rank 0; collective under FSDP."""
-    return get_optimizer_state_dict(model, optimizer, options=GATHER)
+    return get_optimizer_state_dict(model, _parts(optimizer), options=GATHER)
 
 
 def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """{"model", "optimizer"}: this rank's part, keyed by parameter name, without a gather (FSDP: its
     shards, DTensors that say where they sit in the whole; DDP and one rank: the whole tensors), for
     torch.distributed.checkpoint to write or to fill in place."""
-    return {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+    return {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, _parts(optimizer))}
 
 
 def load_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, read: Callable[[dict], None]) -> None:
@@ -185,7 +191,7 @@ def load_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, read:
     state = sharded_state(model, optimizer)  # the optimizer's state is created here if it has none yet
     read(state)
     set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    set_optimizer_state_dict(model, _parts(optimizer), state["optimizer"])
 
 
 def load_full_model_state(model: nn.Module, model_state: dict) -> None:
@@ -197,4 +203,4 @@ def load_full_state(
     model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict, optimizer_state: dict
 ) -> None:
     set_model_state_dict(model, model_state, options=SCATTER)
-    set_optimizer_state_dict(model, optimizer, optimizer_state, options=SCATTER)
+    set_optimizer_state_dict(model, _parts(optimizer), optimizer_state, options=SCATTER)

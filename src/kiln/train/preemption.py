@@ -13,6 +13,8 @@ from __future__ import annotations
 import signal
 import threading
 
+from kiln.errors import ExitCode, RunStopped
+
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
@@ -36,3 +38,14 @@ class StopSignal:
     def _handle(self, signum: int, frame) -> None:
         if self.received is None:
             self.received = signal.Signals(signum).name
+
+
+def stopped(received: str | None, step: int, last_checkpoint: str) -> RunStopped:
+    """What a preempted run raises once every rank has saved `step` (`received`: this rank's signal, or
+    None where another rank got it): exit 75, and what a rerun does."""
+    signal_name = received or "a preemption signal on another rank"
+    return RunStopped(
+        f"train: {signal_name}: every rank saved step {step} ({last_checkpoint}); rerun the same command to "
+        f"continue from step {step + 1}",
+        ExitCode.PREEMPTED,
+    )

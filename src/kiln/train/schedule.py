@@ -8,13 +8,20 @@ it saves is the schedule's whole state (the "scheduler not saved" resume bug can
   decay_fraction of the steps, then a cooldown to min_lr, linear or "1-sqrt"
   (lr scaled by 1 - sqrt(progress), the shape that paper found best).
 - constant: lr after warmup until the end (min_lr unused).
+
+A budgeted run changes its max_steps as it goes (kiln.train.budget): Replanned is the schedule of
+such a run, a function of the step and of the re-plans made so far, which its checkpoints hold.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
+from dataclasses import dataclass
 from functools import partial
-from typing import Callable
+from typing import Callable, Mapping
+
+from kiln.sections import TrainSection, train_section
 
 KINDS = ("cosine", "wsd", "constant")
 COOLDOWNS = ("linear", "1-sqrt")
@@ -55,15 +62,151 @@ def lr_at(
     raise ValueError(f"unknown schedule {kind!r} (known: {', '.join(KINDS)})")
 
 
-def schedule_from_config(train: dict, max_steps: int) -> Callable[[int], float]:
-    """step -> LR for a validated `train` section, run for max_steps steps."""
+def schedule_from_config(train: TrainSection | Mapping, max_steps: int) -> Callable[[int], float]:
+    """step -> LR for a validated `train` section, run for max_steps steps. (A dict too, while
+    kiln.train.trainer holds the section as one: kiln.sections.train_section.)"""
+    train = train_section(train)
     return partial(
         lr_at,
-        lr=train["lr"],
-        min_lr=train["min_lr"],
-        warmup_steps=train["warmup_steps"],
+        lr=train.lr,
+        min_lr=train.min_lr,
+        warmup_steps=train.warmup_steps,
         max_steps=max_steps,
-        kind=train["schedule"],
-        decay_fraction=train["decay_fraction"],
-        cooldown=train["cooldown"],
+        kind=train.schedule,
+        decay_fraction=train.decay_fraction,
+        cooldown=train.cooldown,
     )
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """The schedule from step `start` on: the run ends at max_steps; the decay (the cooldown of wsd,
+    the whole post-warmup phase of cosine) starts at decay_start; from `anchor` its progress runs
+    linearly from p0 at anchor to 1 at max_steps. A segment with p0 0 and anchor decay_start is
+    lr_at's own schedule for max_steps."""
+
+    start: int
+    max_steps: int
+    decay_start: int
+    anchor: int
+    p0: float = 0.0
+
+
+class Replanned:
+    """lr_at's schedule whose max_steps may change during the run (kiln.train.budget re-plans the
+    steps from the speed it measures), without a jump in the learning rate.
+
+    Until the first re-plan it is lr_at, bit for bit. A re-plan at step s (steps 0..s-1 done) to M
+    steps changes the LR of steps s onwards only:
+    - before the decay has begun (warmup, or wsd's stable phase), the schedule becomes lr_at's for M:
+      the LR held at its peak until M's own decay start, or, when that lies behind s already, a
+      cooldown that starts at s;
+    - once the decay has begun, its start is kept and its progress is re-anchored: it goes on from
+      the progress reached at s, linearly to 1 at M. The LR is continuous; only its slope changes
+      (steeper when the run was shortened, flatter when lengthened).
+    The schedule is a function of the re-plans, (step, max_steps) pairs: replaying them gives the
+    same LR at every step (a resumed run replays its checkpoint's)."""
+
+    def __init__(
+        self,
+        *,
+        lr: float,
+        min_lr: float,
+        warmup_steps: int,
+        max_steps: int,
+        kind: str = "cosine",
+        decay_fraction: float = 0.2,
+        cooldown: str = "linear",
+    ):
+        if kind not in KINDS:
+            raise ValueError(f"unknown schedule {kind!r} (known: {', '.join(KINDS)})")
+        if kind == "wsd" and cooldown not in COOLDOWNS:
+            raise ValueError(f"unknown cooldown {cooldown!r} (known: {', '.join(COOLDOWNS)})")
+        self.kw = dict(
+            lr=lr,
+            min_lr=min_lr,
+            warmup_steps=warmup_steps,
+            kind=kind,
+            decay_fraction=decay_fraction,
+            cooldown=cooldown,
+        )
+        first = self._plain(0, max_steps)
+        self.segments: list[_Segment] = [first]
+        self._starts = [0]
+
+    @classmethod
+    def from_config(cls, train: dict, max_steps: int) -> Replanned:
+        return cls(
+            lr=train["lr"],
+            min_lr=train["min_lr"],
+            warmup_steps=train["warmup_steps"],
+            max_steps=max_steps,
+            kind=train["schedule"],
+            decay_fraction=train["decay_fraction"],
+            cooldown=train["cooldown"],
+        )
+
+    @property
+    def max_steps(self) -> int:
+        return self.segments[-1].max_steps
+
+    def _decay_start(self, max_steps: int) -> int:
+        warmup = self.kw["warmup_steps"]
+        if self.kw["kind"] != "wsd":
+            return warmup
+        return max(warmup, max_steps - max(1, round(self.kw["decay_fraction"] * max_steps)))
+
+    def _plain(self, start: int, max_steps: int) -> _Segment:
+        decay_start = self._decay_start(max_steps)
+        return _Segment(start, max_steps, decay_start, decay_start)
+
+    def _segment(self, step: int) -> _Segment:
+        return self.segments[bisect.bisect_right(self._starts, step) - 1]
+
+    def _progress(self, step: int, seg: _Segment) -> float:
+        """The decay's progress at `step` (>= seg.decay_start) under seg, in [0, 1]."""
+        if seg.p0 == 0.0 and seg.anchor == seg.decay_start:  # lr_at's own formula
+            progress = (step - seg.decay_start) / max(1, seg.max_steps - seg.decay_start)
+        else:
+            progress = seg.p0 + (1.0 - seg.p0) * (step - seg.anchor) / max(1, seg.max_steps - seg.anchor)
+        return min(1.0, max(0.0, progress))
+
+    def replan(self, step: int, max_steps: int) -> None:
+        """From step `step` (0-based: the next step to run) on, the run ends at max_steps."""
+        last = self.segments[-1]
+        if step < last.start:
+            raise ValueError(f"a re-plan at step {step} after one at step {last.start}: re-plans run forwards")
+        if max_steps == last.max_steps:
+            return
+        if self.kw["kind"] == "constant" or step < last.decay_start:
+            seg = self._plain(step, max_steps)
+            if seg.decay_start < step:  # the new end's cooldown should have begun already: it begins now
+                seg = _Segment(step, max_steps, step, step)
+        else:
+            seg = _Segment(step, max_steps, last.decay_start, step, self._progress(step, last))
+        if last.start == step:
+            self.segments[-1] = seg
+        else:
+            self.segments.append(seg)
+            self._starts.append(step)
+
+    def __call__(self, step: int) -> float:
+        seg = self._segment(step)
+        plain = seg.p0 == 0.0 and seg.anchor == seg.decay_start == self._decay_start(seg.max_steps)
+        if plain or self.kw["kind"] == "constant":
+            return lr_at(step, max_steps=seg.max_steps, **self.kw)
+        lr, min_lr, warmup = self.kw["lr"], self.kw["min_lr"], self.kw["warmup_steps"]
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        if step >= seg.max_steps:
+            return min_lr
+        if step < seg.decay_start:
+            return lr
+        progress = self._progress(step, seg)
+        if self.kw["kind"] == "cosine":
+            scale = 0.5 * (1.0 + math.cos(math.pi * progress))
+        elif self.kw["cooldown"] == "1-sqrt":
+            scale = 1.0 - math.sqrt(progress)
+        else:
+            scale = 1.0 - progress
+        return min_lr + scale * (lr - min_lr)

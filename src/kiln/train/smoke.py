@@ -20,11 +20,11 @@ check the model before any long run. The checks, each against a threshold in the
                   lr 0, a broken schedule or broken data fail here
 
 Before the probe, train.precision auto on a CPU is settled by timing a few steps in bf16 and in
-fp32 (pick_precision). The probe's steady-state figures (warm-up and compile steps left out, the
-median of a few spans) feed the plan (kiln.plan.steps.full_run_plan), and with the stage's
-start-up, one validation and one checkpoint, timed here too (StageTimes), they turn a train.budget
-into steps (kiln.plan.steps.budget_steps). The stage script turns what run_checks finds into the gate's
-verdict (kiln.plan.verdict.SmokeReport), which train and the report read.
+fp32 (pick_precision). The probe's steady-state figures (kiln.train.probe: warm-up and compile
+steps left out, the median of a few spans) feed the plan (kiln.plan.steps.build_plan), and with the
+stage's start-up, one validation and one checkpoint, timed here too (StageTimes), they turn a
+train.budget into steps (kiln.plan.steps.budget_steps). The stage script turns what run_checks finds
+into the gate's verdict (kiln.plan.verdict.SmokeReport), which train and the report read.
 """
 
 from __future__ import annotations
@@ -34,10 +34,9 @@ import logging
 import math
 import os
 import shutil
-import statistics
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -48,15 +47,15 @@ from kiln.io import read_json
 from kiln.model.registry import resolve
 from kiln.plan.memory import Estimate, estimate, setting_of
 from kiln.plan.steps import StageTimes
-from kiln.plan.verdict import Check, Probe
+from kiln.plan.verdict import Check
+from kiln.sections import Overfit, SmokeSection, TrainSection
 from kiln.train import checkpoint, device
 from kiln.train.distributed import barrier, broadcast_object, max_across_ranks, mean_across_ranks
 from kiln.train.launch import LAUNCH_START_ENV
-from kiln.train.metrics import Throughput, flops_per_token, flops_per_token_torchtitan, memory_mb, peak_flops
+from kiln.train.probe import probe, sync
 from kiln.train.trainer import Trainer
 
 log = logging.getLogger("kiln.smoke")
-PROBE_SPANS = 4  # the probe's timed steps are timed in this many spans; the median span's rate counts
 PROCESS_START = time.time()  # at import, for a stage started without kiln.train.launch
 OOM_MESSAGES = ("out of memory", "can't allocate memory")
 
@@ -68,23 +67,23 @@ def is_out_of_memory(exc: BaseException) -> bool:
     )
 
 
-def oom_advice(train: dict, seq_len: int) -> str:
+def oom_advice(train: TrainSection, seq_len: int) -> str:
     """What to change when the full run's step does not fit."""
-    micro = train["micro_batch"]
+    micro = train.micro_batch
     tips = []
     if micro > 1:
         tips.append(f"train.micro_batch: {micro // 2} (train.batch_tokens unchanged doubles the gradient accumulation)")
-    if train["activation_checkpointing"] == "none":
+    if train.activation_checkpointing == "none":
         tips.append(
             "train.activation_checkpointing: selective (every other block recomputed in backward: "
             "~1/6 more compute, about half the activation memory), or full"
         )
-    elif train["activation_checkpointing"] == "selective":
+    elif train.activation_checkpointing == "selective":
         tips.append(
             "train.activation_checkpointing: full (every block recomputed: ~1/3 more compute, "
             "the least activation memory)"
         )
-    if train["parallel"] == "ddp":
+    if train.parallel == "ddp":
         tips.append("train.parallel: fsdp (shard weights, gradients and optimizer state across ranks)")
     tips.append(f"a shorter shard.seq_len than {seq_len}")
     return "out of memory at micro-batch %d x %d tokens; try: %s" % (micro, seq_len, "; ".join(tips))
@@ -106,94 +105,6 @@ def causality_leak(model: torch.nn.Module, vocab: int, seq_len: int, dev: torch.
         b, _ = model(y.to(dev))
     model.train(was_training)
     return (a[:, :p].float() - b[:, :p].float()).abs().max().item()
-
-
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def probe(
-    trainer: Trainer, steps: int, warmup: int, trace_dir: Path | None = None, profile_step: int | None = None
-) -> tuple[list[float], list[float], Probe]:
-    """Run `steps` optimizer steps; return per-step losses and gradient norms (mean over ranks) and
-    the throughput of the steps after `warmup`. The timed steps are cut into up to PROBE_SPANS spans
-    and the figure is the median span's: a neighbour's burst of load on a shared machine slows one
-    span, not the plan a budget is turned into steps with. The host waits on the device only at
-    span ends (a handful of syncs), as the full run waits at log steps. With profile_step, that step
-    (1-based) is traced (trace.json for Perfetto / chrome://tracing; on CUDA also
-    memory_snapshot.pickle for pytorch.org/memory_viz) and its span left out of the timing."""
-    d = trainer.d
-    losses, norms = [], []
-    span = max(1, (steps - warmup) // PROBE_SPANS)
-    spans: list[tuple[float, int]] = []  # (seconds, steps) of each whole span without the traced step
-    started = time.perf_counter()
-    t0 = span_start = wait_start = 0.0
-    traced_here = False
-    for i in range(1, steps + 1):
-        if i == warmup + 1:
-            _sync(d.device)
-            t0 = span_start = time.perf_counter()
-            wait_start, traced_here = trainer.data_wait_s, False
-        if i == profile_step:
-            loss, norm = _traced_step(trainer, trace_dir if d.is_main else None)
-            traced_here = True
-        else:
-            loss, norm, _ = trainer.train_step()
-        losses.append(loss.detach())
-        norms.append(norm.detach())
-        if i > warmup and ((i - warmup) % span == 0 or i == steps):
-            _sync(d.device)
-            now = time.perf_counter()
-            if not traced_here:
-                spans.append((now - span_start, (i - warmup - 1) % span + 1))
-            span_start, traced_here = now, False
-        if d.is_main and (i % 10 == 0 or i == steps):
-            log.info("probe step %d/%d", i, steps)
-    _sync(d.device)
-    loss_list = mean_across_ranks(torch.stack(losses), d.world).tolist()
-    norm_list = torch.stack(norms).float().tolist()
-    step_s = statistics.median(sec / n for sec, n in spans) if spans else 0.0
-    tokens_per_s = trainer.plan.tokens_per_step / step_s if step_s else 0.0
-    rates = Throughput(
-        flops_per_token(trainer.model), peak_flops(d.device), d.world, flops_per_token_torchtitan(trainer.model)
-    ).rates(tokens_per_s)
-    timed_s = time.perf_counter() - t0 if steps > warmup else 0.0
-    return (
-        loss_list,
-        norm_list,
-        Probe(
-            tokens_per_s=tokens_per_s,
-            step_time_s=step_s,
-            data_wait_fraction=(trainer.data_wait_s - wait_start) / timed_s if timed_s else 0.0,
-            peak_memory_mb=memory_mb(d.device),
-            mfu=rates["mfu"],
-            tflops=rates["tflops"],
-            measured_steps=sum(n for _, n in spans),
-            mfu_torchtitan=rates["mfu_torchtitan"],
-            warmup_s=(t0 if steps > warmup else time.perf_counter()) - started,
-        ),
-    )
-
-
-def _traced_step(trainer: Trainer, trace_dir: Path | None):
-    if trace_dir is None:
-        loss, norm, _ = trainer.train_step()
-        return loss, norm
-    cuda = trainer.d.device.type == "cuda"
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-    if cuda:
-        torch.cuda.memory._record_memory_history(max_entries=100_000)
-    with torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
-        loss, norm, _ = trainer.train_step()
-        _sync(trainer.d.device)
-    trace_dir.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(trace_dir / "trace.json"))
-    if cuda:
-        torch.cuda.memory._dump_snapshot(str(trace_dir / "memory_snapshot.pickle"))
-        torch.cuda.memory._record_memory_history(enabled=None)
-    log.info("traced one step -> %s", trace_dir / "trace.json")
-    return loss, norm
 
 
 def pick_overfit_rows(trainer: Trainer, n: int, marker_id: int | None, scan: int = 4096) -> torch.Tensor:
@@ -229,27 +140,29 @@ class FixedRows:
         return {}
 
 
-def overfit(sections: dict, shard_dir: Path, cfg: dict, marker_id: int | None) -> tuple[float, int, float]:
-    """Train a fresh model on cfg["rows"] fixed rows, at train.lr held constant after a short warmup,
-    until its loss is below cfg["max_loss"] or cfg["max_steps"] run out. Returns (loss at the
-    start, steps taken, final loss)."""
+def overfit(
+    sections: dict, train: TrainSection, shard_dir: Path, cfg: Overfit, marker_id: int | None
+) -> tuple[float, int, float]:
+    """Train a fresh model on cfg.rows fixed rows, at train.lr held constant after a short warmup,
+    until its loss is below cfg.max_loss or cfg.max_steps run out. Returns (loss at the start,
+    steps taken, final loss). `sections` gives the rest of the stage's sections (seed, model)."""
     # A correctness check, not a speed one: eager, one micro-batch of the chosen rows per step.
-    train = dict(
-        sections["train"],
-        micro_batch=cfg["rows"],
+    train = replace(
+        train,
+        micro_batch=cfg.rows,
         batch_tokens=None,
         schedule="constant",
-        warmup_steps=max(1, cfg["max_steps"] // 10),
+        warmup_steps=max(1, cfg.max_steps // 10),
         compile=False,
     )
-    trainer = Trainer(dict(sections, train=train), shard_dir, max_steps=cfg["max_steps"])
-    trainer.batches = FixedRows(pick_overfit_rows(trainer, cfg["rows"], marker_id))
+    trainer = Trainer(dict(sections, train=train.as_dict()), shard_dir, max_steps=cfg.max_steps)
+    trainer.batches = FixedRows(pick_overfit_rows(trainer, cfg.rows, marker_id))
     first = last = float("nan")
-    for step in range(1, cfg["max_steps"] + 1):
+    for step in range(1, cfg.max_steps + 1):
         loss, _, _ = trainer.train_step()
         last = mean_across_ranks(loss, trainer.d.world).item()
         first = last if step == 1 else first
-        if last < cfg["max_loss"] or not math.isfinite(last):
+        if last < cfg.max_loss or not math.isfinite(last):
             break
     return first, step, last
 
@@ -280,27 +193,28 @@ def _health(losses: list[float], norms: list[float], min_drop: float) -> Check:
 def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | None = None) -> dict:
     """Every check and measurement, in the order that fails fastest. Returns, on every rank,
     {"checks": [Check, ...]} plus the measurements in the plain form of
-    kiln.plan.verdict.Measurements (absent when the probe did not run)."""
-    cfg, train = sections["smoke"], sections["train"]
+    kiln.plan.verdict.Measurements (absent when the probe did not run). `sections` is the stage's
+    (seed, model, train, smoke), as validated dicts."""
+    smoke, train = SmokeSection.of(sections["smoke"]), TrainSection.of(sections["train"])
     checks: list[Check] = []
     report: dict = {"checks": checks}
     trainer = None
     manifest = read_json(Path(shard_dir) / "manifest.json")
     memory = _estimate_note(
-        estimate_for(sections, manifest, int(os.environ.get("WORLD_SIZE", "1"))),
-        device.select_device(train["device"]).type == "cuda",
+        estimate_for(sections["model"], train, manifest, int(os.environ.get("WORLD_SIZE", "1"))),
+        device.select_device(train.device).type == "cuda",
     )
     extra_s = 0.0  # time spent here on what train does not do (precision timing, the checks)
     try:
         # The probe reaches the full run's peak lr (warmup at most a third of the probe) and holds
         # it: an lr that diverges is caught here, not hours into the run.
-        probe_train = dict(train, schedule="constant", warmup_steps=min(train["warmup_steps"], cfg["steps"] // 3))
+        probe_train = replace(train, schedule="constant", warmup_steps=min(train.warmup_steps, smoke.steps // 3))
         started = time.perf_counter()
-        precision, candidates = pick_precision(sections, probe_train, shard_dir, cfg)
+        precision, candidates = pick_precision(sections, probe_train, shard_dir, smoke)
         extra_s += time.perf_counter() - started
-        probe_train["precision"] = precision
-        sections = dict(sections, train=dict(train, precision=precision))  # the overfit check's too
-        trainer = Trainer(dict(sections, train=probe_train), shard_dir, max_steps=cfg["steps"])
+        probe_train = replace(probe_train, precision=precision)
+        train = replace(train, precision=precision)  # the overfit check's too
+        trainer = Trainer(dict(sections, train=probe_train.as_dict()), shard_dir, max_steps=smoke.steps)
         seq_len, vocab = trainer.cfg.seq_len, trainer.cfg.vocab_size
         # The checks before the probe run eager, so the probe measures the graph train will run. The
         # causality check's 2 rows and a short last validation batch are other shapes: through the
@@ -310,30 +224,30 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         started = time.perf_counter()
         with torch.compiler.set_stance("force_eager"):
             leak = causality_leak(trainer.model, vocab, seq_len, trainer.d.device, trainer.seed)
-            init = trainer.evaluate(cfg["val_batches"])
+            init = trainer.evaluate(smoke.val_batches)
         extra_s += time.perf_counter() - started
         checks.append(
             Check(
                 "causality",
-                leak <= cfg["causal_tolerance"],
+                leak <= smoke.causal_tolerance,
                 f"max logit change {leak:.2e}",
-                f"<= {cfg['causal_tolerance']:g}",
-                "" if leak <= cfg["causal_tolerance"] else "the attention mask lets positions see later tokens",
+                f"<= {smoke.causal_tolerance:g}",
+                "" if leak <= smoke.causal_tolerance else "the attention mask lets positions see later tokens",
             )
         )
         uniform = math.log(vocab)
         checks.append(
             Check(
                 "init loss",
-                abs(init - uniform) <= cfg["init_loss_tolerance"],
+                abs(init - uniform) <= smoke.init_loss_tolerance,
                 f"{init:.4f} nats",
-                f"within {cfg['init_loss_tolerance']:g} of ln({vocab}) = {uniform:.4f}",
-                "" if abs(init - uniform) <= cfg["init_loss_tolerance"] else "check the initialisation scale",
+                f"within {smoke.init_loss_tolerance:g} of ln({vocab}) = {uniform:.4f}",
+                "" if abs(init - uniform) <= smoke.init_loss_tolerance else "check the initialisation scale",
             )
         )
         # train's start-up: this stage's so far, less what train does not do, plus the warm-up steps
         startup_s = time.time() - launch_start() - extra_s
-        losses, norms, measured = probe(trainer, cfg["steps"], cfg["warmup_steps"], out_dir, cfg["profile_step"])
+        losses, norms, measured = probe(trainer, smoke.steps, smoke.warmup_steps, out_dir, smoke.profile_step)
         startup_s += measured.warmup_s
     except Exception as exc:  # noqa: BLE001 -- only an out-of-memory error is turned into a check
         if not is_out_of_memory(exc):
@@ -354,32 +268,32 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
     checks.insert(
         0, Check("preflight", True, f"peak memory {measured.peak_memory_mb:,.0f} MB; {memory}", "fits in memory")
     )
-    checks.append(_health(losses, norms, cfg["min_loss_drop"]))
+    checks.append(_health(losses, norms, smoke.min_loss_drop))
     started = time.perf_counter()
     with torch.compiler.set_stance("force_eager"):  # a correctness figure: no graphs compiled for it
-        after = trainer.evaluate(cfg["val_batches"])
-    validation_s = (time.perf_counter() - started) * train["eval_batches"] / cfg["val_batches"]
+        after = trainer.evaluate(smoke.val_batches)
+    validation_s = (time.perf_counter() - started) * train.eval_batches / smoke.val_batches
     val_drop = init - after
     train_drop = losses[0] - losses[-1]
     checks.append(
         Check(
             "generalisation",
-            val_drop >= cfg["min_val_drop"],
+            val_drop >= smoke.min_val_drop,
             f"held-out loss {init:.4f} -> {after:.4f} (drop {val_drop:.4f}; train loss drop {train_drop:.4f})",
-            f"drop >= {cfg['min_val_drop']:g}",
+            f"drop >= {smoke.min_val_drop:g}",
             ""
-            if val_drop >= cfg["min_val_drop"]
+            if val_drop >= smoke.min_val_drop
             else "the held-out next-token loss did not fall: are the targets the inputs shifted by one?",
         )
     )
     checks.append(
         Check(
             "data",
-            measured.data_wait_fraction <= cfg["max_data_wait"],
+            measured.data_wait_fraction <= smoke.max_data_wait,
             f"data wait {measured.data_wait_fraction:.1%} of step time",
-            f"<= {cfg['max_data_wait']:.0%}",
+            f"<= {smoke.max_data_wait:.0%}",
             ""
-            if measured.data_wait_fraction <= cfg["max_data_wait"]
+            if measured.data_wait_fraction <= smoke.max_data_wait
             else "the loader is a bottleneck: faster disk, or fewer ranks per node reading",
         )
     )
@@ -387,15 +301,15 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
     checks.append(
         Check(
             "tokens",
-            entropy >= cfg["min_token_entropy"],
+            entropy >= smoke.min_token_entropy,
             f"unigram entropy {entropy:.2f} bits/token",
-            f">= {cfg['min_token_entropy']:g}",
+            f">= {smoke.min_token_entropy:g}",
             ""
-            if entropy >= cfg["min_token_entropy"]
+            if entropy >= smoke.min_token_entropy
             else "the training tokens are nearly constant: check the tokenizer (unknown-token ids?) and the data",
         )
     )
-    checkpoint_s, checkpoint_written = _time_checkpoint(trainer, out_dir)
+    checkpoint_s, checkpoint_written = _time_checkpoint(trainer, probe_train, out_dir)
     report.update(
         probe=asdict(measured),
         losses=losses,
@@ -420,14 +334,14 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
     )
     del trainer
     _free_memory()
-    start, steps, final = overfit(sections, shard_dir, cfg["overfit"], marker_id)
-    ok = final < cfg["overfit"]["max_loss"]
+    start, steps, final = overfit(sections, train, shard_dir, smoke.overfit, marker_id)
+    ok = final < smoke.overfit.max_loss
     checks.append(
         Check(
             "overfit",
             ok,
-            f"loss {start:.4f} -> {final:.4f} in {steps} steps on {cfg['overfit']['rows']} rows",
-            f"< {cfg['overfit']['max_loss']:g} within {cfg['overfit']['max_steps']} steps",
+            f"loss {start:.4f} -> {final:.4f} in {steps} steps on {smoke.overfit.rows} rows",
+            f"< {smoke.overfit.max_loss:g} within {smoke.overfit.max_steps} steps",
             "" if ok else "a fresh model could not memorise a few rows: check lr, schedule, labels and data",
         )
     )
@@ -439,20 +353,23 @@ def launch_start() -> float:
     return float(os.environ.get(LAUNCH_START_ENV) or PROCESS_START)
 
 
-def pick_precision(sections: dict, probe_train: dict, shard_dir: Path, cfg: dict) -> tuple[str, dict[str, float]]:
+def pick_precision(
+    sections: dict, probe_train: TrainSection, shard_dir: Path, smoke: SmokeSection
+) -> tuple[str, dict[str, float]]:
     """train.precision, or for auto: bf16 on a GPU that has it, and on a CPU the faster of bf16 and
-    fp32 over cfg["precision_steps"] timed steps each (after cfg["warmup_steps"]), with the tokens/s
+    fp32 over smoke.precision_steps timed steps each (after smoke.warmup_steps), with the tokens/s
     of each (the mean over ranks, so every rank picks alike)."""
-    if probe_train["precision"] != "auto":
-        return probe_train["precision"], {}
-    dev = device.select_device(probe_train["device"])
+    if probe_train.precision != "auto":
+        return probe_train.precision, {}
+    dev = device.select_device(probe_train.device)
     if dev.type == "cuda":
         return ("bf16" if device.use_bf16("bf16", dev) else "fp32"), {}
     rates = {}
     for candidate in ("bf16", "fp32"):
-        steps = cfg["warmup_steps"] + cfg["precision_steps"]
-        trainer = Trainer(dict(sections, train=dict(probe_train, precision=candidate)), shard_dir, max_steps=steps)
-        _, _, measured = probe(trainer, steps, cfg["warmup_steps"])
+        steps = smoke.warmup_steps + smoke.precision_steps
+        candidate_train = replace(probe_train, precision=candidate).as_dict()
+        trainer = Trainer(dict(sections, train=candidate_train), shard_dir, max_steps=steps)
+        _, _, measured = probe(trainer, steps, smoke.warmup_steps)
         rates[candidate] = mean_across_ranks(torch.tensor(measured.tokens_per_s), trainer.d.world).item()
         del trainer
         _free_memory()
@@ -461,24 +378,24 @@ def pick_precision(sections: dict, probe_train: dict, shard_dir: Path, cfg: dict
     return pick, rates
 
 
-def _time_checkpoint(trainer: Trainer, out_dir: Path) -> tuple[float, int]:
+def _time_checkpoint(trainer: Trainer, train: TrainSection, out_dir: Path) -> tuple[float, int]:
     """(seconds, bytes) of one checkpoint written as train writes it, into a scratch folder removed
     after: Trainer._save_checkpoint through a checkpoint.Saver in train.checkpoint_format (async too),
     on every rank, so the model and the optimizer's moments (allocated by the probe's steps) are in it,
     gathered onto rank 0 or written by every rank as its shards. The seconds are the training loop's
     pause, the slowest rank's (train goes on when every rank has; an async save's writing overlaps
     the steps after it, as in train); the bytes are what landed on disk, every rank's files."""
-    d, train = trainer.d, trainer.train_cfg
+    d = trainer.d
     scratch = None
     if d.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(dir=out_dir, prefix=".checkpoint-timing-"))
     scratch = broadcast_object(scratch, d.world)
     trainer.saver = checkpoint.Saver(
-        scratch, checkpoint_format(train), 1, rank=d.rank, world=d.world, async_save=train["async_checkpoint"]
+        scratch, checkpoint_format(train), 1, rank=d.rank, world=d.world, async_save=train.async_checkpoint
     )
     try:
-        _sync(d.device)
+        sync(d.device)
         barrier(d.world)
         started = time.perf_counter()
         trainer._save_checkpoint()
@@ -492,20 +409,19 @@ def _time_checkpoint(trainer: Trainer, out_dir: Path) -> tuple[float, int]:
     return max_across_ranks(torch.tensor(took), d.world).item(), broadcast_object(written, d.world)
 
 
-def estimate_for(sections: dict, manifest: dict, world: int) -> Estimate:
+def estimate_for(model: dict, train: TrainSection, manifest: dict, world: int) -> Estimate:
     """kiln.plan.memory's estimate of the run's step as this machine will run it (train.device,
     precision, compile, ranks): printed beside the measured peak, or with an out-of-memory error."""
-    train = sections["train"]
-    dev = device.select_device(train["device"])
-    cfg = resolve(sections["model"], manifest["padded_vocab_size"], manifest["seq_len"])
+    dev = device.select_device(train.device)
+    cfg = resolve(model, manifest["padded_vocab_size"], manifest["seq_len"])
     return estimate(
         cfg,
         setting_of(
             train,
             cuda=dev.type == "cuda",
             world=world,
-            bf16=device.use_bf16(train["precision"], dev),
-            compiled=device.use_compile(train["compile"], dev),
+            bf16=device.use_bf16(train.precision, dev),
+            compiled=device.use_compile(train.compile, dev),
         ),
     )
 

@@ -8,15 +8,17 @@ only. `state_dict` (with model and optimizer, full or sharded: `_save_checkpoint
 `load_state_dict` are what a checkpoint holds. `fit` runs the loop: logging, validation,
 checkpoints, resume.
 
-The host waits on the device only at log and checkpoint steps: losses and gradient norms stay
-device tensors in between, so on a GPU the host runs ahead queueing work; between them it reads one
-step-old pair of flags (one step of run-ahead kept) to learn of a preemption signal.
+fit's loop reads top to bottom, one step at a time: train it, decide what follows it
+(kiln.train.step_actions), then read, log, validate, save, stop. The host waits on the device only
+at log and checkpoint steps (kiln.train.step_reader): losses and gradient norms stay device tensors
+in between, so on a GPU the host runs ahead queueing work; between them it reads one step-old stop
+flag (one step of run-ahead kept) to learn of a preemption signal.
 
 Faults (README, "When a run dies"): a step whose loss or gradient norm is not finite on any rank is
 never applied (every rank hands the optimizer the same found_inf flag, agreed on the device) and is
 read before any save (train.nonfinite: stop or skip); loss spikes are logged (kiln.train.health); a
 preemption signal makes every rank save at the same step and exit 75 (kiln.train.preemption).
-KILN_FAULT injects each of these (kiln.train.faults).
+KILN_FAULT injects each of these, through the hooks of kiln.train.faults the loop calls.
 """
 
 from __future__ import annotations
@@ -25,27 +27,22 @@ import functools
 import hashlib
 import logging
 import math
-import os
-import random
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 
 from kiln import layout
 from kiln.config import checkpoint_format
 from kiln.data.loader import ShardRows, TrainBatches, eval_batches
 from kiln.data.shards import tokens_per_byte
-from kiln.errors import ExitCode, RunStopped
-from kiln.io import remove_dead_temps
+from kiln.errors import RunStopped
 from kiln.model.build import build_model, save_model
 from kiln.model.registry import resolve
-from kiln.plan.steps import plan_batch
-from kiln.plan.tables import format_eta
-from kiln.train import checkpoint, device, faults, fingerprint, init_from, parallel
+from kiln.plan.steps import BudgetPlan, plan_batch
+from kiln.train import checkpoint, device, faults, fingerprint, init_from, parallel, preemption, progress, resume
+from kiln.train.budget import Budget
 from kiln.train.distributed import (
     barrier,
     collective_deadline,
@@ -67,59 +64,23 @@ from kiln.train.metrics import (
     peak_flops,
 )
 from kiln.train.mirror import Mirror
-from kiln.train.optim import build_adamw
-from kiln.train.preemption import StopSignal
+from kiln.train.optim import build_optimizer
+from kiln.train.result import RunResult
 from kiln.train.schedule import schedule_from_config
+from kiln.train.seeds import seed_everything, seed_rank_stream
+from kiln.train.step_actions import Cadence, StepActions
+from kiln.train.step_reader import StepReader, StepRecord
 
 log = logging.getLogger("kiln.train")
 Sampler = Callable[[torch.nn.Module], list[dict]]  # model -> [{"prompt", "completion"}] (kiln.train.samples)
 
 
-@dataclass
-class RunResult:
-    """What a run reports back: per-log-step losses, throughput and memory."""
-
-    losses: list[float] = field(default_factory=list)
-    val_losses: list[tuple[int, float]] = field(default_factory=list)
-    tokens_per_s: float = 0.0
-    tflops: float = 0.0  # achieved, per device
-    step_time_s: float = 0.0
-    data_wait_fraction: float = 0.0
-    peak_memory_mb: float = 0.0
-    mfu: float | None = None
-    mfu_torchtitan: float | None = (
-        None  # the same under torchtitan's transformers-backend FLOP count (kiln.train.metrics)
-    )
-    n_params: int = 0
-    tokens_per_step: int = 0
-    grad_accum: int = 1
-    steps: int = 0
-    tokens_seen: int = 0
-    wall_s: float = 0.0  # the loop's wall time in this process, validation and checkpoints included
-    is_main: bool = True  # rank 0, the rank that writes reports
-    init_from: str | None = None  # where the initial weights came from (train.init_from), None: a random init
-    mirror_failures: int = 0  # checkpoint copies to train.checkpoint_mirror that failed in this job (kiln.train.mirror)
-
-
-def seed_rank_stream(seed: int, rank: int) -> None:
-    """After init, which every rank draws alike from `seed` (FSDP2 shards without broadcasting),
-    give each rank its own torch stream (CPU and its GPU) so dropout masks differ between ranks;
-    rank 0 of W and the only rank of 1 draw alike. Resume restores each rank's own state."""
-    if rank:
-        torch.manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1)[0]))
-
-
-def seed_everything(seed: int) -> None:
-    """One seed for Python, NumPy and torch (every device): initial weights, dropout, sampling."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 class Trainer:
     """One run's parts, built from the stage sections (seed, model, train) and a shard folder."""
 
-    def __init__(self, sections: dict, shard_dir: Path, *, max_steps: int | None = None):
+    def __init__(
+        self, sections: dict, shard_dir: Path, *, max_steps: int | None = None, budget: BudgetPlan | None = None
+    ):
         train, self.seed = sections["train"], sections["seed"]
         self.sections, self.train_cfg = sections, train
         self.max_steps = max_steps or train["max_steps"]
@@ -144,20 +105,31 @@ class Trainer:
             activation_checkpointing=train["activation_checkpointing"],
             bf16=self.bf16,
         )
-        self.optimizer = build_adamw(self.model, train, self.d.device.type)
+        self.optimizer = build_optimizer(self.model, train, self.d.device.type)  # AdamW, or Muon + AdamW
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.batches = TrainBatches(
             self.rows, train["micro_batch"], self.seed, self.d.rank, self.d.world, self.plan.grad_accum
         )
         self.lr_at = schedule_from_config(train, self.max_steps)
+        # A budget re-plans max_steps from the measured speed (kiln.train.budget); the fingerprint keeps the plan's.
+        self.planned_steps = self.max_steps
+        self.budget = Budget.of(budget, train, self.max_steps, self.plan.tokens_per_step, self.d)
+        if self.budget is not None:
+            self.lr_at = self.budget.schedule
         self.step, self.tokens_seen, self.data_wait_s = 0, 0, 0.0
         self.elapsed_s, self._loop_start = 0.0, None  # the training wall time of earlier attempts; this one's start
-        self.skipped = 0  # batches whose update was not applied (non-finite loss or gradient)
         self.spikes = SpikeDetector(train["spike_factor"])
-        self.faults, self.stop = faults.NONE, StopSignal()  # fit() sets both; the smoke stage has neither
+        # The steps the host has not read yet (fit): non-finite policy, spikes, the count of skipped steps.
+        self.reader = StepReader(train["nonfinite"], self.spikes, self.d.world, self.d.is_main)
+        self.faults, self.stop = faults.NONE, preemption.StopSignal()  # fit() sets both; the smoke stage has neither
         self.flags = torch.zeros(2, device=self.d.device)  # the last step's [non-finite, stop signal]
         self.init_source: InitSource | None = None  # train.init_from, resolved by fit (which knows results/)
         self.init_sha256: str | None = None
+
+    @property
+    def skipped(self) -> int:
+        """Batches whose update was not applied (non-finite loss or gradient), in this run and those it resumes."""
+        return self.reader.skipped
 
     @property
     def fingerprint(self) -> dict:
@@ -168,7 +140,7 @@ class Trainer:
             self.cfg.to_dict(),
             self.rows.manifest,
             self.seed,
-            fingerprint.trajectory(self.train_cfg, self.max_steps, self.init_sha256),
+            fingerprint.trajectory(self.train_cfg, self.planned_steps, self.init_sha256),
         )
 
     def state_dict(self) -> dict:
@@ -177,12 +149,13 @@ class Trainer:
             "step": self.step,
             "tokens_seen": self.tokens_seen,
             "data": self.batches.state_dict(),
-            "rng": self._rng_states(),
+            "rng": gather_objects(checkpoint.rng_state(), self.d.world),  # every rank's, by rank (collective)
             "fingerprint": self.fingerprint,
             "config": self.sections,
             "skipped": self.skipped,
             "spikes": self.spikes.state_dict(),
             "elapsed_s": self.elapsed_s + self._since_start(),
+            "budget": self.budget.state_dict() if self.budget is not None else None,
         }
 
     def _save_checkpoint(self) -> None:
@@ -209,14 +182,13 @@ class Trainer:
         ranks = state["rng"]
         checkpoint.set_rng_state(ranks[self.d.rank] if len(ranks) == self.d.world else ranks[0])
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
-        self.skipped = state.get("skipped", 0)
+        self.reader.skipped = state.get("skipped", 0)
         self.elapsed_s = state.get("elapsed_s", 0.0)
         if "spikes" in state:
             self.spikes.load_state_dict(state["spikes"])
-
-    def _rng_states(self) -> list[dict]:
-        """Every rank's RNG states, by rank (a collective when there are several ranks)."""
-        return gather_objects(checkpoint.rng_state(), self.d.world)
+        if self.budget is not None and state.get("budget"):  # the decisions made up to this step, replayed
+            self.budget.load_state_dict(state["budget"])
+            self.max_steps = self.budget.max_steps
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimizer step. Returns this rank's mean loss and the global gradient norm as device
@@ -224,8 +196,7 @@ class Trainer:
         or gradient norm of any rank is not finite; self.flags holds [non-finite, stop signal],
         agreed by every rank, for the host to read when it next syncs."""
         lr = self.lr_at(self.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.optimizer.set_lr(lr)  # train.lr's schedule; each optimizer's groups scaled from their own base LR
         accum = self.plan.grad_accum
         loss_sum = torch.zeros((), device=self.d.device)
         for micro in range(accum):
@@ -235,13 +206,10 @@ class Trainer:
             with parallel.grad_sync(self.wrapped, sync=micro == accum - 1):
                 with self.autocast():
                     _, loss = self.wrapped(*_split(batch))
-                if self.faults:
-                    loss = self._loss_faults(loss, micro)
+                loss = self.faults.on_loss(loss, self.step + 1, micro)  # KILN_FAULT nan_loss, spike
                 (loss / accum).backward()  # the mean over micro-batches: one batch of accum x rows
             loss_sum += loss.detach()
-        if self.faults and self.faults.at("inf_grad", self.step + 1):
-            grad = self.params[0].grad
-            getattr(grad, "_local_tensor", grad).view(-1)[0] = math.inf  # this rank's shard under FSDP
+        self.faults.on_grads(self.params, self.step + 1)  # KILN_FAULT inf_grad
         grad_norm = parallel.clip_grad_norm(self.params, self.train_cfg["grad_clip"])
         mean_loss = loss_sum / accum
         flags = torch.zeros(2, device=self.d.device)
@@ -249,21 +217,13 @@ class Trainer:
         flags[1] = float(self.stop.received is not None)  # a fill from a Python number: no host sync
         self.flags = max_across_ranks(flags, self.d.world)
         # Fused AdamW (kiln.train.optim) skips the whole update, moments and step count included, when
-        # found_inf is nonzero: the GradScaler mechanism, without a host sync.
+        # found_inf is nonzero: the GradScaler mechanism, without a host sync; Muon too (kiln.train.muon).
         self.optimizer.found_inf = self.flags[0]
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.tokens_seen += self.plan.tokens_per_step
         return mean_loss, grad_norm, lr
-
-    def _loss_faults(self, loss: torch.Tensor, micro: int) -> torch.Tensor:
-        step = self.step + 1
-        if self.faults.at("nan_loss", step) and micro == 0:
-            loss = loss * math.nan
-        if self.faults.at("spike", step):
-            loss = loss * faults.SPIKE_FACTOR
-        return loss
 
     @torch.no_grad()
     def evaluate(self, n_batches: int | None = None) -> float:
@@ -293,11 +253,11 @@ class Trainer:
         has saved the same step; a non-finite step with RunStopped(NONFINITE) per train.nonfinite."""
         train, d = self.train_cfg, self.d
         ckpt_root = out_dir / layout.CHECKPOINTS
-        if d.is_main:  # what a killed run's writers left; a live writer's temps are left alone
-            checkpoint.remove_dead_temps(ckpt_root)
-            for path in remove_dead_temps(out_dir):
-                log.info("removed %s, left by a writer that died", path)
+        if d.is_main:
+            resume.remove_dead_writers_files(out_dir)
         self._resume_or_start(out_dir)
+        if self.budget is not None:  # and those recorded after the checkpoint, replayed at their steps
+            self.budget.attach(out_dir / layout.BUDGET_LOG, self.fingerprint, is_main=d.is_main)
         result = RunResult(
             n_params=self.model.num_params(non_embedding=False),
             is_main=d.is_main,
@@ -306,17 +266,7 @@ class Trainer:
             init_from=self.init_source.describe() if self.init_source else None,
         )
         if d.is_main:
-            log.info(
-                "model: %s, %s parameters; %d ranks (%s) x %d micro-batches x %d rows x %d tokens = %d tokens/step",
-                self.cfg.to_dict(),
-                f"{result.n_params:,}",
-                d.world,
-                train["parallel"],
-                self.plan.grad_accum,
-                self.plan.micro_batch,
-                self.cfg.seq_len,
-                self.plan.tokens_per_step,
-            )
+            progress.log_model(self.cfg, result.n_params, d.world, train["parallel"], self.plan)
         sink = MetricsSink(
             out_dir / layout.METRICS,
             self.sections.get("wandb", {"mode": "disabled"}),
@@ -329,8 +279,8 @@ class Trainer:
         )
         if self.step == 0 and self.init_source is not None:  # where the source left off, before any step
             self._log_start_validation(sink, sampler)
-        log_every = train["log_every"]
-        unread, window, window_tokens = [], _Window(), 0
+        cadence = Cadence(train["log_every"], train["eval_every"], train["checkpoint_every"])
+        window_tokens = 0  # trained on since the last log line
         self.faults = faults.from_env(d.rank)
         self.mirror = Mirror.of(train, out_dir, rank=d.rank)  # rank 0 copies each checkpoint off the node
         self.saver = checkpoint.Saver(
@@ -346,72 +296,46 @@ class Trainer:
         )
         self.mirror.catch_up(ckpt_root)
         self.stop.install()  # restored when fit ends, and by run() whatever happens
+        last_checkpoint = functools.partial(self._last_checkpoint, ckpt_root)
         loop_start = self._loop_start = time.perf_counter()
+        # One step: train it (the device runs ahead: nothing read back), decide what follows it, then
+        # in order read (host sync), log, validate, save, stop. self.max_steps and self.lr_at are read
+        # afresh each step.
         while self.step < self.max_steps:
-            self.faults.signal_self(self.step + 1)
-            self.faults.hold_until_signalled(self.step + 1, self.stop)
+            self.faults.before_step(self.step + 1, self.stop)  # KILN_FAULT's signals and hold, if any
             loss, grad_norm, lr = self.train_step()
-            unread.append((self.step, loss, grad_norm, self.flags))
+            self.reader.add(StepRecord(self.step, loss, grad_norm, self.flags))
             window_tokens += self.plan.tokens_per_step
-            done = self.step
-            saving = done % train["checkpoint_every"] == 0 or done == self.max_steps
-            preempted = self._preempted(unread, synced=saving or done % log_every == 0)
-            if saving or preempted or done % log_every == 0:
-                stopped = self._read_steps(unread, window, ckpt_root)  # host sync, before any save
-                unread = []
+            due = cadence.at(self.step, self.max_steps, self.reader.stop_requested)
+            if due.read:  # every unread step, before anything is saved: a non-finite one is never saved
+                stopped = self.reader.read(last_checkpoint)
                 if stopped is not None:
                     self._stop_fit(sink, stopped)
-            if done % log_every == 0 or done == self.max_steps or preempted:
-                mean_loss = window.mean_loss()
-                rates = meter.window(window_tokens, last=done == self.max_steps)
-                record = {
-                    "step": done,
-                    "loss": mean_loss,
-                    "bpb": self._bits_per_byte(mean_loss, "train"),
-                    "lr": lr,
-                    "grad_norm": grad_norm.item(),
-                    "tokens": self.tokens_seen,
-                    "elapsed_s": self.elapsed_s + self._since_start(),
-                    **rates,
-                    "memory_mb": memory_mb(d.device),
-                    "batch_hash": self._batch_hash(),
-                }
-                record.update(window.events() | self.mirror.events())
-                window, window_tokens = _Window(), 0
-                result.losses.append(mean_loss)
-                if d.is_main:
-                    self._print_progress(record, meter)
-                if done % train["eval_every"] == 0 or done == self.max_steps:
-                    record["val_loss"] = self.evaluate()
-                    record["val_bpb"] = self._bits_per_byte(record["val_loss"], "val")
-                    result.val_losses.append((done, record["val_loss"]))
-                    samples = self._sample(sampler)
-                    if d.is_main:
-                        log.info(
-                            "step %d | val loss %.4f%s",
-                            done,
-                            record["val_loss"],
-                            "" if record["val_bpb"] is None else f" | {record['val_bpb']:.4f} bits/byte",
-                        )
-                        for row in samples:
-                            log.info("step %d | sample %r -> %r", done, row["prompt"], row["completion"])
-                        sink.log_samples(done, samples)
+            if due.log:
+                record = self._log_record(due, lr, grad_norm, meter, window_tokens)
+                window_tokens = 0
+                result.losses.append(record["loss"])
+                # Here the host has read this step and measured the run's speed (record): the place for a
+                # hook acting on them, e.g. one that sets self.max_steps or self.lr_at (this step's `due`
+                # was decided before it: a new max_steps counts from the next step on).
+                if self.budget is not None:
+                    self.budget.at_log_step(self.step, record["tokens_per_s"])
+                    self.max_steps = self.budget.max_steps
+                if due.validate:
+                    self._validate(record, sink, sampler, result)
                 sink.log(record)
                 meter.restart()  # validation is not training time
-            if saving or preempted:
+            if due.save:
                 with meter.paused():  # not training time: left out of tokens/s (an async save's writing
                     self._save_checkpoint()  # overlaps the steps after it, and counts as theirs)
-            if preempted:
+            if due.preempted:
                 self._stop_fit(sink, self._preemption_stop(ckpt_root))
         self.saver.wait()
         sink.close()
         self.stop.restore()
         result.wall_s = time.perf_counter() - loop_start
         result.steps, result.tokens_seen = self.max_steps, self.tokens_seen
-        rates = meter.rates(meter.steady_tokens_per_s)
-        result.tokens_per_s, result.tflops, result.mfu = rates["tokens_per_s"], rates["tflops"], rates["mfu"]
-        result.mfu_torchtitan = rates["mfu_torchtitan"]
-        result.step_time_s = self.plan.tokens_per_step / result.tokens_per_s if result.tokens_per_s else 0.0
+        result.set_rates(meter.rates(meter.steady_tokens_per_s))
         result.data_wait_fraction = self.data_wait_s / (time.perf_counter() - loop_start)
         result.peak_memory_mb = memory_mb(d.device)
         weights = parallel.full_model_state(self.model)
@@ -420,25 +344,52 @@ class Trainer:
             checkpoint.mark_finished(ckpt_root, self.step)
         self.mirror.close()  # the final checkpoint's copy, bounded (kiln.train.mirror.FINAL_WAIT_S)
         result.mirror_failures = self.mirror.failures
+        result.budget = self.budget.summary() if self.budget is not None else None
         return result
+
+    def _log_record(self, due: StepActions, lr: float, grad_norm: torch.Tensor, meter: Throughput, tokens: int) -> dict:
+        """The metrics.jsonl record of a log step, over the steps read since the last one (`tokens`
+        trained on), printed as the progress line on rank 0. Collective (the batch hash)."""
+        window = self.reader.take_window()
+        mean_loss = window.mean_loss()
+        rates = meter.window(tokens, last=due.last)
+        record = {
+            "step": due.step,
+            "loss": mean_loss,
+            "bpb": self._bits_per_byte(mean_loss, "train"),
+            "lr": lr,
+            "grad_norm": grad_norm.item(),
+            "tokens": self.tokens_seen,
+            "elapsed_s": self.elapsed_s + self._since_start(),
+            **rates,
+            "memory_mb": memory_mb(self.d.device),
+            "batch_hash": self._batch_hash(),
+        }
+        record.update(window.events() | self.mirror.events())
+        if self.d.is_main:
+            progress.log_progress(record, self.max_steps, self.plan.tokens_per_step, meter.steady_tokens_per_s)
+        return record
+
+    def _validate(self, record: dict, sink: MetricsSink, sampler: Sampler | None, result: RunResult) -> None:
+        """Validation loss (and bits per byte) into the log step's record, and the sampler's completions
+        into samples.jsonl. Collective."""
+        record["val_loss"] = self.evaluate()
+        record["val_bpb"] = self._bits_per_byte(record["val_loss"], "val")
+        result.val_losses.append((record["step"], record["val_loss"]))
+        samples = self._sample(sampler)
+        if self.d.is_main:
+            progress.log_validation(record, samples)
+            sink.log_samples(record["step"], samples)
 
     def _resume_or_start(self, out_dir: Path) -> None:
         """Continue the newest checkpoint of this trajectory (or the one KILN_RESUME_FROM names); else
         start over, setting aside another trajectory's checkpoints, from train.init_from's weights
-        or the random init."""
-        ckpt_root = out_dir / layout.CHECKPOINTS
+        or the random init (kiln.train.resume)."""
         if self.train_cfg["init_from"]:  # out_dir is results/<run>/train: a source run is named under results/
             self.init_source = InitSource.of(self.train_cfg["init_from"], out_dir.parents[1])
             self.init_sha256 = self.init_source.identity()
-        requested = os.environ.get(checkpoint.RESUME_ENV)
-        if requested and self.d.is_main:  # resumed on purpose: an error if it is another run's; not finished now
-            checkpoint.clear_finished(ckpt_root)
-        superseded = not requested and self._superseded(out_dir)
-        # Rank 0 reads the checkpoint's hashes and picks it for every rank (its superseded verdict
-        # counts); every rank memory-maps it: one copy in the node's page cache, not one per rank.
-        state = checkpoint.resume_state(
-            ckpt_root, self.fingerprint, requested, rank=self.d.rank, world=self.d.world, start_over=superseded
-        )
+        d = self.d
+        state = resume.state_to_resume(out_dir, self.fingerprint, rank=d.rank, world=d.world, is_main=d.is_main)
         if state is not None:
             self.load_state_dict(state)
             log.info("resumed from step %d (%d tokens seen)", self.step, self.tokens_seen)
@@ -464,95 +415,10 @@ class Trainer:
     def _since_start(self) -> float:
         return 0.0 if self._loop_start is None else time.perf_counter() - self._loop_start
 
-    def _superseded(self, out_dir: Path) -> bool:
-        """Whether the checkpoints in out_dir are another trajectory's (settings changed) or a
-        finished run's (asked to train again): then the run starts over, and rank 0 moves that
-        trajectory's files to train/superseded/<time>/ (kiln.layout.set_aside), never deleting them.
-        No collective: rank 0's answer is the one every rank acts on (checkpoint.resume_state); a rank
-        that looks after rank 0 has moved the files would answer otherwise."""
-        why = checkpoint.superseded_by(out_dir / layout.CHECKPOINTS, self.fingerprint)
-        if why is not None and self.d.is_main:
-            moved = layout.set_aside(out_dir)
-            log.warning(
-                "train: starting from step 0: %s; the earlier run's checkpoints and metrics are in %s", why, moved
-            )
-        return why is not None
-
-    def _preempted(self, unread: list, synced: bool) -> bool:
-        """Whether a rank got a preemption signal, decided alike on every rank: from the flags of this
-        step where the host syncs anyway (log and checkpoint steps), else from the previous step's
-        (reading them waits only for that step: the host stays one step ahead). The last step is
-        never a preemption: the run ends normally."""
-        if self.step == self.max_steps:
-            return False
-        if synced:
-            return unread[-1][3][1].item() > 0
-        # Unread, the previous step is the one before this; read, its flags were read then.
-        return len(unread) > 1 and unread[-2][3][1].item() > 0
-
-    def _read_steps(self, unread: list, window: "_Window", ckpt_root: Path) -> RunStopped | None:
-        """Read the steps the host has not read yet (one sync): a step that was not applied is logged
-        and ends the run (train.nonfinite: stop, or skip past max_skips); loss spikes are logged.
-        Returns the RunStopped to raise, if any."""
-        if not unread:
-            return None
-        policy = self.train_cfg["nonfinite"]
-        losses = mean_across_ranks(torch.stack([u[1] for u in unread]), self.d.world)
-        rows = torch.stack(
-            [losses, torch.stack([u[2] for u in unread]).float(), torch.stack([u[3][0] for u in unread])]
-        ).tolist()
-        for step, loss, norm, bad in zip([u[0] for u in unread], *rows):
-            if bad:
-                self.skipped += 1
-                window.skipped.append(step)
-                if self.d.is_main:
-                    log.warning(
-                        "step %d: loss %s, gradient norm %s: not finite on some rank; update not applied "
-                        "(%d skipped in this run)",
-                        step,
-                        loss,
-                        norm,
-                        self.skipped,
-                    )
-                if policy["action"] == "stop" or self.skipped > policy["max_skips"]:
-                    why = (
-                        "train.nonfinite.action is stop"
-                        if policy["action"] == "stop"
-                        else f"{self.skipped} batches skipped, more than train.nonfinite.max_skips {policy['max_skips']}"
-                    )
-                    return RunStopped(
-                        f"train: step {step}: loss {loss}, gradient norm {norm}: not finite, so not applied, and "
-                        f"the run stopped ({why}); nothing after it was saved. Last good checkpoint: "
-                        f"{self._last_checkpoint(ckpt_root)}, where a rerun resumes. Lower train.lr, raise "
-                        "train.warmup_steps or check the data; train.nonfinite.action: skip drops such batches",
-                        ExitCode.NONFINITE,
-                    )
-                continue
-            window.losses.append(loss)
-            ratio = self.spikes.update(loss)
-            if ratio is not None:
-                window.spikes.append(step)
-                if self.d.is_main:
-                    log.warning(
-                        "step %d: loss spike: %.4f is %.1fx the running average %.4f (train.spike_factor %g)",
-                        step,
-                        loss,
-                        ratio,
-                        loss / ratio,
-                        self.spikes.factor,
-                    )
-        return None
-
     def _preemption_stop(self, ckpt_root: Path) -> RunStopped:
         self.saver.wait()  # an async save: this rank's shards written (rank 0: the checkpoint in place)
         barrier(self.d.world)  # rank 0 has written the checkpoint before any rank exits
-        signal = self.stop.received or "a preemption signal on another rank"
-        return RunStopped(
-            f"train: {signal}: every rank saved step {self.step} "
-            f"({self._last_checkpoint(ckpt_root)}); rerun the same command to continue from "
-            f"step {self.step + 1}",
-            ExitCode.PREEMPTED,
-        )
+        return preemption.stopped(self.stop.received, self.step, self._last_checkpoint(ckpt_root))
 
     def _last_checkpoint(self, ckpt_root: Path) -> str:
         self.saver.wait()  # an async save in flight is the last one once it is in place
@@ -589,45 +455,6 @@ class Trainer:
         ratio = self.tokens_per_byte[split]
         return None if ratio is None else loss / math.log(2) * ratio
 
-    def _print_progress(self, record: dict, meter: Throughput) -> None:
-        rate = meter.steady_tokens_per_s or record["tokens_per_s"]
-        eta = (self.max_steps - record["step"]) * self.plan.tokens_per_step / rate
-        mfu = (
-            f" | MFU {record['mfu']:.1%} (torchtitan transformers-backend count {record['mfu_torchtitan']:.1%})"
-            if record["mfu"] is not None
-            else ""
-        )
-        bpb = "" if record["bpb"] is None else f" ({record['bpb']:.3f} bits/byte)"
-        log.info(
-            "step %d/%d | loss %.4f%s | lr %.2e | grad %.3f | %s tok/s | %.2f TFLOP/s%s | %.0f MB | ETA %s",
-            record["step"],
-            self.max_steps,
-            record["loss"],
-            bpb,
-            record["lr"],
-            record["grad_norm"],
-            f"{record['tokens_per_s']:,.0f}",
-            record["tflops"],
-            mfu,
-            record["memory_mb"],
-            format_eta(eta),
-        )
-
-
-@dataclass
-class _Window:
-    """What the host has read of the steps since the last log line."""
-
-    losses: list[float] = field(default_factory=list)  # the applied steps' losses (mean over ranks)
-    skipped: list[int] = field(default_factory=list)  # steps not applied (non-finite)
-    spikes: list[int] = field(default_factory=list)
-
-    def mean_loss(self) -> float:
-        return sum(self.losses) / len(self.losses) if self.losses else math.nan
-
-    def events(self) -> dict:
-        return {k: v for k, v in (("skipped_steps", self.skipped), ("spike_steps", self.spikes)) if v}
-
 
 def _split(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A row of seq_len + 1 tokens -> inputs (the first seq_len) and targets (the last seq_len)."""
@@ -635,11 +462,17 @@ def _split(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def run(
-    sections: dict, shard_dir: Path, out_dir: Path, *, max_steps: int | None = None, sampler: Sampler | None = None
+    sections: dict,
+    shard_dir: Path,
+    out_dir: Path,
+    *,
+    max_steps: int | None = None,
+    sampler: Sampler | None = None,
+    budget: BudgetPlan | None = None,
 ) -> RunResult:
     """Train per `sections` (seed, model, train[, wandb]) on shard_dir, writing into out_dir (see
     Trainer.fit); the process group, if any, is shut down at the end."""
-    trainer = Trainer(sections, shard_dir, max_steps=max_steps)
+    trainer = Trainer(sections, shard_dir, max_steps=max_steps, budget=budget)
     synced = False  # every rank finished, or stopped itself at the same step
     try:
         with collective_deadline(trainer.train_cfg["collective_timeout_s"]):

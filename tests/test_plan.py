@@ -1,0 +1,78 @@
+"""One plan builder (kiln.plan.steps.build_plan) for its two callers: `kiln plan` (kiln.forecast.predict,
+at an assumed speed) and the smoke stage (Measurements.plan, at the measured one) give the same fields
+for the same speed, stage times and sizes, with or without a budget, milestones counted alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kiln import run_config
+from kiln.forecast import predict
+from kiln.plan.steps import BatchPlan, StageTimes
+from kiln.plan.verdict import Measurements, Probe
+from kiln.sections import SmokeSection, TrainSection
+
+ROOT = Path(__file__).resolve().parents[1]
+ONLY_FORECAST = {"memory", "predicted_from"}  # what it assumed, and the memory estimate
+ONLY_SMOKE = {"precision", "precision_tokens_per_s"}  # what the probe ran
+
+
+def config(train: dict) -> dict:
+    raw = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["train"] |= train
+    raw["smoke"] |= {"price_per_gpu_hour": 2.5}
+    return run_config.validate(raw)
+
+
+def measured_as(plan: dict) -> Measurements:
+    """The smoke stage's measurements that equal what `kiln plan` assumed for `plan`."""
+    return Measurements(
+        probe=Probe(
+            tokens_per_s=plan["tokens_per_s"],
+            step_time_s=plan["stage_times"]["step_s"],
+            data_wait_fraction=0.0,
+            peak_memory_mb=1.0,
+            mfu=0.4,
+            tflops=1.0,
+            measured_steps=10,
+        ),
+        losses=(),
+        grad_norms=(),
+        val_loss_init=6.0,
+        val_loss_after=5.0,
+        n_params=plan["n_params"],
+        checkpoint_bytes=plan["checkpoint_bytes"],
+        model_bytes=plan["model_bytes"],
+        train_tokens=plan["train_tokens"],
+        batch=BatchPlan(plan["ranks"], plan["micro_batch"], plan["seq_len"], plan["grad_accum"]),
+        device="cpu",
+        world=plan["ranks"],
+        times=StageTimes(**plan["stage_times"]),
+        precision="fp32",
+    )
+
+
+@pytest.mark.parametrize(
+    "train",
+    [
+        {"max_steps": 1000, "keep_checkpoint_every": 200},
+        {"max_steps": None, "budget": {"hours": 2}, "keep_checkpoint_every": 200},
+    ],
+    ids=["max_steps", "budget"],
+)
+def test_kiln_plan_and_the_smoke_stage_build_the_same_plan(train):
+    cfg = config(train)
+    forecast = predict(cfg)
+    smoke = measured_as(forecast).plan(TrainSection.of(cfg["train"]), SmokeSection.of(cfg["smoke"]).price_per_gpu_hour)
+    assert set(forecast) - ONLY_FORECAST == set(smoke) - ONLY_SMOKE
+    assert forecast["milestone_checkpoints"] > 0 and "stage_times" in forecast  # both recorded, budget or not
+    data = forecast["data_bytes"]  # the data stages: `kiln plan` counts them, the smoke stage cannot see them
+    for key in set(forecast) - ONLY_FORECAST - {"data_bytes", "disk_bytes"}:
+        assert smoke[key] == forecast[key], key
+    assert smoke["data_bytes"] == {} and smoke["disk_bytes"] == forecast["disk_bytes"] - sum(
+        v for v in data.values() if v
+    )
+    assert ("budget" in smoke) == bool(train.get("budget"))
