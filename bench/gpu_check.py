@@ -64,6 +64,7 @@ from kiln.generate.decode import generate
 from kiln.layout import Layout
 from kiln.model.build import build_model, load_model, save_model
 from kiln.model.registry import resolve
+from kiln.sections import TrainSection
 from kiln.train.device import autocast, eval_autocast, to_device
 from kiln.train.optim import build_adamw
 from kiln.train.parallel import compile_blocks
@@ -119,7 +120,7 @@ def check_fused_adamw(ctx: Ctx) -> list[tuple[str, str]]:
     train = sections(ctx, "gpt2-124m", 128, 2)
     with torch.device(ctx.device):
         model = build_model(resolve(train["model"], 512 if ctx.dry else 50304, 128))
-    optimizer = build_adamw(model, train["train"], ctx.device.type)
+    optimizer = build_adamw(model, TrainSection.of(train["train"]), ctx.device.type)
     idx = torch.randint(0, 512, (2, 128), device=ctx.device)
     model(idx, idx)[1].backward()
     ops, _ = profiled(optimizer.step)

@@ -126,14 +126,19 @@ def test_missing_or_broken_file(tmp_path):
         run_config.load(bad)
 
 
+def _format_of(cfg: dict) -> str:
+    train = run_config.validate(cfg)["train"]
+    return kiln_config.checkpoint_format(train["checkpoint_format"], train["parallel"])
+
+
 def test_checkpoint_format_auto_is_sharded_under_fsdp_only(tiny):
     formats = {}
     for parallel in ("ddp", "fsdp"):
         tiny["train"]["parallel"] = parallel
-        formats[parallel] = kiln_config.checkpoint_format(run_config.validate(tiny)["train"])
+        formats[parallel] = _format_of(tiny)
     assert formats == {"ddp": "full", "fsdp": "sharded"}
     tiny["train"].update(checkpoint_format="sharded", async_checkpoint=True, parallel="ddp")
-    assert kiln_config.checkpoint_format(run_config.validate(tiny)["train"]) == "sharded"
+    assert _format_of(tiny) == "sharded"
 
 
 def test_stage_params_carry_only_their_sections(tiny):

@@ -49,6 +49,10 @@ def _train(**over) -> dict:
     return train_sections(**over)["train"]
 
 
+def _section(**over) -> TrainSection:
+    return TrainSection.of(_train(**over))
+
+
 def _named(model: torch.nn.Module, params) -> set[str]:
     ids = {id(p) for p in params}
     return {name for name, p in model.named_parameters() if id(p) in ids}
@@ -72,7 +76,7 @@ def _named(model: torch.nn.Module, params) -> set[str]:
 )
 def test_muon_takes_the_blocks_matrices_and_adamw_everything_else(model, expected):
     m = build_model(resolve(model, 64, 8))
-    opt = build_optimizer(m, _train(**MUON), "cpu")
+    opt = build_optimizer(m, _section(**MUON), "cpu")
     muon, adamw = opt.parts
     assert isinstance(muon, Muon) and isinstance(adamw, torch.optim.AdamW)
     assert _named(m, hidden_matrices(m)) == _named(m, muon.param_groups[0]["params"]) == expected
@@ -80,7 +84,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_everything_else(model, expecte
     assert _named(m, rest) == {name for name, _ in m.named_parameters()} - expected  # embeddings, head, gains, biases
     assert sum(p.numel() for p in m.parameters()) == sum(p.numel() for g in opt.param_groups for p in g["params"])
     assert m.cfg.n_layer * layer_params(m.cfg)[0] == sum(p.numel() for p in hidden_matrices(m))  # the estimator's count
-    (only,) = build_optimizer(m, _train(), "cpu").parts  # adamw: one AdamW over everything, as before
+    (only,) = build_optimizer(m, _section(), "cpu").parts  # adamw: one AdamW over everything, as before
     assert isinstance(only, torch.optim.AdamW) and len(only.param_groups) == 2
 
 
@@ -116,7 +120,7 @@ def _snapshot(m, opt) -> list[torch.Tensor]:
 
 def test_a_flagged_step_leaves_muon_and_adamw_state_and_weights_bitwise_unchanged():
     m, x = _llama_and_grads()
-    opt = build_optimizer(m, _train(**MUON), "cpu")
+    opt = build_optimizer(m, _section(**MUON), "cpu")
     for _ in range(2):
         _backward(m, x)
         opt.found_inf = torch.zeros(())
@@ -151,7 +155,7 @@ def test_the_schedule_scales_each_optimizer_from_its_own_base_lr(shards):
 
 def test_the_optimizers_state_dict_is_torchs_form_and_round_trips():
     m, x = _llama_and_grads()
-    opt = build_optimizer(m, _train(**MUON), "cpu")
+    opt = build_optimizer(m, _section(**MUON), "cpu")
     for _ in range(2):
         _backward(m, x)
         opt.step()
@@ -159,13 +163,13 @@ def test_the_optimizers_state_dict_is_torchs_form_and_round_trips():
     n = len(list(m.parameters()))
     assert sorted(i for g in saved["param_groups"] for i in g["params"]) == list(range(n)) == sorted(saved["state"])
     other, _ = _llama_and_grads(seed=1)
-    again = build_optimizer(other, _train(**MUON), "cpu")
+    again = build_optimizer(other, _section(**MUON), "cpu")
     again.load_state_dict(copy.deepcopy(saved))
     theirs = dict(zip([name for name, _ in other.named_parameters()], other.parameters()))
     for name, p in m.named_parameters():
         mine, loaded = opt.state[p], again.state[theirs[name]]
         assert mine.keys() == loaded.keys() and all(torch.equal(mine[k], loaded[k]) for k in mine), name
-    (only,) = (adamw := build_optimizer(m, _train(), "cpu")).parts
+    (only,) = (adamw := build_optimizer(m, _section(), "cpu")).parts
     assert adamw.state_dict() == only.state_dict()  # AdamW alone: the dict a lone AdamW gave
 
 

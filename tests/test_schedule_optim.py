@@ -118,7 +118,7 @@ def test_schedule_from_config_reads_the_train_section():
     assert lr_of(49) == LR and lr_of(51) < LR
 
 
-TRAIN = {"lr": 1e-3, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-6}
+TRAIN = replace(TrainSection.of(train_sections()["train"]), lr=1e-3, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-6)
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from kiln.sections import NonFinite
 from kiln.train.health import SpikeDetector
 from kiln.train.step_actions import Cadence
 from kiln.train.step_reader import StepReader, StepRecord
@@ -70,7 +71,7 @@ def _record(step: int, loss: float = 1.0, stop: bool = False) -> StepRecord:
 
 
 def test_the_reader_sees_a_stop_flag_one_step_late_between_syncs_and_at_once_at_a_sync():
-    reader = StepReader({"action": "stop", "max_skips": 0}, SpikeDetector(10.0), world=1, is_main=True)
+    reader = StepReader(NonFinite.of({"action": "stop", "max_skips": 0}), SpikeDetector(10.0), world=1, is_main=True)
     reader.add(_record(1, stop=True))
     assert not reader.stop_requested(synced=False)  # the newest step is not waited for between syncs
     assert reader.stop_requested(synced=True)

@@ -24,7 +24,6 @@ import jsonschema
 import yaml
 
 from kiln.errors import KilnError
-from kiln.sections import TrainSection, train_section
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -113,7 +112,7 @@ def _check_relations(cfg: dict) -> list[str]:
         )
     if train["node_rank"] >= train["nnodes"]:
         problems.append(f"train.node_rank: {train['node_rank']} must be below train.nnodes={train['nnodes']}")
-    if train["async_checkpoint"] and checkpoint_format(train) != "sharded":
+    if train["async_checkpoint"] and checkpoint_format(train["checkpoint_format"], train["parallel"]) != "sharded":
         problems.append(
             f"train.async_checkpoint: needs sharded checkpoints, but train.checkpoint_format is "
             f"{train['checkpoint_format']} under train.parallel {train['parallel']} (full); set it to sharded"
@@ -136,14 +135,12 @@ def _check_relations(cfg: dict) -> list[str]:
     return problems
 
 
-def checkpoint_format(train: TrainSection | Mapping) -> str:
-    """A validated train section's checkpoint format: auto is sharded under FSDP (no rank gathers the
-    whole state) and full under DDP (one file, as before sharded checkpoints existed). (A dict too,
-    for kiln.train.trainer and the rules above, which hold the section as one.)"""
-    train = train_section(train)
-    if train.checkpoint_format != "auto":
-        return train.checkpoint_format
-    return "sharded" if train.parallel == "fsdp" else "full"
+def checkpoint_format(setting: str, parallel: str) -> str:
+    """train.checkpoint_format's meaning under train.parallel: auto is sharded under FSDP (no rank
+    gathers the whole state) and full under DDP (one file, as before sharded checkpoints existed)."""
+    if setting != "auto":
+        return setting
+    return "sharded" if parallel == "fsdp" else "full"
 
 
 def validate(raw: dict) -> dict:

@@ -217,10 +217,4 @@ class SmokeSection(Section):
     profile_step: int | None
 
 
-def train_section(train: TrainSection | Mapping) -> TrainSection:
-    """`train` as a TrainSection. For the functions kiln.train.trainer still calls with its dict (the
-    stage interface's form); once it holds a TrainSection, their callers pass one and this goes."""
-    return train if isinstance(train, TrainSection) else TrainSection.of(train)
-
-
 SECTIONS: dict[str, type[Section]] = {"train": TrainSection, "smoke": SmokeSection}

@@ -68,6 +68,7 @@ import torch
 
 from kiln.io import atomic_file
 from kiln.plan.steps import BudgetPlan
+from kiln.sections import TrainSection
 from kiln.train.distributed import max_across_ranks
 from kiln.train.launch import LAUNCH_START_ENV
 from kiln.train.schedule import Replanned
@@ -146,7 +147,7 @@ class Budget:
         self._window = 1  # steps in the last window (log_every)
 
     @classmethod
-    def of(cls, plan: BudgetPlan | None, train: dict, max_steps: int, tokens_per_step: int, d) -> Budget | None:
+    def of(cls, plan: BudgetPlan | None, train: TrainSection, max_steps: int, tokens_per_step: int, d) -> Budget | None:
         """The controller of a Trainer (d: its kiln.train.distributed setup) for the smoke stage's
         budget plan; None for a run planned in steps. train.max_steps, when set, is the cap."""
         if plan is None:
@@ -156,7 +157,7 @@ class Budget:
             return max_across_ranks(torch.tensor(values, dtype=torch.float64, device=d.device), d.world).tolist()
 
         schedule = Replanned.from_config(train, max_steps)
-        return cls(plan, schedule, cap=train["max_steps"], tokens_per_step=tokens_per_step, agree=agree)
+        return cls(plan, schedule, cap=train.max_steps, tokens_per_step=tokens_per_step, agree=agree)
 
     @property
     def max_steps(self) -> int:

@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import Mapping
 
 from kiln.errors import KilnError
-from kiln.sections import TrainSection
 
 PARTS = ("model", "tokenizer", "shards", "seed", "train")
 NOT_TRAJECTORY = frozenset(
@@ -60,11 +59,10 @@ NOT_TRAJECTORY = frozenset(
 MUON_ONLY = frozenset({"muon_lr", "muon_momentum", "muon_weight_decay", "muon_adjust_lr"})
 
 
-def trajectory(train: TrainSection | Mapping, steps: int, init_sha256: str | None = None) -> dict:
+def trajectory(train: Mapping, steps: int, init_sha256: str | None = None) -> dict:
     """The train settings a checkpoint must share with the run that resumes it, the steps it trains
-    and, for a run started from another model's weights (train.init_from), what those were. A typed
-    section counts as its validated dict (as_dict: dataclasses.asdict would add unset keys)."""
-    train = train.as_dict() if isinstance(train, TrainSection) else train
+    and, for a run started from another model's weights (train.init_from), what those were. `train`
+    is the validated dict (TrainSection.as_dict: dataclasses.asdict would add unset keys)."""
     unread = MUON_ONLY if train.get("optimizer") != "muon" else frozenset()
     own = {key: value for key, value in sorted(train.items()) if key not in NOT_TRAJECTORY | unread}
     own |= {"steps": steps}

@@ -48,12 +48,11 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Mapping
 
 from kiln import layout
 from kiln.errors import KilnError
 from kiln.io import atomic_dir, atomic_file, remove_dead_temps
-from kiln.sections import TrainSection, train_section
+from kiln.sections import TrainSection
 from kiln.train import checkpoint
 
 log = logging.getLogger("kiln.train")
@@ -88,11 +87,10 @@ class Mirror:
             )
 
     @classmethod
-    def of(cls, train: TrainSection | Mapping, train_dir: Path, *, rank: int) -> "Mirror":
+    def of(cls, train: TrainSection, train_dir: Path, *, rank: int) -> "Mirror":
         """The mirror of train.checkpoint_mirror on rank 0; a disabled one elsewhere. The run's name is
-        its folder's (train_dir is results/<run>/train: kiln.layout). (A dict too, while
-        kiln.train.trainer holds the section as one.)"""
-        target = train_section(train).checkpoint_mirror
+        its folder's (train_dir is results/<run>/train: kiln.layout)."""
+        target = train.checkpoint_mirror
         return cls(target if rank == 0 else None, train_dir, Path(train_dir).resolve().parent.name)
 
     @property

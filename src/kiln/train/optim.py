@@ -36,6 +36,7 @@ from typing import Iterable
 
 import torch
 
+from kiln.sections import TrainSection
 from kiln.train.muon import Muon
 
 OPTIMIZERS = ("adamw", "muon")  # train.optimizer
@@ -47,25 +48,25 @@ def hidden_matrices(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.blocks.parameters() if p.requires_grad and p.dim() == 2]
 
 
-def build_optimizer(model: torch.nn.Module, train: dict, device_type: str) -> Optimizers:
+def build_optimizer(model: torch.nn.Module, train: TrainSection, device_type: str) -> Optimizers:
     """train.optimizer's optimizers for `model` (before or after kiln.train.parallel readied it),
     as one Optimizers."""
-    if train["optimizer"] == "adamw":
-        return Optimizers([build_adamw(model, train, device_type)], train["lr"])
-    if train["optimizer"] != "muon":
-        raise ValueError(f"unknown optimizer {train['optimizer']!r} (known: {', '.join(OPTIMIZERS)})")
+    if train.optimizer == "adamw":
+        return Optimizers([build_adamw(model, train, device_type)], train.lr)
+    if train.optimizer != "muon":
+        raise ValueError(f"unknown optimizer {train.optimizer!r} (known: {', '.join(OPTIMIZERS)})")
     hidden = hidden_matrices(model)
     muon = Muon(
         hidden,
-        lr=train["muon_lr"],
-        momentum=train["muon_momentum"],
-        weight_decay=train["muon_weight_decay"],
+        lr=train.muon_lr,
+        momentum=train.muon_momentum,
+        weight_decay=train.muon_weight_decay,
         nesterov=True,
-        adjust_lr_fn=train["muon_adjust_lr"],
+        adjust_lr_fn=train.muon_adjust_lr,
     )
     taken = {id(p) for p in hidden}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in taken]
-    return Optimizers([muon, build_adamw(model, train, device_type, rest)], train["lr"])
+    return Optimizers([muon, build_adamw(model, train, device_type, rest)], train.lr)
 
 
 class Optimizers:
@@ -139,18 +140,18 @@ class Optimizers:
 
 
 def build_adamw(
-    model: torch.nn.Module, train: dict, device_type: str, params: Iterable[torch.nn.Parameter] | None = None
+    model: torch.nn.Module, train: TrainSection, device_type: str, params: Iterable[torch.nn.Parameter] | None = None
 ) -> torch.optim.AdamW:
     """AdamW over `params` (default: every trainable parameter of model)."""
     params = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": train["weight_decay"]},
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": train.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(
         groups,
-        lr=train["lr"],
-        betas=(train["beta1"], train["beta2"]),
-        eps=train["eps"],
+        lr=train.lr,
+        betas=(train.beta1, train.beta2),
+        eps=train.eps,
         fused=device_type in ("cuda", "cpu"),
     )

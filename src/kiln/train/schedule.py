@@ -19,9 +19,9 @@ import bisect
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Mapping
+from typing import Callable
 
-from kiln.sections import TrainSection, train_section
+from kiln.sections import TrainSection
 
 KINDS = ("cosine", "wsd", "constant")
 COOLDOWNS = ("linear", "1-sqrt")
@@ -62,10 +62,8 @@ def lr_at(
     raise ValueError(f"unknown schedule {kind!r} (known: {', '.join(KINDS)})")
 
 
-def schedule_from_config(train: TrainSection | Mapping, max_steps: int) -> Callable[[int], float]:
-    """step -> LR for a validated `train` section, run for max_steps steps. (A dict too, while
-    kiln.train.trainer holds the section as one: kiln.sections.train_section.)"""
-    train = train_section(train)
+def schedule_from_config(train: TrainSection, max_steps: int) -> Callable[[int], float]:
+    """step -> LR for the `train` section, run for max_steps steps."""
     return partial(
         lr_at,
         lr=train.lr,
@@ -135,15 +133,15 @@ class Replanned:
         self._starts = [0]
 
     @classmethod
-    def from_config(cls, train: dict, max_steps: int) -> Replanned:
+    def from_config(cls, train: TrainSection, max_steps: int) -> Replanned:
         return cls(
-            lr=train["lr"],
-            min_lr=train["min_lr"],
-            warmup_steps=train["warmup_steps"],
+            lr=train.lr,
+            min_lr=train.min_lr,
+            warmup_steps=train.warmup_steps,
             max_steps=max_steps,
-            kind=train["schedule"],
-            decay_fraction=train["decay_fraction"],
-            cooldown=train["cooldown"],
+            kind=train.schedule,
+            decay_fraction=train.decay_fraction,
+            cooldown=train.cooldown,
         )
 
     @property

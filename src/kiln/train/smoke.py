@@ -392,7 +392,12 @@ def _time_checkpoint(trainer: Trainer, train: TrainSection, out_dir: Path) -> tu
         scratch = Path(tempfile.mkdtemp(dir=out_dir, prefix=".checkpoint-timing-"))
     scratch = broadcast_object(scratch, d.world)
     trainer.saver = checkpoint.Saver(
-        scratch, checkpoint_format(train), 1, rank=d.rank, world=d.world, async_save=train.async_checkpoint
+        scratch,
+        checkpoint_format(train.checkpoint_format, train.parallel),
+        1,
+        rank=d.rank,
+        world=d.world,
+        async_save=train.async_checkpoint,
     )
     try:
         sync(d.device)

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from kiln.errors import ExitCode, RunStopped
+from kiln.sections import NonFinite
 from kiln.train.distributed import mean_across_ranks
 from kiln.train.health import SpikeDetector
 
@@ -67,7 +68,7 @@ class StepReader:
     """The unread steps of one rank, the window since the last log line, and the count of skipped
     steps (part of the trainer's state: a resumed run counts on from it)."""
 
-    def __init__(self, nonfinite: dict, spikes: SpikeDetector, world: int, is_main: bool):
+    def __init__(self, nonfinite: NonFinite, spikes: SpikeDetector, world: int, is_main: bool):
         self.policy, self.spikes, self.world, self.is_main = nonfinite, spikes, world, is_main
         self.unread: list[StepRecord] = []
         self.window = Window()
@@ -136,12 +137,12 @@ class StepReader:
                 norm,
                 self.skipped,
             )
-        if policy["action"] != "stop" and self.skipped <= policy["max_skips"]:
+        if policy.action != "stop" and self.skipped <= policy.max_skips:
             return None
         why = (
             "train.nonfinite.action is stop"
-            if policy["action"] == "stop"
-            else f"{self.skipped} batches skipped, more than train.nonfinite.max_skips {policy['max_skips']}"
+            if policy.action == "stop"
+            else f"{self.skipped} batches skipped, more than train.nonfinite.max_skips {policy.max_skips}"
         )
         return RunStopped(
             f"train: step {step}: loss {loss}, gradient norm {norm}: not finite, so not applied, and "

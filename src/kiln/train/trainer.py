@@ -41,6 +41,7 @@ from kiln.errors import RunStopped
 from kiln.model.build import build_model, save_model
 from kiln.model.registry import resolve
 from kiln.plan.steps import BudgetPlan, plan_batch
+from kiln.sections import TrainSection
 from kiln.train import checkpoint, device, faults, fingerprint, init_from, parallel, preemption, progress, resume
 from kiln.train.budget import Budget
 from kiln.train.distributed import (
@@ -81,34 +82,34 @@ class Trainer:
     def __init__(
         self, sections: dict, shard_dir: Path, *, max_steps: int | None = None, budget: BudgetPlan | None = None
     ):
-        train, self.seed = sections["train"], sections["seed"]
-        self.sections, self.train_cfg = sections, train
-        self.max_steps = max_steps or train["max_steps"]
-        self.d = init_distributed(train["device"], train["collective_timeout_s"])
+        train, self.seed = TrainSection.of(sections["train"]), sections["seed"]
+        self.sections, self.train = sections, train  # the stage's sections as given (checkpoints, wandb); typed
+        self.max_steps = max_steps or train.max_steps
+        self.d = init_distributed(train.device, train.collective_timeout_s)
         device.configure(self.d.device)
         seed_everything(self.seed)
         self.rows, self.val_rows = ShardRows(shard_dir, "train"), ShardRows(shard_dir, "val")
         manifest = self.rows.manifest
         self.cfg = resolve(sections["model"], manifest["padded_vocab_size"], manifest["seq_len"])
         self.tokens_per_byte = {split: tokens_per_byte(manifest, split) for split in ("train", "val")}
-        self.plan = plan_batch(train["batch_tokens"], train["micro_batch"], self.cfg.seq_len, self.d.world)
+        self.plan = plan_batch(train.batch_tokens, train.micro_batch, self.cfg.seq_len, self.d.world)
         with torch.device(self.d.device):  # initialised where it trains: no host copy of a 1B model
             self.model = build_model(self.cfg)
         seed_rank_stream(self.seed, self.d.rank)  # same init on every rank; dropout from here differs
-        self.bf16 = device.use_bf16(train["precision"], self.d.device)
+        self.bf16 = device.use_bf16(train.precision, self.d.device)
         self.autocast = device.autocast(self.d.device, self.bf16)
         self.wrapped = parallel.parallelize(
             self.model,
             self.d,
-            strategy=train["parallel"],
-            compile_model=device.use_compile(train["compile"], self.d.device),
-            activation_checkpointing=train["activation_checkpointing"],
+            strategy=train.parallel,
+            compile_model=device.use_compile(train.compile, self.d.device),
+            activation_checkpointing=train.activation_checkpointing,
             bf16=self.bf16,
         )
         self.optimizer = build_optimizer(self.model, train, self.d.device.type)  # AdamW, or Muon + AdamW
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.batches = TrainBatches(
-            self.rows, train["micro_batch"], self.seed, self.d.rank, self.d.world, self.plan.grad_accum
+            self.rows, train.micro_batch, self.seed, self.d.rank, self.d.world, self.plan.grad_accum
         )
         self.lr_at = schedule_from_config(train, self.max_steps)
         # A budget re-plans max_steps from the measured speed (kiln.train.budget); the fingerprint keeps the plan's.
@@ -118,9 +119,9 @@ class Trainer:
             self.lr_at = self.budget.schedule
         self.step, self.tokens_seen, self.data_wait_s = 0, 0, 0.0
         self.elapsed_s, self._loop_start = 0.0, None  # the training wall time of earlier attempts; this one's start
-        self.spikes = SpikeDetector(train["spike_factor"])
+        self.spikes = SpikeDetector(train.spike_factor)
         # The steps the host has not read yet (fit): non-finite policy, spikes, the count of skipped steps.
-        self.reader = StepReader(train["nonfinite"], self.spikes, self.d.world, self.d.is_main)
+        self.reader = StepReader(train.nonfinite, self.spikes, self.d.world, self.d.is_main)
         self.faults, self.stop = faults.NONE, preemption.StopSignal()  # fit() sets both; the smoke stage has neither
         self.flags = torch.zeros(2, device=self.d.device)  # the last step's [non-finite, stop signal]
         self.init_source: InitSource | None = None  # train.init_from, resolved by fit (which knows results/)
@@ -140,7 +141,7 @@ class Trainer:
             self.cfg.to_dict(),
             self.rows.manifest,
             self.seed,
-            fingerprint.trajectory(self.train_cfg, self.planned_steps, self.init_sha256),
+            fingerprint.trajectory(self.train.as_dict(), self.planned_steps, self.init_sha256),
         )
 
     def state_dict(self) -> dict:
@@ -210,7 +211,7 @@ class Trainer:
                 (loss / accum).backward()  # the mean over micro-batches: one batch of accum x rows
             loss_sum += loss.detach()
         self.faults.on_grads(self.params, self.step + 1)  # KILN_FAULT inf_grad
-        grad_norm = parallel.clip_grad_norm(self.params, self.train_cfg["grad_clip"])
+        grad_norm = parallel.clip_grad_norm(self.params, self.train.grad_clip)
         mean_loss = loss_sum / accum
         flags = torch.zeros(2, device=self.d.device)
         flags[0] = ~(torch.isfinite(mean_loss) & torch.isfinite(grad_norm))
@@ -232,9 +233,9 @@ class Trainer:
         training path cannot hide from this figure (the smoke gate relies on it)."""
         self.model.eval()
         total, count = torch.zeros((), device=self.d.device), 0
-        micro = self.train_cfg["micro_batch"]
+        micro = self.train.micro_batch
         # The same number of batches on every rank (FSDP's gathers are collective).
-        n = min(n_batches or self.train_cfg["eval_batches"], -(-(len(self.val_rows) // self.d.world) // micro))
+        n = min(n_batches or self.train.eval_batches, -(-(len(self.val_rows) // self.d.world) // micro))
         for batch in eval_batches(self.val_rows, micro, n, self.d.rank, self.d.world):
             batch = device.to_device(batch, self.d.device)  # (B, T + 1)
             with self.autocast():  # with targets: training's chunked loss, never the (B, T, V) logits
@@ -251,7 +252,7 @@ class Trainer:
         model.safetensors + model_config.json. (The smoke stage drives train_step itself:
         kiln.train.smoke.) A preemption signal ends it with RunStopped(PREEMPTED) once every rank
         has saved the same step; a non-finite step with RunStopped(NONFINITE) per train.nonfinite."""
-        train, d = self.train_cfg, self.d
+        train, d = self.train, self.d
         ckpt_root = out_dir / layout.CHECKPOINTS
         if d.is_main:
             resume.remove_dead_writers_files(out_dir)
@@ -266,7 +267,7 @@ class Trainer:
             init_from=self.init_source.describe() if self.init_source else None,
         )
         if d.is_main:
-            progress.log_model(self.cfg, result.n_params, d.world, train["parallel"], self.plan)
+            progress.log_model(self.cfg, result.n_params, d.world, train.parallel, self.plan)
         sink = MetricsSink(
             out_dir / layout.METRICS,
             self.sections.get("wandb", {"mode": "disabled"}),
@@ -279,20 +280,20 @@ class Trainer:
         )
         if self.step == 0 and self.init_source is not None:  # where the source left off, before any step
             self._log_start_validation(sink, sampler)
-        cadence = Cadence(train["log_every"], train["eval_every"], train["checkpoint_every"])
+        cadence = Cadence(train.log_every, train.eval_every, train.checkpoint_every)
         window_tokens = 0  # trained on since the last log line
         self.faults = faults.from_env(d.rank)
         self.mirror = Mirror.of(train, out_dir, rank=d.rank)  # rank 0 copies each checkpoint off the node
         self.saver = checkpoint.Saver(
             ckpt_root,
-            checkpoint_format(train),
-            train["keep_checkpoints"],
+            checkpoint_format(train.checkpoint_format, train.parallel),
+            train.keep_checkpoints,
             rank=d.rank,
             world=d.world,
-            async_save=train["async_checkpoint"],
+            async_save=train.async_checkpoint,
             faults=self.faults,
             on_saved=self.mirror.submit,
-            milestone_every=train["keep_checkpoint_every"],
+            milestone_every=train.keep_checkpoint_every,
         )
         self.mirror.catch_up(ckpt_root)
         self.stop.install()  # restored when fit ends, and by run() whatever happens
@@ -385,8 +386,8 @@ class Trainer:
         """Continue the newest checkpoint of this trajectory (or the one KILN_RESUME_FROM names); else
         start over, setting aside another trajectory's checkpoints, from train.init_from's weights
         or the random init (kiln.train.resume)."""
-        if self.train_cfg["init_from"]:  # out_dir is results/<run>/train: a source run is named under results/
-            self.init_source = InitSource.of(self.train_cfg["init_from"], out_dir.parents[1])
+        if self.train.init_from:  # out_dir is results/<run>/train: a source run is named under results/
+            self.init_source = InitSource.of(self.train.init_from.as_dict(), out_dir.parents[1])
             self.init_sha256 = self.init_source.identity()
         d = self.d
         state = resume.state_to_resume(out_dir, self.fingerprint, rank=d.rank, world=d.world, is_main=d.is_main)
@@ -475,7 +476,7 @@ def run(
     trainer = Trainer(sections, shard_dir, max_steps=max_steps, budget=budget)
     synced = False  # every rank finished, or stopped itself at the same step
     try:
-        with collective_deadline(trainer.train_cfg["collective_timeout_s"]):
+        with collective_deadline(trainer.train.collective_timeout_s):
             result = trainer.fit(out_dir, sampler=sampler)
         synced = True
         return result
