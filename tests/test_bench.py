@@ -35,6 +35,7 @@ ELSEWHERE = {"gpu_check.py": "tests/test_gpu_check.py runs its --cpu-dry-run (al
 
 # Lines each quick run must print: its table's header and what closes the run.
 PRINTS = {
+    "budget.py": ["| arm | budget s | stage s (launcher) | of budget |", "| quiet |"],
     "compile_time.py": ["block, count, 2 layers: first forward and backward"],
     "cpu_allocator.py": ["| allocator | tokens/s (median) | min-max |", "ours / baseline: "],
     "dataprep.py": [
@@ -56,6 +57,7 @@ PRINTS = {
         "| arm | wall s | tokens | tokens/s | bpb held-out stdlib | bpb pip/_internal |",
         "ratio kiln/plain: ",
     ],
+    "optimizer.py": ["| optimizer | lr (AdamW) | muon_lr |"],
     "resume_memory.py": ["| rank | RSS growth |", "| 1 |"],
     "saved_tensors.py": ["| block | weights | mode | activations / token |", "Seed 000 rebuilt"],
     "shard_verify.py": ["verify pass (sha256 + ids, one read)", "| loader | open s | first batch s |"],
