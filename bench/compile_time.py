@@ -17,7 +17,7 @@ import time
 import torch
 
 from kiln.model.build import build_model
-from kiln.model.registry import resolve
+from kiln.model.registry import model_config
 from kiln.train.parallel import compile_blocks
 
 
@@ -38,7 +38,7 @@ def main() -> None:
         parser.error("--mode is required")
     torch.manual_seed(0)
     model = build_model(
-        resolve({"family": "llama", "n_layer": args.layers, "n_head": 4, "n_kv_head": 2, "d_model": 128}, 512, 128)
+        model_config({"family": "llama", "n_layer": args.layers, "n_head": 4, "n_kv_head": 2, "d_model": 128}, 512, 128)
     )
     graphs: list[int] = []
 

@@ -63,7 +63,7 @@ from kiln.eval.suite import BATCH
 from kiln.generate.decode import generate
 from kiln.layout import Layout
 from kiln.model.build import build_model, load_model, save_model
-from kiln.model.registry import resolve
+from kiln.model.registry import model_config
 from kiln.sections import TrainSection
 from kiln.train.device import autocast, eval_autocast, to_device
 from kiln.train.optim import build_adamw
@@ -102,7 +102,7 @@ def check_flash(ctx: Ctx) -> list[tuple[str, str]]:
         parts.append(f"D{head_dim}: {'flash' if flash else 'NOT flash'}, max err {(y.float() - ref).abs().max():.1e}")
     for family, shapes in ATTENTION.items():
         with torch.device(dev):
-            model = build_model(resolve({"family": family, "n_layer": 1, **shapes[ctx.dry]}, 512, T)).eval()
+            model = build_model(model_config({"family": family, "n_layer": 1, **shapes[ctx.dry]}, 512, T)).eval()
         idx = torch.randint(0, 512, (B, T), device=dev)
         with torch.no_grad(), autocast(dev, bf16=True)():  # as train and a GPU eval run it
             ops, _ = profiled(lambda: model(idx))
@@ -119,7 +119,7 @@ def check_fused_adamw(ctx: Ctx) -> list[tuple[str, str]]:
     """kiln.train.optim.build_adamw asks for fused=True on CUDA and CPU: did the fused kernel run?"""
     train = sections(ctx, "gpt2-124m", 128, 2)
     with torch.device(ctx.device):
-        model = build_model(resolve(train["model"], 512 if ctx.dry else 50304, 128))
+        model = build_model(model_config(train["model"], 512 if ctx.dry else 50304, 128))
     optimizer = build_adamw(model, TrainSection.of(train["train"]), ctx.device.type)
     idx = torch.randint(0, 512, (2, 128), device=ctx.device)
     model(idx, idx)[1].backward()

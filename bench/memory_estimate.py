@@ -24,7 +24,7 @@ from pathlib import Path
 from kiln import config as kiln_config
 from kiln import run_config
 from kiln.forecast import model_vocab
-from kiln.model.registry import resolve
+from kiln.model.registry import model_config
 from kiln.plan.memory import GIB, Setting, estimate, fit_report, setting_of
 from kiln.plan.peaks import gpu_of
 from kiln.sections import TrainSection
@@ -139,11 +139,11 @@ def seeds_table() -> None:
         if kiln_config.read_yaml(path).get("sweep"):  # an overlay on a run file listed here, not a run
             continue
         cfg = run_config.resolve([str(path)], {})
-        model = resolve(cfg["model"], vocab_size=model_vocab(cfg["tokenizer"]), seq_len=cfg["shard"]["seq_len"])
+        model = model_config(cfg["model"], vocab_size=model_vocab(cfg["tokenizer"]), seq_len=cfg["shard"]["seq_len"])
         gpu = gpu_of(cfg["plan"]["gpu"])
         report = fit_report(model, setting_of(TrainSection.of(cfg["train"])), gpu.fragment, gpu.memory_gib)
         _row(path.stem, report)
-    flagship = resolve({"flavour": "llama3.2-1b"}, vocab_size=32768, seq_len=8192)
+    flagship = model_config({"flavour": "llama3.2-1b"}, vocab_size=32768, seq_len=8192)
     base = Setting(micro_batch=6, world=1, parallel="ddp")
     for gpu_name, ac, compiled in [
         ("H100", "none", True),

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.model.llama import Block, rope_tables
-from kiln.model.registry import ModelConfig, resolve
+from kiln.model.registry import ModelConfig, model_config
 from kiln.plan.memory import GIB, Setting, estimate, layer_activation_bytes, layer_params
 from kiln.train.cpu_memory import allocated_during, saved_for_backward
 
@@ -171,7 +171,7 @@ def hf_outside_per_token(cfg: ModelConfig) -> float:
 
 def seed_000(per_token_bf16: float, logit_bytes: float, outside: float) -> None:
     """Seed 000's 70.2 GiB rebuilt, and Kiln's estimate of the same setting beside it."""
-    cfg = resolve({"flavour": "llama3.2-1b"}, vocab_size=SEED["vocab"], seq_len=8192)
+    cfg = model_config({"flavour": "llama3.2-1b"}, vocab_size=SEED["vocab"], seq_len=8192)
     n, tokens, L = cfg.num_params(non_embedding=False), SEED["tokens"], cfg.n_layer
     logits = logit_bytes * tokens * SEED["vocab"]
     parts = {
@@ -243,7 +243,7 @@ def main() -> None:
         seed_000(
             results[key]["per token"],
             saved + peak,
-            hf_outside_per_token(resolve({"flavour": "llama3.2-1b"}, vocab_size=SEED["vocab"], seq_len=args.seq)),
+            hf_outside_per_token(model_config({"flavour": "llama3.2-1b"}, vocab_size=SEED["vocab"], seq_len=args.seq)),
         )
 
 

@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from kiln.data.loader import ShardRows, TrainBatches
 from kiln.model.build import build_model
-from kiln.model.registry import resolve
+from kiln.model.registry import model_config
 from kiln.train import checkpoint
 from kiln.train.distributed import init_distributed, shutdown
 from kiln.train.parallel import grad_sync, parallelize
@@ -69,7 +69,9 @@ def check_ddp_buffers(d) -> dict:
     """parallelize's DDP broadcasts no buffers before a forward (llama's RoPE tables are derived on
     every rank alike): a table changed on rank 1 after wrapping is still rank 1's own after a step."""
     torch.manual_seed(0)
-    model = build_model(resolve({"family": "llama", "n_layer": 1, "n_head": 2, "n_kv_head": 1, "d_model": 16}, 64, 8))
+    model = build_model(
+        model_config({"family": "llama", "n_layer": 1, "n_head": 2, "n_kv_head": 1, "d_model": 16}, 64, 8)
+    )
     ddp = parallelize(model, d, strategy="ddp", compile_model=False, activation_checkpointing="none", bf16=False)
     if d.rank == 1:
         model.rope_cos.add_(1.0)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from kiln.model.build import build_model
-from kiln.model.registry import resolve
+from kiln.model.registry import model_config
 from kiln.train import checkpoint
 from kiln.train.distributed import init_distributed, shutdown
 from kiln.train.muon import Muon
@@ -35,7 +35,7 @@ MUON = dict(lr=0.02, momentum=0.95, weight_decay=0.01, nesterov=True)
 def check_fsdp_step(d) -> dict:
     torch.manual_seed(0)
     # d_ff 35: gate and up are 35 x 32, sharded 18 + 17 rows
-    model = build_model(resolve({"family": "llama", "n_layer": 1, "n_head": 2, "d_model": 32, "d_ff": 35}, 64, 8))
+    model = build_model(model_config({"family": "llama", "n_layer": 1, "n_head": 2, "d_model": 32, "d_ff": 35}, 64, 8))
     whole = copy.deepcopy(model)
     parallelize(model, d, strategy="fsdp", compile_model=False, activation_checkpointing="none", bf16=False)
     ours, theirs = hidden_matrices(model), hidden_matrices(whole)

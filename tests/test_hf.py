@@ -13,7 +13,7 @@ from kiln import hf
 from kiln.data.tokenizer import EOS, load_tokenizer
 from kiln.errors import KilnError
 from kiln.model.build import build_model
-from kiln.model.registry import resolve
+from kiln.model.registry import model_config
 
 VOCAB, SEQ = 576, 32
 SMALL = {  # registry flavours shrunk by overrides: the same code paths as the full sizes
@@ -31,7 +31,7 @@ def _trained_looking(section: dict):
     """A model whose biases and norm gains are not at their init values, so a mapping that dropped
     or swapped them would show in the logits."""
     torch.manual_seed(0)
-    model = build_model(resolve(section, VOCAB, SEQ)).eval()
+    model = build_model(model_config(section, VOCAB, SEQ)).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.02 * torch.randn_like(p))

@@ -11,7 +11,7 @@ from kiln import config as kiln_config
 from kiln import run_config
 from kiln.data.shards import shard_split
 from kiln.io import write_json
-from kiln.model.registry import resolve
+from kiln.model.registry import model_config
 from kiln.plan.memory import GIB, Setting, changes_to_fit, estimate, fit_report, fits, setting_of
 from kiln.sections import TrainSection
 from kiln.train.cpu_memory import allocated_during, tensor_bytes
@@ -122,7 +122,7 @@ def test_estimate_is_within_15_percent_of_real_cpu_train_steps(name, tmp_path):
 
 
 def _flagship(**overrides) -> tuple:
-    cfg = resolve({"flavour": "llama3.2-1b"}, vocab_size=32768, seq_len=8192)
+    cfg = model_config({"flavour": "llama3.2-1b"}, vocab_size=32768, seq_len=8192)
     return cfg, replace(Setting(micro_batch=6, world=4, parallel="ddp"), **overrides)
 
 
@@ -168,7 +168,7 @@ def test_setting_of_a_train_section_on_a_gpu_and_on_the_cpu():
     assert (gpu.bf16, gpu.compiled, gpu.cuda, gpu.activation_checkpointing) == (True, True, True, "selective")
     assert not setting_of(train, cuda=False).compiled  # compile auto: off on the CPU
     assert setting_of(train, world=8).world == 8
-    assert estimate(resolve({"n_layer": 1, "n_head": 1, "d_model": 8}, 64, 16), gpu).total < GIB
+    assert estimate(model_config({"n_layer": 1, "n_head": 1, "d_model": 8}, 64, 16), gpu).total < GIB
 
 
 def test_fsdp_accumulation_keeps_every_gradient_whole_until_the_last_micro_batch():
@@ -210,7 +210,7 @@ def test_the_per_layer_count_is_what_autograd_saves_for_kilns_block(bf16, compil
     from kiln.plan.memory import layer_activation_bytes, layer_params
     from kiln.train.cpu_memory import saved_for_backward
 
-    cfg = resolve({"family": "llama", "n_layer": 1, "n_head": 4, "n_kv_head": 2, "d_model": 128}, 512, 128)
+    cfg = model_config({"family": "llama", "n_layer": 1, "n_head": 4, "n_kv_head": 2, "d_model": 128}, 512, 128)
     batch, tokens = 3, 3 * cfg.seq_len  # 384 tokens: no activation has a weight's shape (C 128, K 64, F 512)
     torch.manual_seed(0)
     block = Block(cfg)

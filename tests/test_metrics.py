@@ -8,7 +8,7 @@ import torch
 from kiln import layout
 from kiln.errors import KilnError
 from kiln.model.build import build_model
-from kiln.model.registry import resolve
+from kiln.model.registry import model_config
 from kiln.plan.peaks import gpu_of, peak_flops_of
 from kiln.plan.tables import format_eta
 from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, flops_per_token_torchtitan, peak_flops
@@ -16,7 +16,7 @@ from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, flops_p
 
 def _meta_model(flavour: str, vocab: int, seq_len: int):
     with torch.device("meta"):
-        return build_model(resolve({"flavour": flavour}, vocab, seq_len))
+        return build_model(model_config({"flavour": flavour}, vocab, seq_len))
 
 
 def test_flops_per_token_is_6n_plus_the_attention_term():
@@ -73,8 +73,8 @@ def test_mfu_is_per_device_flops_over_the_peak():
 def test_torchtitans_count_halves_attention_and_leaves_the_tied_embedding_out():
     llama = _meta_model("llama3.2-1b", 32768, 8192)
     assert flops_per_token_torchtitan(llama) == 6 * (1_040_254_976 - 32768 * 2048) + 6 * 16 * 32 * 64 * 8192
-    gpt2 = resolve({"flavour": "gpt2-124m"}, 50304, 1024)
-    untied = resolve({"flavour": "gpt2-124m", "tie_embeddings": False}, 50304, 1024)
+    gpt2 = model_config({"flavour": "gpt2-124m"}, 50304, 1024)
+    untied = model_config({"flavour": "gpt2-124m", "tie_embeddings": False}, 50304, 1024)
     assert gpt2.flops_per_token() - gpt2.flops_per_token_torchtitan() == 6 * 50304 * 768 + 6 * 12 * 12 * 64 * 1024
     # untied, the token table is out of both counts and the head in both: only attention differs
     assert untied.flops_per_token() - untied.flops_per_token_torchtitan() == 6 * 12 * 12 * 64 * 1024

@@ -23,7 +23,7 @@ from kiln.config import ConfigError
 from kiln.errors import KilnError
 from kiln.forecast import predict
 from kiln.model.build import build_model, load_model
-from kiln.model.registry import resolve
+from kiln.model.registry import model_config
 from kiln.plan.memory import Setting, estimate, layer_params, setting_of
 from kiln.sections import TrainSection
 from kiln.train import checkpoint, fingerprint, launch
@@ -75,7 +75,7 @@ def _named(model: torch.nn.Module, params) -> set[str]:
     ],
 )
 def test_muon_takes_the_blocks_matrices_and_adamw_everything_else(model, expected):
-    m = build_model(resolve(model, 64, 8))
+    m = build_model(model_config(model, 64, 8))
     opt = build_optimizer(m, _section(**MUON), "cpu")
     muon, adamw = opt.parts
     assert isinstance(muon, Muon) and isinstance(adamw, torch.optim.AdamW)
@@ -90,7 +90,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_everything_else(model, expecte
 
 def _llama_and_grads(seed: int = 0):
     torch.manual_seed(seed)
-    m = build_model(resolve({"family": "llama", "n_layer": 2, "n_head": 2, "n_kv_head": 1, "d_model": 32}, 64, 16))
+    m = build_model(model_config({"family": "llama", "n_layer": 2, "n_head": 2, "n_kv_head": 1, "d_model": 32}, 64, 16))
     x = torch.randint(0, 64, (4, 17))
     return m, x
 
@@ -237,7 +237,7 @@ def test_the_optimizer_is_part_of_the_fingerprint_and_muons_settings_only_under_
 
 
 def test_muon_keeps_one_moment_for_the_blocks_matrices_in_the_estimates():
-    cfg = resolve({"family": "llama", "n_layer": 4, "n_head": 4, "d_model": 64}, 512, 32)
+    cfg = model_config({"family": "llama", "n_layer": 4, "n_head": 4, "d_model": 64}, 512, 32)
     hidden = cfg.n_layer * layer_params(cfg)[0]
     for s in (Setting(micro_batch=2), Setting(micro_batch=2, world=4, parallel="fsdp")):
         adamw, muon = estimate(cfg, s), estimate(cfg, Setting(**{**s.__dict__, "optimizer": "muon"}))
@@ -248,7 +248,7 @@ def test_muon_keeps_one_moment_for_the_blocks_matrices_in_the_estimates():
     # kiln plan's checkpoint size: 4 bytes fewer per hidden weight
     raw = run_config.load(ROOT / "config" / "config.yaml")
     plans = [predict(run_config.validate(copy.deepcopy(raw) | {"train": raw["train"] | o})) for o in ({}, MUON)]
-    model = resolve(raw["model"], 8192, raw["shard"]["seq_len"])
+    model = model_config(raw["model"], 8192, raw["shard"]["seq_len"])
     assert plans[0]["checkpoint_bytes"] == 12 * model.num_params(non_embedding=False)
     assert plans[0]["checkpoint_bytes"] - plans[1]["checkpoint_bytes"] == 4 * model.n_layer * layer_params(model)[0]
 

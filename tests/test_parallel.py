@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kiln.model.build import build_model
-from kiln.model.registry import resolve
+from kiln.model.registry import model_config
 from kiln.train import parallel
 from kiln.train.distributed import Dist
 
@@ -20,7 +20,7 @@ LLAMA = {"family": "llama", "n_layer": 3, "n_head": 2, "n_kv_head": 1, "d_model"
 
 
 def test_one_rank_compiles_each_block_not_the_whole_model():
-    model = build_model(resolve(LLAMA, 64, 16))
+    model = build_model(model_config(LLAMA, 64, 16))
     wrapped = parallel.parallelize(
         model, ONE_RANK, strategy="ddp", compile_model=True, activation_checkpointing="none", bf16=False
     )
@@ -38,7 +38,7 @@ def test_the_blocks_share_one_graph():
         graphs.append(gm)
         return gm.forward
 
-    model = build_model(resolve(LLAMA, 64, 16))
+    model = build_model(model_config(LLAMA, 64, 16))
     parallel.compile_blocks(model, backend=recorder)
     idx = torch.randint(0, 64, (2, 16))
     _, loss = model(idx, idx)

@@ -9,7 +9,7 @@ import torch
 from kiln import config as kiln_config
 from kiln import run_config
 from kiln.model.build import build_model
-from kiln.model.registry import FLAVOURS, ModelConfig, ModelConfigError, check_section, resolve
+from kiln.model.registry import FLAVOURS, ModelConfig, ModelConfigError, check_section, model_config
 
 
 def _count(cfg: ModelConfig) -> int:
@@ -20,13 +20,13 @@ def _count(cfg: ModelConfig) -> int:
 def test_gpt2_124m_has_gpt2s_parameter_count():
     """What "124M" means: OpenAI's GPT-2 with its unpadded 50,257-token vocabulary, 1,024 learned
     positions, biases everywhere and the head tied to the embedding."""
-    cfg = resolve({"flavour": "gpt2-124m"}, vocab_size=50257, seq_len=1024)
+    cfg = model_config({"flavour": "gpt2-124m"}, vocab_size=50257, seq_len=1024)
     assert (cfg.bias, cfg.max_positions, cfg.tie_embeddings, cfg.d_ff) == (True, 1024, True, 3072)
     assert _count(cfg) == 124_439_808
 
 
 def test_llama32_1b_has_the_count_seed_000_logged():
-    cfg = resolve({"flavour": "llama3.2-1b"}, vocab_size=32768, seq_len=8192)
+    cfg = model_config({"flavour": "llama3.2-1b"}, vocab_size=32768, seq_len=8192)
     assert (cfg.d_model, cfg.n_layer, cfg.n_head, cfg.n_kv_head, cfg.d_ff) == (2048, 16, 32, 8, 8192)
     assert (cfg.rope_theta, cfg.tie_embeddings, cfg.head_dim) == (500000.0, True, 64)
     assert _count(cfg) == 1_040_254_976
@@ -41,33 +41,33 @@ def test_llama32_1b_has_the_count_seed_000_logged():
     ],
 )
 def test_larger_gpt2_flavours_match_openais_checkpoints(name, count):
-    assert _count(resolve({"flavour": name}, vocab_size=50257, seq_len=1024)) == count
+    assert _count(model_config({"flavour": name}, vocab_size=50257, seq_len=1024)) == count
 
 
 def test_every_flavour_names_its_source_and_builds():
     for name, flavour in FLAVOURS.items():
         assert flavour.source.startswith("https://"), name
-        assert _count(resolve({"flavour": name}, vocab_size=512, seq_len=256)) > 0
+        assert _count(model_config({"flavour": name}, vocab_size=512, seq_len=256)) > 0
 
 
 def test_debug_flavour_is_torchtitans_debugmodel():
-    cfg = resolve({"flavour": "debug"}, vocab_size=2048, seq_len=2048)
+    cfg = model_config({"flavour": "debug"}, vocab_size=2048, seq_len=2048)
     assert (cfg.family, cfg.d_model, cfg.n_layer, cfg.n_head, cfg.d_ff) == ("llama", 256, 6, 16, 768)
 
 
 def test_section_overrides_a_flavour_and_plain_dims_mean_gpt2():
-    cfg = resolve(
+    cfg = model_config(
         {"flavour": "llama3.2-1b", "n_layer": 2, "d_model": 64, "n_head": 4, "n_kv_head": 2, "d_ff": 128},
         vocab_size=576,
         seq_len=32,
     )
     assert (cfg.family, cfg.n_layer, cfg.rope_theta, cfg.vocab_size, cfg.seq_len) == ("llama", 2, 500000.0, 576, 32)
-    plain = resolve({"n_layer": 4, "n_head": 4, "d_model": 256}, vocab_size=8192, seq_len=256)
+    plain = model_config({"n_layer": 4, "n_head": 4, "d_model": 256}, vocab_size=8192, seq_len=256)
     assert (plain.family, plain.bias, plain.max_positions, plain.d_ff, plain.n_kv_head) == ("gpt2", False, 256, 1024, 4)
 
 
 def test_saved_config_round_trips_with_every_field_concrete():
-    cfg = resolve({"flavour": "debug"}, vocab_size=512, seq_len=64)
+    cfg = model_config({"flavour": "debug"}, vocab_size=512, seq_len=64)
     assert None not in (cfg.n_kv_head, cfg.d_ff)
     assert ModelConfig(**cfg.to_dict()) == cfg
 
@@ -92,7 +92,7 @@ def test_saved_config_round_trips_with_every_field_concrete():
 def test_bad_shapes_name_the_key(section, seq_len, message):
     assert any(message in p for p in check_section(section, seq_len)), check_section(section, seq_len)
     with pytest.raises(ModelConfigError, match="invalid model"):
-        resolve(section, vocab_size=64, seq_len=seq_len)
+        model_config(section, vocab_size=64, seq_len=seq_len)
 
 
 def test_config_validation_reports_model_problems_and_accepts_flavours():
@@ -119,7 +119,7 @@ def test_config_validation_reports_model_problems_and_accepts_flavours():
 )
 def test_parameter_count_from_the_shape_equals_the_built_model(section):
     """`kiln plan` counts parameters without building the model; the count must be the model's."""
-    cfg = resolve(section, vocab_size=50304, seq_len=2048 if section.get("max_positions") else 1024)
+    cfg = model_config(section, vocab_size=50304, seq_len=2048 if section.get("max_positions") else 1024)
     with torch.device("meta"):
         model = build_model(cfg)
     assert cfg.num_params(non_embedding=False) == model.num_params(non_embedding=False)

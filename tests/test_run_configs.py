@@ -18,7 +18,7 @@ import pytest
 
 from kiln import config as kiln_config
 from kiln.data.tokenizer import padded_vocab_size
-from kiln.model.registry import FLAVOURS, resolve
+from kiln.model.registry import FLAVOURS, model_config
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -92,11 +92,11 @@ def test_a_flavoured_model_has_its_flavours_shape(tmp_path, path):
     params, _ = train_job(dry_run(tmp_path, "--configfile", str(path)))
     section = params["model"]
     flavour = FLAVOURS[section["flavour"]]
-    model = resolve(section, vocab_size=50304, seq_len=1024)
+    model = model_config(section, vocab_size=50304, seq_len=1024)
     own = {k: v for k, v in flavour.dims.items() if k not in section}
     assert {k: getattr(model, k) for k in own} == own
     if set(section) == {"flavour"}:  # nothing overridden: the flavour's own parameter count
-        reference = resolve({"flavour": section["flavour"]}, vocab_size=50304, seq_len=1024)
+        reference = model_config({"flavour": section["flavour"]}, vocab_size=50304, seq_len=1024)
         assert model.num_params(non_embedding=False) == reference.num_params(non_embedding=False)
 
 
@@ -178,7 +178,7 @@ def test_plan_of_seed_002_is_the_seeds_budget_on_one_gpu():
 def test_plan_of_seed_003_uses_the_consumer_cards_peak():
     plan = kiln_plan("--configfile", str(ROOT / "config" / "experiments" / "fineweb-wiki-arxiv-gpt2-164m-3080ti.yaml"))
     assert plan["predicted_from"]["peak_tflops"] == 68.2 and plan["grad_accum"] == 64
-    assert plan["n_params"] == resolve(
+    assert plan["n_params"] == model_config(
         {"flavour": "gpt2-124m", "tie_embeddings": False, "max_positions": 2048},
         vocab_size=padded_vocab_size(50257 + 7),
         seq_len=2048,

@@ -197,7 +197,7 @@ def yaml_values(overrides: Mapping) -> dict:
     }
 
 
-def resolve(configfiles: Sequence[str | Path] = (), overrides: Mapping | None = None) -> dict:
+def raw_config(configfiles: Sequence[str | Path] = (), overrides: Mapping | None = None) -> dict:
     """The raw config of `snakemake --configfile F... --config K=V...` (not yet validated): the files
     merged in order, or the embedded default when there are none; then the overrides."""
     raw: dict = {}

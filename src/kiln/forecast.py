@@ -20,7 +20,7 @@ from kiln import run_config
 from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import padded_vocab_size
 from kiln.errors import KilnError
-from kiln.model.registry import resolve as resolve_model
+from kiln.model.registry import model_config
 from kiln.plan.memory import fit_report, optimizer_state_bytes, setting_of
 from kiln.plan.peaks import GPUS, gpu_of
 from kiln.plan.steps import StageTimes, build_plan, plan_batch
@@ -82,7 +82,7 @@ def predict(cfg: dict) -> dict:
             f"plan.gpu: {expect['gpu']!r} is not a known GPU (known: {', '.join(g.fragment for g in GPUS)})"
         )
     peak = gpu.tflops * 1e12
-    model = resolve_model(cfg["model"], vocab_size=model_vocab(cfg["tokenizer"]), seq_len=cfg["shard"]["seq_len"])
+    model = model_config(cfg["model"], vocab_size=model_vocab(cfg["tokenizer"]), seq_len=cfg["shard"]["seq_len"])
     batch = plan_batch(train.batch_tokens, train.micro_batch, cfg["shard"]["seq_len"], train.ranks)
     tokens_per_s = expect["mfu"] * peak * batch.world / model.flops_per_token()
     n_params = model.num_params(non_embedding=False)
@@ -116,7 +116,7 @@ def predict(cfg: dict) -> dict:
 
 
 def _override(text: str) -> dict:
-    """One --config KEY=VALUE (the value is read as YAML by kiln.config.resolve, as in the Snakefile)."""
+    """One --config KEY=VALUE (the value is read as YAML by kiln.config.raw_config, as in the Snakefile)."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise KilnError(f"--config {text!r}: expected KEY=VALUE, e.g. train='{{max_steps: 100}}'")

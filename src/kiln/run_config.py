@@ -1,4 +1,4 @@
-"""A run's config as the pipeline uses it: resolved from the files given (kiln.config.resolve),
+"""A run's config as the pipeline uses it: resolved from the files given (kiln.config.raw_config),
 validated against the schema, then checked against what only the layers above the config know: the
 model registry (a flavour's shape, heads dividing d_model), the batch plan (the global batch a whole
 number of micro-batches on every rank) and the tokenizer (a vocabulary holding the special tokens).
@@ -58,7 +58,7 @@ def validate(raw: dict) -> dict:
 def resolve(configfiles: Sequence[str | Path] = (), overrides: Mapping | None = None) -> dict:
     """The validated config of `snakemake --configfile F... --config K=V...` (no files: the embedded
     default)."""
-    return validate(kiln_config.resolve(configfiles, overrides))
+    return validate(kiln_config.raw_config(configfiles, overrides))
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Experiment:
 def resolve_experiment(configfiles: Sequence[str | Path] = (), overrides: Mapping | None = None) -> Experiment:
     """The runs of `snakemake --configfile F... --config K=V...`: one, or one per arm of the config's
     sweep, each validated on its own (an arm's problems are named with the arm)."""
-    raw = kiln_config.resolve(configfiles, overrides)
+    raw = kiln_config.raw_config(configfiles, overrides)
     spec = raw.get(sweep.SWEEP)
     if spec is not None and not isinstance(spec, dict):
         raise ConfigError(

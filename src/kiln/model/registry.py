@@ -206,7 +206,7 @@ def _section_fields(section: dict) -> dict[str, Any]:
     return {"family": flavour.family, **flavour.dims, **section}
 
 
-def resolve(section: dict, vocab_size: int, seq_len: int) -> ModelConfig:
+def model_config(section: dict, vocab_size: int, seq_len: int) -> ModelConfig:
     """The ModelConfig a config's model section means for a given (padded) vocab and seq_len."""
     return ModelConfig(vocab_size=vocab_size, seq_len=seq_len, **_section_fields(section))
 
@@ -215,7 +215,7 @@ def check_section(section: dict, seq_len: int) -> list[str]:
     """Problems with a model section, for config validation (the vocab is not known yet: any
     valid size stands in for it)."""
     try:
-        resolve(section, vocab_size=64, seq_len=seq_len)
+        model_config(section, vocab_size=64, seq_len=seq_len)
     except ModelConfigError as exc:
         return exc.problems
     return []

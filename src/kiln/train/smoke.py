@@ -44,7 +44,7 @@ import torch
 
 from kiln.config import checkpoint_format
 from kiln.io import read_json
-from kiln.model.registry import resolve
+from kiln.model.registry import model_config
 from kiln.plan.memory import Estimate, estimate, setting_of
 from kiln.plan.steps import StageTimes
 from kiln.plan.verdict import Check
@@ -418,7 +418,7 @@ def estimate_for(model: dict, train: TrainSection, manifest: dict, world: int) -
     """kiln.plan.memory's estimate of the run's step as this machine will run it (train.device,
     precision, compile, ranks): printed beside the measured peak, or with an out-of-memory error."""
     dev = device.select_device(train.device)
-    cfg = resolve(model, manifest["padded_vocab_size"], manifest["seq_len"])
+    cfg = model_config(model, manifest["padded_vocab_size"], manifest["seq_len"])
     return estimate(
         cfg,
         setting_of(

@@ -39,7 +39,7 @@ from kiln.data.loader import ShardRows, TrainBatches, eval_batches
 from kiln.data.shards import tokens_per_byte
 from kiln.errors import RunStopped
 from kiln.model.build import build_model, save_model
-from kiln.model.registry import resolve
+from kiln.model.registry import model_config
 from kiln.plan.steps import BudgetPlan, plan_batch
 from kiln.sections import TrainSection
 from kiln.train import checkpoint, device, faults, fingerprint, init_from, parallel, preemption, progress, resume
@@ -90,7 +90,7 @@ class Trainer:
         seed_everything(self.seed)
         self.rows, self.val_rows = ShardRows(shard_dir, "train"), ShardRows(shard_dir, "val")
         manifest = self.rows.manifest
-        self.cfg = resolve(sections["model"], manifest["padded_vocab_size"], manifest["seq_len"])
+        self.cfg = model_config(sections["model"], manifest["padded_vocab_size"], manifest["seq_len"])
         self.tokens_per_byte = {split: tokens_per_byte(manifest, split) for split in ("train", "val")}
         self.plan = plan_batch(train.batch_tokens, train.micro_batch, self.cfg.seq_len, self.d.world)
         with torch.device(self.d.device):  # initialised where it trains: no host copy of a 1B model
