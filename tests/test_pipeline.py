@@ -14,7 +14,7 @@ import yaml
 from tiny import ROOT, TINY, tiny_layout
 
 from kiln.plan.steps import StageTimes, steps_within
-from kiln.train.schedule import lr_at
+from kiln.train.schedule import Replanned
 
 VENV_BIN = str(Path(sys.executable).parent)
 
@@ -208,9 +208,11 @@ def test_snakemake_html_report(finished_run):
 
 
 def test_a_time_budget_becomes_the_steps_train_runs(finished_run, tmp_path):
-    """The smoke stage times bf16 against fp32 (precision auto), turns a budget of minutes into steps
-    from the times it measured, and train runs exactly those steps, its schedule decaying over them;
-    the log steps carry bits per byte. On a copy of the finished run: only smoke and train rerun."""
+    """The smoke stage times bf16 against fp32 (precision auto) and turns a budget of minutes into
+    steps from the times it measured; train starts from those steps and re-plans them from its own
+    speed (kiln.train.budget), every decision in train/budget.jsonl, its schedule decaying over the
+    steps it ends at; the log steps carry bits per byte. On a copy of the finished run: only smoke and
+    train rerun."""
     workdir, _, _ = finished_run
     copy = tmp_path / "copy"
     shutil.copytree(workdir, copy, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete"))
@@ -234,12 +236,18 @@ def test_a_time_budget_becomes_the_steps_train_runs(finished_run, tmp_path):
     assert steps == steps_within(45, StageTimes(**plan["stage_times"]), eval_every=50, checkpoint_every=100) > 5
     assert plan["stage_s"] <= plan["budget_s"] and plan["total_tokens"] == steps * 16 * 64
     assert "budget | 0.75 minutes = 45 s of the train stage buys" in (run / "smoke" / "plan.md").read_text()
-    assert json.loads((run / "train" / "summary.json").read_text())["steps"] == steps
+    summary = json.loads((run / "train" / "summary.json").read_text())
+    decisions = [json.loads(line) for line in (run / "train" / "budget.jsonl").read_text().splitlines()]
+    assert decisions and summary["decisions"] == len(decisions) and summary["planned_steps"] == steps
+    final = summary["steps"]
+    assert final == summary["final_steps"] == ([steps] + [d["max_steps"] for d in decisions])[-1]
+    schedule = Replanned(lr=0.005, min_lr=0.0005, warmup_steps=5, max_steps=steps)  # tiny.yaml's: cosine
+    for d in decisions:
+        if d["max_steps"] != d["previous"]:
+            schedule.replan(d["step"], d["max_steps"])
     records = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
     last = records[-1]
-    assert last["step"] == steps and last["lr"] == pytest.approx(
-        lr_at(steps - 1, lr=0.005, min_lr=0.0005, warmup_steps=5, max_steps=steps)
-    )
+    assert last["step"] == final and last["lr"] == pytest.approx(schedule(final - 1))
     val = json.loads((tiny_layout(copy).folder("shard") / "manifest.json").read_text())["sources"]["stdlib"]["val"]
     assert last["val_bpb"] == pytest.approx(last["val_loss"] / math.log(2) * val["tokens"] / val["bytes"])
     train_log = (run / "logs" / "train.log").read_text()
