@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kiln import run_config
 from kiln.forecast import predict
-from kiln.plan.steps import BatchPlan, StageTimes
+from kiln.plan.steps import BatchPlan, StageTimes, kept_checkpoints
 from kiln.plan.verdict import Measurements, Probe
 from kiln.sections import SmokeSection, TrainSection
 
@@ -76,3 +78,21 @@ def test_kiln_plan_and_the_smoke_stage_build_the_same_plan(train):
         v for v in data.values() if v
     )
     assert ("budget" in smoke) == bool(train.get("budget"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    max_steps=st.integers(1, 400),
+    every=st.integers(1, 50),
+    keep=st.integers(1, 6),
+    milestone_factor=st.integers(0, 5),
+)
+def test_kept_checkpoints_counts_what_pruning_keeps(max_steps, every, keep, milestone_factor):
+    """The count kiln plan and the smoke plan use, against the list of saves it stands for (every
+    checkpoint_every steps and the last; the newest `keep`, and milestones besides): counted, so a
+    budget of millions of steps costs nothing."""
+    milestone_every = every * milestone_factor
+    saves = sorted(set(range(every, max_steps + 1, every)) | {max_steps})
+    newest = set(saves[-keep:])
+    milestones = sum(1 for s in saves if milestone_every and s % milestone_every == 0 and s not in newest)
+    assert kept_checkpoints(max_steps, every, keep, milestone_every) == (len(newest), milestones)

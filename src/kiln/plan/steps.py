@@ -52,10 +52,17 @@ CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal at ~20
 def kept_checkpoints(max_steps: int, checkpoint_every: int, keep: int, milestone_every: int = 0) -> tuple[int, int]:
     """(newest, milestones): the checkpoints a finished run leaves under kiln.train.checkpoint's pruning.
     Train saves every checkpoint_every steps and at the last; pruning keeps the newest `keep` of them
-    and, besides, every one at a multiple of milestone_every (train.keep_checkpoint_every)."""
-    steps = sorted(set(range(checkpoint_every, max_steps + 1, checkpoint_every)) | {max_steps})
-    newest = set(steps[-keep:])
-    return len(newest), sum(1 for s in steps if milestone_every and s % milestone_every == 0 and s not in newest)
+    and, besides, every one at a multiple of milestone_every (train.keep_checkpoint_every).
+    Counted, not listed: a budget of hours at a forecast speed can be millions of steps."""
+    multiples = max_steps // checkpoint_every
+    last_apart = max_steps % checkpoint_every != 0  # the last step, saved besides the multiples
+    newest = [k * checkpoint_every for k in range(max(1, multiples - (keep - last_apart) + 1), multiples + 1)]
+    newest = (newest + [max_steps] * last_apart)[-keep:]
+    if not milestone_every:
+        return len(newest), 0
+    saved_milestones = max_steps // math.lcm(checkpoint_every, milestone_every)
+    saved_milestones += last_apart and max_steps % milestone_every == 0
+    return len(newest), saved_milestones - sum(1 for s in newest if s % milestone_every == 0)
 
 
 def full_run_plan(
