@@ -247,7 +247,10 @@ def test_muon_keeps_one_moment_for_the_blocks_matrices_in_the_estimates():
     assert setting_of(TrainSection.of(_train(**MUON))).optimizer == "muon"
     # kiln plan's checkpoint size: 4 bytes fewer per hidden weight
     raw = run_config.load(ROOT / "config" / "config.yaml")
-    plans = [predict(run_config.validate(copy.deepcopy(raw) | {"train": raw["train"] | o})) for o in ({"optimizer": "adamw"}, MUON)]
+    plans = [
+        predict(run_config.validate(copy.deepcopy(raw) | {"train": raw["train"] | o}))
+        for o in ({"optimizer": "adamw"}, MUON)
+    ]
     model = model_config(raw["model"], 8192, raw["shard"]["seq_len"])
     assert plans[0]["checkpoint_bytes"] == 12 * model.num_params(non_embedding=False)
     assert plans[0]["checkpoint_bytes"] - plans[1]["checkpoint_bytes"] == 4 * model.n_layer * layer_params(model)[0]
