@@ -4,7 +4,7 @@ own measured speed as it goes, and records every decision so a resumed run follo
 The smoke stage turns train.budget into steps from a ~20 s probe (kiln.plan.steps.budget_steps); a run
 that then goes faster or slower than the probe, or whose machine slows down half-way (another job
 starts on it), would end well before or after its budget. Budget re-plans at every log step, where
-the host has read the step anyway:
+the host has read the step anyway, and in the run's final log windows at every step:
 
     spent      the stage's wall time so far, from the launcher's start (KILN_LAUNCH_START, which
                kiln.train.launch sets for the ranks: process start, imports, model build, compile,
@@ -16,41 +16,49 @@ the host has read the step anyway:
                included, the first log window with its warm-up and compilation left out), scaled by
                how much slower or faster the recent steps are than that average: the slower of the
                last window and the median of the last RECENT (a CPU hog shows at once, a burst of
-               noise does not make the run longer).
+               noise does not make the run longer); in the final windows, the median of the last
+               FINE_RECENT steps' own wall times.
     end        the last step's validation and checkpoint, the weights and Hugging Face export after
                the loop (smoke's measured times, or the largest overhead this run measured around a
                window, whichever is more, in units of steps so that they slow down with the steps),
                and EXIT_S for the processes' exit (slowed as the steps are, up to EXIT_SLOWDOWN).
     margin     NOISE_SIGMAS x the measured spread of the windows' step time (from successive windows'
                differences, so a hog's one jump is not noise), over the windows left (at most
-               MAX_NOISE of the budget; it shrinks to nothing at the end).
+               MAX_NOISE of the budget). None in the final windows: a decision every step corrects
+               the noise of the one before it.
 
 The plan aims at AIM of the budget less the margin (earlier when what follows the last decision, a
-log window and the end at the run's usual speed, is more than the budget's last 1 - AIM): max_steps
-is kept while the predicted end is within BAND of that, else set to the most steps that fit (at least
-one more; never past train.max_steps, the cap). A decision at step s changes steps s+1 on; the LR
-schedule follows it without a jump (kiln.train.schedule.Replanned), in the cooldown too. Since a
-decision is made at every log step up to the end, a slow-down can only surprise what follows the last
-one: a log window, the last validation and checkpoint, the export and the exit (~4 s in the default:
-log_every 10 at ~8 steps/s, EXIT_S). The aim keeps that much of the budget in hand, so a machine that
-halves its speed at any moment, in the cooldown or in those last seconds, still ends inside the budget;
-one that slows k-fold there ends at most (k - 2) x those seconds past it. A slow-down before the last
-decision costs steps, not the budget (tests/test_budget_controller.py simulates each case), as long as
-a log window stays short against what is left: decisions are made at log steps, so steps slowed 20x
-and more (spinning processes on every core slowed the quick bench's tiny model 7-50x on the 2-core VM,
-torch's threads waiting on each other) make a window of log_every steps a long time, and the run can
-only react a window later, and miss by up to one. Deciding between log steps would need every rank to
-agree on the step (the step flags that carry the preemption signal could): not done.
+step or a log window and the end at the run's usual speed, is more than the budget's last 1 - AIM):
+max_steps is kept while the predicted end is within BAND of that, else set to the most steps that fit
+(at least one more; never past train.max_steps, the cap). A decision at step s changes steps s+1 on;
+the LR schedule follows it without a jump (kiln.train.schedule.Replanned), in the cooldown too.
+
+The final windows: once a decision finds at most FINE_WINDOWS log windows left, the run decides after
+every step to its end (the device synced first, so that a step's wall time is its own). A log
+window's time is noisy on a busy machine (under one spinning process per core the 2-core VM's
+10-step windows differed by ~90% of their mean), and a margin for that noise over the last window
+would leave ~5% of the budget unspent; deciding every step leaves one step's noise. A slow-down can
+then only surprise what follows the last decision: one step, the last validation and checkpoint, the
+export and the exit (~3 s in the default, EXIT_S included). The aim keeps that much of the budget in
+hand, so a machine that halves its speed at any moment, in the cooldown or in those last seconds,
+still ends inside the budget; one that slows k-fold there ends at most (k - 2) x those seconds past
+it. A slow-down before the final windows costs steps, not the budget (tests/test_budget_controller.py
+simulates each case), as long as a log window stays short against what is left (steps slowed 20x
+and more, as spinning processes on every core slowed the quick bench's tiny model, make a window of
+log_every steps a long time, and the run can only react a window later).
 
 Every decision, {step, spent_s, step_s, tokens_per_s, per_step_s, end_s, margin_s, max_steps,
-previous, predicted_s, why}, is a line of train/budget.jsonl (kiln.layout.BUDGET_LOG, set aside with
-the trajectory), and the checkpoint holds the ones that changed max_steps and the last step decided.
-A resumed run replays the checkpoint's, then the file's recorded after the checkpoint (an attempt
-killed after deciding), at the same steps, and decides afresh only after the last recorded one: it
-follows the same steps and schedule as the run it continues. The trajectory fingerprint holds the
-smoke stage's planned steps, never a re-planned max_steps, so a re-plan never looks like a changed run.
+previous, predicted_s, fine, why}, is a line of train/budget.jsonl (kiln.layout.BUDGET_LOG, set aside
+with the trajectory), and the checkpoint holds the ones that changed max_steps, the last step decided
+and whether the final windows had begun. A resumed run replays the checkpoint's, then the file's
+recorded after the checkpoint (an attempt killed after deciding), at their steps, and decides afresh
+only after the last recorded one: it follows the same steps and schedule as the run it continues. The
+trajectory fingerprint holds the smoke stage's planned steps, never a re-planned max_steps, so a
+re-plan never looks like a changed run.
 
-All ranks decide alike: each decision's inputs are agreed (the max over ranks) before it is made.
+All ranks decide alike, at the same steps: whether a step decides follows from the step, the agreed
+max_steps and the agreed final-windows flag, and each decision's inputs are agreed (the max over
+ranks) before it is made.
 """
 
 from __future__ import annotations
@@ -78,6 +86,8 @@ BAND = 0.002  # of the budget: a plan predicted to end this close to the aim is 
 NOISE_SIGMAS = 2.0
 MAX_NOISE = 0.05  # of the budget: the noise margin at most
 RECENT = 5  # windows in the median of the recent step time
+FINE_WINDOWS = 2  # log windows left when the run starts deciding after every step
+FINE_RECENT = 3  # steps in the median of the recent step time, in the final windows
 # After summary.json: the ranks' interpreter teardown, torchrun's and the launcher's exit. It cannot be
 # measured before it happens; on the 2-core VM a process that imported torch took 1.3-2.3 s to exit and
 # torchrun's one rank 1.6-2.7 s after its last line (bench/budget.py measures the whole stage).
@@ -123,17 +133,22 @@ class Budget:
         *,
         cap: int | None,
         tokens_per_step: int,
+        every: tuple[int, int] = (0, 0),
         start: float | None = None,
         clock: Callable[[], float] = time.time,
         agree: Callable[[list[float]], list[float]] = lambda xs: xs,
+        sync: Callable[[], None] = lambda: None,
     ):
         self.plan, self.schedule, self.cap = plan, schedule, cap
+        # the steps that validate and those that save (0: none), whose costs the final windows count
+        self.validate_every, self.checkpoint_every = every
         self.planned_steps = schedule.max_steps  # the smoke stage's: the fingerprint's, never re-planned
-        self.tokens_per_step, self.clock, self.agree = tokens_per_step, clock, agree
+        self.tokens_per_step, self.clock, self.agree, self.sync = tokens_per_step, clock, agree, sync
         self.start = start if start is not None else stage_start() or clock()
         self.offset_s = 0.0  # what earlier attempts spent
         self.changes: list[tuple[int, int]] = []  # (step, max_steps) of every decision that changed it
         self.horizon = 0  # the last step decided, here or by an earlier attempt
+        self.fine = False  # in the final windows: a decision after every step
         self.pending: dict[int, dict] = {}  # decisions recorded after the checkpoint, to replay
         self.records = 0  # decisions made or replayed in the run's lineage
         self.path: Path | None = None
@@ -145,6 +160,8 @@ class Budget:
         self._pure_s = 0.0  # their seconds, summed over the windows' steps
         self._overhead_steps = 0.0  # the largest overhead around a window, in steps of its speed
         self._window = 1  # steps in the last window (log_every)
+        self._steps: list[float] = []  # the wall seconds of single steps (the final windows')
+        self._timed: tuple[int, float] | None = None  # (step, time) of the last step timed
 
     @classmethod
     def of(cls, plan: BudgetPlan | None, train: TrainSection, max_steps: int, tokens_per_step: int, d) -> Budget | None:
@@ -156,8 +173,15 @@ class Budget:
         def agree(values: list[float]) -> list[float]:
             return max_across_ranks(torch.tensor(values, dtype=torch.float64, device=d.device), d.world).tolist()
 
+        def sync() -> None:  # a step's wall time is its own only once the device has run it
+            if d.device.type == "cuda":
+                torch.cuda.synchronize(d.device)
+
         schedule = Replanned.from_config(train, max_steps)
-        return cls(plan, schedule, cap=train.max_steps, tokens_per_step=tokens_per_step, agree=agree)
+        every = (math.lcm(train.log_every, train.eval_every), train.checkpoint_every)  # validations: at log steps
+        return cls(
+            plan, schedule, cap=train.max_steps, tokens_per_step=tokens_per_step, every=every, agree=agree, sync=sync
+        )
 
     @property
     def max_steps(self) -> int:
@@ -173,6 +197,7 @@ class Budget:
         return {
             "changes": [list(c) for c in self.changes],
             "horizon": self.horizon,
+            "fine": self.fine,
             "spent_s": self.spent(),
             "records": self.records,
             "planned_steps": self.planned_steps,
@@ -183,6 +208,7 @@ class Budget:
         for step, max_steps in state["changes"]:
             self._apply(int(step), int(max_steps))
         self.horizon, self.records, self.offset_s = int(state["horizon"]), int(state["records"]), state["spent_s"]
+        self.fine = bool(state.get("fine", False))  # (a checkpoint of a version without the final windows)
 
     def attach(self, path: Path, fingerprint: dict, *, is_main: bool) -> None:
         """Read the decision log `path` (every rank) after the checkpoint, if any, was loaded: the
@@ -199,7 +225,7 @@ class Budget:
         lineage = ours if upto == self.changes else []
         later = [r for r in lineage if r["step"] > self.horizon]
         self.pending = {r["step"]: r for r in later}
-        if later:
+        if later:  # (the final windows' flag is replayed with them, at their steps)
             self.horizon, self.offset_s = later[-1]["step"], later[-1]["spent_s"]
         if is_main and lineage != lines:
             with atomic_file(self.path) as tmp:
@@ -212,28 +238,38 @@ class Budget:
             self.schedule.replan(step, max_steps)
             self.changes.append((step, max_steps))
 
-    def at_log_step(self, step: int, tokens_per_s: float | None, now: float | None = None) -> dict | None:
-        """After the host read log step `step` (tokens_per_s: the log window's speed, steps only):
-        replay the decision recorded for it, or decide, or (this attempt's first log step) only
-        measure. Returns the decision made here, if any. A collective when there are several ranks."""
-        now = self.clock() if now is None else now
-        self._measure(step, tokens_per_s, now)
+    def after_step(self, step: int, tokens_per_s: float | None = None, *, log: bool, now: float | None = None):
+        """After the loop's step `step` (log: a log step, whose window the host has read; tokens_per_s:
+        that window's speed, steps only): replay the decision recorded for it, or decide (at log steps,
+        and at every step of the final windows), or (this attempt's first log step) only measure.
+        Returns the decision made here, if any. A collective, when there are several ranks, at the
+        steps that decide."""
+        timed = log or self.fine
+        if timed:
+            if not log:
+                self.sync()  # a log step's host read its steps already
+            now = self.clock() if now is None else now
+            if log:
+                self._measure(step, tokens_per_s, now)
+            self._time_step(step, now)
         if step <= self.horizon:
-            return self._replay(step)
-        if self._base is None or self._base[0] == step or step >= self.max_steps:
+            self._replay(step)
+            return None
+        if not timed or self._base is None or self._base[0] == step or step >= self.max_steps:
             return None  # nothing measured yet but the warm-up window (or the run is at its end)
         return self._record(self._decide(step, now))
 
     def _replay(self, step: int) -> None:
-        """The recorded decisions up to `step`: at their own steps with the same train.log_every;
-        with another (a resume may change it), at the first log step after theirs."""
-        for at in sorted(s for s in self.pending if s <= step):
-            self._apply(at, self.pending.pop(at)["max_steps"])
+        """The decision recorded for `step`, if any (the loop asks at every step)."""
+        if step in self.pending:
+            decision = self.pending.pop(step)
+            self._apply(step, decision["max_steps"])
+            self.fine = decision.get("fine", False)  # (a line of a version without the final windows)
             self.records += 1
 
     def _record(self, decision: dict) -> dict:
         self._apply(decision["step"], decision["max_steps"])
-        self.horizon, self.records = decision["step"], self.records + 1
+        self.horizon, self.records, self.fine = decision["step"], self.records + 1, decision["fine"]
         if self.is_main and self.path is not None:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(decision) + "\n")
@@ -252,17 +288,27 @@ class Budget:
         self._pure_s += pure * steps
         self._overhead_steps = max(self._overhead_steps, (wall - pure * steps) / pure)
 
+    def _time_step(self, step: int, now: float) -> None:
+        if self._timed is not None and self._timed[0] == step - 1:
+            self._steps.append(now - self._timed[1])
+        self._timed = (step, now)
+
     def _decide(self, step: int, now: float) -> dict:
         base_step, base_t = self._base
+        # the final windows begin (max_steps and the log window are the same on every rank)
+        fine = self.fine or self.max_steps - step <= FINE_WINDOWS * self._window
         recent = max(self._pure[-1], statistics.median(self._pure[-RECENT:]))
+        usual = _usual(self._pure)  # the run's unhurried speed: slow-downs are measured against it
+        slowdown = statistics.median(self._pure[-RECENT:]) / usual  # the exit's: not one window's
+        if fine and len(self._steps) >= FINE_RECENT:  # single steps: a slow-down shows within two
+            recent = statistics.median(self._steps[-FINE_RECENT:])
+            slowdown = recent / usual
         average = self._pure_s / (step - base_step)
         all_in = (now - base_t) / (step - base_step)
         times = self.plan.times
         end_steps = max((times.validation_s + times.checkpoint_s) / times.step_s, self._overhead_steps)
         end_steps += self.plan.final_s / times.step_s
         spread = _spread(self._pure[-4 * RECENT :])
-        usual = _usual(self._pure)  # the run's unhurried speed: slow-downs are measured against it
-        slowdown = statistics.median(self._pure[-RECENT:]) / usual  # the exit's: not one window's
         # Every input agreed by the ranks (the max: the slowest rank's, the larger cost), so that each
         # makes the same decision.
         spent, per_step, recent, spread, slowdown, unslowed, end_steps = self.agree(
@@ -272,12 +318,20 @@ class Budget:
         # each window's time varies by spread x its mean; over the n steps left, n / window windows
         steps_left = max(0, self.max_steps - step)
         noise = NOISE_SIGMAS * spread * per_step * math.sqrt(steps_left * self._window)
-        margin = min(MAX_NOISE * self.plan.budget_s, noise)
+        margin = 0.0 if fine else min(MAX_NOISE * self.plan.budget_s, noise)
+        if fine:  # single steps' own time, and the validations and checkpoints before the last step counted
+            per_step = recent
+            events = self._events(step, recent / times.step_s)
+        else:  # windows' time, their overheads spread over the steps
+            events = lambda n: 0.0  # noqa: E731
         previous = self.max_steps
-        predicted = spent + (previous - step) * per_step + end
-        after = (end + per_step * self._window) * unslowed  # at the usual speed: a hog comes once
+        predicted = spent + (previous - step) * per_step + events(previous - step) + end
+        # what follows this decision before the next: at the usual speed (a hog comes once)
+        after = (end + per_step * (1 if fine else self._window)) * unslowed
         aim = aim_s(self.plan.budget_s, after, margin)
         new = plan_steps(step=step, spent_s=spent, aim=aim, per_step_s=per_step, end_s=end)
+        while new > step + 1 and spent + (new - step) * per_step + events(new - step) + end > aim:
+            new -= 1
         if self.cap is not None and new > self.cap:
             new, why = self.cap, "capped by train.max_steps"
         elif abs(predicted - aim) <= BAND * self.plan.budget_s:
@@ -285,7 +339,7 @@ class Budget:
         else:
             why = "slower than planned" if new < previous else "faster than planned" if new > previous else "on plan"
         if new != previous:
-            predicted = spent + (new - step) * per_step + end
+            predicted = spent + (new - step) * per_step + events(new - step) + end
         return {
             "step": step,
             "spent_s": round(spent, 3),
@@ -297,9 +351,25 @@ class Budget:
             "max_steps": new,
             "previous": previous,
             "predicted_s": round(predicted, 3),
+            "fine": fine,
             "why": why,
             "run": self.id,
         }
+
+    def _events(self, step: int, scale: float) -> Callable[[int], float]:
+        """The seconds of the validations and checkpoints in the n - 1 steps after `step` (the last
+        step's are the end's), at the smoke stage's measured costs times `scale`."""
+        times = self.plan.times
+
+        def seconds(n: int) -> float:
+            def count(every: int) -> int:
+                return (step + n - 1) // every - step // every if every else 0
+
+            return (
+                count(self.validate_every) * times.validation_s + count(self.checkpoint_every) * times.checkpoint_s
+            ) * scale
+
+        return seconds
 
     def summary(self) -> dict:
         """What train's summary.json records of the budget: the seconds it bought and spent so far

@@ -316,12 +316,14 @@ class Trainer:
                 record = self._log_record(due, lr, grad_norm, meter, window_tokens)
                 window_tokens = 0
                 result.losses.append(record["loss"])
-                # Here the host has read this step and measured the run's speed (record): the place for a
-                # hook acting on them, e.g. one that sets self.max_steps or self.lr_at (this step's `due`
-                # was decided before it: a new max_steps counts from the next step on).
-                if self.budget is not None:
-                    self.budget.at_log_step(self.step, record["tokens_per_s"])
-                    self.max_steps = self.budget.max_steps
+            # Here the host has measured the run's speed at a log step (record): the place for a hook acting
+            # on it, e.g. one that sets self.max_steps or self.lr_at (this step's `due` was decided before
+            # it: a new max_steps counts from the next step on). The budget also decides at every step of
+            # the run's last log windows.
+            if self.budget is not None:
+                self.budget.after_step(self.step, record["tokens_per_s"] if due.log else None, log=due.log)
+                self.max_steps = self.budget.max_steps
+            if due.log:
                 if due.validate:
                     self._validate(record, sink, sampler, result)
                 sink.log(record)
