@@ -223,7 +223,7 @@ def test_a_time_budget_becomes_the_steps_train_runs(finished_run, tmp_path):
         "--configfile",
         str(TINY),
         "--config",
-        "train={budget: {minutes: 0.75}, max_steps: null, precision: auto}",
+        "train={budget: {minutes: 0.5}, max_steps: null, precision: auto}",
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert set(re.findall(r"^(?:local)?rule (\w+):", result.stdout + result.stderr, flags=re.M)) == {"smoke", "train"}
@@ -231,11 +231,11 @@ def test_a_time_budget_becomes_the_steps_train_runs(finished_run, tmp_path):
     plan = json.loads((run / "smoke" / "plan.json").read_text())
     timed = plan["precision_tokens_per_s"]
     assert set(timed) == {"bf16", "fp32"} and plan["precision"] == max(timed, key=timed.get)
-    assert plan["budget"] == {"minutes": 0.75} and plan["budget_s"] == pytest.approx(45)
+    assert plan["budget"] == {"minutes": 0.5} and plan["budget_s"] == pytest.approx(30)
     steps = plan["max_steps"]
-    assert steps == steps_within(45, StageTimes(**plan["stage_times"]), eval_every=50, checkpoint_every=100) > 5
+    assert steps == steps_within(30, StageTimes(**plan["stage_times"]), eval_every=50, checkpoint_every=100) > 5
     assert plan["stage_s"] <= plan["budget_s"] and plan["total_tokens"] == steps * 16 * 64
-    assert "budget | 0.75 minutes = 45 s of the train stage buys" in (run / "smoke" / "plan.md").read_text()
+    assert "budget | 0.5 minutes = 30 s of the train stage buys" in (run / "smoke" / "plan.md").read_text()
     summary = json.loads((run / "train" / "summary.json").read_text())
     decisions = [json.loads(line) for line in (run / "train" / "budget.jsonl").read_text().splitlines()]
     assert decisions and summary["decisions"] == len(decisions) and summary["planned_steps"] == steps
