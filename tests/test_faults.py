@@ -145,16 +145,16 @@ def test_a_preemption_signal_saves_that_step_and_the_rerun_continues_exactly(sha
 def test_hold_waits_at_its_step_until_a_preemption_signal_has_arrived():
     held, stop = faults.parse("hold@3", 0), StopSignal()
     assert faults.parse("hold@3:1", 0) == faults.NONE  # another rank's
-    other_step = threading.Thread(target=held.hold_until_signalled, args=(2, stop), daemon=True)
+    other_step = threading.Thread(target=held.before_step, args=(2, stop), daemon=True)
     other_step.start()
     other_step.join(timeout=10)
     assert not other_step.is_alive(), "hold@3 waited at step 2"
     signalled = threading.Timer(0.5, setattr, (stop, "received", "SIGTERM"))
     start = time.monotonic()
     signalled.start()
-    held.hold_until_signalled(3, stop)
+    held.before_step(3, stop)
     assert stop.received == "SIGTERM" and time.monotonic() - start >= 0.5  # returned only once signalled
-    held.hold_until_signalled(3, stop)  # signalled already: goes on at once
+    held.before_step(3, stop)  # signalled already: goes on at once
 
 
 def test_a_held_run_waits_for_the_signal_then_saves_that_step(shards, tmp_path, monkeypatch):

@@ -72,9 +72,18 @@ class Faults:
         return (kind, step) in self.planned
 
     def before_step(self, step: int, stop) -> None:
-        """At the start of `step`: the signals planned for it, then the hold (see hold_until_signalled)."""
-        self.signal_self(step)
-        self.hold_until_signalled(step, stop)
+        """At the start of `step`: send the signals planned for it; then, if hold is planned for it,
+        wait until `stop` (the trainer's kiln.train.preemption.StopSignal) has received a preemption
+        signal, in short sleeps: the signal handler runs between them."""
+        for kind, sig in _SIGNALS.items():
+            if self.at(kind, step):
+                os.kill(os.getpid(), sig)
+        for kind, sig in (("sigterm_parent", signal.SIGTERM), ("sigusr1_parent", signal.SIGUSR1)):
+            if self.at(kind, step):
+                os.kill(os.getppid(), sig)
+        if self.at("hold", step):
+            while stop.received is None:
+                time.sleep(HOLD_POLL_S)
 
     def on_loss(self, loss, step: int, micro: int):
         """Micro-batch `micro`'s loss at `step`, as nan_loss (the first micro-batch) and spike make it."""
@@ -90,23 +99,6 @@ class Faults:
         if self.at("inf_grad", step):
             grad = params[0].grad
             getattr(grad, "_local_tensor", grad).view(-1)[0] = math.inf
-
-    def signal_self(self, step: int) -> None:
-        """Send the signals planned for the start of `step`."""
-        for kind, sig in _SIGNALS.items():
-            if self.at(kind, step):
-                os.kill(os.getpid(), sig)
-        for kind, sig in (("sigterm_parent", signal.SIGTERM), ("sigusr1_parent", signal.SIGUSR1)):
-            if self.at(kind, step):
-                os.kill(os.getppid(), sig)
-
-    def hold_until_signalled(self, step: int, stop) -> None:
-        """At the start of `step`, if hold is planned for it, wait until `stop` (the trainer's
-        kiln.train.preemption.StopSignal) has received a preemption signal, in short sleeps: the
-        signal handler runs between them."""
-        if self.at("hold", step):
-            while stop.received is None:
-                time.sleep(HOLD_POLL_S)
 
     def during_save(self, step: int) -> None:
         """Called by kiln.train.checkpoint.save with the checkpoint's files written, not yet renamed."""
