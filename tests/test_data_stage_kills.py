@@ -14,45 +14,20 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from tiny import ROOT, TINY, tiny_layout
+import tiny
+from tiny import TINY, tiny_layout
 
-VENV_BIN = str(Path(sys.executable).parent)
 KILLED = ("download", "pretokenize", "shard")  # the stages that write a folder, in DAG order
 DATA = ("download", "tokenizer", "pretokenize", "shard")
 
 
 def snakemake(workdir: Path, *args: str, fault: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
-    env.pop("KILN_DATA_FAULT", None)
-    if fault:
-        env["KILN_DATA_FAULT"] = fault
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-s",
-            str(ROOT / "Snakefile"),
-            "--directory",
-            str(workdir),
-            "--cores",
-            "2",
-            "--configfile",
-            str(TINY),
-            "--until",
-            "shard",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
+    """The tiny run's data stages, with KILN_DATA_FAULT set to `fault` (or unset)."""
+    return tiny.snakemake(workdir, "--configfile", str(TINY), "--until", "shard", *args, env={"KILN_DATA_FAULT": fault})
 
 
 def files(workdir: Path) -> dict[str, str]:

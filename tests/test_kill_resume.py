@@ -14,19 +14,16 @@ state must be restored), faults injected through KILN_FAULT (kiln.train.faults).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import tiny
 from safetensors.torch import load_file
+from tiny import TINY
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "tests" / "configs" / "tiny.yaml"
-VENV_BIN = str(Path(sys.executable).parent)
 # One micro-batch of 8 rows per rank: the global batch of tiny.yaml (1,024 tokens) on two ranks.
 OVERRIDES = [
     "train={max_steps: 20, checkpoint_every: 5, log_every: 1, eval_every: 10, nproc_per_node: 2, micro_batch: 8}",
@@ -35,31 +32,10 @@ OVERRIDES = [
 
 
 def snakemake(workdir: Path, target: str, fault: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
-    env.pop("KILN_FAULT", None)
-    if fault:
-        env["KILN_FAULT"] = fault
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-s",
-            str(ROOT / "Snakefile"),
-            "--directory",
-            str(workdir),
-            "--cores",
-            "2",
-            target,
-            "--configfile",
-            str(TINY),
-            "--config",
-            *OVERRIDES,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
+    """The tiny run to `target` with OVERRIDES, KILN_FAULT set to `fault` (or unset); the train log read
+    into the result's train_log."""
+    result = tiny.snakemake(
+        workdir, target, "--configfile", str(TINY), "--config", *OVERRIDES, env={"KILN_FAULT": fault}, timeout=600
     )
     result.train_log = (workdir / "results" / "tiny" / "logs" / "train.log").read_text()
     return result
@@ -69,27 +45,8 @@ def snakemake(workdir: Path, target: str, fault: str | None = None) -> subproces
 def prepared(tmp_path_factory) -> Path:
     """Data stages and smoke of the run, done once."""
     workdir = tmp_path_factory.mktemp("prepared")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-s",
-            str(ROOT / "Snakefile"),
-            "--directory",
-            str(workdir),
-            "--cores",
-            "2",
-            "results/tiny/smoke/report.json",
-            "--configfile",
-            str(TINY),
-            "--config",
-            *OVERRIDES,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", "")),
+    result = tiny.snakemake(
+        workdir, "results/tiny/smoke/report.json", "--configfile", str(TINY), "--config", *OVERRIDES, timeout=600
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return workdir

@@ -2,43 +2,17 @@
 
 import json
 import math
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from tiny import ROOT, TINY, tiny_layout
+from tiny import ROOT, TINY, VENV_BIN, snakemake, tiny_layout
 
 from kiln.plan.steps import StageTimes, steps_within
 from kiln.train.schedule import Replanned
-
-VENV_BIN = str(Path(sys.executable).parent)
-
-
-def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-s",
-            str(ROOT / "Snakefile"),
-            "--directory",
-            str(workdir),
-            "--cores",
-            "2",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
 
 
 def planned_rules(result: subprocess.CompletedProcess) -> set[str]:
