@@ -263,6 +263,68 @@ def saved_max(state: dict, planned: int) -> int:
     return state["changes"][-1][1] if state["changes"] else planned
 
 
+def test_a_run_killed_in_its_final_windows_resumes_deciding_every_step(tmp_path):
+    """The final windows' flag is in the checkpoint and in each recorded decision: a run checkpointed
+    inside them and killed a few steps later replays every step's decision after the checkpoint, and
+    decides afresh (at every step, once it has measured its own speed again) only after them."""
+    log, fingerprint = tmp_path / "budget.jsonl", {"train": {"steps": 1}}
+    first = Stage(slowdown=hog_at(100.0))
+    budget = Budget(
+        first.plan(),
+        Replanned(max_steps=first.planned_steps(), **SCHEDULE),
+        cap=None,
+        tokens_per_step=TOKENS,
+        every=(100, 200),
+        start=0.0,
+        clock=lambda: first.t,
+    )
+    budget.attach(log, fingerprint, is_main=True)
+    first.t = 0.0
+    _, _, whole_steps = first.run(budget)
+    fine_from = min(d["step"] for d in first.decisions if d["fine"])
+    assert whole_steps - fine_from >= 6
+
+    # the same run again, checkpointed 2 steps into the final windows, killed 3 steps later
+    log.unlink()
+    again = Stage(slowdown=hog_at(100.0))
+    budget = Budget(
+        again.plan(),
+        Replanned(max_steps=again.planned_steps(), **SCHEDULE),
+        cap=None,
+        tokens_per_step=TOKENS,
+        every=(100, 200),
+        start=0.0,
+        clock=lambda: again.t,
+    )
+    budget.attach(log, fingerprint, is_main=True)
+    again.t = 0.0
+    budget, _, _ = again.run(budget, stop_at=fine_from + 2)
+    saved = json.loads(json.dumps(budget.state_dict()))
+    assert saved["fine"] is True
+    budget, _, _ = again.run(budget, stop_at=fine_from + 5, start_step=fine_from + 2, t0=again.t - again.startup_s)
+
+    resumed = Budget(
+        again.plan(),
+        Replanned(max_steps=again.planned_steps(), **SCHEDULE),
+        cap=None,
+        tokens_per_step=TOKENS,
+        every=(100, 200),
+        start=0.0,
+        clock=lambda: again.t,
+    )
+    resumed.load_state_dict(saved)
+    resumed.attach(log, fingerprint, is_main=True)
+    assert resumed.fine and resumed.horizon == fine_from + 5
+    assert sorted(resumed.pending) == [fine_from + 3, fine_from + 4, fine_from + 5]  # every step's
+    third = Stage(slowdown=hog_at(100.0))
+    third.t = again.t
+    resumed, _, _ = third.run(resumed, start_step=fine_from + 2, t0=again.t - third.startup_s)
+    assert resumed.pending == {} and all(d["fine"] for d in third.decisions)
+    assert [s for s, _ in resumed.changes if s > fine_from + 2] == [
+        s for s, _ in budget.changes if fine_from + 2 < s <= fine_from + 5
+    ] + [d["step"] for d in third.decisions if d["max_steps"] != d["previous"]]
+
+
 def test_a_fresh_start_replays_a_log_of_its_own_trajectory_only(tmp_path):
     log = tmp_path / "budget.jsonl"
     stage = Stage(slowdown=hog_at(200.0))
