@@ -238,7 +238,9 @@ class Budget:
             self.schedule.replan(step, max_steps)
             self.changes.append((step, max_steps))
 
-    def after_step(self, step: int, tokens_per_s: float | None = None, *, log: bool, now: float | None = None):
+    def after_step(
+        self, step: int, tokens_per_s: float | None = None, *, log: bool, now: float | None = None
+    ) -> dict | None:
         """After the loop's step `step` (log: a log step, whose window the host has read; tokens_per_s:
         that window's speed, steps only): replay the decision recorded for it, or decide (at log steps,
         and at every step of the final windows), or (this attempt's first log step) only measure.
