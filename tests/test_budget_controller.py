@@ -263,21 +263,21 @@ def saved_max(state: dict, planned: int) -> int:
     return state["changes"][-1][1] if state["changes"] else planned
 
 
+def controller(stage: Stage) -> Budget:
+    """A fresh controller of `stage`'s plan, on its clock, counting validations and checkpoints."""
+    schedule = Replanned(max_steps=stage.planned_steps(), **SCHEDULE)
+    return Budget(
+        stage.plan(), schedule, cap=None, tokens_per_step=TOKENS, every=(100, 200), start=0.0, clock=lambda: stage.t
+    )
+
+
 def test_a_run_killed_in_its_final_windows_resumes_deciding_every_step(tmp_path):
     """The final windows' flag is in the checkpoint and in each recorded decision: a run checkpointed
     inside them and killed a few steps later replays every step's decision after the checkpoint, and
     decides afresh (at every step, once it has measured its own speed again) only after them."""
     log, fingerprint = tmp_path / "budget.jsonl", {"train": {"steps": 1}}
     first = Stage(slowdown=hog_at(100.0))
-    budget = Budget(
-        first.plan(),
-        Replanned(max_steps=first.planned_steps(), **SCHEDULE),
-        cap=None,
-        tokens_per_step=TOKENS,
-        every=(100, 200),
-        start=0.0,
-        clock=lambda: first.t,
-    )
+    budget = controller(first)
     budget.attach(log, fingerprint, is_main=True)
     first.t = 0.0
     _, _, whole_steps = first.run(budget)
@@ -287,15 +287,7 @@ def test_a_run_killed_in_its_final_windows_resumes_deciding_every_step(tmp_path)
     # the same run again, checkpointed 2 steps into the final windows, killed 3 steps later
     log.unlink()
     again = Stage(slowdown=hog_at(100.0))
-    budget = Budget(
-        again.plan(),
-        Replanned(max_steps=again.planned_steps(), **SCHEDULE),
-        cap=None,
-        tokens_per_step=TOKENS,
-        every=(100, 200),
-        start=0.0,
-        clock=lambda: again.t,
-    )
+    budget = controller(again)
     budget.attach(log, fingerprint, is_main=True)
     again.t = 0.0
     budget, _, _ = again.run(budget, stop_at=fine_from + 2)
@@ -303,15 +295,7 @@ def test_a_run_killed_in_its_final_windows_resumes_deciding_every_step(tmp_path)
     assert saved["fine"] is True
     budget, _, _ = again.run(budget, stop_at=fine_from + 5, start_step=fine_from + 2, t0=again.t - again.startup_s)
 
-    resumed = Budget(
-        again.plan(),
-        Replanned(max_steps=again.planned_steps(), **SCHEDULE),
-        cap=None,
-        tokens_per_step=TOKENS,
-        every=(100, 200),
-        start=0.0,
-        clock=lambda: again.t,
-    )
+    resumed = controller(again)
     resumed.load_state_dict(saved)
     resumed.attach(log, fingerprint, is_main=True)
     assert resumed.fine and resumed.horizon == fine_from + 5
