@@ -324,15 +324,17 @@ class Budget:
         if fine:  # single steps' own time, and the validations and checkpoints before the last step counted
             per_step = recent
             events = self._events(step, recent / times.step_s)
-        else:  # windows' time, their overheads spread over the steps
-            events = lambda n: 0.0  # noqa: E731
+
+        def end_at(n: int) -> float:  # the stage's end with n more steps (windows: overheads in per_step)
+            return spent + n * per_step + (events(n) if fine else 0.0) + end
+
         previous = self.max_steps
-        predicted = spent + (previous - step) * per_step + events(previous - step) + end
+        predicted = end_at(previous - step)
         # what follows this decision before the next: at the usual speed (a hog comes once)
         after = (end + per_step * (1 if fine else self._window)) * unslowed
         aim = aim_s(self.plan.budget_s, after, margin)
         new = plan_steps(step=step, spent_s=spent, aim=aim, per_step_s=per_step, end_s=end)
-        while new > step + 1 and spent + (new - step) * per_step + events(new - step) + end > aim:
+        while new > step + 1 and end_at(new - step) > aim:
             new -= 1
         if self.cap is not None and new > self.cap:
             new, why = self.cap, "capped by train.max_steps"
@@ -341,7 +343,7 @@ class Budget:
         else:
             why = "slower than planned" if new < previous else "faster than planned" if new > previous else "on plan"
         if new != previous:
-            predicted = spent + (new - step) * per_step + events(new - step) + end
+            predicted = end_at(new - step)
         return {
             "step": step,
             "spent_s": round(spent, 3),
