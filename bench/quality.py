@@ -4,6 +4,8 @@ same machine, tokenizer, training documents and held-out documents, in one run.
     python bench/quality.py                               # the embedded default, both arms
     python bench/quality.py --config 'train={budget: {minutes: 3}}'   # any --config override
     python bench/quality.py --skip-plain --config 'model={n_layer: 6}'   # one recipe, Kiln's arm only
+    python bench/quality.py --skip-plain --cores 1 --run-name a --config 'train={budget: null, max_steps: 1325}'
+        # one thread, so that two recipes at equal steps train side by side (each from its own clone)
     python bench/quality.py --plain-shapes 4x64x2 4x128x4 --plain-lrs 2e-3 4e-3 8e-3   # tune the baseline
     python bench/quality.py --quick     # a tiny run without Snakemake (quick_run): what tests/test_bench.py runs
 
@@ -125,7 +127,7 @@ def run_kiln(args) -> Layout:
     cmd = [
         "snakemake",
         "--cores",
-        "all",
+        args.cores,
         "--until",
         "train",
         "--forcerun",
@@ -309,6 +311,7 @@ def main() -> None:
     parser.add_argument("--configfile", type=Path, default=ROOT / "config" / "config.yaml")
     parser.add_argument("--config", nargs="*", default=[], help="Snakemake --config overrides for Kiln's arm")
     parser.add_argument("--run-name", default="quality-bench")
+    parser.add_argument("--cores", default="all", help="Snakemake's --cores for Kiln's arm (1: two arms side by side)")
     parser.add_argument("--skip-kiln", action="store_true", help="score the existing results/<run-name> train output")
     parser.add_argument("--skip-plain", action="store_true", help="Kiln's arm only")
     parser.add_argument("--plain-seconds", type=float, help="the baseline's wall time (default: Kiln's train stage's)")
