@@ -18,8 +18,16 @@ $(STAMP): requirements.txt pyproject.toml
 run: $(STAMP)
 	snakemake --cores all --configfile $(CONFIG)
 
+# Two lanes at once: the Slurm tests (tests/slurm, ~6 min) mostly wait on the scheduler and on the
+# executor plugin's status polling, not on the CPU, so they run beside the rest of the suite; their
+# output is printed after it. Plain `pytest` runs the same tests one after the other.
 test: $(STAMP)
-	pytest -q
+	@pytest -q -m slurm > .pytest-slurm.log 2>&1 & slurm=$$!; \
+	pytest -q -m "not slurm"; rest=$$?; \
+	wait $$slurm; code=$$?; \
+	echo "=== the Slurm lane (pytest -q -m slurm, run beside the above; log: .pytest-slurm.log) ==="; \
+	cat .pytest-slurm.log; \
+	exit $$(( rest != 0 || code != 0 ))
 
 lint: $(STAMP)
 	ruff check .

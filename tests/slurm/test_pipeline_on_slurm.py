@@ -4,7 +4,7 @@ of tests/slurm/cluster.py (n1, n2, eight schedulable "GPUs" each), as a user run
 - The whole tiny DAG with two ranks on one node: every rule ran as a Slurm job, GPU stages got the
   GPUs and nodes the run's train section asks for and data stages none, and the shards are
   byte-identical to a local run's.
-- Train again on two nodes (one rank each) under a 2-minute time limit: one snakemake command whose
+- Train again on two nodes (one rank each) under a 3-minute time limit: one snakemake command whose
   first train job is signalled before its limit, saves on both nodes and exits 75, and is resubmitted
   until the run finishes; the resumed two-node run gives the loss curve of two ranks on one node.
 - The shipped CPU learning-rate sweep (config/experiments/stdlib-lr-sweep.yaml) over the tiny run:
@@ -19,8 +19,9 @@ of tests/slurm/cluster.py (n1, n2, eight schedulable "GPUs" each), as a user run
 
 Why the sweep is shaped this way (measured on 2 cores):
 - It runs in the background while the single run goes through the cluster (`sweep_started`, which
-  `pipeline` asks for first): most of either is Slurm's scheduling and the plugin's status polling,
-  not CPU, and one after the other they took ~5 minutes.
+  `pipeline` asks for first), as does the two-node drill once its ranks hold (`two_nodes_started`):
+  most of each is Slurm's scheduling and the plugin's status polling, not CPU, and one after the
+  other they took ~7 minutes.
 - Its data stages run here first (`--cores 2 --until shard`, ~7 s) and the sweep on Slurm finds them
   built and submits none: four chained sub-second jobs cost ~56 s of scheduling on Slurm, and the
   single run already shows data stages as Slurm jobs. That the data is built once for three arms
@@ -40,6 +41,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,6 +64,7 @@ DATA_FOLDERS = ("raw", "tokenizer", "tokens", "shards")  # kiln.layout: results/
 ARM_STAGES = ("smoke", "train", "eval", "report")
 ONE_THREAD = ("--set-threads", "smoke=1", "train=1", "eval=1")
 NO_LM_EVAL = "eval={lm_eval: {tasks: []}}"  # lm-eval's set-up is most of a tiny eval; this is about the sweep
+LOG_EVERY = 10  # tiny.yaml's train.log_every
 HOLD_STEP = 150  # a log step (the ranks read the signal's flag there, not one late), before the last (200)
 
 pytestmark = pytest.mark.slurm
@@ -162,18 +165,25 @@ def sweep_started(slurm_cluster, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def pipeline(slurm_cluster, sweep_started, tmp_path_factory):
-    """The whole tiny DAG on Slurm (two ranks on one node), and the shards of a local run; the sweep
-    goes through the cluster meanwhile (sweep_started)."""
+def local_data(slurm_cluster, tmp_path_factory):
+    """The tiny run's data stages here (--cores 2): the shards the Slurm run's must equal, and the
+    data the two-node drill trains on."""
     local = tmp_path_factory.mktemp("local")
     result = run(slurm_cluster, snakemake_argv(local, "--until", "shard", slurm=False), local / "snakemake.log")
     assert result.returncode == 0, result.stdout[-3000:]
+    return local
+
+
+@pytest.fixture(scope="module")
+def pipeline(slurm_cluster, two_nodes_started, sweep_started, local_data, tmp_path_factory):
+    """The whole tiny DAG on Slurm (two ranks on one node), and the shards of a local run; the sweep
+    and the two-node drill go through the cluster meanwhile (sweep_started, two_nodes_started)."""
     workdir = tmp_path_factory.mktemp("on-slurm")
     result = run(slurm_cluster, snakemake_argv(workdir, *ONE_NODE_TWO_RANKS), workdir / "snakemake.log")
     assert result.returncode == 0, result.stdout[-5000:]
     jobs = submitted(result.stdout)
     rows = {row["JobID"]: row for row in slurm_cluster.wait_done([j for ids in jobs.values() for j in ids])}
-    return workdir, local, jobs, rows
+    return workdir, local_data, jobs, rows
 
 
 def test_every_rule_ran_as_a_slurm_job(pipeline):
@@ -214,13 +224,14 @@ def profile(tmp: Path, runtime_min: int, signal_s: int) -> Path:
 
 
 @pytest.fixture(scope="module")
-def two_nodes(slurm_cluster, pipeline, tmp_path_factory):
-    """Train on two nodes (one rank each) from the pipeline's data stages, with train's time limit cut
-    to 2 minutes and its warning signal to 60 s before it, one snakemake command left to itself.
+def two_nodes_started(slurm_cluster, local_data, tmp_path_factory):
+    """Train on two nodes (one rank each) from the local data stages, with train's time limit cut to
+    3 minutes and its warning signal to 60 s before it, one snakemake command left to itself in the
+    background: (workdir, process, log). Stopped at the end if a test left it running.
 
     The first train job holds at HOLD_STEP (KILN_FAULT=hold@<step>, kiln.train.faults: both ranks
     sleep there until a signal reaches them) rather than training "long enough": how many steps outlast
-    2 minutes depends on the machine, while a held job runs until it is signalled on any machine. Slurm
+    3 minutes depends on the machine, while a held job runs until it is signalled on any machine. Slurm
     signals every process of the job step on both nodes: the ranks agree on a step, save it and exit 75
     before the limit; Snakemake resubmits the job (train.max_resubmits; kiln.train.launch lets a
     resubmission train only after a preemption), which resumes past the held step (the environment,
@@ -229,22 +240,38 @@ def two_nodes(slurm_cluster, pipeline, tmp_path_factory):
 
     Not 1 minute: slurmctld sends the warning at its first time-limit check (every 30 s) once at most
     the warning + 30 s are left, which for a 1-minute job is any time from its start, before the ranks
-    are up. With 2 minutes and 60 s it comes 30-60 s in, the ranks training since ~10 s: the one speed
-    this needs is a start under 30 s."""
-    source, _, _, _ = pipeline
+    are up. With 3 minutes and 60 s it comes 90-120 s in: the one speed this needs is a start under
+    90 s (~10 s alone, more while `make test` runs the rest of the suite beside this module). Nothing
+    else in the module starts until the ranks have logged the step before the held one; the single
+    run and the sweep then go through the cluster while the drill waits for its signal."""
     workdir = tmp_path_factory.mktemp("two-nodes")
-    keep = shutil.ignore_patterns("smoke", "train", "eval", "report.md", "loss.png")
-    shutil.copytree(source / "results", workdir / "results", ignore=keep)  # copy2: mtimes kept, no rerun
+    shutil.copytree(local_data / "results", workdir / "results")  # copy2: mtimes kept, no rerun
     argv = [*snakemake_argv(workdir, "results/tiny/train/summary.json", *TWO_NODES_ONE_RANK)]
-    argv[argv.index("--profile") + 1] = str(profile(workdir, 2, 60))
-    env = slurm_cluster.env(
-        dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ["PATH"], KILN_FAULT=f"hold@{HOLD_STEP}")
-    )  # sbatch passes it on (--export=ALL)
+    argv[argv.index("--profile") + 1] = str(profile(workdir, 3, 60))
+    env = dict(user_env(slurm_cluster), KILN_FAULT=f"hold@{HOLD_STEP}")  # sbatch passes it on (--export=ALL)
     log = workdir / "snakemake.log"
     with log.open("w") as out:
-        result = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, text=True, env=env, timeout=900)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+    metrics = workdir / "results" / "tiny" / "train" / "metrics.jsonl"
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        if metrics.is_file() and f'"step": {HOLD_STEP - LOG_EVERY},' in metrics.read_text():
+            break  # the ranks are at the held step, or a step from it
+        time.sleep(1)
+    yield workdir, proc, log
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(slurm_cluster, two_nodes_started):
+    """The two-node drill, once its snakemake command has ended: (workdir, its output, the train
+    jobs' Slurm ids, their sacct rows in submission order)."""
+    workdir, proc, log = two_nodes_started
+    proc.wait(timeout=900)
     output = log.read_text()
-    assert result.returncode == 0, output[-5000:]
+    assert proc.returncode == 0, output[-5000:]
     job_ids = submitted(output)["train"]
     rows = sorted(slurm_cluster.wait_done(job_ids), key=lambda row: int(row["JobID"]))
     return workdir, output, job_ids, rows
