@@ -64,7 +64,7 @@ DATA_FOLDERS = ("raw", "tokenizer", "tokens", "shards")  # kiln.layout: results/
 ARM_STAGES = ("smoke", "train", "eval", "report")
 ONE_THREAD = ("--set-threads", "smoke=1", "train=1", "eval=1")
 NO_LM_EVAL = "eval={lm_eval: {tasks: []}}"  # lm-eval's set-up is most of a tiny eval; this is about the sweep
-LOG_EVERY = 10  # tiny.yaml's train.log_every
+LOG_EVERY = yaml.safe_load(TINY.read_text())["train"]["log_every"]
 HOLD_STEP = 150  # a log step (the ranks read the signal's flag there, not one late), before the last (200)
 
 pytestmark = pytest.mark.slurm
