@@ -164,8 +164,11 @@ def test_a_resumed_sink_continues_the_same_wandb_run_and_a_set_aside_trajectory_
     first = one_job(0)
     assert (train_dir / layout.WANDB / layout.WANDB_ID).read_text().strip() == first
     assert one_job(1) == first
-    offline = sorted(p.name for p in (train_dir / layout.WANDB).glob("offline-run-*"))
-    assert len(offline) == 2 and all(name.endswith(f"-{first}") for name in offline)  # `wandb sync` joins them
+    # Two jobs, two offline folders, one run: each holds run-<id>.wandb, which `wandb sync` files under
+    # that id. (Jobs within one second get folders named offline-run-<time>-<id> and ...-<id>-1.)
+    offline = sorted((train_dir / layout.WANDB).glob("offline-run-*"))
+    assert len(offline) == 2
+    assert [sorted(f.name for f in folder.glob("run-*.wandb")) for folder in offline] == [[f"run-{first}.wandb"]] * 2
 
     moved = layout.set_aside(train_dir)
     assert (moved / layout.WANDB / layout.WANDB_ID).read_text().strip() == first

@@ -196,7 +196,9 @@ def _keep_log(log: Path | None) -> str | None:
     if log is None or not log.is_file():
         return None
     tag = os.environ.get("SLURM_JOB_ID") or time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    kept = log.with_name(f"{log.stem}.job-{tag}{log.suffix}")
+    kept, n = log.with_name(f"{log.stem}.job-{tag}{log.suffix}"), 1
+    while kept.exists():  # two failed jobs within one second: keep both
+        kept, n = log.with_name(f"{log.stem}.job-{tag}-{n}{log.suffix}"), n + 1
     try:
         sys.stderr.flush()
         shutil.copyfile(log, kept)
