@@ -4,7 +4,7 @@
 
 from pathlib import Path
 
-from kiln import config as kiln_config
+from kiln import settings as kiln_settings
 from kiln import layout as kiln_layout
 from kiln import run_config
 

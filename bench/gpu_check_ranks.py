@@ -27,8 +27,7 @@ import torch
 import torch.distributed as dist
 from gpu_check_common import Ctx, word_shards  # bench/ is sys.path[0], under torchrun too
 
-from kiln import config as kiln_config
-from kiln import run_config
+from kiln import run_config, settings
 from kiln.train import launch
 
 RANKS = 2
@@ -64,7 +63,7 @@ def sections(stage: str, dry: bool, parallel: str = "ddp") -> dict:
         "smoke": {"steps": 12, "warmup_steps": 2},
         "wandb": {"mode": "disabled"},
     }
-    return kiln_config.stage_sections(run_config.validate(raw), stage)
+    return settings.stage_config(run_config.validate(raw), stage)
 
 
 def check_two_ranks(ctx: Ctx) -> list[tuple[str, str]]:

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kiln import config as kiln_config
-from kiln import run_config
+from kiln import run_config, settings
 from kiln.forecast import model_vocab
 from kiln.model.registry import model_config
 from kiln.plan.memory import GIB, Setting, estimate, fit_report, setting_of
@@ -103,7 +103,7 @@ def cpu_table(rows: list[tuple] = CPU_ROWS) -> None:
         }
         with tempfile.TemporaryDirectory() as tmp:
             trainer = Trainer(
-                kiln_config.stage_sections(run_config.validate(raw), "train"),
+                settings.stage_config(run_config.validate(raw), "train"),
                 synthetic_shards(Path(tmp), vocab, seq, rows=4 * micro, seed=1),
             )
             if compiled:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from kiln import config as kiln_config
-from kiln import run_config
+from kiln import run_config, settings
 from kiln.data.shards import shard_split, tokens_per_byte
 from kiln.io import write_json
 from kiln.layout import Layout
@@ -64,7 +64,7 @@ def sections_for(raw: dict, optimizer: str, muon_lr: float | None, precision: st
     if muon_lr is not None:
         raw["train"]["muon_lr"] = muon_lr
     raw["wandb"] = {"mode": "disabled"}
-    return kiln_config.stage_sections(run_config.validate(raw), "train")
+    return settings.stage_config(run_config.validate(raw), "train")
 
 
 def step_seconds(sections: dict, shards: Path) -> float:

@@ -50,7 +50,7 @@ import pyarrow.parquet as pq
 import torch
 import yaml
 
-from kiln import run_config
+from kiln import run_config, settings
 from kiln.data.encoders import Encoder
 from kiln.data.tokenizer import EOS, load_tokenizer, special_ids
 from kiln.eval.perplexity import bits_per_byte
@@ -87,7 +87,6 @@ def quick_run(args) -> Layout:
     functions in this process, on QUICK_CONFIG, each output where kiln.layout puts it under a scratch
     results folder; the train stage's benchmark file holds its measured wall time. What follows
     (the scores through the Hugging Face export, the plain loop, the table) runs as after a real run."""
-    from kiln import config as kiln_config
     from kiln import hf
     from kiln.data.pretokenize import pretokenize
     from kiln.data.raw import write_raw
@@ -111,7 +110,7 @@ def quick_run(args) -> Layout:
     shards.mkdir()
     write_shards(tokens, shards, cfg["shard"]["seq_len"], cfg["shard"]["rows_per_shard"])
     start = time.perf_counter()
-    result = run(kiln_config.stage_sections(cfg, "train"), shards, train)
+    result = run(settings.stage_config(cfg, "train"), shards, train)
     hf.export(load_model(train), train / "hf", tokenizer)
     write_json(train / "summary.json", dataclasses.asdict(result))
     benchmark = Path(paths.benchmark("train"))

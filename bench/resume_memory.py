@@ -29,8 +29,7 @@ from pathlib import Path
 
 import torch
 
-from kiln import config as kiln_config
-from kiln import run_config
+from kiln import run_config, settings
 from kiln.train import checkpoint
 from kiln.train.distributed import shutdown
 from kiln.train.trainer import Trainer
@@ -92,7 +91,7 @@ def sections(args) -> dict:
         },
         "wandb": {"mode": "disabled"},
     }
-    return kiln_config.stage_sections(run_config.validate(raw), "train")
+    return settings.stage_config(run_config.validate(raw), "train")
 
 
 def child(plan: dict) -> None:

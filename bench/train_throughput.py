@@ -30,7 +30,7 @@ import torch
 import yaml
 
 from kiln import config as kiln_config
-from kiln import run_config
+from kiln import run_config, settings
 from kiln.data.shards import open_shard, shard_split
 from kiln.io import write_json
 from kiln.model.build import build_model
@@ -83,7 +83,7 @@ def train_sections(args) -> dict:
         },
         "wandb": {"mode": "disabled"},
     }
-    return kiln_config.stage_sections(run_config.validate(raw), "train")
+    return settings.stage_config(run_config.validate(raw), "train")
 
 
 class NanoGPTLoop:

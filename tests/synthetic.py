@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from kiln import config as kiln_config
-from kiln import run_config
+from kiln import run_config, settings
 from kiln.data.shards import shard_split
 from kiln.io import write_json
 
@@ -83,7 +82,7 @@ def train_sections(model: dict | None = None, nproc_per_node: int = 1, **train) 
         "keep_checkpoints": 2,
     } | train
     raw["wandb"] = {"mode": "disabled"}
-    return kiln_config.stage_sections(run_config.validate(raw), "train")
+    return settings.stage_config(run_config.validate(raw), "train")
 
 
 def smoke_sections(model: dict | None = None, train: dict | None = None, **smoke) -> dict:
@@ -107,7 +106,7 @@ def smoke_sections(model: dict | None = None, train: dict | None = None, **smoke
         "val_batches": 2,
         "overfit": {"rows": 4, "max_steps": 150, "max_loss": 1.0},
     } | smoke
-    return kiln_config.stage_sections(run_config.validate(raw), "smoke")
+    return settings.stage_config(run_config.validate(raw), "smoke")
 
 
 SAMPLE_PROMPTS = [[1, 2, 3], [4, 5, 6, 7]]

@@ -3,7 +3,6 @@ budget that cannot be honoured, and the plan file train reads back."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
@@ -54,15 +53,11 @@ def test_a_budget_too_small_for_the_warmup_names_both_keys():
         budget_steps(replace(TRAIN, budget=Budget.of({"minutes": 0.5})), TIMES, world=1, price_per_gpu_hour=None)
 
 
-def test_train_plan_reads_steps_and_precision_and_refuses_an_old_plan(tmp_path):
-    path = tmp_path / "plan.json"
-    path.write_text(json.dumps({"max_steps": 738, "precision": "fp32", "eta_s": 1.0}))
-    assert TrainPlan.load(path) == TrainPlan(738, "fp32")
-    path.write_text(json.dumps({"unavailable": "the probe did not run"}))
-    assert TrainPlan.load(path) is None
-    path.write_text(json.dumps({"max_steps": 738}))
-    with pytest.raises(KilnError, match=rf"{path}: no precision.*rerun the smoke stage"):
-        TrainPlan.load(path)
+def test_train_plan_reads_steps_and_precision_and_refuses_an_old_plan():
+    assert TrainPlan.of({"max_steps": 738, "precision": "fp32", "eta_s": 1.0}) == TrainPlan(738, "fp32")
+    assert TrainPlan.of({"unavailable": "the probe did not run"}) is None
+    with pytest.raises(KilnError, match=r"report.json: no precision.*rerun the smoke stage"):
+        TrainPlan.of({"max_steps": 738}, "report.json")
 
 
 def minimal(train: dict, smoke: dict | None = None) -> dict:

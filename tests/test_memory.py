@@ -7,8 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kiln import config as kiln_config
-from kiln import run_config
+from kiln import run_config, settings
 from kiln.data.shards import shard_split
 from kiln.io import write_json
 from kiln.model.registry import model_config
@@ -56,7 +55,7 @@ def _sections(model: dict, seq_len: int, micro: int, precision: str, ac: str, co
         },
         "wandb": {"mode": "disabled"},
     }
-    return kiln_config.stage_sections(run_config.validate(raw), "train")
+    return settings.stage_config(run_config.validate(raw), "train")
 
 
 # (model, seq_len, micro_batch, vocab, precision, activation checkpointing, compiled): activations,

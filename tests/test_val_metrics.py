@@ -20,6 +20,7 @@ import torch
 from conftest import download_cfg, write_jsonl
 from synthetic import TINY_MODEL, train_sections
 
+from kiln import settings
 from kiln.data.pretokenize import pretokenize
 from kiln.data.raw import write_raw
 from kiln.data.shards import shard_split
@@ -244,7 +245,6 @@ def test_eval_of_a_run_trained_without_fim_skips_infilling_and_says_so(run_dir, 
     is built or decoded, the metrics and the report say why, and the rest is measured as ever."""
     import yaml
 
-    from kiln import config as kiln_config
     from kiln import run_config
     from kiln.eval.suite import RunPaths, evaluate
     from kiln.report.run import _eval_tables
@@ -257,7 +257,7 @@ def test_eval_of_a_run_trained_without_fim_skips_infilling_and_says_so(run_dir, 
         "infill_docs": 4,
         "lm_eval": {"tasks": [], "max_docs": 2},
     }
-    cfg = kiln_config.stage_sections(run_config.validate(raw), "eval")["eval"]
+    cfg = settings.stage_config(run_config.validate(raw), "eval")["eval"]
     paths = RunPaths(run_dir / "train", run_dir / "shards", run_dir / "tokens", run_dir / "raw", tokenizer_path)
     metrics, samples = evaluate(paths, cfg, SEED, tmp_path)
     assert metrics["infill"] == {

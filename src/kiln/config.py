@@ -15,10 +15,9 @@ scripts call.
 from __future__ import annotations
 
 import copy
-import json
 import math
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import jsonschema
 import yaml
@@ -28,20 +27,6 @@ from kiln.errors import KilnError
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 EMBEDDED_DEFAULT = ROOT / "config" / "config.yaml"
-
-# The config sections each stage reads. Snakemake passes exactly these as the rule's params, so a
-# change to one section reruns the stages that read it (and what depends on their outputs) only.
-STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
-    "download": ("download",),
-    "tokenizer": ("seed", "tokenizer"),
-    "pretokenize": ("seed", "pretokenize"),
-    "shard": ("shard",),
-    "smoke": ("seed", "model", "train", "smoke"),
-    "train": ("seed", "model", "train", "wandb"),
-    "eval": ("seed", "eval", "train"),  # train.device: eval runs where train ran
-    # The report summarises the whole config; every section already reruns a stage upstream of it.
-    "report": ("run_name", "seed", "download", "tokenizer", "pretokenize", "shard", "model", "smoke", "train", "eval"),
-}
 
 
 class ConfigError(KilnError):
@@ -155,6 +140,8 @@ def validate(raw: dict) -> dict:
     problems = _check_relations(cfg)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    if cfg["train"]["seed"] is None:  # derived here, once: the model seed defaults to the data seed
+        cfg["train"]["seed"] = cfg["seed"]
     return cfg
 
 
@@ -204,14 +191,3 @@ def raw_config(configfiles: Sequence[str | Path] = (), overrides: Mapping | None
     for path in configfiles or [EMBEDDED_DEFAULT]:
         raw = merge(raw, read_yaml(path))
     return merge(raw, yaml_values(overrides or {}))
-
-
-def stage_sections(cfg: dict, stage: str) -> dict[str, Any]:
-    """The part of a validated config that `stage` reads."""
-    return {name: cfg[name] for name in STAGE_SECTIONS[stage]}
-
-
-def stage_params(cfg: dict, stage: str) -> str:
-    """`stage_sections` as canonical JSON: stable across runs, so Snakemake's params comparison
-    reruns a stage exactly when its own sections change."""
-    return json.dumps(stage_sections(cfg, stage), sort_keys=True, separators=(",", ":"))

@@ -2,7 +2,7 @@
 
 Data stages are shared by content. Their folders sit under results/data/, each named by its stage
 and a key, the hash of every config section that shapes it and everything upstream of it
-(the sections each stage reads are kiln.config.STAGE_SECTIONS):
+(kiln.settings.data_key: the sections each stage reads, its retry settings held at their defaults):
 
     results/data/raw-<key>/                 download      key of: download
     results/data/tokenizer-<key>/           tokenizer     ... + seed, tokenizer
@@ -26,15 +26,13 @@ from here; nothing else spells them.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln import config as kiln_config
+from kiln import settings
 from kiln.errors import KilnError
 from kiln.io import read_json, write_json
 
@@ -57,7 +55,8 @@ STAGES = (
     Stage("tokenizer", "tokenizer", ("tokenizer.json", "stats.json"), True),
     Stage("pretokenize", "tokens", (), True),
     Stage("shard", "shards", (), True),
-    Stage("smoke", "smoke", ("report.json", "plan.json", "plan.md"), False),
+    Stage("smoke", "smoke", ("report.json",), False),
+    Stage("plan", "smoke", ("plan.json", "plan.md"), False),  # the smoke measurements priced, beside them
     Stage("train", "train", ("model.safetensors", "model_config.json", "summary.json", "hf"), False),
     Stage("eval", "eval", ("metrics.json", "samples.json"), False),
     Stage("report", "", ("report.md", "loss.png"), False),
@@ -65,6 +64,7 @@ STAGES = (
 BY_NAME = {stage.name: stage for stage in STAGES}
 DATA_STAGES = tuple(stage.name for stage in STAGES if stage.shared)
 RUN_STAGES = tuple(stage.name for stage in STAGES if not stage.shared)
+assert tuple(stage.name for stage in STAGES) == settings.STAGES, "kiln.settings.STAGES names these, in order"
 # The train folder's files that belong to one training trajectory, set aside together when a rerun
 # starts the trajectory over (kiln.train.trainer); the checkpoints last, so a kill part-way leaves
 # them where the next attempt finds them and sets them aside again.
@@ -86,17 +86,8 @@ SUPERSEDED = "superseded"
 LATEST = "LATEST"
 
 
-def data_sections(cfg: dict, stage: str) -> dict:
-    """The config sections that shape a data stage's output: its own and those of every stage
-    upstream of it."""
-    upto = DATA_STAGES[: DATA_STAGES.index(stage) + 1]
-    names = sorted({name for s in upto for name in kiln_config.STAGE_SECTIONS[s]})
-    return {name: cfg[name] for name in names}
-
-
 def data_key(cfg: dict, stage: str) -> str:
-    text = json.dumps(data_sections(cfg, stage), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:KEY_CHARS]
+    return settings.data_key(cfg, stage, KEY_CHARS)
 
 
 class Layout:

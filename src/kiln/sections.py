@@ -145,6 +145,7 @@ class TrainSection(Section):
     parallel: str
     collective_timeout_s: float
     micro_batch: int
+    seed: int
     batch_tokens: int | None
     max_steps: int | None
     budget: Budget | None

@@ -1,7 +1,9 @@
 """What every stage script shares: how it learns its config sections and how it reports failure.
 
-Under Snakemake a script receives exactly its sections as JSON (`--params`, the rule's params); run
-by hand it reads and validates a whole config file (`--config config/config.yaml`) instead.
+Under Snakemake a script receives its sections as two JSON params (kiln.settings): `--params`, the
+settings that change the stage's outputs (which Snakemake compares between runs), and `--untracked`,
+the rest of those sections (how the stage runs and shows its work, which it does not). Run by hand
+it reads and validates a whole config file (`--config config/config.yaml`) instead.
 """
 
 from __future__ import annotations
@@ -14,8 +16,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from kiln import config as kiln_config
-from kiln import run_config
+from kiln import run_config, settings
 from kiln.errors import EXIT_FILE_ENV, CollectiveTimeout, KilnError
 from kiln.io import write_json
 
@@ -26,16 +27,18 @@ def stage_parser(stage: str, description: str) -> argparse.ArgumentParser:
     source.add_argument("--config", help="a Kiln config file (YAML), validated before use")
     source.add_argument(
         "--params",
-        help=f"the config sections this stage reads ({', '.join(kiln_config.STAGE_SECTIONS[stage])}) "
-        "as JSON; this is how Snakemake calls the script",
+        help="the settings of this stage's sections that change its outputs, as JSON (with --untracked, "
+        "the rest of them): this is how Snakemake calls the script",
     )
+    parser.add_argument("--untracked", default="{}", help="with --params: the rest of the stage's sections, as JSON")
     return parser
 
 
 def stage_config(args: argparse.Namespace, stage: str) -> dict:
+    """The sections this stage reads (kiln.settings.sections), whole."""
     if args.config:
-        return kiln_config.stage_sections(run_config.load(args.config), stage)
-    return json.loads(args.params)
+        return settings.stage_config(run_config.load(args.config), stage)
+    return settings.join(json.loads(args.params), json.loads(args.untracked))
 
 
 def run_main(main: Callable[[], None]) -> None:

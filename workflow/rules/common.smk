@@ -26,15 +26,17 @@ def script(stage):
     return SCRIPTS / f"{stage}.py"
 
 
-def run_params(stage):
-    """The config sections a run's `stage` reads, as canonical JSON: the rule's params, so a change
-    to them (and only to them) reruns the stage."""
-    return lambda wildcards: kiln_config.stage_params(RUNS[wildcards.run], stage)
-
-
-def data_params(stage):
-    """The same for a shared data stage, from the config its key stands for."""
-    return lambda wildcards: kiln_config.stage_params(DATA[(stage, wildcards.key)], stage)
+def stage_params(stage, of="run"):
+    """A rule's two config params (kiln.settings): `cfg`, the settings that change the stage's
+    outputs, as canonical JSON, which Snakemake compares, so a change to one of them (and only to
+    them) reruns the stage; `untracked`, the rest of the sections the stage reads (logging, cadence,
+    placement, retries), as a value Snakemake does not compare. The script joins the two. For a run's
+    stage (of="run") or a shared data stage (of="data"), from the config its key stands for."""
+    config_of = (lambda w: RUNS[w.run]) if of == "run" else (lambda w: DATA[(stage, w.key)])
+    return {
+        "cfg": lambda w: kiln_settings.tracked(config_of(w), stage),
+        "untracked": lambda w: kiln_settings.untracked(config_of(w), stage),
+    }
 
 
 def upstream(stage, name=None, of="run"):
@@ -57,14 +59,21 @@ def init_source(wildcards):
 
 
 def threads_per_rank(wildcards, threads):
-    """torchrun sets OMP_NUM_THREADS=1 per process; give each rank its share of the job's cores."""
-    return max(1, threads // RUNS[wildcards.run]["train"]["nproc_per_node"])
+    """torchrun sets OMP_NUM_THREADS=1 per process; give each rank its share of the job's cores
+    (untracked: how many ranks run a stage never reruns it)."""
+    return kiln_settings.Untracked(str(max(1, threads // RUNS[wildcards.run]["train"]["nproc_per_node"])))
 
 
 def launch_settings(wildcards):
-    """What kiln.train.launch needs to start the ranks (torchrun; srun across nodes), as JSON."""
+    """What kiln.train.launch needs to start the ranks (torchrun; srun across nodes), as JSON
+    (untracked, as the ranks are)."""
     keys = ("nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint")
-    return json.dumps({key: RUNS[wildcards.run]["train"][key] for key in keys})
+    return kiln_settings.Untracked(json.dumps({key: RUNS[wildcards.run]["train"][key] for key in keys}))
+
+
+def max_resubmits(wildcards):
+    """train.max_resubmits, for the launcher (untracked: a retry bound reruns nothing)."""
+    return kiln_settings.Untracked(str(RUNS[wildcards.run]["train"]["max_resubmits"]))
 
 
 def rank_resources(ranks=True):

@@ -3,7 +3,7 @@ rule download:
         raw=directory(P.output("download")),
     params:
         script=script("download"),
-        cfg=data_params("download"),
+        **stage_params("download", of="data"),
     conda:
         CONDA_ENV
     log:
@@ -11,4 +11,4 @@ rule download:
     benchmark:
         P.benchmark("download")
     shell:
-        "python {params.script} --params {params.cfg:q} --out {output.raw} > {log} 2>&1"
+        "python {params.script} --params {params.cfg:q} --untracked {params.untracked:q} --out {output.raw} > {log} 2>&1"

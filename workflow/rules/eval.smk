@@ -10,7 +10,7 @@ rule eval:
         samples=P.output("eval", "samples.json"),
     params:
         script=script("eval"),
-        cfg=run_params("eval"),
+        **stage_params("eval"),
         model_dir=lambda w, input: Path(input.model).parent,
         out=lambda w, output: Path(output.metrics).parent,
     threads: 64
@@ -23,6 +23,6 @@ rule eval:
     benchmark:
         P.benchmark("eval")
     shell:
-        "python {params.script} --params {params.cfg:q} --model {params.model_dir} --shards {input.shards}"
+        "python {params.script} --params {params.cfg:q} --untracked {params.untracked:q} --model {params.model_dir} --shards {input.shards}"
         " --tokens {input.tokens} --raw {input.raw} --tokenizer {input.tokenizer} --out {params.out}"
         " > {log} 2>&1"

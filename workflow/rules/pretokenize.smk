@@ -6,7 +6,7 @@ rule pretokenize:
         tokens=directory(P.output("pretokenize")),
     params:
         script=script("pretokenize"),
-        cfg=data_params("pretokenize"),
+        **stage_params("pretokenize", of="data"),
     threads: 64
     conda:
         CONDA_ENV
@@ -15,5 +15,5 @@ rule pretokenize:
     benchmark:
         P.benchmark("pretokenize")
     shell:
-        "python {params.script} --params {params.cfg:q} --raw {input.raw} --tokenizer {input.tokenizer}"
+        "python {params.script} --params {params.cfg:q} --untracked {params.untracked:q} --raw {input.raw} --tokenizer {input.tokenizer}"
         " --out {output.tokens} --workers {threads} > {log} 2>&1"

@@ -3,7 +3,7 @@ rule report:
         upstream("tokenizer", "stats.json"),
         upstream("shard"),
         rules.smoke.output.report,
-        rules.smoke.output.plan,
+        rules.plan.output.plan,
         rules.train.output.summary,
         rules.eval.output.metrics,
         rules.eval.output.samples,
@@ -12,7 +12,7 @@ rule report:
         plot=report(P.output("report", "loss.png"), caption="../report/loss.rst", category="Training"),
     params:
         script=script("report"),
-        cfg=run_params("report"),
+        **stage_params("report"),
         results=lambda w: LAYOUTS[w.run].root,
     conda:
         CONDA_ENV
@@ -21,5 +21,5 @@ rule report:
     benchmark:
         P.benchmark("report")
     shell:
-        "python {params.script} --params {params.cfg:q} --results {params.results}"
+        "python {params.script} --params {params.cfg:q} --untracked {params.untracked:q} --results {params.results}"
         " --report {output.report} --plot {output.plot} > {log} 2>&1"

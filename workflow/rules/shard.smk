@@ -5,7 +5,7 @@ rule shard:
         shards=directory(P.output("shard")),
     params:
         script=script("shard"),
-        cfg=data_params("shard"),
+        **stage_params("shard", of="data"),
     conda:
         CONDA_ENV
     log:
@@ -13,4 +13,4 @@ rule shard:
     benchmark:
         P.benchmark("shard")
     shell:
-        "python {params.script} --params {params.cfg:q} --tokens {input.tokens} --out {output.shards} > {log} 2>&1"
+        "python {params.script} --params {params.cfg:q} --untracked {params.untracked:q} --tokens {input.tokens} --out {output.shards} > {log} 2>&1"

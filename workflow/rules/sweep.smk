@@ -8,14 +8,16 @@ if SWEEP:
     rule sweep_report:
         input:
             [LAYOUTS[run].output(stage, name) for run in RUNS
-             for stage, name in (("smoke", "plan.json"), ("train", "summary.json"), ("eval", "metrics.json"))],
+             for stage, name in (("plan", "plan.json"), ("train", "summary.json"), ("eval", "metrics.json"))],
         output:
             report=report(kiln_layout.sweep_outputs(SWEEP)["report"], caption="../report/sweep.rst", category="Sweep"),
             plot=report(kiln_layout.sweep_outputs(SWEEP)["plot"], caption="../report/sweep.rst", category="Sweep"),
             table=kiln_layout.sweep_outputs(SWEEP)["table"],
         params:
             script=script("sweep_report"),
-            sweep=json.dumps({"name": SWEEP, "sweep": EXPERIMENT.sweep, "runs": RUNS}, sort_keys=True),
+            # What the overlay shows of each arm is what its report shows: tracked alike (kiln.settings).
+            cfg=json.dumps({run: kiln_settings.tracked(cfg, "report") for run, cfg in RUNS.items()}, sort_keys=True),
+            sweep=kiln_settings.Untracked(json.dumps({"name": SWEEP, "sweep": EXPERIMENT.sweep, "runs": RUNS}, sort_keys=True)),
             results=lambda w, output: Path(output.report).parents[1],
         conda:
             CONDA_ENV

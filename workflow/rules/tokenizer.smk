@@ -6,7 +6,7 @@ rule tokenizer:
         stats=P.output("tokenizer", "stats.json"),
     params:
         script=script("tokenizer"),
-        cfg=data_params("tokenizer"),
+        **stage_params("tokenizer", of="data"),
     threads: 64
     conda:
         CONDA_ENV
@@ -15,5 +15,5 @@ rule tokenizer:
     benchmark:
         P.benchmark("tokenizer")
     shell:
-        "RAYON_NUM_THREADS={threads} python {params.script} --params {params.cfg:q} --raw {input.raw}"
+        "RAYON_NUM_THREADS={threads} python {params.script} --params {params.cfg:q} --untracked {params.untracked:q} --raw {input.raw}"
         " --tokenizer {output.tokenizer} --stats {output.stats} > {log} 2>&1"

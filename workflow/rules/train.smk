@@ -1,4 +1,5 @@
-# Reads the smoke report so that train never starts unless the smoke gate passed. Ends with a
+# Reads the smoke report so that train never starts unless the smoke gate passed, and plans its steps
+# from its measurements (a budget's, or train.max_steps; not the plan rule's prices). Ends with a
 # Hugging Face export (train/hf: weights, config, tokenizer) that transformers loads as it is.
 # metrics.jsonl, samples.jsonl and checkpoints/ are not declared outputs on purpose: Snakemake
 # deletes a job's outputs before rerunning it, and a killed run resumes from them (a rerun whose
@@ -13,7 +14,6 @@ rule train:
     input:
         shards=upstream("shard"),
         smoke=rules.smoke.output.report,
-        plan=rules.smoke.output.plan,
         tokenizer=upstream("tokenizer", "tokenizer.json"),
         init=init_source,
     output:
@@ -23,11 +23,11 @@ rule train:
         hf=directory(P.output("train", "hf")),
     params:
         script=script("train"),
-        cfg=run_params("train"),
+        **stage_params("train"),
         launch=launch_settings,
         rank_threads=threads_per_rank,
         out=lambda w, output: Path(output.model).parent,
-        resubmits=lambda w: RUNS[w.run]["train"]["max_resubmits"],
+        resubmits=max_resubmits,
         jobs=lambda w: Path(LAYOUTS[w.run].folder("train")) / kiln_layout.TRAIN_JOBS,
     threads: 64
     resources:
@@ -41,7 +41,7 @@ rule train:
         P.benchmark("train")
     shell:
         "exec python -m kiln.train.launch --train {params.launch:q} --attempt {resources.kiln_attempt}"
-        " --max-resubmits {params.resubmits} --record {params.jobs:q} --log {log:q} -- {params.script} --params {params.cfg:q}"
-        " --shards {input.shards} --smoke {input.smoke} --plan {input.plan} --tokenizer {input.tokenizer} --out {params.out}"
+        " --max-resubmits {params.resubmits} --record {params.jobs:q} --log {log:q} -- {params.script} --params {params.cfg:q} --untracked {params.untracked:q}"
+        " --shards {input.shards} --smoke {input.smoke} --tokenizer {input.tokenizer} --out {params.out}"
         " --threads {params.rank_threads} > {log} 2>&1"
 

@@ -7,7 +7,7 @@ rule verify_shards:
         P.verified(),
     params:
         script=script("shard"),
-        cfg=data_params("shard"),
+        **stage_params("shard", of="data"),
     conda:
         CONDA_ENV
     log:
@@ -15,7 +15,7 @@ rule verify_shards:
     benchmark:
         P.benchmark("shard", "verify")
     shell:
-        "python {params.script} --params {params.cfg:q} --verify --out {input.shards} --report {output} > {log} 2>&1"
+        "python {params.script} --params {params.cfg:q} --untracked {params.untracked:q} --verify --out {input.shards} --report {output} > {log} 2>&1"
 
 
 rule verify:

@@ -1,5 +1,5 @@
 """eval stage: held-out loss, perplexity and bits per byte (against a unigram baseline), completions
-of fixed prompts, FIM infilling (single/multi-line, PSM/SPM; not for a model trained without FIM),
+of fixed prompts (eval.prompts, and train.samples' prompts from the final model), FIM infilling (single/multi-line, PSM/SPM; not for a model trained without FIM),
 lm-eval tasks and 13-gram contamination.
 
 Writes eval/metrics.json and eval/samples.json (and lm-eval's local task files under eval/). The
@@ -14,6 +14,7 @@ from kiln.eval.suite import RunPaths, evaluate
 from kiln.io import write_json
 from kiln.stage import run_main, stage_config, stage_parser
 from kiln.train.device import configure, select_device
+from kiln.train.samples import make_sampler
 
 
 def main() -> None:
@@ -33,8 +34,17 @@ def main() -> None:
         "eval on %s (train.device %s, train.precision %s)", device, train["device"], train["precision"]
     )
     paths = RunPaths(args.model, args.shards, args.tokens, args.raw, args.tokenizer)
+    prompts = train["samples"]
+    sampler = make_sampler(
+        args.tokenizer,
+        prompts["prompts"],
+        prompts["max_new_tokens"],
+        temperature=prompts["temperature"],
+        top_p=prompts["top_p"],
+        seed=train["seed"],
+    )
     metrics, samples = evaluate(
-        paths, cfg["eval"], cfg["seed"], args.out, device, train["precision"], train.get("init_from")
+        paths, cfg["eval"], train["seed"], args.out, device, train["precision"], train.get("init_from"), sampler
     )
     write_json(args.out / "samples.json", samples)
     write_json(args.out / "metrics.json", metrics)

@@ -1,16 +1,14 @@
-"""smoke stage: the gate before the full run, and its plan. Launch it the way train is launched
-(torchrun): same model, batch and parallelism.
+"""smoke stage: the gate before the full run. Launch it the way train is launched (torchrun): same
+model, batch and parallelism.
 
 Runs the checks of kiln.train.smoke (preflight, causality, init loss, health, generalisation, data,
 overfit), each against its threshold in the `smoke` section, and prints them as a table. When all
-pass (or smoke.gate is false) it writes report.json (checks and measurements), plan.json and plan.md
-(tokens, time, cost, tokens per parameter and disk of the full run at the measured speed; the steps
-a train.budget buys and the precision, both of which train reads from plan.json). When one
-fails and the gate is on, it writes nothing the train rule would take and exits non-zero, naming the
-checks that failed.
+pass (or smoke.gate is false) it writes report.json: the checks and the measurements (speed, stage
+times, the precision train.precision auto picks), from which train plans its steps and the plan
+stage (workflow/scripts/plan.py) the full run's time and cost. When one fails and the gate is on, it
+writes nothing the train rule would take and exits non-zero, naming the checks that failed.
 """
 
-import math
 import os
 from pathlib import Path
 
@@ -19,8 +17,7 @@ import torch
 from kiln.data.shards import check_tokenizer
 from kiln.data.tokenizer import load_tokenizer
 from kiln.errors import KilnError
-from kiln.io import atomic_file, write_json
-from kiln.plan.tables import checks_table, render_plan
+from kiln.plan.tables import checks_table
 from kiln.plan.verdict import Measurements, SmokeReport
 from kiln.sections import SmokeSection, TrainSection
 from kiln.stage import run_main, stage_config, stage_parser
@@ -58,23 +55,11 @@ def main() -> None:
     verdict = SmokeReport.judge(checks, measured, enforce=smoke.gate)
     print(checks_table(verdict.checks))
     verdict.require_passed()
-    plan = None
-    if measured is not None:
-        plan = measured.plan(train, smoke.price_per_gpu_hour)  # kiln.plan.steps.build_plan, as `kiln plan`
-    elif train.budget:
+    if measured is None and train.budget:
         raise KilnError(
             "train.budget: the smoke probe did not run, so there is no speed to turn the budget into "
             "steps; fix the failed checks (or set train.max_steps)"
         )
-    if plan is not None and math.isfinite(plan["eta_s"]):
-        write_json(args.out / "plan.json", plan)
-        markdown = render_plan(plan)
-    else:
-        write_json(args.out / "plan.json", {"unavailable": "the probe did not run"})
-        markdown = "# Plan for the full run\n\nUnavailable: the probe did not run.\n"
-    with atomic_file(args.out / "plan.md") as tmp:
-        tmp.write_text(markdown, encoding="utf-8")
-    print(markdown)
     verdict.save(args.out / "report.json")  # last: train waits on this file
     print(f"smoke: {verdict.summary} -> {args.out}")
 

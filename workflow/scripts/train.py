@@ -19,6 +19,7 @@ from kiln.io import write_json
 from kiln.model.build import load_model
 from kiln.plan.steps import TrainPlan
 from kiln.plan.verdict import SmokeReport
+from kiln.sections import SmokeSection, TrainSection
 from kiln.stage import run_main, stage_config, stage_parser
 from kiln.train.budget import final_summary
 from kiln.train.samples import make_sampler
@@ -28,28 +29,32 @@ from kiln.train.trainer import run
 def main() -> None:
     parser = stage_parser("train", __doc__)
     parser.add_argument("--shards", required=True, type=Path, help="shard stage output folder")
-    parser.add_argument("--smoke", type=Path, help="smoke stage's report.json: train refuses to start unless it passed")
     parser.add_argument(
-        "--plan",
+        "--smoke",
         type=Path,
-        help="smoke stage's plan.json: the steps (a budget's, or train.max_steps) and the precision",
+        help="smoke stage's report.json: train refuses to start unless it passed, and plans its steps (a "
+        "budget's, or train.max_steps) and precision from its measurements",
     )
     parser.add_argument("--tokenizer", required=True, type=Path, help="tokenizer stage's tokenizer.json")
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/train")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: torch default)")
     args = parser.parse_args()
     cfg = stage_config(args, "train")
-    if args.smoke is not None:  # first: a failed gate says so before anything else is read
-        SmokeReport.load(args.smoke).require_passed()
+    smoke = SmokeReport.load(args.smoke) if args.smoke is not None else None
+    if smoke is not None:  # first: a failed gate says so before anything else is read
+        smoke.require_passed()
     check_tokenizer(args.shards, args.tokenizer)  # the one the Hugging Face export will carry
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    plan = TrainPlan.load(args.plan) if args.plan is not None else None
+    plan = None
+    if smoke is not None and smoke.measurements is not None:  # the plan stage's figures, less its prints
+        price = SmokeSection.of(cfg["smoke"]).price_per_gpu_hour
+        plan = TrainPlan.of(smoke.measurements.plan(TrainSection.of(cfg["train"]), price), str(args.smoke))
     if plan is not None:
         cfg = {**cfg, "train": {**cfg["train"], "precision": plan.precision}}
     elif cfg["train"]["max_steps"] is None:
-        raise KilnError("train.budget: train needs the smoke stage's plan.json (--plan) to know its steps")
+        raise KilnError("train.budget: train needs the smoke stage's measurements (--smoke) to know its steps")
     samples = cfg["train"]["samples"]
     result = run(
         cfg,
@@ -63,7 +68,7 @@ def main() -> None:
             samples["max_new_tokens"],
             temperature=samples["temperature"],
             top_p=samples["top_p"],
-            seed=cfg["seed"],
+            seed=cfg["train"]["seed"],
         ),
     )
     if result.is_main:

@@ -45,6 +45,7 @@ from kiln.model.build import CONFIG_FILE, build_model, load_model
 from kiln.model.registry import ModelConfig
 from kiln.train import checkpoint
 from kiln.train.device import eval_autocast
+from kiln.train.trainer import Sampler
 
 log = logging.getLogger("kiln.eval")
 BATCH = 16
@@ -237,16 +238,25 @@ def evaluate(
     device: torch.device = CPU,
     precision: str = "fp32",
     init_from: dict | None = None,
+    sampler: Sampler | None = None,
 ) -> tuple[dict, dict]:
     """(metrics, samples) for the run, the model on `device` with train.precision's autocast there
     (eval_autocast); lm-eval's task files go under work_dir. init_from: train.init_from (whether the
-    model may have seen FIM before this run's data)."""
+    model may have seen FIM before this run's data). sampler: train.samples' prompts, completed by
+    the final model here, so changing them shows new completions without training again."""
     with eval_autocast(device, precision)():
-        return _evaluate(paths, cfg, seed, work_dir, device, precision, init_from)
+        return _evaluate(paths, cfg, seed, work_dir, device, precision, init_from, sampler)
 
 
 def _evaluate(
-    paths: RunPaths, cfg: dict, seed: int, work_dir: Path, device: torch.device, precision: str, init_from: dict | None
+    paths: RunPaths,
+    cfg: dict,
+    seed: int,
+    work_dir: Path,
+    device: torch.device,
+    precision: str,
+    init_from: dict | None,
+    sampler: Sampler | None,
 ) -> tuple[dict, dict]:
     torch.manual_seed(seed)
     model, tokenizer = load_model(paths.model, device), load_tokenizer(paths.tokenizer)
@@ -318,5 +328,6 @@ def _evaluate(
         "completions": completions(model, tokenizer, cfg, seed),
         "decoding": decoding(cfg),  # what the report labels each completion with
         "infill": infill["examples"],  # greedy: scored by exact match
+        "train_prompts": sampler(model) if sampler else [],  # train.samples, from the final model
     }
     return metrics, samples

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.io import read_json
 from kiln.sections import TrainSection
 
 
@@ -252,20 +250,20 @@ class BudgetPlan:
 
 @dataclass(frozen=True)
 class TrainPlan:
-    """What the smoke stage decided for train (smoke/plan.json): the steps and the precision, and
-    for a budgeted run what the budget re-plans from."""
+    """What train follows, planned from the smoke stage's measurements (Measurements.plan): the
+    steps and the precision, and for a budgeted run what the budget re-plans from."""
 
     max_steps: int
     precision: str
     budget: BudgetPlan | None = None
 
     @classmethod
-    def load(cls, path: Path) -> TrainPlan | None:
-        """The plan in path; None when the probe did not run (a gate turned off over a failure)."""
-        data = read_json(path)
+    def of(cls, data: dict, where: str = "the plan") -> TrainPlan | None:
+        """The train part of a full plan (build_plan's dict, or a plan.json's); None when the probe
+        did not run (a gate turned off over a failure)."""
         if "unavailable" in data:
             return None
         missing = [key for key in ("max_steps", "precision") if key not in data]
         if missing:
-            raise KilnError(f"{path}: no {' or '.join(missing)}: written by an older kiln; rerun the smoke stage")
+            raise KilnError(f"{where}: no {' or '.join(missing)}: written by an older kiln; rerun the smoke stage")
         return cls(int(data["max_steps"]), str(data["precision"]), BudgetPlan.of(data))

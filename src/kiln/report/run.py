@@ -120,7 +120,7 @@ def render(run: str, data: dict, png_name: str) -> str:
         f"| tokens/s (steady state; checkpoints and validation left out) | {train['tokens_per_s']:,.0f} |",
         f"| MFU, Kiln's count / torchtitan transformers-backend count | {_pct(train['mfu'])} / {_pct(train.get('mfu_torchtitan'))} |",
         "",
-        *_training_samples(data["train_samples"]),
+        *_training_samples(data["train_samples"], data["samples"].get("train_prompts", [])),
         "## Evaluation (held-out split)",
         "",
         "| metric | model | unigram baseline |",
@@ -181,7 +181,8 @@ def _config_summary(cfg: dict, train_result: dict) -> list[str]:
         model.get("flavour")
         or f"{model.get('family', 'gpt2')} {model['n_layer']} layers x {model['d_model']}, {model['n_head']} heads"
     )
-    batch = train["batch_tokens"] or "one micro-batch per rank"
+    ranks = train["nproc_per_node"] * train["nnodes"]
+    batch = train["batch_tokens"] or f"one micro-batch ({train['micro_batch']} rows) on each of {ranks} ranks:"
     data = ", ".join(f"{source['name']} ({source['kind']})" for source in sources)
     return [
         "## Configuration",
@@ -190,7 +191,7 @@ def _config_summary(cfg: dict, train_result: dict) -> list[str]:
         "|---|---|",
         f"| data | {data} |",
         f"| model | {shape}; {train_result['n_params']:,} parameters; context {cfg['shard']['seq_len']} |",
-        f"| batch | {batch} tokens per step, micro-batch {train['micro_batch']} x {train['nproc_per_node'] * train['nnodes']} ranks ({train['parallel']}) |",
+        f"| batch | {batch} tokens per step |",
         f"| optimisation | {train_result['steps']:,} steps{_budget_note(train['budget'])}, lr {train['lr']:g} -> {train['min_lr']:g} ({train['schedule']}, "
         f"{train['warmup_steps']} warmup), weight decay {train['weight_decay']:g}, clip {train['grad_clip']:g}, {train['precision']} |",
         f"| seed | {cfg['seed']} |",
@@ -254,20 +255,20 @@ def _completions(samples: dict) -> list[str]:
     return lines
 
 
-def _training_samples(rows: list[dict]) -> list[str]:
-    """Completions logged during training, first and last validation step side by side, each with
-    how it was decoded (rows from before the label were greedy)."""
-    if not rows:
+def _training_samples(rows: list[dict], final: list[dict]) -> list[str]:
+    """train.samples' prompts: completed at the first validation step (train/samples.jsonl) and by
+    the final model (the eval stage, which completes the prompts as they are set now), each with how
+    it was decoded (rows from before the label were greedy). A run from before eval completed them
+    shows the last validation step instead."""
+    if not rows and not final:
         return []
     steps = sorted({r["step"] for r in rows})
-    shown = [steps[0], steps[-1]] if len(steps) > 1 else steps
+    shown = [(s, [r for r in rows if r["step"] == s]) for s in (steps[:1] if final else steps[:1] + steps[1:][-1:])]
+    if final:
+        shown.append(("final", final))
     lines = ["### Samples during training", "", "| step | prompt | decoding | completion |", "|---:|---|---|---|"]
-    for step in shown:
-        lines += [
-            f"| {step} | `{r['prompt']!r}` | {r.get('decoding', 'greedy')} | `{r['completion']!r}` |"
-            for r in rows
-            if r["step"] == step
-        ]
+    for step, at in shown:
+        lines += [f"| {step} | `{r['prompt']!r}` | {r.get('decoding', 'greedy')} | `{r['completion']!r}` |" for r in at]
     return lines + [""]
 
 

@@ -125,7 +125,7 @@ def train_progress(paths: Layout) -> dict | None:
     record = last_json_line(train / kiln_layout.METRICS)
     if record is None:
         return None
-    plan = json_or_empty(Path(paths.output("smoke", "plan.json")))
+    plan = json_or_empty(Path(paths.output("plan", "plan.json")))
     max_steps, rate = plan.get("max_steps"), record.get("tokens_per_s")
     tokens_per_step = plan.get("tokens_per_step") or record["tokens"] / max(record["step"], 1)
     checkpoint = kiln_layout.latest_step(train)

@@ -6,66 +6,34 @@ The fingerprint is a small dict saved in every checkpoint:
   tokenizer     the sha256 of the tokenizer file the shards were made with (pretokenize records it in
                 tokens/meta.json, the shard stage in its manifest; None for folders made before)
   shards        {split: {file: sha256}} from the shard manifest
-  seed          the run's seed (initial weights, data order)
+  seed          the model seed, train.seed (initial weights, data order)
   train         every train setting that shapes the trajectory (optimiser, schedule, steps or
                 budget, global batch, precision, ...), with the steps the run trains (`steps`: a
                 budget's, from the smoke stage's plan)
 
-What does not shape the trajectory stays out (NOT_TRAJECTORY): logging, validation and checkpoint
-cadence, the rank layout and where it runs, and the micro-batch at equal global batch. The data
-order is a function of the global sample index (kiln.data.loader), so a run may resume on fewer or
-more ranks with the same global batch and see the same rows per step. A train key not listed there
-is part of the fingerprint: a setting added later restarts a run rather than resume it wrongly.
+What does not shape the trajectory stays out: the train settings kiln.settings tags RUN for the
+train stage (logging, validation and checkpoint cadence, the rank layout and where it runs, the
+micro-batch at equal global batch) and, for an AdamW run, Muon's. The data order is a function of the
+global sample index (kiln.data.loader), so a run may resume on fewer or more ranks with the same
+global batch and see the same rows per step. The same table gives the rules their params, so a
+setting that reruns train is exactly one that restarts its trajectory.
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
+from kiln import settings
 from kiln.errors import KilnError
 
 PARTS = ("model", "tokenizer", "shards", "seed", "train")
-NOT_TRAJECTORY = frozenset(
-    {
-        "nproc_per_node",
-        "nnodes",
-        "node_rank",
-        "rdzv_endpoint",
-        "device",
-        "parallel",
-        "collective_timeout_s",
-        "micro_batch",
-        "compile",
-        "activation_checkpointing",
-        "log_every",
-        "eval_every",
-        "eval_batches",
-        "samples",
-        "checkpoint_every",
-        "keep_checkpoints",
-        "checkpoint_format",
-        "async_checkpoint",
-        "nonfinite",
-        "spike_factor",
-        "checkpoint_mirror",
-        "max_resubmits",
-        "keep_checkpoint_every",
-    }
-)
-
-
-# Settings only train.optimizer muon reads: an AdamW run leaves them out, so changing one does not
-# restart it (train.optimizer itself is always in).
-MUON_ONLY = frozenset({"muon_lr", "muon_momentum", "muon_weight_decay", "muon_adjust_lr"})
 
 
 def trajectory(train: Mapping, steps: int, init_sha256: str | None = None) -> dict:
     """The train settings a checkpoint must share with the run that resumes it, the steps it trains
     and, for a run started from another model's weights (train.init_from), what those were. `train`
     is the validated dict (TrainSection.as_dict: dataclasses.asdict would add unset keys)."""
-    unread = MUON_ONLY if train.get("optimizer") != "muon" else frozenset()
-    own = {key: value for key, value in sorted(train.items()) if key not in NOT_TRAJECTORY | unread}
-    own |= {"steps": steps}
+    own = dict(sorted(settings.trajectory(train).items())) | {"steps": steps}
     return own | ({"init_from_sha256": init_sha256} if init_sha256 else {})
 
 

@@ -77,12 +77,13 @@ Sampler = Callable[[torch.nn.Module], list[dict]]  # model -> [{"prompt", "compl
 
 
 class Trainer:
-    """One run's parts, built from the stage sections (seed, model, train) and a shard folder."""
+    """One run's parts, built from the stage sections (model, train) and a shard folder."""
 
     def __init__(
         self, sections: dict, shard_dir: Path, *, max_steps: int | None = None, budget: BudgetPlan | None = None
     ):
-        train, self.seed = TrainSection.of(sections["train"]), sections["seed"]
+        train = TrainSection.of(sections["train"])
+        self.seed = train.seed  # the model seed: initial weights, data order, dropout
         self.sections, self.train = sections, train  # the stage's sections as given (checkpoints, wandb); typed
         self.max_steps = max_steps or train.max_steps
         self.d = init_distributed(train.device, train.collective_timeout_s)
