@@ -1,19 +1,19 @@
 rule report:
     input:
-        upstream("tokenizer", "stats.json"),
-        upstream("shard"),
-        rules.smoke.output.report,
-        rules.plan.output.plan,
-        rules.train.output.summary,
-        rules.eval.output.metrics,
-        rules.eval.output.samples,
+        tokenizer=upstream("tokenizer", "stats.json"),
+        tokens=upstream("pretokenize"),
+        shards=upstream("shard"),
+        smoke=rules.smoke.output.report,
+        plan=rules.plan.output.plan,
+        train=rules.train.output.summary,
+        metrics=rules.eval.output.metrics,
+        samples=rules.eval.output.samples,
     output:
         report=report(P.output("report", "report.md"), caption="../report/report_md.rst", category="Report"),
         plot=report(P.output("report", "loss.png"), caption="../report/loss.rst", category="Training"),
     params:
         script=script("report"),
         **stage_params("report"),
-        results=lambda w: LAYOUTS[w.run].root,
     conda:
         CONDA_ENV
     log:
@@ -21,5 +21,7 @@ rule report:
     benchmark:
         P.benchmark("report")
     shell:
-        "python {params.script} --params {params.cfg:q} --untracked {params.untracked:q} --results {params.results}"
+        "python {params.script} --params {params.cfg:q} --untracked {params.untracked:q} --tokenizer-stats {input.tokenizer}"
+        " --tokens {input.tokens} --shards {input.shards} --smoke {input.smoke} --plan {input.plan} --train {input.train}"
+        " --eval {input.metrics} --samples {input.samples}"
         " --report {output.report} --plot {output.plot} > {log} 2>&1"

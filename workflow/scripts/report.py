@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from kiln.io import atomic_file, read_json
-from kiln.layout import METRICS, SAMPLES, Layout
+from kiln.layout import METRICS, SAMPLES
 from kiln.plan.verdict import SmokeReport
 from kiln.report.run import plot_loss, read_metrics, render
 from kiln.stage import run_main, stage_config, stage_parser
@@ -11,30 +11,34 @@ from kiln.stage import run_main, stage_config, stage_parser
 
 def main() -> None:
     parser = stage_parser("report", __doc__)
-    parser.add_argument(
-        "--results",
-        required=True,
-        type=Path,
-        help="the results folder (results/): the run's stages and the data stages it used are "
-        "found there by kiln.layout from the config",
-    )
+    inputs = {
+        "tokenizer-stats": "tokenizer stage's stats.json",
+        "tokens": "pretokenize stage's folder (its meta.json)",
+        "shards": "shard stage's folder (its manifest.json)",
+        "smoke": "smoke stage's report.json",
+        "plan": "plan stage's plan.json",
+        "train": "train stage's summary.json (metrics.jsonl and samples.jsonl beside it)",
+        "eval": "eval stage's metrics.json",
+        "samples": "eval stage's samples.json",
+    }
+    for name, what in inputs.items():
+        parser.add_argument(f"--{name}", required=True, type=Path, help=what)
     parser.add_argument("--report", required=True, type=Path, help="output report.md")
     parser.add_argument("--plot", required=True, type=Path, help="output loss-curve PNG")
     args = parser.parse_args()
     cfg = stage_config(args, "report")
-    paths = Layout(cfg, root=args.results)
-    train = paths.folder("train")
+    train = args.train.parent
     data = {
         "config": cfg,
-        "tokenizer": read_json(paths.output("tokenizer", "stats.json")),
-        "tokens": read_json(paths.folder("pretokenize") / "meta.json"),
-        "shards": read_json(paths.folder("shard") / "manifest.json"),
-        "smoke": SmokeReport.load(paths.output("smoke", "report.json")),
-        "plan": read_json(paths.output("smoke", "plan.json")),
-        "train": read_json(paths.output("train", "summary.json")),
+        "tokenizer": read_json(args.tokenizer_stats),
+        "tokens": read_json(args.tokens / "meta.json"),
+        "shards": read_json(args.shards / "manifest.json"),
+        "smoke": SmokeReport.load(args.smoke),
+        "plan": read_json(args.plan),
+        "train": read_json(args.train),
         "train_samples": read_metrics(train / SAMPLES),
-        "eval": read_json(paths.output("eval", "metrics.json")),
-        "samples": read_json(paths.output("eval", "samples.json")),
+        "eval": read_json(args.eval),
+        "samples": read_json(args.samples),
     }
     with atomic_file(args.plot) as tmp:
         ev = data["eval"]
