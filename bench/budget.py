@@ -58,8 +58,8 @@ def spin() -> None:
         pass
 
 
-def snakemake(args, target: str, *extra: str) -> None:
-    cmd = [sys.executable, "-m", "snakemake", "--cores", "all", target, *extra, "--configfile", str(args.configfile)]
+def snakemake(args, targets: list[str], *extra: str) -> None:
+    cmd = [sys.executable, "-m", "snakemake", "--cores", "all", *targets, *extra, "--configfile", str(args.configfile)]
     cmd += ["--config", f"run_name={args.run_name}", *args.config]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL if args.quiet else None)
@@ -98,16 +98,18 @@ def train_arm(args, paths: Layout, hog: bool) -> dict:
     before = len(job_lines(jobs))
     done, started = threading.Event(), []
     if hog:
-        budget_s = json.loads((ROOT / paths.folder("smoke") / "plan.json").read_text())["budget_s"]
+        budget_s = json.loads((ROOT / paths.output("plan", "plan.json")).read_text())["budget_s"]
         thread = threading.Thread(target=hog_halfway, args=(jobs, before, budget_s, done, started))
         thread.start()
     try:
-        snakemake(args, paths.output("train", "summary.json"), "--forcerun", "train" if hog else "smoke")
+        # the plan rule prices the smoke measurements train plans from: its plan.json is train's plan
+        targets = [paths.output("train", "summary.json"), paths.output("plan", "plan.json")]
+        snakemake(args, targets, "--forcerun", "train" if hog else "smoke")
     finally:
         done.set()
         if hog:
             thread.join()
-    plan = json.loads((ROOT / paths.folder("smoke") / "plan.json").read_text())
+    plan = json.loads((ROOT / paths.output("plan", "plan.json")).read_text())
     start, end = job_lines(jobs)[before], job_lines(jobs)[-1]
     summary = json.loads((train_dir / "summary.json").read_text())
     return {

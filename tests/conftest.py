@@ -102,3 +102,24 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory):
+    """(workdir, results/tiny, the CompletedProcess) of the tiny run (tests/configs/tiny.yaml) run to
+    the end by Snakemake, once a session. Tests that change it work on a copy."""
+    from tiny import TINY, snakemake
+
+    workdir = tmp_path_factory.mktemp("run")
+    result = snakemake(workdir, "--configfile", str(TINY))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return workdir, workdir / "results" / "tiny", result
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """tests/synthetic.py's learnable stream in a shard folder (three train shards), one per module:
+    a test that corrupts or rewrites it works on a copy."""
+    from synthetic import write_shards
+
+    return write_shards(tmp_path_factory.mktemp("shards") / "shards")

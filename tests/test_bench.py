@@ -58,6 +58,11 @@ PRINTS = {
         "ratio kiln/plain: ",
     ],
     "optimizer.py": ["| optimizer | lr (AdamW) | muon_lr |"],
+    "rerun_cost.py": [
+        "| case | change | jobs | rerun s |",
+        "| presentation (train.log_every) | `--config train={log_every: 20}` | none |",
+        "| price (smoke.price_per_gpu_hour) | `--config smoke={price_per_gpu_hour: 2.5}` | plan, report |",
+    ],
     "resume_memory.py": ["| rank | RSS growth |", "| 1 |"],
     "saved_tensors.py": ["| block | weights | mode | activations / token |", "Seed 000 rebuilt"],
     "shard_verify.py": ["verify pass (sha256 + ids, one read)", "| loader | open s | first batch s |"],

@@ -346,8 +346,9 @@ def test_the_aim_is_under_the_budget():
     assert 0.98 < AIM < 1.0
 
 
-def test_a_dollar_budget_reaches_the_controller_as_the_seconds_it_buys(tmp_path):
-    """The smoke stage's plan (build_plan, budget_seconds) into smoke/plan.json, read back by train."""
+def test_a_dollar_budget_reaches_the_controller_as_the_seconds_it_buys():
+    """The plan train makes from the smoke stage's measurements (build_plan, budget_seconds), read as
+    train reads it (TrainPlan.of)."""
     raw = {
         "run_name": "b",
         "download": {"sources": [{"name": "s", "kind": "stdlib"}]},
@@ -368,9 +369,7 @@ def test_a_dollar_budget_reaches_the_controller_as_the_seconds_it_buys(tmp_path)
         checkpoint_bytes=12 * 10**6,
         model_bytes=4 * 10**6,
     )
-    path = tmp_path / "plan.json"
-    path.write_text(json.dumps(plan | {"precision": "fp32"}))
-    loaded = TrainPlan.load(path)
+    loaded = TrainPlan.of(plan | {"precision": "fp32"})
     assert loaded.max_steps == plan["max_steps"]
     assert loaded.budget == BudgetPlan(pytest.approx(2 / 3.0 / 4 * 3600), times, pytest.approx(1.0 * 2 * 4 / 12))
 

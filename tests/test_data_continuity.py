@@ -31,11 +31,6 @@ STEPS = 12  # crosses the epoch boundary after step 8
 LONG = dict(max_steps=STEPS, log_every=1, eval_every=100, checkpoint_every=6, keep_checkpoints=2)
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    return write_shards(tmp_path_factory.mktemp("shards"))
-
-
 def _records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -55,7 +50,7 @@ def _first_step_row(shards: Path) -> tuple[int, int]:
     """(shard, row within it) of the first row step 1 trains on (micro-batch 8, the tests' seed) from
     one of the two 24-row shards (train-00000 and train-00001: each can stand in for the other)."""
     rows = ShardRows(shards, "train", verify=False)
-    step1 = TrainBatches(rows, 8, train_sections()["seed"]).step_indices()
+    step1 = TrainBatches(rows, 8, train_sections()["train"]["seed"]).step_indices()
     first = int(next(i for i in step1 if i < 48))
     shard = int(np.searchsorted(rows.starts, first, side="right") - 1)
     return shard, first - int(rows.starts[shard])
@@ -129,7 +124,7 @@ def test_resume_with_more_accumulation_trains_on_the_same_rows(shards, reference
 def test_the_batch_hash_follows_the_rows(shards, reference, tmp_path):
     """Another seed (another data order) gives other hashes from the first step on."""
     sections = train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **LONG | {"max_steps": 3})
-    sections["seed"] += 1
+    sections["train"]["seed"] += 1
     run(sections, shards, tmp_path / "other")
     other = [r["batch_hash"] for r in _records(tmp_path / "other")]
     assert not set(other) & {r["batch_hash"] for r in _records(reference)}
@@ -160,7 +155,7 @@ def _changed_shards(shards: Path, tmp_path: Path, what: str) -> Path:
             {"micro_batch": 4, "batch_tokens": 4 * SEQ_LEN},
             rf"train.batch_tokens: {8 * SEQ_LEN} in the checkpoint, {4 * SEQ_LEN} now",
         ),
-        (None, {"seed": 8}, r"seed: 7 in the checkpoint, 8 now"),
+        (None, {"seed": 8}, r"seed: 7 in the checkpoint, 8 now"),  # train.seed, the model seed
     ],
 )
 def test_a_checkpoint_of_another_run_is_refused_naming_what_changed(
@@ -176,7 +171,7 @@ def test_a_checkpoint_of_another_run_is_refused_naming_what_changed(
     train = {"micro_batch": 8, "batch_tokens": GLOBAL_BATCH} | LONG | sections | {"max_steps": 14}
     config = train_sections(model=model, **train)
     if seed is not None:
-        config["seed"] = seed
+        config["train"]["seed"] = seed
     with pytest.raises(KilnError, match=message) as info:
         run(config, data, out)
     assert "step-0000012/state.pt: checkpoint fingerprint does not match this run's" in str(info.value)

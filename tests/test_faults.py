@@ -33,11 +33,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 DROPOUT_MODEL = TINY_MODEL | {"dropout": 0.1}  # the RNG state matters on resume
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    return write_shards(tmp_path_factory.mktemp("shards"))
-
-
 def _records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 

@@ -24,11 +24,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    return write_shards(tmp_path_factory.mktemp("shards") / "shards")
-
-
-@pytest.fixture(scope="module")
 def source(shards, tmp_path_factory) -> Path:
     """results/source/train: a finished 10-step run (validated at its last step) and its HF export."""
     results = tmp_path_factory.mktemp("results")
@@ -104,8 +99,9 @@ def test_another_tokenizer_is_an_error(shards, source, tmp_path):
 
 def test_a_retrained_source_is_another_trajectory():
     """The source's weights are in the fingerprint: a continued run whose source changed starts over."""
-    old = fingerprint.trajectory({"lr": 0.1, "init_from": {"run": "a"}}, 10, "ab" * 32)
-    new = fingerprint.trajectory({"lr": 0.1, "init_from": {"run": "a"}}, 10, "cd" * 32)
+    train = train_sections(init_from={"run": "a"})["train"]
+    old = fingerprint.trajectory(train, 10, "ab" * 32)
+    new = fingerprint.trajectory(train, 10, "cd" * 32)
     assert fingerprint.differences({"train": old}, {"train": new}) == [
         "train.init_from's weights (sha256): abababababab… in the checkpoint, cdcdcdcdcdcd… now"
     ]

@@ -22,7 +22,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("kiln.errors",),  # KilnError and the exit codes every layer raises
     ("kiln.io",),  # atomic files, JSON, Snakemake's benchmark files
     ("kiln.sections",),  # typed, frozen train and smoke sections (the schema owns their defaults)
-    ("kiln.config",),  # the schema: defaults, validation, each stage's sections
+    ("kiln.config",),  # the schema: defaults, validation
+    ("kiln.settings",),  # each setting's stages and whether it changes their outputs
     ("kiln.layout", "kiln.sweep"),  # where results land; a sweep's arms
     ("kiln.data", "kiln.model"),  # text to token shards; the decoder models (torch)
     ("kiln.generate", "kiln.hf", "kiln.plan"),  # decoding; Hugging Face interop; planning and pricing

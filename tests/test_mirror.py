@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from synthetic import train_sections, write_shards
+from synthetic import train_sections
 
 from kiln import layout
 from kiln.errors import KilnError
@@ -22,11 +22,6 @@ from kiln.train.trainer import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
 STEPS = (5, 10, 15, 20)
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    return write_shards(tmp_path_factory.mktemp("shards"))
 
 
 def mirrored(setting: str) -> TrainSection:

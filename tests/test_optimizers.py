@@ -40,11 +40,6 @@ MUON = {"optimizer": "muon", "muon_lr": 0.02, "muon_weight_decay": 0.01}
 N = 8  # steps of the resumed runs, checkpoints at N/2 and N
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    return write_shards(tmp_path_factory.mktemp("shards"))
-
-
 def _train(**over) -> dict:
     return train_sections(**over)["train"]
 

@@ -20,14 +20,6 @@ def planned_rules(result: subprocess.CompletedProcess) -> set[str]:
     return set(re.findall(r"^(?:local)?rule (\w+):", result.stdout + result.stderr, flags=re.M)) - {"all"}
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("run")
-    result = snakemake(workdir, "--configfile", str(TINY))
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return workdir, workdir / "results" / "tiny", result
-
-
 def test_every_artifact_is_there(finished_run):
     workdir, run, _ = finished_run
     paths = tiny_layout(workdir)
@@ -127,7 +119,25 @@ def test_a_training_change_reruns_training_stages_only(finished_run, tmp_path):
     changed.write_text(yaml.safe_dump(cfg))
     result = snakemake(workdir, "--configfile", str(changed), "-n")
     assert result.returncode == 0, result.stderr
-    assert planned_rules(result) == {"smoke", "train", "eval", "report"}
+    assert planned_rules(result) == {"smoke", "plan", "train", "eval", "report"}
+
+
+def test_a_log_setting_trains_nothing_and_leaves_the_weights_alone(finished_run, tmp_path):
+    """The most common step of experimenting: a finished run, one presentation setting changed
+    (train.log_every, kiln.settings tags it RUN), a real rerun. No job runs: the weights are the same
+    bytes, train's log and metrics untouched, nothing set aside."""
+    workdir, _, _ = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete"))
+    train = copy / "results" / "tiny" / "train"
+    before = {name: (train / name).read_bytes() for name in ("model.safetensors", "metrics.jsonl")}
+    log_before = (copy / "results" / "tiny" / "logs" / "train.log").read_bytes()
+    result = snakemake(copy, "--configfile", str(TINY), "--config", "train={log_every: 20}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert planned_rules(result) == set(), result.stdout + result.stderr
+    assert {name: (train / name).read_bytes() for name in before} == before
+    assert (copy / "results" / "tiny" / "logs" / "train.log").read_bytes() == log_before
+    assert not (train / "superseded").exists()
 
 
 def test_a_single_stage_can_be_targeted(finished_run):
@@ -194,13 +204,14 @@ def test_a_time_budget_becomes_the_steps_train_runs(finished_run, tmp_path):
         copy,
         "--until",
         "train",
+        "plan",
         "--configfile",
         str(TINY),
         "--config",
         "train={budget: {minutes: 0.5}, max_steps: null, precision: auto}",
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert set(re.findall(r"^(?:local)?rule (\w+):", result.stdout + result.stderr, flags=re.M)) == {"smoke", "train"}
+    assert planned_rules(result) == {"smoke", "plan", "train"}
     run = copy / "results" / "tiny"
     plan = json.loads((run / "smoke" / "plan.json").read_text())
     timed = plan["precision_tokens_per_s"]
@@ -327,10 +338,11 @@ def test_a_three_arm_sweep_builds_the_data_once_and_overlays_the_arms(tmp_path):
         "smoke": 3,
         "train": 3,
         "eval": 3,
+        "plan": 3,
         "report": 3,
         "sweep_report": 1,
         "all": 1,
-        "total": 18,
+        "total": 21,
     }
     arms = [f"stdlib-lr-sweep-lr-{lr}" for lr in ("0.002", "0.008", "0.02")]
     results = tmp_path / "results"
@@ -366,7 +378,14 @@ def test_a_three_arm_sweep_builds_the_data_once_and_overlays_the_arms(tmp_path):
         "train=1",
         "eval=1",
     )
-    assert again.returncode == 0 and planned_rules(again) == {"smoke", "train", "eval", "report", "sweep_report"}
+    assert again.returncode == 0 and planned_rules(again) == {
+        "smoke",
+        "plan",
+        "train",
+        "eval",
+        "report",
+        "sweep_report",
+    }
     assert again.stdout.count("results/stdlib-lr-sweep-lr-0.001/train/summary.json") >= 1
     assert "stdlib-lr-sweep-lr-0.002/train/summary.json" not in again.stdout.split("rule train:")[1].split("rule ")[0]
 
@@ -388,7 +407,7 @@ def test_a_run_continues_from_a_finished_runs_weights(finished_run, tmp_path):
         "train={init_from: {run: tiny}, max_steps: 50, warmup_steps: 0, lr: 0.001, min_lr: 0.0001}",
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert planned_rules(result) == {"smoke", "train", "eval", "report"}
+    assert planned_rules(result) == {"smoke", "plan", "train", "eval", "report"}
     source = [
         json.loads(line) for line in (copy / "results" / "tiny" / "train" / "metrics.jsonl").read_text().splitlines()
     ]
@@ -418,3 +437,21 @@ def test_an_older_run_folder_is_told_how_to_move_its_data(finished_run, tmp_path
     commands = re.search(r"move them instead of rebuilding: (.*?)\. Delete the old folders", message)[1]
     subprocess.run(commands, shell=True, cwd=copy, check=True)
     assert planned_rules(snakemake(copy, "--configfile", str(TINY), "-n")) == set()
+
+
+def test_kiln_export_writes_the_runs_hf_folder_again_without_training(finished_run, tmp_path):
+    """README's "export again": `kiln export` rebuilds train/hf from the final weights; the same
+    config, tokenizer and weights as the train job's own export."""
+    workdir, run, _ = finished_run
+    out = tmp_path / "hf"
+    done = subprocess.run(
+        [VENV_BIN + "/kiln", "export", "results/tiny", "--directory", str(workdir), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    ours, theirs = model_weights(out / "model.safetensors"), model_weights(run / "train" / "hf" / "model.safetensors")
+    assert ours.keys() == theirs.keys() and all((ours[k] == theirs[k]).all() for k in ours)
+    for name in ("config.json", "tokenizer.json"):
+        assert (out / name).read_text() == (run / "train" / "hf" / name).read_text(), name

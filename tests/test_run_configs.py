@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from kiln import config as kiln_config
+from kiln import settings
 from kiln.data.tokenizer import padded_vocab_size
 from kiln.model.registry import FLAVOURS, model_config
 
@@ -61,13 +62,23 @@ def dry_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return result
 
 
+def train_jobs(result: subprocess.CompletedProcess) -> list[tuple[dict, dict]]:
+    """Each train job of a dry run: the config sections the rule hands its script (--params, the
+    settings Snakemake tracks, joined with --untracked, the rest) and the job's resources."""
+    jobs = []
+    for block in result.stdout.split("\nrule train:")[1:]:
+        block = block.split("\nrule ", 1)[0]
+        resources = dict(pair.split("=", 1) for pair in re.search(r"resources: (.*)", block)[1].split(", "))
+        command = shlex.split(re.search(r"Shell command: (.*)", block)[1])
+        tracked, rest = (json.loads(command[command.index(flag) + 1]) for flag in ("--params", "--untracked"))
+        jobs.append((settings.join(tracked, rest), resources))
+    return jobs
+
+
 def train_job(result: subprocess.CompletedProcess) -> tuple[dict, dict]:
-    """The train rule's --params (the config sections train receives) and its resources."""
-    block = result.stdout[result.stdout.index("\nrule train:") :]
-    block = block[: block.index("\nrule ", 1)] if "\nrule " in block[1:] else block
-    resources = dict(pair.split("=", 1) for pair in re.search(r"resources: (.*)", block)[1].split(", "))
-    command = shlex.split(re.search(r"Shell command: (.*)", block)[1])
-    return json.loads(command[command.index("--params") + 1]), resources
+    """The one train job of a dry run (train_jobs)."""
+    (job,) = train_jobs(result)
+    return job
 
 
 @pytest.mark.parametrize("path", RUN_FILES, ids=lambda p: p.name)
@@ -245,15 +256,16 @@ def test_a_sweep_builds_its_data_once_and_each_arm_gets_its_values(tmp_path, nam
         "train": arms,
         "eval": arms,
         "report": arms,
+        "plan": arms,
         "sweep_report": 1,
         "all": 1,
-        "total": 4 * arms + 6,
+        "total": 5 * arms + 6,
     }
-    trains = re.findall(r"--params '(\{[^']*\})' --shards \S+ --smoke results/([^/]+)/smoke", result.stdout)
-    assert sorted(run for _, run in trains) == sorted(experiment.runs)
-    for params, run in trains:
-        assert json.loads(params)["train"] == experiment.runs[run]["train"]
-        assert json.loads(params)["model"] == experiment.runs[run]["model"]
+    trains = {params["run_name"]: params for params, _ in train_jobs(result)}
+    assert sorted(trains) == sorted(experiment.runs)
+    for run, params in trains.items():
+        assert params["train"] == experiment.runs[run]["train"]
+        assert params["model"] == experiment.runs[run]["model"]
     plan = kiln_plan("--configfile", str(base), str(sweep_file))
     assert set(plan["runs"]) == set(experiment.runs)
     assert plan["total"]["device_hours"] == pytest.approx(sum(p["device_hours"] for p in plan["runs"].values()))

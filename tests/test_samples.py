@@ -120,9 +120,14 @@ def test_report_labels_every_completion_it_shows():
         {"step": 10, "prompt": "def ", "completion": "x", "decoding": SAMPLED},
         {"step": 20, "prompt": "def ", "completion": "y"},  # samples.jsonl from before the label: greedy
     ]
-    table = "\n".join(_training_samples(train_rows))
+    table = "\n".join(_training_samples(train_rows, final=[]))
     assert "| step | prompt | decoding | completion |" in table
     assert f"| 10 | `'def '` | {SAMPLED} | `'x'` |" in table and "| 20 | `'def '` | greedy | `'y'` |" in table
+    # The eval stage completes the prompts with the final model: shown after the first validation's.
+    final = [{"step": 20, "prompt": "def ", "completion": "z", "decoding": SAMPLED}]
+    table = "\n".join(_training_samples(train_rows, final=final))
+    assert f"| 10 | `'def '` | {SAMPLED} | `'x'` |" in table and f"| final | `'def '` | {SAMPLED} | `'z'` |" in table
+    assert "`'y'`" not in table
 
 
 def test_a_train_samples_temperature_below_zero_is_refused():

@@ -30,11 +30,6 @@ SMOKE_SCRIPT = REPO / "workflow" / "scripts" / "smoke.py"
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    return write_shards(tmp_path_factory.mktemp("shards"))
-
-
 def by_name(report: dict) -> dict:
     return {c.name: c for c in report["checks"]}
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from synthetic import PADDED_VOCAB, SEQ_LEN, TRAIN_ROWS, train_sections, write_shards
+from synthetic import PADDED_VOCAB, SEQ_LEN, TRAIN_ROWS, train_sections
 
 from kiln import layout
 from kiln.data.loader import ShardRows, TrainBatches
@@ -31,12 +31,9 @@ from kiln.train.trainer import run
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    out = write_shards(tmp_path_factory.mktemp("shards"))
-    assert ShardRows(out, "train").manifest["splits"]["train"]["rows"] == TRAIN_ROWS
-    assert len(ShardRows(out, "train").shards) == 3
-    return out
+def test_the_synthetic_shards_hold_three_train_shards(shards):
+    assert ShardRows(shards, "train").manifest["splits"]["train"]["rows"] == TRAIN_ROWS
+    assert len(ShardRows(shards, "train").shards) == 3
 
 
 def _records(out: Path) -> list[dict]:
@@ -122,7 +119,7 @@ def test_identical_runs_give_identical_losses_and_weights(shards, tmp_path):
 def test_different_seed_gives_different_run(shards, tmp_path):
     run(train_sections(max_steps=4, log_every=1), shards, tmp_path / "a")
     other = train_sections(max_steps=4, log_every=1)
-    other["seed"] += 1
+    other["train"]["seed"] += 1
     run(other, shards, tmp_path / "b")
     assert [r["loss"] for r in _records(tmp_path / "a")] != [r["loss"] for r in _records(tmp_path / "b")]
 
@@ -304,7 +301,7 @@ def test_a_checkpoint_asked_for_by_name_must_be_this_runs(shards, tmp_path, monk
     with pytest.raises(KilnError, match="model.d_model: 32 in the checkpoint, 16 now"):
         run(train_sections(model={"n_layer": 1, "n_head": 2, "d_model": 16}, max_steps=4), shards, out)
     other_seed = train_sections(max_steps=4)
-    other_seed["seed"] += 1
+    other_seed["train"]["seed"] += 1
     with pytest.raises(KilnError, match="seed: 7 in the checkpoint, 8 now"):
         run(other_seed, shards, out)
     with pytest.raises(KilnError, match=r"train.lr: 0.01 in the checkpoint, 0.005 now"):

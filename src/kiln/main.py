@@ -3,6 +3,7 @@ Snakemake). Each command lives in its own module, which adds its subparser in `r
 
     kiln plan --configfile config/experiments/swallow-code-llama-1b.yaml   # price a run before it starts
     kiln status results/stdlib-code                                        # where a run stands
+    kiln export results/stdlib-code                                        # its Hugging Face folder again
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 import logging
 import sys
 
-from kiln import forecast
+from kiln import forecast, hf
 from kiln.errors import KilnError
 from kiln.report import status
 
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
     forecast.register(commands)
     status.register(commands)
+    hf.register(commands)
     args = parser.parse_args(argv)
     try:
         return args.run(args) or 0

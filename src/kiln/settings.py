@@ -291,9 +291,10 @@ def schema_leaves() -> dict[str, dict]:
     return dict(_walk(_schema(), ""))
 
 
-def check_table() -> None:
-    """A KilnError naming every schema leaf without a tag, and every tag without a leaf."""
-    leaves, tagged = set(schema_leaves()), set(SETTINGS)
+def check_table(leaves: Mapping[str, dict] | None = None) -> None:
+    """A KilnError naming every schema leaf (of `leaves`, by default the schema's) without a tag, and
+    every tag without a leaf."""
+    leaves, tagged = set(schema_leaves() if leaves is None else leaves), set(SETTINGS)
     problems = [f"{p}: a schema key with no entry in kiln.settings.SETTINGS" for p in sorted(leaves - tagged)]
     problems += [f"{p}: tagged in kiln.settings.SETTINGS but not in the schema" for p in sorted(tagged - leaves)]
     bad = [f"{p}: unknown stage {s}" for p, v in SETTINGS.items() for s in v.reads if s not in STAGES]
