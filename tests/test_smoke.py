@@ -25,6 +25,7 @@ from kiln.plan.tables import render_plan
 from kiln.train.smoke import run_checks
 
 SMOKE_SCRIPT = REPO / "workflow" / "scripts" / "smoke.py"
+PLAN_SCRIPT = REPO / "workflow" / "scripts" / "plan.py"
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
@@ -222,14 +223,23 @@ def test_script_gate_fails_naming_the_check_and_writes_no_report(shards, tmp_pat
     assert not (tmp_path / "smoke" / "report.json").exists()
 
 
-def test_script_with_gate_off_reports_the_skip_and_writes_the_plan(shards, tmp_path):
+def test_script_with_gate_off_reports_the_skip_and_the_plan_stage_prices_it(shards, tmp_path):
     unreachable = {"rows": 4, "max_steps": 3, "max_loss": 1e-6}
-    proc = _run_script(
-        shards, tmp_path / "smoke", smoke_sections(overfit=unreachable, gate=False, price_per_gpu_hour=2.0)
-    )
+    sections = smoke_sections(overfit=unreachable, gate=False, price_per_gpu_hour=2.0)
+    proc = _run_script(shards, tmp_path / "smoke", sections)
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "smoke" / "report.json").read_text())
     assert report["gate"] == "skipped (smoke.gate is false; failed: overfit)"
+    # The plan stage prices what smoke measured (a rule of its own: a new price reruns no smoke)
+    smoke = tmp_path / "smoke"
+    priced = subprocess.run(
+        [sys.executable, str(PLAN_SCRIPT), "--params", json.dumps(sections), "--smoke", str(smoke / "report.json")]
+        + ["--plan", str(smoke / "plan.json"), "--markdown", str(smoke / "plan.md")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert priced.returncode == 0, priced.stderr
     plan = json.loads((tmp_path / "smoke" / "plan.json").read_text())
     assert plan["total_tokens"] == 1000 * 8 * SEQ_LEN and plan["cost"] > 0
     assert (tmp_path / "smoke" / "plan.md").read_text().startswith("# Plan for the full run")

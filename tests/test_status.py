@@ -15,14 +15,15 @@ from kiln import layout, main
 from kiln.report import status
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["download", "tokenizer", "pretokenize", "shard", "smoke", "train", "eval", "report"]
+STAGES = ["download", "tokenizer", "pretokenize", "shard", "smoke", "plan", "train", "eval", "report"]
 # What each stage of the tiny run left under results/tiny (a subset of every folder's files).
 FILES = {
     "download": ["raw/manifest.json", "raw/stdlib/part-00000.parquet", "raw/.snakemake_timestamp"],
     "tokenizer": ["tokenizer/tokenizer.json", "tokenizer/stats.json"],
     "pretokenize": ["tokens/meta.json", "tokens/train.bin", "tokens/val.bin", "tokens/val_ids.txt"],
     "shard": ["shards/manifest.json", "shards/train-00000.bin", "shards/val-00000.bin"],
-    "smoke": ["smoke/report.json", "smoke/plan.md"],  # plan.json: written with its real keys below
+    "smoke": ["smoke/report.json"],
+    "plan": ["smoke/plan.md"],  # plan.json: written with its real keys below
     "train": [
         "train/model.safetensors",
         "train/model_config.json",
@@ -79,8 +80,8 @@ def finish(run: Path, stage: str, seconds: float = 13.71) -> None:
         path = stage_file(run, rel, stage)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("x")
-    if stage == "smoke":
-        Path(paths.output("smoke", "plan.json")).write_text(
+    if stage == "plan":
+        Path(paths.output("plan", "plan.json")).write_text(
             json.dumps({"ranks": 1, "tokens_per_step": 1024, "max_steps": 200, "tokens_per_s": 43382.3, "eta_s": 4.7})
         )
     for path, text in ((paths.log(stage), f"{stage}: done\n"), (paths.benchmark(stage), BENCHMARK.format(s=seconds))):
@@ -132,7 +133,8 @@ def test_outputs_are_the_rules_declared_outputs():
     from it: a rule that spelled a path itself would fail here)."""
     pattern = layout.Layout.pattern()
     for stage in layout.STAGES:
-        rule = (ROOT / "workflow" / "rules" / f"{stage.name}.smk").read_text()
+        rules = "".join(p.read_text() for p in sorted((ROOT / "workflow" / "rules").glob("*.smk")))
+        rule = rules.split(f"\nrule {stage.name}:\n")[1]  # the plan rule is in smoke.smk
         block = rule.split("output:")[1].split("params:")[0]
         declared = re.findall(r'P\.output\("(\w+)"(?:, "([^"]+)")?\)', block)
         assert declared and all(s == stage.name for s, _ in declared), stage.name
@@ -149,13 +151,13 @@ def test_a_finished_run(workdir, capsys):
     code, out = kiln_status(workdir, capsys=capsys)
     assert code == 0
     assert re.search(r"^train\s+done\s+0m10s\s+step 200/200 loss 4.00 41.6k tok/s ckpt 200$", out, re.M)
-    assert out.rstrip().endswith(f"complete in 1m20s: {workdir / 'results' / 'tiny' / 'report.md'}")
+    assert out.rstrip().endswith(f"complete in 1m30s: {workdir / 'results' / 'tiny' / 'report.md'}")
     assert "slurm" not in out  # no empty Slurm column off a cluster
 
 
 def test_train_mid_way_with_a_torn_metrics_line(workdir, capsys):
     run = workdir / "results" / "tiny"
-    for stage in STAGES[:5]:
+    for stage in STAGES[:6]:
         finish(run, stage)
     start(workdir, "train")
     hold_lock(workdir)
@@ -167,13 +169,13 @@ def test_train_mid_way_with_a_torn_metrics_line(workdir, capsys):
     assert code == 0
     eta = status.format_eta((200 - 120) * 1024 / 41558.8)
     assert out.rstrip().endswith(f"train running: step 120/200 loss 4.80 41.6k tok/s ETA {eta} ckpt 100")
-    assert states(workdir) == dict.fromkeys(STAGES[:5], "done") | {
+    assert states(workdir) == dict.fromkeys(STAGES[:6], "done") | {
         "train": "running",
         "eval": "pending",
         "report": "pending",
     }
     report = json.loads(kiln_status(workdir, "--json", capsys=capsys)[1])
-    assert report["stages"][5]["progress"]["step"] == 120 and report["stages"][5]["progress"]["checkpoint_step"] == 100
+    assert report["stages"][6]["progress"]["step"] == 120 and report["stages"][6]["progress"]["checkpoint_step"] == 100
 
 
 def test_a_failed_stage_shows_its_log_tail(workdir, capsys):
@@ -193,10 +195,10 @@ def test_a_failed_stage_shows_its_log_tail(workdir, capsys):
 
 
 def test_markers_without_snakemake_are_an_interrupted_job(workdir):
-    for stage in STAGES[:5]:
+    for stage in STAGES[:6]:
         finish(workdir / "results" / "tiny", stage)
     start(workdir, "train")  # Snakemake was killed: its markers stay, its locks went with it
-    train = status.inspect_run(workdir, workdir / "results" / "tiny")[5]
+    train = status.inspect_run(workdir, workdir / "results" / "tiny")[6]
     assert train.state == "failed" and "--rerun-incomplete" in train.note
 
 
@@ -213,7 +215,7 @@ def test_a_failure_older_than_the_running_snakemake_is_pending(workdir):
 
 def test_slurm_job_running(workdir, capsys):
     run = workdir / "results" / "tiny"
-    for stage in STAGES[:5]:
+    for stage in STAGES[:6]:
         finish(run, stage)
     start(workdir, "train", job_id="1234")
     hold_lock(workdir)
@@ -233,7 +235,7 @@ def test_slurm_job_running(workdir, capsys):
 
 
 def test_slurm_job_gone_from_the_queue_is_asked_of_sacct(workdir, capsys):
-    for stage in STAGES[:5]:
+    for stage in STAGES[:6]:
         finish(workdir / "results" / "tiny", stage)
     start(workdir, "train", job_id="1234")
     hold_lock(workdir)
@@ -246,7 +248,7 @@ def test_slurm_job_gone_from_the_queue_is_asked_of_sacct(workdir, capsys):
 
 def test_without_squeue_or_sacct_the_state_is_unknown(workdir, capsys, monkeypatch):
     monkeypatch.setenv("PATH", str(workdir / "bin"))  # a host with no Slurm client
-    for stage in STAGES[:5]:
+    for stage in STAGES[:6]:
         finish(workdir / "results" / "tiny", stage)
     start(workdir, "train", job_id="1234")
     hold_lock(workdir)
@@ -277,7 +279,7 @@ rule train:
 def test_a_real_snakemake_job_sees_itself_running(workdir):
     """Snakemake's own markers and locks, as its persistence module writes them (not our reading of
     its source): a job that runs `kiln status` finds itself running, and done afterwards."""
-    for stage in STAGES[:5]:
+    for stage in STAGES[:6]:
         finish(workdir / "results" / "tiny", stage)
     (workdir / "Snakefile").write_text(SNAKEFILE.format(python=sys.executable))
     result = subprocess.run(
@@ -288,7 +290,7 @@ def test_a_real_snakemake_job_sees_itself_running(workdir):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads((workdir / "seen.json").read_text())
-    assert [s["state"] for s in seen["stages"]] == ["done"] * 5 + ["running", "pending", "pending"]
+    assert [s["state"] for s in seen["stages"]] == ["done"] * 6 + ["running", "pending", "pending"]
     assert states(workdir)["train"] == "done"
 
 
@@ -297,12 +299,12 @@ def test_a_run_folder_of_an_older_kiln_still_reads(tmp_path, capsys):
     layout.json was written: such a folder reads as it was, with a note saying what changed."""
     run = tmp_path / "results" / "tiny"
     for stage in STAGES:
-        for rel in FILES[stage] + (["smoke/plan.json"] if stage == "smoke" else []):
+        for rel in FILES[stage] + (["smoke/plan.json"] if stage == "plan" else []):
             (run / rel).parent.mkdir(parents=True, exist_ok=True)
             (run / rel).write_text("x")
         (run / "logs").mkdir(exist_ok=True)
         (run / "logs" / f"{stage}.log").write_text("done\n")
-    assert [s.state for s in status.inspect_run(tmp_path, run)] == ["done"] * 8
+    assert [s.state for s in status.inspect_run(tmp_path, run)] == ["done"] * 9
     code, out = kiln_status(tmp_path, capsys=capsys)
     assert code == 0 and "raw/, tokenizer/, tokens/, shards/ are data stages from an older Kiln" in out
     assert f"now live in {tmp_path / 'results' / 'data'}/" in out

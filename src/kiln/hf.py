@@ -12,7 +12,6 @@ model package imports no data code.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -24,8 +23,7 @@ from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import EOS, load_tokenizer
 from kiln.errors import KilnError
 from kiln.io import atomic_dir
-from kiln.layout import Layout
-from kiln.model.build import build_model, load_model
+from kiln.model.build import build_model
 from kiln.model.gpt import GPT
 from kiln.model.llama import Llama
 from kiln.model.registry import ModelConfig
@@ -253,24 +251,3 @@ def load(model_dir: Path) -> GPT | Llama:
     model = build_model(cfg)
     model.load_state_dict(state)
     return model.eval()
-
-
-def export_run(args: argparse.Namespace) -> None:
-    """`kiln export`: a finished run's final weights and tokenizer, exported again (no training)."""
-    paths = Layout.read(args.directory / args.run_dir)
-    train = paths.folder("train")
-    out = args.out or train / "hf"
-    export(load_model(train), out, paths.output("tokenizer", "tokenizer.json"))
-    print(f"kiln: exported {train} to {out}")
-
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "export",
-        help="export a finished run's final model to a Hugging Face folder again, without training",
-        description="Write results/<run>/train/hf (or --out) from the run's final weights and tokenizer.",
-    )
-    parser.add_argument("run_dir", type=Path, metavar="run", help="the run's folder, results/<run_name>")
-    parser.add_argument("--directory", type=Path, default=Path("."), help="where snakemake ran (default: here)")
-    parser.add_argument("--out", type=Path, help="the folder to write (default: results/<run>/train/hf)")
-    parser.set_defaults(run=export_run)

@@ -12,9 +12,9 @@ import argparse
 import logging
 import sys
 
-from kiln import forecast, hf
+from kiln import forecast
 from kiln.errors import KilnError
-from kiln.report import status
+from kiln.report import export, status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
     forecast.register(commands)
     status.register(commands)
-    hf.register(commands)
+    export.register(commands)
     args = parser.parse_args(argv)
     try:
         return args.run(args) or 0
