@@ -50,6 +50,7 @@ rule all:
 
 onstart:
     resubmit_preempted_train()  # workflow/rules/common.smk
+    request_forced_retrains()  # workflow/rules/common.smk
     for run, layout in LAYOUTS.items():
         layout.write()  # results/<run>/layout.json: where its data stages are, for kiln status
     if SWEEP:

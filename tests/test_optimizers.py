@@ -226,7 +226,6 @@ def test_the_optimizer_is_part_of_the_fingerprint_and_muons_settings_only_under_
     # An AdamW run's checkpoints are not continued by a Muon run: it starts over, naming why.
     out = tmp_path / "run"
     run(train_sections(max_steps=4, checkpoint_every=2, log_every=2), shards, out)
-    (out / "checkpoints" / checkpoint.FINISHED).unlink()  # as if killed after its last checkpoint
     result = run(train_sections(max_steps=4, checkpoint_every=2, log_every=2, **MUON), shards, out)
     assert len(result.losses) == 2 and "train.optimizer: 'adamw' in the checkpoint, 'muon' now" in caplog.text
 

@@ -140,6 +140,24 @@ def test_a_log_setting_trains_nothing_and_leaves_the_weights_alone(finished_run,
     assert not (train / "superseded").exists()
 
 
+def test_a_train_job_rerun_for_a_rewritten_input_trains_nothing(finished_run, tmp_path):
+    """Snakemake reruns train whenever its inputs are rewritten: here the smoke stage, redone for a gate
+    setting (smoke.steps). Nothing train trains on changed, so the job resumes the finished run at its
+    last step: no training step, the weights and the summary the same bytes, nothing set aside."""
+    workdir, _, _ = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete"))
+    train = copy / "results" / "tiny" / "train"
+    before = {name: (train / name).read_bytes() for name in ("model.safetensors", "summary.json", "metrics.jsonl")}
+    result = snakemake(copy, "--configfile", str(TINY), "--config", "smoke={steps: 14}", "--until", "train")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert planned_rules(result) == {"smoke", "train"}
+    log = (copy / "results" / "tiny" / "logs" / "train.log").read_text()
+    assert "nothing to train, its weights and summary kept" in log and "starting from step 0" not in log
+    assert {name: (train / name).read_bytes() for name in before} == before
+    assert not (train / "superseded").exists()
+
+
 def test_a_single_stage_can_be_targeted(finished_run):
     workdir, _, _ = finished_run
     by_rule = snakemake(workdir, "--configfile", str(TINY), "-n", "--forcerun", "shard", "--until", "shard")
@@ -238,7 +256,7 @@ def test_a_time_budget_becomes_the_steps_train_runs(finished_run, tmp_path):
     train_log = (run / "logs" / "train.log").read_text()
     assert "bits/byte" in train_log
     # The finished 200-step run was another trajectory: set aside, not resumed (0 steps) and not deleted.
-    assert "train: starting from step 0: the run there finished at step-0000200" in train_log
+    assert "train: starting from step 0: step-0000200 was trained with other settings: " in train_log
     [aside] = (run / "train" / "superseded").iterdir()
     assert (aside / "checkpoints" / "step-0000200" / "complete.json").is_file()
 
@@ -260,7 +278,8 @@ def test_a_changed_lr_trains_the_changed_lr_and_another_run_shares_the_data(fini
     assert changed.returncode == 0, changed.stdout[-3000:] + changed.stderr[-3000:]
     assert planned_rules(changed) == {"smoke", "train"}
     train_log = (copy / "results" / "tiny" / "logs" / "train.log").read_text()
-    assert "train: starting from step 0: the run there finished at step-0000200" in train_log
+    assert "train: starting from step 0: step-0000200 was trained with other settings: " in train_log
+    assert "train.lr: 0.005 in the checkpoint, 0.004 now" in train_log
     assert "resumed from step" not in train_log
     records = [
         json.loads(line) for line in (copy / "results" / "tiny" / "train" / "metrics.jsonl").read_text().splitlines()
@@ -292,6 +311,7 @@ def test_forcerun_train_on_a_finished_run_trains_it_again(finished_run, tmp_path
     redo = snakemake(copy, "--configfile", str(TINY), "--forcerun", "train", "--until", "train")
     assert redo.returncode == 0, redo.stdout[-3000:] + redo.stderr[-3000:]
     assert planned_rules(redo) == {"train"}
+    assert "a retrain was asked for" in (copy / "results" / "tiny" / "logs" / "train.log").read_text()
     train = copy / "results" / "tiny" / "train"
     assert [json.loads(line)["step"] for line in (train / "metrics.jsonl").read_text().splitlines()] == list(
         range(10, 201, 10)

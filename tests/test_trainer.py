@@ -206,7 +206,6 @@ def test_resume_in_place_after_losing_the_final_checkpoint(shards, tmp_path, uni
     out = tmp_path / "inplace"
     shutil.copytree(full, out)
     shutil.rmtree(out / "checkpoints" / f"step-{N:07d}")
-    (out / "checkpoints" / checkpoint.FINISHED).unlink()  # killed before the end: it never finished
     (out / "model.safetensors").unlink()
     (out / "checkpoints" / checkpoint.MARKER).write_text(f"step-{N // 2:07d}\n")
     result = run(copy.deepcopy(sections), shards, out)
@@ -220,7 +219,6 @@ def test_resume_when_a_newer_checkpoint_was_written_but_latest_not_moved(shards,
     sections, full = uninterrupted
     out = tmp_path / "stale-marker"
     shutil.copytree(full, out)
-    (out / "checkpoints" / checkpoint.FINISHED).unlink()
     (out / "checkpoints" / checkpoint.MARKER).write_text(f"step-{N // 2:07d}\n")
     result = run(copy.deepcopy(sections), shards, out)
     assert result.losses == [] and _records(out) == _records(full)
@@ -228,12 +226,28 @@ def test_resume_when_a_newer_checkpoint_was_written_but_latest_not_moved(shards,
     _assert_same_weights(load_model(out).state_dict(), load_model(full).state_dict())
 
 
-def test_rerun_of_a_finished_run_trains_again_from_the_start(shards, tmp_path, uninterrupted, caplog):
-    """What `--forcerun train` does on a finished run: the train job starts over (the same weights
-    again, deterministic on CPU), the finished run's checkpoints and metrics set aside, not deleted."""
+def test_a_rerun_of_a_finished_run_trains_nothing_and_writes_the_same_weights(shards, tmp_path, uninterrupted):
+    """A train job that Snakemake reran without anything it trains on changing (an input rewritten
+    with the same content, a smoke stage redone): it resumes the finished run at its last step, trains
+    0 steps, and writes the same bytes; nothing is set aside."""
+    sections, full = uninterrupted
+    out = tmp_path / "kept"
+    shutil.copytree(full, out)
+    (out / "model.safetensors").unlink()  # Snakemake deletes a job's outputs before it runs it
+    result = run(copy.deepcopy(sections), shards, out)
+    assert result.losses == [] and result.start_step == result.steps == N
+    assert (out / "model.safetensors").read_bytes() == (full / "model.safetensors").read_bytes()
+    assert _records(out) == _records(full) and not (out / layout.SUPERSEDED).exists()
+
+
+def test_a_retrain_asked_for_trains_a_finished_run_again_from_the_start(shards, tmp_path, uninterrupted, caplog):
+    """What `--forcerun train` does on a finished run (the Snakefile's onstart asks through
+    kiln.layout.RETRAIN): the train job starts over (the same weights again, deterministic on CPU),
+    the finished run's checkpoints and metrics set aside, not deleted; the request holds for one job."""
     sections, full = uninterrupted
     out = tmp_path / "again"
     shutil.copytree(full, out)
+    layout.request_retrain(out)
     with caplog.at_level(logging.WARNING, logger="kiln.train"):
         result = run(copy.deepcopy(sections), shards, out)
     assert len(result.losses) == N // 2  # every log step of the run, not zero
@@ -244,7 +258,9 @@ def test_rerun_of_a_finished_run_trains_again_from_the_start(shards, tmp_path, u
     assert _records(aside.parent / aside.name) == _records(full)
     assert (aside / "checkpoints" / f"step-{N:07d}" / checkpoint.MANIFEST).is_file()
     [line] = [r.getMessage() for r in caplog.records if "starting from step 0" in r.getMessage()]
-    assert f"the run there finished at step-{N:07d}" in line and str(aside) in line
+    assert "a retrain was asked for" in line and str(aside) in line
+    assert not (out / layout.RETRAIN).exists()
+    assert run(copy.deepcopy(sections), shards, out).losses == []  # the next job keeps what this one trained
 
 
 def test_a_changed_training_setting_starts_over_naming_it(shards, tmp_path, uninterrupted, caplog):
@@ -253,7 +269,6 @@ def test_a_changed_training_setting_starts_over_naming_it(shards, tmp_path, unin
     sections, full = uninterrupted
     out = tmp_path / "changed"
     shutil.copytree(full, out)
-    (out / "checkpoints" / checkpoint.FINISHED).unlink()  # interrupted, not finished
     shutil.rmtree(out / "checkpoints" / f"step-{N:07d}")
     changed = copy.deepcopy(sections)
     changed["train"]["lr"] = sections["train"]["lr"] / 2
@@ -279,7 +294,6 @@ def test_keep_checkpoints_prunes_old_ones(shards, tmp_path):
     run(train_sections(max_steps=8, log_every=2, checkpoint_every=2, keep_checkpoints=2), shards, out)
     root = out / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == [
-        checkpoint.FINISHED,
         checkpoint.MARKER,
         "step-0000006",
         "step-0000008",

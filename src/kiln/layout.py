@@ -76,7 +76,16 @@ WANDB, WANDB_ID, MIRROR_LOG = "wandb", "run_id", "mirror.jsonl"
 # BUDGET_LOG: one line per decision of a budgeted run's re-planning (kiln.train.budget), which a resumed
 # run replays.
 BUDGET_LOG = "budget.jsonl"
-TRAJECTORY = (METRICS, SAMPLES, WANDB, MIRROR_LOG, BUDGET_LOG, CHECKPOINTS)
+# FINAL_SUMMARY: train's summary.json as the run that trained it wrote it. Snakemake deletes a job's
+# declared outputs before it runs it, so a train job that finds its trajectory already finished (it
+# reran because an input was rewritten, not because anything it trains on changed) writes the run's
+# summary from here, not from a job that trained 0 steps.
+FINAL_SUMMARY = "final-summary.json"
+TRAJECTORY = (METRICS, SAMPLES, WANDB, MIRROR_LOG, BUDGET_LOG, FINAL_SUMMARY, CHECKPOINTS)
+# RETRAIN: written by the Snakefile's onstart for a train job Snakemake was told to force (--forcerun
+# train, -F, -f on its output), taken by that job: a finished run there trains again from step 0. Any
+# other rerun of train keeps a finished run whose fingerprint matches (kiln.train.resume).
+RETRAIN = "retrain-requested"
 # One line per train job that kiln.train.launch ran (its Snakemake attempt and exit code), read by
 # the next attempt to tell a resubmission after a preemption from one after a real error.
 TRAIN_JOBS = "jobs.jsonl"
@@ -222,6 +231,21 @@ def set_aside(train_dir: Path) -> Path | None:
     for path in present:
         os.replace(path, dest / path.name)
     return dest
+
+
+def request_retrain(train_dir: Path) -> None:
+    """Ask the next train job in train_dir to train again from step 0 (RETRAIN)."""
+    Path(train_dir).mkdir(parents=True, exist_ok=True)
+    (Path(train_dir) / RETRAIN).write_text("asked for by snakemake --forcerun train (or -F, -f)\n", encoding="utf-8")
+
+
+def take_retrain_request(train_dir: Path) -> bool:
+    """Whether a retrain was asked for (RETRAIN), removing the request: it holds for one job."""
+    path = Path(train_dir) / RETRAIN
+    if not path.is_file():
+        return False
+    path.unlink()
+    return True
 
 
 def sweep_outputs(name: str, root: str | Path = RESULTS) -> dict[str, str]:

@@ -109,3 +109,15 @@ def resubmit_preempted_train():
     preemption there is someone's kill."""
     if workflow.non_local_exec:
         workflow.get_rule("train").restart_times = max(cfg["train"]["max_resubmits"] for cfg in RUNS.values())
+
+
+def request_forced_retrains():
+    """Ask each train job Snakemake was told to force (--forcerun train, -F, -f on its output) to
+    train again from step 0 (kiln.layout.RETRAIN). Any other rerun of train (an input rewritten with
+    the same content, a smoke stage redone for a gate setting, a deleted export) keeps a finished run
+    whose fingerprint matches: 0 steps, the same weights. From onstart: the DAG is built there, and
+    it runs in the main process only."""
+    dag = workflow.dag
+    for job in dag.needrun_jobs():
+        if job.rule.name == "train" and dag.reason(job).forced:
+            kiln_layout.request_retrain(LAYOUTS[job.wildcards.run].folder("train"))

@@ -14,7 +14,9 @@ from kiln.stage import run_main, stage_config, stage_parser
 
 def main() -> None:
     parser = stage_parser("download", __doc__)
-    parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/raw")
+    parser.add_argument(
+        "--out", required=True, type=Path, help="output folder, e.g. results/data/raw-<key> (kiln.layout)"
+    )
     args = parser.parse_args()
     manifest = write_raw(stage_config(args, "download")["download"], args.out)
     print(f"download: {manifest['rows']} documents, {manifest['bytes']} bytes -> {args.out}")

@@ -15,7 +15,9 @@ def main() -> None:
     parser = stage_parser("pretokenize", __doc__)
     parser.add_argument("--raw", required=True, type=Path, help="download stage output folder")
     parser.add_argument("--tokenizer", required=True, type=Path, help="tokenizer.json")
-    parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/tokens")
+    parser.add_argument(
+        "--out", required=True, type=Path, help="output folder, e.g. results/data/tokens-<key> (kiln.layout)"
+    )
     parser.add_argument("--workers", type=int, default=1, help="worker processes (the output does not depend on it)")
     args = parser.parse_args()
     cfg = stage_config(args, "pretokenize")

@@ -15,7 +15,9 @@ from kiln.stage import run_main, stage_config, stage_parser
 def main() -> None:
     parser = stage_parser("shard", __doc__)
     parser.add_argument("--tokens", type=Path, help="pretokenize stage output folder (not with --verify)")
-    parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/shards")
+    parser.add_argument(
+        "--out", required=True, type=Path, help="output folder, e.g. results/data/shards-<key> (kiln.layout)"
+    )
     parser.add_argument("--verify", action="store_true", help="verify --out against its manifest and exit")
     parser.add_argument("--report", type=Path, help="with --verify: write the result here as JSON")
     args = parser.parse_args()

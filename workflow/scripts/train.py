@@ -1,8 +1,10 @@
 """train stage: the full run. Launch under torchrun (one process per device; gloo on CPU).
 
 Writes into --out: metrics.jsonl (one JSON object per log step; wandb/ too unless wandb.mode is
-disabled), samples.jsonl (completions of train.samples.prompts at every validation, sampled or greedy as each row says), checkpoints/ (resumable: a rerun with the same training settings continues from the newest complete one;
-one with other settings, or of a finished run, sets them aside under superseded/ and starts over), and at the end
+disabled), samples.jsonl (completions of train.samples.prompts at every validation, sampled or greedy as each row says),
+checkpoints/ (resumable: a rerun with the same training settings continues from the newest complete one,
+and a finished run's trains 0 steps; one with other settings, or with --forcerun train, sets them aside
+under superseded/ and starts over), final-summary.json (summary.json as the run that trained wrote it), and at the end
 model.safetensors + model_config.json, summary.json, and hf/: the model in Hugging Face format
 (config.json, model.safetensors, tokenizer files) for `AutoModelForCausalLM.from_pretrained`.
 """
@@ -12,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from kiln import hf
+from kiln import hf, layout
 from kiln.data.shards import check_tokenizer
 from kiln.errors import KilnError
-from kiln.io import write_json
+from kiln.io import read_json, write_json
 from kiln.model.build import load_model
 from kiln.plan.steps import TrainPlan
 from kiln.plan.verdict import SmokeReport
@@ -73,9 +75,21 @@ def main() -> None:
     )
     if result.is_main:
         hf.export(load_model(args.out), args.out / "hf", args.tokenizer)
-        summary = dataclasses.asdict(result)
-        if result.budget is not None:  # budget_s, spent_s (to here: all but the exit), planned/final steps, decisions
-            summary |= final_summary(summary.pop("budget"))
+        final = args.out / layout.FINAL_SUMMARY
+        if result.start_step == result.steps and final.is_file():  # a finished run of these settings
+            print(
+                f"train: the run there finished at step {result.steps} with these settings: nothing to train, "
+                "its weights and summary kept (`snakemake --forcerun train` trains again)",
+                flush=True,
+            )
+            summary = read_json(final)
+        else:
+            summary = dataclasses.asdict(result)
+            if (
+                result.budget is not None
+            ):  # budget_s, spent_s (to here: all but the exit), planned/final steps, decisions
+                summary |= final_summary(summary.pop("budget"))
+            write_json(final, summary)
         write_json(args.out / "summary.json", summary)
         print(
             f"train: {result.steps} steps, {result.tokens_seen} tokens, {result.tokens_per_s:.0f} tok/s -> {args.out}"

@@ -1,6 +1,6 @@
 """lm-evaluation-harness adapter: a Kiln checkpoint as an lm-eval model named "kiln".
 
-    lm_eval --model kiln --model_args pretrained=results/<run>/train,tokenizer=results/<run>/tokenizer/tokenizer.json \
+    lm_eval --model kiln --model_args pretrained=results/<run>/train,tokenizer=results/data/tokenizer-<key>/tokenizer.json \
             --tasks kiln_heldout_perplexity --include_path <tasks dir>
     # on a GPU, under bf16 autocast as the eval stage runs it there: add --device cuda and precision=bf16
 

@@ -26,8 +26,9 @@ so the ranks of a node share one copy in the page cache. A checkpoint asked for 
 (KILN_RESUME_FROM, or eval's `load_weights`) is an error when it does not read. A checkpoint of another trajectory
 (kiln.train.fingerprint: model, tokenizer, shards, seed, training settings) is an error naming what
 differs; before that, a train job sets such checkpoints aside (`superseded_by` says why, from
-complete.json alone) and starts over, as it does after FINISHED, the marker a run that trained all
-its steps leaves (`mark_finished`): a train job on a finished run was asked to train again. Pruning keeps the
+complete.json alone) and starts over, as it does when asked to (--forcerun train: kiln.layout.RETRAIN).
+A train job on a finished run of the same trajectory resumes at its last step and trains nothing.
+Pruning keeps the
 newest `keep` complete checkpoints up to the one just written, so the newest complete checkpoint is
 never removed, and besides them every milestone, a complete checkpoint whose step is a multiple of
 `milestone_every` (train.keep_checkpoint_every; seed 002: "last-3 + a checkpoint-every-10k"), to go
@@ -72,7 +73,6 @@ from kiln.train.fingerprint import differences, require_same
 
 log = logging.getLogger("kiln.checkpoint")
 MARKER = layout.LATEST
-FINISHED = "FINISHED"  # written when the run trained all its steps: a rerun after it trains again
 STATE = "state.pt"
 MANIFEST = "complete.json"
 SHARDS = "shards"  # the sharded format's DCP folder; a loaded state names it under this key
@@ -310,27 +310,15 @@ def _newest(root: Path, requested: str | Path | None) -> tuple[Path, dict] | Non
     return None
 
 
-def mark_finished(root: Path, step: int) -> None:
-    """Record that the run in root trained to its last step (rank 0, once its final weights are
-    saved): a later train job on this folder was asked to train again, and starts over."""
-    with atomic_file(Path(root) / FINISHED, durable=True) as tmp:
-        tmp.write_text(step_name(step) + "\n", encoding="utf-8")
-
-
-def clear_finished(root: Path) -> None:
-    (Path(root) / FINISHED).unlink(missing_ok=True)
-
-
-def superseded_by(root: Path, fingerprint: dict) -> str | None:
+def superseded_by(root: Path, fingerprint: dict, *, retrain: bool = False) -> str | None:
     """Why the checkpoints under root must not be resumed by a run with `fingerprint`, or None when
-    they may: the run there finished (a rerun of a finished train stage trains again), or the newest
-    complete checkpoint's fingerprint (read from its complete.json, no state loaded) differs, naming
-    each setting that changed."""
+    they may: a retrain was asked for (kiln.layout.RETRAIN: --forcerun train) of the run there, or the
+    newest complete checkpoint's fingerprint (read from its complete.json, no state loaded) differs,
+    naming each setting that changed. A finished run with the same fingerprint is resumed at its last
+    step: 0 steps to train, the same weights."""
     root = Path(root)
-    if (root / FINISHED).is_file():
-        return (
-            f"the run there finished at {(root / FINISHED).read_text(encoding='utf-8').strip()}; a rerun trains again"
-        )
+    if retrain and kept(root):
+        return "a retrain was asked for (snakemake --forcerun train)"
     found = kept(root)
     if not found:
         return None

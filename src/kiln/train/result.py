@@ -26,6 +26,7 @@ class RunResult:
     tokens_per_step: int = 0
     grad_accum: int = 1
     steps: int = 0
+    start_step: int = 0  # the step this job resumed from: equal to steps when it had nothing left to train
     tokens_seen: int = 0
     wall_s: float = 0.0  # the loop's wall time in this process, validation and checkpoints included
     is_main: bool = True  # rank 0, the rank that writes reports

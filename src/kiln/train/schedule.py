@@ -18,7 +18,6 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable
 
 from kiln.sections import TrainSection
@@ -38,42 +37,16 @@ def lr_at(
     decay_fraction: float = 0.2,
     cooldown: str = "linear",
 ) -> float:
-    """LR for optimizer step `step` (0-based). Warmup starts at lr/warmup_steps, never at 0, so the
+    """LR for optimizer step `step` (0-based) of a run of max_steps steps: Replanned's schedule
+    before any re-plan (one formula for both). Warmup starts at lr/warmup_steps, never at 0, so the
     first step already moves the weights."""
-    if step < warmup_steps:
-        return lr * (step + 1) / warmup_steps
-    if kind == "constant":
-        return lr
-    if step >= max_steps:
-        return min_lr
-    if kind == "cosine":
-        progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
-        return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
-    if kind == "wsd":
-        decay_steps = max(1, round(decay_fraction * max_steps))
-        decay_start = max(warmup_steps, max_steps - decay_steps)
-        if step < decay_start:
-            return lr
-        if cooldown not in COOLDOWNS:
-            raise ValueError(f"unknown cooldown {cooldown!r} (known: {', '.join(COOLDOWNS)})")
-        progress = (step - decay_start) / max(1, max_steps - decay_start)  # [0, 1)
-        scale = 1.0 - math.sqrt(progress) if cooldown == "1-sqrt" else 1.0 - progress
-        return min_lr + scale * (lr - min_lr)
-    raise ValueError(f"unknown schedule {kind!r} (known: {', '.join(KINDS)})")
+    kw = dict(lr=lr, min_lr=min_lr, warmup_steps=warmup_steps, kind=kind, decay_fraction=decay_fraction)
+    return Replanned(max_steps=max_steps, cooldown=cooldown, **kw)(step)
 
 
 def schedule_from_config(train: TrainSection, max_steps: int) -> Callable[[int], float]:
     """step -> LR for the `train` section, run for max_steps steps."""
-    return partial(
-        lr_at,
-        lr=train.lr,
-        min_lr=train.min_lr,
-        warmup_steps=train.warmup_steps,
-        max_steps=max_steps,
-        kind=train.schedule,
-        decay_fraction=train.decay_fraction,
-        cooldown=train.cooldown,
-    )
+    return Replanned.from_config(train, max_steps)
 
 
 @dataclass(frozen=True)
@@ -91,10 +64,11 @@ class _Segment:
 
 
 class Replanned:
-    """lr_at's schedule whose max_steps may change during the run (kiln.train.budget re-plans the
-    steps from the speed it measures), without a jump in the learning rate.
+    """The LR schedule (lr_at is this, never re-planned), whose max_steps may change during the run
+    (kiln.train.budget re-plans the steps from the speed it measures) without a jump in the LR.
 
-    Until the first re-plan it is lr_at, bit for bit. A re-plan at step s (steps 0..s-1 done) to M
+    Before the decay (warmup, wsd's stable phase) the LR is the peak's ramp or the peak; in it, the
+    decay's progress in [0, 1] is scaled by half a cosine, or wsd's linear or 1-sqrt cooldown. A re-plan at step s (steps 0..s-1 done) to M
     steps changes the LR of steps s onwards only:
     - before the decay has begun (warmup, or wsd's stable phase), the schedule becomes lr_at's for M:
       the LR held at its peak until M's own decay start, or, when that lies behind s already, a
@@ -190,12 +164,11 @@ class Replanned:
 
     def __call__(self, step: int) -> float:
         seg = self._segment(step)
-        plain = seg.p0 == 0.0 and seg.anchor == seg.decay_start == self._decay_start(seg.max_steps)
-        if plain or self.kw["kind"] == "constant":
-            return lr_at(step, max_steps=seg.max_steps, **self.kw)
         lr, min_lr, warmup = self.kw["lr"], self.kw["min_lr"], self.kw["warmup_steps"]
         if step < warmup:
             return lr * (step + 1) / warmup
+        if self.kw["kind"] == "constant":
+            return lr
         if step >= seg.max_steps:
             return min_lr
         if step < seg.decay_start:

@@ -266,6 +266,7 @@ class Trainer:
             tokens_per_step=self.plan.tokens_per_step,
             grad_accum=self.plan.grad_accum,
             init_from=self.init_source.describe() if self.init_source else None,
+            start_step=self.step,
         )
         if d.is_main:
             progress.log_model(self.cfg, result.n_params, d.world, train.parallel, self.plan)
@@ -345,7 +346,6 @@ class Trainer:
         weights = parallel.full_model_state(self.model)
         if d.is_main:
             save_model(self.cfg, weights, out_dir)
-            checkpoint.mark_finished(ckpt_root, self.step)
         self.mirror.close()  # the final checkpoint's copy, bounded (kiln.train.mirror.FINAL_WAIT_S)
         result.mirror_failures = self.mirror.failures
         result.budget = self.budget.summary() if self.budget is not None else None
