@@ -160,7 +160,7 @@ def check_compile_and_gpt2(ctx: Ctx) -> list[tuple[str, str]]:
     trainer = Trainer(train, shards)
     if ctx.dry:  # inductor's C++ build takes ~20 s on 2 cores; dynamo and AOT autograd still trace Kiln's blocks
         compile_blocks(trainer.model, backend="aot_eager")  # train's own path (kiln.train.parallel), per block
-    batch = to_device(trainer.batches.next(), trainer.d.device)  # (B, T + 1), split as train_step splits it
+    batch = to_device(trainer.batches.next(), trainer.dist.device)  # (B, T + 1), split as train_step splits it
     x, y = batch[:, :-1], batch[:, 1:]
 
     with torch.compiler.set_stance("force_eager"):

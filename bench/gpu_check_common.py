@@ -138,11 +138,13 @@ def timed_steps(
             ctx.note(f"warm ({step_s * 1000:.0f} ms a step); timing {steps} steps")
     meter = Throughput(
         flops_per_token(trainer.model),
-        peak_flops(trainer.d.device),
-        trainer.d.world,
+        peak_flops(trainer.dist.device),
+        trainer.dist.world,
         flops_per_token_torchtitan(trainer.model),
     )
     for _ in range(steps):
         loss = trainer.train_step()[0]
     loss.item()
-    return meter.window(steps * trainer.plan.tokens_per_step, last=True) | {"steps": steps}, memory_mb(trainer.d.device)
+    return meter.window(steps * trainer.plan.tokens_per_step, last=True) | {"steps": steps}, memory_mb(
+        trainer.dist.device
+    )

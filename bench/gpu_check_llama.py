@@ -51,7 +51,7 @@ def _estimated(trainer: Trainer, micro: int, compiled: bool) -> int:
     """kiln.plan.memory's estimate for this trainer's model at `micro` rows, one rank, bf16."""
     return estimate(
         trainer.cfg,
-        Setting(micro_batch=micro, world=1, bf16=True, compiled=compiled, cuda=trainer.d.device.type == "cuda"),
+        Setting(micro_batch=micro, world=1, bf16=True, compiled=compiled, cuda=trainer.dist.device.type == "cuda"),
     ).total
 
 

@@ -138,7 +138,7 @@ def _steps(parallel: str, plan: dict) -> dict:
     rates, _ = timed_steps(trainer, warmup=warmup, steps=steps)
     out = {"losses": [float(x) for x in losses], "tokens_per_s": rates["tokens_per_s"], "steps": rates["steps"]}
     if parallel == "ddp":  # FSDP's ranks hold different shards by design
-        sums = [None] * trainer.d.world
+        sums = [None] * trainer.dist.world
         dist.all_gather_object(sums, sum(p.detach().double().sum().item() for p in trainer.model.parameters()))
         out["same_weights"] = len(set(sums)) == 1
     return out

@@ -104,13 +104,13 @@ def child(plan: dict) -> None:
     peak = peaks.stop()
     assert trainer.step == 1, trainer.step
     row = {
-        "rank": trainer.d.rank,
+        "rank": trainer.dist.rank,
         **{f"{k}_growth": peak[k] - before[k] for k in FIELDS},
         "VmHWM": peak["VmHWM"],
         "RssAnon_before": before["RssAnon"],
     }
-    Path(plan["out"], f"rank{trainer.d.rank}.json").write_text(json.dumps(row))
-    shutdown(trainer.d.world, synced=True)
+    Path(plan["out"], f"rank{trainer.dist.rank}.json").write_text(json.dumps(row))
+    shutdown(trainer.dist.world, synced=True)
 
 
 def main() -> None:

@@ -91,7 +91,7 @@ class NanoGPTLoop:
 
     def __init__(self, trainer: Trainer, shard_dir: Path, train: dict, seed: int):
         torch.manual_seed(seed)
-        self.device, self.B, self.T = trainer.d.device, train["micro_batch"], trainer.cfg.seq_len
+        self.device, self.B, self.T = trainer.dist.device, train["micro_batch"], trainer.cfg.seq_len
         with torch.device(self.device):
             self.model = build_model(trainer.cfg)
         self.model.train()

@@ -42,7 +42,7 @@ def main() -> None:
         params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in trainer.model.parameters()]
         total = float(sum(p.detach().double().sum() for p in params))
         finite = all(bool(torch.isfinite(p).all()) for p in params)
-        ranks = [None] * trainer.d.world
+        ranks = [None] * trainer.dist.world
         dist.all_gather_object(ranks, {"weights_sum": total, "finite": finite, "skipped": trainer.skipped})
         adam_steps = sorted({int(s["step"]) for s in trainer.optimizer.state_dict()["state"].values()})
         out[strategy] = {"ranks": ranks, "adam_steps": adam_steps, "losses": result.losses}

@@ -15,7 +15,7 @@ import pytest
 from kiln import run_config
 from kiln.plan.steps import BatchPlan, BudgetPlan, StageTimes, TrainPlan, build_plan
 from kiln.sections import TrainSection
-from kiln.train.budget import AIM, Budget
+from kiln.train.budget import AIM, BudgetController
 from kiln.train.schedule import Replanned, lr_at
 
 TOKENS = 4096
@@ -50,13 +50,15 @@ class Stage:
         per = self.probe_step_s + self.validation_s / 100 + self.checkpoint_s / 200
         return int((self.budget_s - fixed) / per)
 
-    def run(self, budget: Budget | None = None, stop_at: int | None = None, start_step: int = 0, t0: float = 0.0):
+    def run(
+        self, budget: BudgetController | None = None, stop_at: int | None = None, start_step: int = 0, t0: float = 0.0
+    ):
         """Run (or, with budget, continue) the stage; returns (the controller, end second, steps)."""
         rng = random.Random(0)
         self.t = t0 + self.startup_s
         if budget is None:
             schedule = Replanned(max_steps=self.planned_steps(), **SCHEDULE)
-            budget = Budget(
+            budget = BudgetController(
                 self.plan(),
                 schedule,
                 cap=self.cap,
@@ -174,24 +176,28 @@ def test_the_final_windows_count_the_validations_and_checkpoints_before_the_last
     """Single steps' time leaves the validations and checkpoints out: the final windows' plan adds
     those due before its last step (the last step's own are the end's)."""
     stage = Stage(validation_s=5.0, checkpoint_s=3.0)
-    budget = Budget(
+    budget = BudgetController(
         stage.plan(), Replanned(max_steps=2000, **SCHEDULE), cap=None, tokens_per_step=TOKENS, every=(100, 200)
     )
     seconds = budget._events(895, scale=2.0)  # steps slowed 2x: so are their validations
     assert [seconds(n) for n in (1, 5, 6, 105, 106)] == [0.0, 0.0, 10.0, 10.0, 2 * (5.0 + 5.0 + 3.0)]
     assert (
-        Budget(stage.plan(), Replanned(max_steps=9, **SCHEDULE), cap=None, tokens_per_step=TOKENS)._events(0, 1.0)(500)
+        BudgetController(stage.plan(), Replanned(max_steps=9, **SCHEDULE), cap=None, tokens_per_step=TOKENS)._events(
+            0, 1.0
+        )(500)
         == 0
     )
 
 
 def test_the_final_windows_sync_the_device_before_timing_a_step():
     """On CUDA the host runs ahead of the device: a step's wall time is its own only after a sync
-    (kiln.train.budget.Budget.of passes torch.cuda.synchronize). Log steps have synced already."""
+    (kiln.train.budget.BudgetController.of passes torch.cuda.synchronize). Log steps have synced already."""
     stage = Stage()
     synced = []
     schedule = Replanned(max_steps=stage.planned_steps(), **SCHEDULE)
-    budget = Budget(stage.plan(), schedule, cap=None, tokens_per_step=TOKENS, start=0.0, clock=lambda: stage.t)
+    budget = BudgetController(
+        stage.plan(), schedule, cap=None, tokens_per_step=TOKENS, start=0.0, clock=lambda: stage.t
+    )
     budget.sync = lambda: synced.append(stage.t)
     budget, _, steps = stage.run(budget)
     fine_steps = [d["step"] for d in stage.decisions if d["fine"] and d["step"] % stage.log_every]
@@ -226,7 +232,9 @@ def test_a_replay_of_the_checkpoint_and_the_log_follows_the_same_steps_and_sched
     fingerprint = {"train": {"steps": 1}}
     first = Stage(slowdown=hog_at(100.0))
     schedule = Replanned(max_steps=first.planned_steps(), **SCHEDULE)
-    budget = Budget(first.plan(), schedule, cap=None, tokens_per_step=TOKENS, start=0.0, clock=lambda: first.t)
+    budget = BudgetController(
+        first.plan(), schedule, cap=None, tokens_per_step=TOKENS, start=0.0, clock=lambda: first.t
+    )
     budget.attach(log, fingerprint, is_main=True)
     first.t = 0.0
     budget, _, _ = first.run(budget, stop_at=1200)
@@ -241,7 +249,7 @@ def test_a_replay_of_the_checkpoint_and_the_log_follows_the_same_steps_and_sched
     # the resumed one: another machine speed (no hog), the checkpoint of step 1,200 and the file
     log.write_text(killed_log)
     again = Stage(slowdown=hog_at(100.0))
-    resumed = Budget(
+    resumed = BudgetController(
         again.plan(),
         Replanned(max_steps=first.planned_steps(), **SCHEDULE),
         cap=None,
@@ -263,10 +271,10 @@ def saved_max(state: dict, planned: int) -> int:
     return state["changes"][-1][1] if state["changes"] else planned
 
 
-def controller(stage: Stage) -> Budget:
+def controller(stage: Stage) -> BudgetController:
     """A fresh controller of `stage`'s plan, on its clock, counting validations and checkpoints."""
     schedule = Replanned(max_steps=stage.planned_steps(), **SCHEDULE)
-    return Budget(
+    return BudgetController(
         stage.plan(), schedule, cap=None, tokens_per_step=TOKENS, every=(100, 200), start=0.0, clock=lambda: stage.t
     )
 
@@ -313,13 +321,15 @@ def test_a_fresh_start_replays_a_log_of_its_own_trajectory_only(tmp_path):
     log = tmp_path / "budget.jsonl"
     stage = Stage(slowdown=hog_at(200.0))
     schedule = Replanned(max_steps=stage.planned_steps(), **SCHEDULE)
-    budget = Budget(stage.plan(), schedule, cap=None, tokens_per_step=TOKENS, start=0.0, clock=lambda: stage.t)
+    budget = BudgetController(
+        stage.plan(), schedule, cap=None, tokens_per_step=TOKENS, start=0.0, clock=lambda: stage.t
+    )
     budget.attach(log, {"a": 1}, is_main=True)
     stage.t = 0.0
     budget, _, steps = stage.run(budget)
 
     replay = Stage()  # no hog: left to itself it would train far more steps
-    other = Budget(
+    other = BudgetController(
         replay.plan(),
         Replanned(max_steps=stage.planned_steps(), **SCHEDULE),
         cap=None,
@@ -331,7 +341,7 @@ def test_a_fresh_start_replays_a_log_of_its_own_trajectory_only(tmp_path):
     other, _, replayed_steps = replay.run(other)
     assert replayed_steps == steps and other.changes == budget.changes and replay.decisions == []
 
-    stranger = Budget(
+    stranger = BudgetController(
         replay.plan(),
         Replanned(max_steps=stage.planned_steps(), **SCHEDULE),
         cap=None,

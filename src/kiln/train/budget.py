@@ -3,7 +3,7 @@ own measured speed as it goes, and records every decision so a resumed run follo
 
 The smoke stage turns train.budget into steps from a ~20 s probe (kiln.plan.steps.budget_steps); a run
 that then goes faster or slower than the probe, or whose machine slows down half-way (another job
-starts on it), would end well before or after its budget. Budget re-plans at every log step, where
+starts on it), would end well before or after its budget. BudgetController re-plans at every log step, where
 the host has read the step anyway, and in the run's final log windows at every step:
 
     spent      the stage's wall time so far, from the launcher's start (KILN_LAUNCH_START, which
@@ -123,7 +123,7 @@ def plan_steps(*, step: int, spent_s: float, aim: float, per_step_s: float, end_
     return step + max(1, math.floor((aim - spent_s - end_s) / per_step_s))
 
 
-class Budget:
+class BudgetController:
     """The budget controller of one train run: its decisions, the schedule they shape, its state."""
 
     def __init__(
@@ -164,7 +164,9 @@ class Budget:
         self._timed: tuple[int, float] | None = None  # (step, time) of the last step timed
 
     @classmethod
-    def of(cls, plan: BudgetPlan | None, train: TrainSection, max_steps: int, tokens_per_step: int, d) -> Budget | None:
+    def of(
+        cls, plan: BudgetPlan | None, train: TrainSection, max_steps: int, tokens_per_step: int, d
+    ) -> BudgetController | None:
         """The controller of a Trainer (d: its kiln.train.distributed setup) for the smoke stage's
         budget plan; None for a run planned in steps. train.max_steps, when set, is the cap."""
         if plan is None:
@@ -406,7 +408,7 @@ def _spread(values: list[float]) -> float:
 
 
 def final_summary(summary: dict, now: float | None = None) -> dict:
-    """Budget.summary with spent_s as of now (train.py, after the export: all but the exit)."""
+    """BudgetController.summary with spent_s as of now (train.py, after the export: all but the exit)."""
     now = time.time() if now is None else now
     kept = {k: v for k, v in summary.items() if k not in ("start", "offset_s")}
     return kept | {"spent_s": summary["offset_s"] + now - summary["start"]}

@@ -41,7 +41,7 @@ def probe(
     span ends (a handful of syncs), as the full run waits at log steps. With profile_step, that step
     (1-based) is traced (trace.json for Perfetto / chrome://tracing; on CUDA also
     memory_snapshot.pickle for pytorch.org/memory_viz) and its span left out of the timing."""
-    d = trainer.d
+    d = trainer.dist
     losses, norms = [], []
     span = max(1, (steps - warmup) // PROBE_SPANS)
     spans: list[tuple[float, int]] = []  # (seconds, steps) of each whole span without the traced step
@@ -98,13 +98,13 @@ def _traced_step(trainer: Trainer, trace_dir: Path | None):
     if trace_dir is None:
         loss, norm, _ = trainer.train_step()
         return loss, norm
-    cuda = trainer.d.device.type == "cuda"
+    cuda = trainer.dist.device.type == "cuda"
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     if cuda:
         torch.cuda.memory._record_memory_history(max_entries=100_000)
     with torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
         loss, norm, _ = trainer.train_step()
-        sync(trainer.d.device)
+        sync(trainer.dist.device)
     trace_dir.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(trace_dir / "trace.json"))
     if cuda:

@@ -160,7 +160,7 @@ def overfit(
     first = last = float("nan")
     for step in range(1, cfg.max_steps + 1):
         loss, _, _ = trainer.train_step()
-        last = mean_across_ranks(loss, trainer.d.world).item()
+        last = mean_across_ranks(loss, trainer.dist.world).item()
         first = last if step == 1 else first
         if last < cfg.max_loss or not math.isfinite(last):
             break
@@ -223,7 +223,7 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         # compiles its static training step first (tests/test_smoke.py counts the graphs).
         started = time.perf_counter()
         with torch.compiler.set_stance("force_eager"):
-            leak = causality_leak(trainer.model, vocab, seq_len, trainer.d.device, trainer.seed)
+            leak = causality_leak(trainer.model, vocab, seq_len, trainer.dist.device, trainer.seed)
             init = trainer.evaluate(smoke.val_batches)
         extra_s += time.perf_counter() - started
         checks.append(
@@ -322,8 +322,8 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         model_bytes=_param_bytes(trainer.model),
         train_tokens=trainer.rows.manifest["splits"]["train"]["tokens"],
         batch=asdict(trainer.plan),
-        device=str(trainer.d.device),
-        world=trainer.d.world,
+        device=str(trainer.dist.device),
+        world=trainer.dist.world,
         precision=precision,
         precision_tokens_per_s=candidates,
         times=asdict(
@@ -370,7 +370,7 @@ def pick_precision(
         candidate_train = replace(probe_train, precision=candidate).as_dict()
         trainer = Trainer(dict(sections, train=candidate_train), shard_dir, max_steps=steps)
         _, _, measured = probe(trainer, steps, smoke.warmup_steps)
-        rates[candidate] = mean_across_ranks(torch.tensor(measured.tokens_per_s), trainer.d.world).item()
+        rates[candidate] = mean_across_ranks(torch.tensor(measured.tokens_per_s), trainer.dist.world).item()
         del trainer
         _free_memory()
     pick = max(rates, key=rates.get)
@@ -385,7 +385,7 @@ def _time_checkpoint(trainer: Trainer, train: TrainSection, out_dir: Path) -> tu
     gathered onto rank 0 or written by every rank as its shards. The seconds are the training loop's
     pause, the slowest rank's (train goes on when every rank has; an async save's writing overlaps
     the steps after it, as in train); the bytes are what landed on disk, every rank's files."""
-    d = trainer.d
+    d = trainer.dist
     scratch = None
     if d.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)

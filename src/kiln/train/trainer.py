@@ -43,7 +43,7 @@ from kiln.model.registry import model_config
 from kiln.plan.steps import BudgetPlan, plan_batch
 from kiln.sections import TrainSection
 from kiln.train import checkpoint, device, faults, fingerprint, init_from, parallel, preemption, progress, resume
-from kiln.train.budget import Budget
+from kiln.train.budget import BudgetController
 from kiln.train.distributed import (
     barrier,
     collective_deadline,
@@ -86,45 +86,45 @@ class Trainer:
         self.seed = train.seed  # the model seed: initial weights, data order, dropout
         self.sections, self.train = sections, train  # the stage's sections as given (checkpoints, wandb); typed
         self.max_steps = max_steps or train.max_steps
-        self.d = init_distributed(train.device, train.collective_timeout_s)
-        device.configure(self.d.device)
+        self.dist = init_distributed(train.device, train.collective_timeout_s)
+        device.configure(self.dist.device)
         seed_everything(self.seed)
         self.rows, self.val_rows = ShardRows(shard_dir, "train"), ShardRows(shard_dir, "val")
         manifest = self.rows.manifest
         self.cfg = model_config(sections["model"], manifest["padded_vocab_size"], manifest["seq_len"])
         self.tokens_per_byte = {split: tokens_per_byte(manifest, split) for split in ("train", "val")}
-        self.plan = plan_batch(train.batch_tokens, train.micro_batch, self.cfg.seq_len, self.d.world)
-        with torch.device(self.d.device):  # initialised where it trains: no host copy of a 1B model
+        self.plan = plan_batch(train.batch_tokens, train.micro_batch, self.cfg.seq_len, self.dist.world)
+        with torch.device(self.dist.device):  # initialised where it trains: no host copy of a 1B model
             self.model = build_model(self.cfg)
-        seed_rank_stream(self.seed, self.d.rank)  # same init on every rank; dropout from here differs
-        self.bf16 = device.use_bf16(train.precision, self.d.device)
-        self.autocast = device.autocast(self.d.device, self.bf16)
+        seed_rank_stream(self.seed, self.dist.rank)  # same init on every rank; dropout from here differs
+        self.bf16 = device.use_bf16(train.precision, self.dist.device)
+        self.autocast = device.autocast(self.dist.device, self.bf16)
         self.wrapped = parallel.parallelize(
             self.model,
-            self.d,
+            self.dist,
             strategy=train.parallel,
-            compile_model=device.use_compile(train.compile, self.d.device),
+            compile_model=device.use_compile(train.compile, self.dist.device),
             activation_checkpointing=train.activation_checkpointing,
             bf16=self.bf16,
         )
-        self.optimizer = build_optimizer(self.model, train, self.d.device.type)  # AdamW, or Muon + AdamW
+        self.optimizer = build_optimizer(self.model, train, self.dist.device.type)  # AdamW, or Muon + AdamW
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.batches = TrainBatches(
-            self.rows, train.micro_batch, self.seed, self.d.rank, self.d.world, self.plan.grad_accum
+            self.rows, train.micro_batch, self.seed, self.dist.rank, self.dist.world, self.plan.grad_accum
         )
         self.lr_at = schedule_from_config(train, self.max_steps)
         # A budget re-plans max_steps from the measured speed (kiln.train.budget); the fingerprint keeps the plan's.
         self.planned_steps = self.max_steps
-        self.budget = Budget.of(budget, train, self.max_steps, self.plan.tokens_per_step, self.d)
+        self.budget = BudgetController.of(budget, train, self.max_steps, self.plan.tokens_per_step, self.dist)
         if self.budget is not None:
             self.lr_at = self.budget.schedule
         self.step, self.tokens_seen, self.data_wait_s = 0, 0, 0.0
         self.elapsed_s, self._loop_start = 0.0, None  # the training wall time of earlier attempts; this one's start
         self.spikes = SpikeDetector(train.spike_factor)
         # The steps the host has not read yet (fit): non-finite policy, spikes, the count of skipped steps.
-        self.reader = StepReader(train.nonfinite, self.spikes, self.d.world, self.d.is_main)
+        self.reader = StepReader(train.nonfinite, self.spikes, self.dist.world, self.dist.is_main)
         self.faults, self.stop = faults.NONE, preemption.StopSignal()  # fit() sets both; the smoke stage has neither
-        self.flags = torch.zeros(2, device=self.d.device)  # the last step's [non-finite, stop signal]
+        self.flags = torch.zeros(2, device=self.dist.device)  # the last step's [non-finite, stop signal]
         self.init_source: InitSource | None = None  # train.init_from, resolved by fit (which knows results/)
         self.init_sha256: str | None = None
 
@@ -151,7 +151,7 @@ class Trainer:
             "step": self.step,
             "tokens_seen": self.tokens_seen,
             "data": self.batches.state_dict(),
-            "rng": gather_objects(checkpoint.rng_state(), self.d.world),  # every rank's, by rank (collective)
+            "rng": gather_objects(checkpoint.rng_state(), self.dist.world),  # every rank's, by rank (collective)
             "fingerprint": self.fingerprint,
             "config": self.sections,
             "skipped": self.skipped,
@@ -182,7 +182,7 @@ class Trainer:
         self.batches.load_state_dict(state["data"])
         # Each rank's own RNG states (dropout draws), when the checkpoint has as many ranks as this run.
         ranks = state["rng"]
-        checkpoint.set_rng_state(ranks[self.d.rank] if len(ranks) == self.d.world else ranks[0])
+        checkpoint.set_rng_state(ranks[self.dist.rank] if len(ranks) == self.dist.world else ranks[0])
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
         self.reader.skipped = state.get("skipped", 0)
         self.elapsed_s = state.get("elapsed_s", 0.0)
@@ -200,10 +200,10 @@ class Trainer:
         lr = self.lr_at(self.step)
         self.optimizer.set_lr(lr)  # train.lr's schedule; each optimizer's groups scaled from their own base LR
         accum = self.plan.grad_accum
-        loss_sum = torch.zeros((), device=self.d.device)
+        loss_sum = torch.zeros((), device=self.dist.device)
         for micro in range(accum):
             t0 = time.perf_counter()
-            batch = device.to_device(self.batches.next(), self.d.device)  # (micro_batch, seq_len + 1)
+            batch = device.to_device(self.batches.next(), self.dist.device)  # (micro_batch, seq_len + 1)
             self.data_wait_s += time.perf_counter() - t0
             with parallel.grad_sync(self.wrapped, sync=micro == accum - 1):
                 with self.autocast():
@@ -214,10 +214,10 @@ class Trainer:
         self.faults.on_grads(self.params, self.step + 1)  # KILN_FAULT inf_grad
         grad_norm = parallel.clip_grad_norm(self.params, self.train.grad_clip)
         mean_loss = loss_sum / accum
-        flags = torch.zeros(2, device=self.d.device)
+        flags = torch.zeros(2, device=self.dist.device)
         flags[0] = ~(torch.isfinite(mean_loss) & torch.isfinite(grad_norm))
         flags[1] = float(self.stop.received is not None)  # a fill from a Python number: no host sync
-        self.flags = max_across_ranks(flags, self.d.world)
+        self.flags = max_across_ranks(flags, self.dist.world)
         # Fused AdamW (kiln.train.optim) skips the whole update, moments and step count included, when
         # found_inf is nonzero: the GradScaler mechanism, without a host sync; Muon too (kiln.train.muon).
         self.optimizer.found_inf = self.flags[0]
@@ -233,18 +233,18 @@ class Trainer:
         every rank's share. The targets are shifted here, not by _split, so a shift bug in the
         training path cannot hide from this figure (the smoke gate relies on it)."""
         self.model.eval()
-        total, count = torch.zeros((), device=self.d.device), 0
+        total, count = torch.zeros((), device=self.dist.device), 0
         micro = self.train.micro_batch
         # The same number of batches on every rank (FSDP's gathers are collective).
-        n = min(n_batches or self.train.eval_batches, -(-(len(self.val_rows) // self.d.world) // micro))
-        for batch in eval_batches(self.val_rows, micro, n, self.d.rank, self.d.world):
-            batch = device.to_device(batch, self.d.device)  # (B, T + 1)
+        n = min(n_batches or self.train.eval_batches, -(-(len(self.val_rows) // self.dist.world) // micro))
+        for batch in eval_batches(self.val_rows, micro, n, self.dist.rank, self.dist.world):
+            batch = device.to_device(batch, self.dist.device)  # (B, T + 1)
             with self.autocast():  # with targets: training's chunked loss, never the (B, T, V) logits
                 _, loss = self.model(batch[:, :-1], batch[:, 1:])
             total += loss
             count += 1
         self.model.train()
-        return mean_across_ranks(total / max(count, 1), self.d.world).item()
+        return mean_across_ranks(total / max(count, 1), self.dist.world).item()
 
     def fit(self, out_dir: Path, *, sampler: Sampler | None = None) -> RunResult:
         """Train to max_steps: log metrics.jsonl (and wandb), keep checkpoints under
@@ -253,7 +253,7 @@ class Trainer:
         model.safetensors + model_config.json. (The smoke stage drives train_step itself:
         kiln.train.smoke.) A preemption signal ends it with RunStopped(PREEMPTED) once every rank
         has saved the same step; a non-finite step with RunStopped(NONFINITE) per train.nonfinite."""
-        train, d = self.train, self.d
+        train, d = self.train, self.dist
         ckpt_root = out_dir / layout.CHECKPOINTS
         if d.is_main:
             resume.remove_dead_writers_files(out_dir)
@@ -366,11 +366,11 @@ class Trainer:
             "tokens": self.tokens_seen,
             "elapsed_s": self.elapsed_s + self._since_start(),
             **rates,
-            "memory_mb": memory_mb(self.d.device),
+            "memory_mb": memory_mb(self.dist.device),
             "batch_hash": self._batch_hash(),
         }
         record.update(window.events() | self.mirror.events())
-        if self.d.is_main:
+        if self.dist.is_main:
             progress.log_progress(record, self.max_steps, self.plan.tokens_per_step, meter.steady_tokens_per_s)
         return record
 
@@ -381,7 +381,7 @@ class Trainer:
         record["val_bpb"] = self._bits_per_byte(record["val_loss"], "val")
         result.val_losses.append((record["step"], record["val_loss"]))
         samples = self._sample(sampler)
-        if self.d.is_main:
+        if self.dist.is_main:
             progress.log_validation(record, samples)
             sink.log_samples(record["step"], samples)
 
@@ -392,7 +392,7 @@ class Trainer:
         if self.train.init_from:  # out_dir is results/<run>/train: a source run is named under results/
             self.init_source = InitSource.of(self.train.init_from.as_dict(), out_dir.parents[1])
             self.init_sha256 = self.init_source.identity()
-        d = self.d
+        d = self.dist
         state = resume.state_to_resume(out_dir, self.fingerprint, rank=d.rank, world=d.world, is_main=d.is_main)
         if state is not None:
             self.load_state_dict(state)
@@ -402,7 +402,7 @@ class Trainer:
 
     def _start_from(self, source: InitSource) -> None:
         init_from.load_into(source, self.model, self.optimizer, self.rows.manifest.get("tokenizer_sha256"))
-        if self.d.is_main:
+        if self.dist.is_main:
             log.info("train: starting from %s, not from a random init", source.describe())
 
     def _log_start_validation(self, sink: MetricsSink, sampler: Sampler | None) -> None:
@@ -411,7 +411,7 @@ class Trainer:
         record = {"step": 0, "tokens": 0, "val_loss": self.evaluate(), "init_from": self.init_source.describe()}
         record["val_bpb"] = self._bits_per_byte(record["val_loss"], "val")
         samples = self._sample(sampler)
-        if self.d.is_main:
+        if self.dist.is_main:
             log.info("step 0 | val loss %.4f (the weights of %s)", record["val_loss"], self.init_source.describe())
             sink.log_samples(0, samples)
         sink.log(record)
@@ -421,7 +421,7 @@ class Trainer:
 
     def _preemption_stop(self, ckpt_root: Path) -> RunStopped:
         self.saver.wait()  # an async save: this rank's shards written (rank 0: the checkpoint in place)
-        barrier(self.d.world)  # rank 0 has written the checkpoint before any rank exits
+        barrier(self.dist.world)  # rank 0 has written the checkpoint before any rank exits
         return preemption.stopped(self.stop.received, self.step, self._last_checkpoint(ckpt_root))
 
     def _last_checkpoint(self, ckpt_root: Path) -> str:
@@ -438,8 +438,8 @@ class Trainer:
         """A hash of the rows trained on since the last log line: per step, the sum over ranks of
         their rows' hashes (kiln.data.loader.row_hash_sum), so it depends on the rows of each step and
         not on the rank layout; a resumed run's lines compare with an uninterrupted run's. Collective."""
-        sums = torch.tensor(self.batches.drain_step_sums(), dtype=torch.int64, device=self.d.device)
-        sums = sum_across_ranks(sums, self.d.world).cpu()
+        sums = torch.tensor(self.batches.drain_step_sums(), dtype=torch.int64, device=self.dist.device)
+        sums = sum_across_ranks(sums, self.dist.world).cpu()
         return hashlib.sha256(sums.numpy().tobytes()).hexdigest()[:16]
 
     def _sample(self, sampler: Sampler | None) -> list[dict]:
@@ -488,4 +488,4 @@ def run(
         raise
     finally:
         trainer.stop.restore()
-        shutdown(trainer.d.world, synced)
+        shutdown(trainer.dist.world, synced)
