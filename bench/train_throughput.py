@@ -184,23 +184,23 @@ def main() -> None:
         def ours_step() -> torch.Tensor:
             return ours.train_step()[0]  # the loss; no host sync inside
 
-        if ours.d.device.type == "cuda":  # one model at a time: two 1B models and their activations do not fit
-            seconds = measure({BASELINE: base.train_step}, args, ours.d.device)
+        if ours.dist.device.type == "cuda":  # one model at a time: two 1B models and their activations do not fit
+            seconds = measure({BASELINE: base.train_step}, args, ours.dist.device)
             del base
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-            seconds |= measure({OURS: ours_step}, args, ours.d.device)
+            seconds |= measure({OURS: ours_step}, args, ours.dist.device)
         else:
-            seconds = measure({BASELINE: base.train_step, OURS: ours_step}, args, ours.d.device)
+            seconds = measure({BASELINE: base.train_step, OURS: ours_step}, args, ours.dist.device)
         tokens = args.steps * args.micro_batch * args.seq_len
-        flops, peak = flops_per_token(ours.model), peak_flops(ours.d.device)
+        flops, peak = flops_per_token(ours.model), peak_flops(ours.dist.device)
         name = (
-            torch.cuda.get_device_name() if ours.d.device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+            torch.cuda.get_device_name() if ours.dist.device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
         )
         print(
             f"{name}; {args.flavour or 'default-config model'}: {ours.model.num_params(non_embedding=False):,} parameters, "
             f"batch {args.micro_batch} x {args.seq_len}, {args.precision}, ours compiled: "
-            f"{device.use_compile(args.compile, ours.d.device)}; {args.rounds} rounds x {args.steps} steps\n"
+            f"{device.use_compile(args.compile, ours.dist.device)}; {args.rounds} rounds x {args.steps} steps\n"
         )
         print("| loop | tokens/s (median) | min-max | TFLOP/s | MFU |\n|---|---:|---:|---:|---:|")
         rate = {}
@@ -212,7 +212,7 @@ def main() -> None:
                 f"{flops * rate[loop] / 1e12:.2f} | {mfu} |"
             )
         ratio = rate[OURS] / rate[BASELINE]
-        print(f"\nours / baseline: {ratio:.2f}x; peak memory {memory_mb(ours.d.device):,.0f} MB")
+        print(f"\nours / baseline: {ratio:.2f}x; peak memory {memory_mb(ours.dist.device):,.0f} MB")
 
 
 if __name__ == "__main__":
