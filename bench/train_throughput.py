@@ -195,7 +195,9 @@ def main() -> None:
         tokens = args.steps * args.micro_batch * args.seq_len
         flops, peak = flops_per_token(ours.model), peak_flops(ours.dist.device)
         name = (
-            torch.cuda.get_device_name() if ours.dist.device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+            torch.cuda.get_device_name()
+            if ours.dist.device.type == "cuda"
+            else f"CPU, {torch.get_num_threads()} threads"
         )
         print(
             f"{name}; {args.flavour or 'default-config model'}: {ours.model.num_params(non_embedding=False):,} parameters, "
