@@ -317,11 +317,11 @@ def superseded_by(root: Path, fingerprint: dict, *, retrain: bool = False) -> st
     naming each setting that changed. A finished run with the same fingerprint is resumed at its last
     step: 0 steps to train, the same weights."""
     root = Path(root)
-    if retrain and kept(root):
-        return "a retrain was asked for (snakemake --forcerun train)"
     found = kept(root)
     if not found:
         return None
+    if retrain:
+        return "a retrain was asked for (snakemake --forcerun train)"
     try:
         saved = json.loads((found[-1][1] / MANIFEST).read_text(encoding="utf-8"))["fingerprint"]
     except (OSError, ValueError, KeyError):

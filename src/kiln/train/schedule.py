@@ -40,8 +40,15 @@ def lr_at(
     """LR for optimizer step `step` (0-based) of a run of max_steps steps: Replanned's schedule
     before any re-plan (one formula for both). Warmup starts at lr/warmup_steps, never at 0, so the
     first step already moves the weights."""
-    kw = dict(lr=lr, min_lr=min_lr, warmup_steps=warmup_steps, kind=kind, decay_fraction=decay_fraction)
-    return Replanned(max_steps=max_steps, cooldown=cooldown, **kw)(step)
+    return Replanned(
+        lr=lr,
+        min_lr=min_lr,
+        warmup_steps=warmup_steps,
+        max_steps=max_steps,
+        kind=kind,
+        decay_fraction=decay_fraction,
+        cooldown=cooldown,
+    )(step)
 
 
 def schedule_from_config(train: TrainSection, max_steps: int) -> Callable[[int], float]:
