@@ -27,19 +27,27 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # (case, --config arguments): the kinds of change issue 28 names, cheapest first.
 CASES = [
     ("presentation (train.log_every)", ["train={log_every: 20}"]),
     ("retries (train.max_resubmits)", ["train={max_resubmits: 5}"]),
-    ("wandb.mode", ["wandb={mode: offline}"]),
+    ("wandb.mode", ["wandb={mode: %s}"]),  # %s: the mode the run does not use (_wandb_flip)
     ("price (smoke.price_per_gpu_hour)", ["smoke={price_per_gpu_hour: 2.5}"]),
     ("sample prompts (train.samples.prompts)", ["train={samples: {prompts: ['def main():\\n']}}"]),
     ("eval (eval.max_batches)", ["eval={max_batches: 10}"]),
     ("trajectory (train.lr)", ["train={lr: 0.004}"]),
 ]
 QUICK = ("presentation (train.log_every)", "price (smoke.price_per_gpu_hour)")
+
+
+def _wandb_flip(configfile: Path) -> str:
+    """The wandb mode a run does not use, so that the wandb case changes it (offline or disabled)."""
+    mode = (yaml.safe_load(configfile.read_text(encoding="utf-8")).get("wandb") or {}).get("mode", "offline")
+    return "disabled" if mode == "offline" else "offline"
 
 
 def snakemake(tree: Path, workdir: Path, configfile: Path, *extra: str) -> tuple[float, set[str]]:
@@ -73,6 +81,7 @@ def main() -> None:
     full_s, _ = snakemake(args.tree, finished, args.configfile.resolve())
     print(f"| case | change | jobs | rerun s | of the first run ({full_s:.0f} s) |\n|---|---|---|---:|---:|")
     for name, change in cases:
+        change = [arg.replace("%s", _wandb_flip(args.configfile)) for arg in change]
         copy = workdir / re.sub(r"\W+", "-", name).strip("-")
         shutil.copytree(finished, copy, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete"))
         spent, rules = snakemake(args.tree, copy, args.configfile.resolve(), "--config", *change)
