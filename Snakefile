@@ -4,17 +4,17 @@
 
 from pathlib import Path
 
-from kiln import settings as kiln_settings
+from kiln.config import settings as kiln_settings
 from kiln import layout as kiln_layout
-from kiln import run_config
+from kiln import config as kiln_config
 
 
 # Which runs: the files given with --configfile, exactly as written (no `configfile:` directive here,
 # so a run file is never merged over the embedded default), or config/config.yaml when none is
 # given; --config key=value overrides on top. A config with a `sweep` is one run per arm
-# (kiln.sweep). Defaults are filled in and every cross-field rule is checked now, before any job
-# starts; an error names the key path (kiln.config, kiln.run_config).
-EXPERIMENT = run_config.resolve_experiment(workflow.config_settings.configfiles, workflow.config_settings.config)
+# (kiln.config.sweep). Defaults are filled in and every cross-field rule is checked now, before any job
+# starts; an error names the key path (kiln.config, kiln.config).
+EXPERIMENT = kiln_config.resolve_experiment(workflow.config_settings.configfiles, workflow.config_settings.config)
 RUNS = EXPERIMENT.runs
 SWEEP = EXPERIMENT.name if EXPERIMENT.sweep else None
 config.clear()

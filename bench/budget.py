@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from kiln import run_config
+from kiln import config as kiln_config
 from kiln.layout import TRAIN_JOBS, Layout
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,7 +138,7 @@ def main() -> None:
     args.run_name = args.run_name or ("budget-bench-quick" if args.quick else "budget-bench")
     args.config = (QUICK if args.quick else []) + args.config
     overrides = dict(text.split("=", 1) for text in args.config) | {"run_name": args.run_name}
-    paths = Layout(run_config.resolve([args.configfile], overrides))  # relative to ROOT, as Snakemake's targets
+    paths = Layout(kiln_config.resolve([args.configfile], overrides))  # relative to ROOT, as Snakemake's targets
     hog = not (args.no_hog or args.quick)  # at 30 s a hog's figure means nothing; --quick checks the bench runs
     rows = [train_arm(args, paths, hog=False)] + ([train_arm(args, paths, hog=True)] if hog else [])
     print(

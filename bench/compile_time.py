@@ -16,8 +16,8 @@ import time
 
 import torch
 
+from kiln.config.models import model_config
 from kiln.model.build import build_model
-from kiln.model.registry import model_config
 from kiln.train.parallel import compile_blocks
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from kiln import run_config
+from kiln import config as kiln_config
 from kiln.data.encoders import tiktoken_encoding
 from kiln.data.pretokenize import SPLITS, pretokenize
 from kiln.data.raw import write_raw
@@ -128,8 +128,8 @@ def peak_rss_mb(raw: Path, tokenizer: Path, config: Path, workers: int, scratch:
     resident while cached but are the kernel's to drop."""
     code = (
         "import resource, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]);"
-        "import dataprep; from kiln import run_config;"
-        "dataprep.kiln_pretokenize(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), run_config.load(sys.argv[5]),"
+        "import dataprep; from kiln import config as kiln_config;"
+        "dataprep.kiln_pretokenize(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), kiln_config.load(sys.argv[5]),"
         " int(sys.argv[6]));"
         "print(dataprep.vm_hwm_mb(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)"
     )
@@ -215,7 +215,7 @@ def main() -> None:
         tiny = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
         args.config, args.big_doc_mb = scratch / "quick.yaml", 1
         args.config.write_text(yaml.safe_dump(tiny | QUICK_CONFIG), encoding="utf-8")
-    cfg = run_config.load(args.config)
+    cfg = kiln_config.load(args.config)
     try:
         raw = args.raw or scratch / "raw"
         if args.raw is None:

@@ -24,9 +24,9 @@ import time
 
 import torch
 
+from kiln.config.models import ModelConfig
 from kiln.generate.decode import generate
 from kiln.model.build import build_model
-from kiln.model.registry import ModelConfig
 
 DEFAULT_MODEL = {"n_layer": 4, "n_head": 4, "d_model": 256}  # config/config.yaml's model
 UNCACHED, CACHED_ONE, CACHED_BATCH = "uncached, one by one", "cached, one by one", "cached, batched"

@@ -57,14 +57,14 @@ from gpu_check_ranks import check_two_ranks
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from train_throughput import synthetic_shards
 
+from kiln.config.models import model_config
+from kiln.config.sections import TrainSection
 from kiln.data.loader import ShardRows
 from kiln.eval.perplexity import val_rows_loss
 from kiln.eval.suite import BATCH
 from kiln.generate.decode import generate
 from kiln.layout import Layout
 from kiln.model.build import build_model, load_model, save_model
-from kiln.model.registry import model_config
-from kiln.sections import TrainSection
 from kiln.train.device import autocast, eval_autocast, to_device
 from kiln.train.optim import build_adamw
 from kiln.train.parallel import compile_blocks

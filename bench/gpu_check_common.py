@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from train_throughput import train_sections  # bench/ is the script's sys.path[0]
 
+from kiln.config.models import FLAVOURS
 from kiln.data.shards import shard_split
 from kiln.io import write_json
-from kiln.model.registry import FLAVOURS
 from kiln.plan.memory import GIB
 from kiln.train.metrics import Throughput, flops_per_token, flops_per_token_torchtitan, memory_mb, peak_flops
 from kiln.train.trainer import Trainer

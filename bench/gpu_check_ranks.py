@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from gpu_check_common import Ctx, word_shards  # bench/ is sys.path[0], under torchrun too
 
-from kiln import run_config, settings
+from kiln import config as kiln_config
 from kiln.train import launch
 
 RANKS = 2
@@ -42,28 +42,20 @@ SHAPES = {
 def sections(stage: str, dry: bool, parallel: str = "ddp") -> dict:
     """Validated stage sections for 2 ranks, bf16, eager, on word_shards' vocabulary."""
     model, seq, micro, _, _ = SHAPES[dry]
-    raw = {
-        "run_name": "gpu-check",
-        "seed": 1337,
-        "download": {"sources": [{"name": "x", "kind": "stdlib"}]},
-        "shard": {"seq_len": seq},
-        "model": model,
-        "train": {
-            "nproc_per_node": RANKS,
-            "parallel": parallel,
-            "micro_batch": micro,
-            "batch_tokens": RANKS * micro * seq,
-            "max_steps": 1000,
-            "warmup_steps": 2,
-            "lr": 3e-3,
-            "precision": "bf16",
-            "compile": False,
-            "device": "cpu" if dry else "cuda",
-        },
-        "smoke": {"steps": 12, "warmup_steps": 2},
-        "wandb": {"mode": "disabled"},
+    train = {
+        "nproc_per_node": RANKS,
+        "parallel": parallel,
+        "micro_batch": micro,
+        "batch_tokens": RANKS * micro * seq,
+        "max_steps": 1000,
+        "warmup_steps": 2,
+        "lr": 3e-3,
+        "precision": "bf16",
+        "compile": False,
+        "device": "cpu" if dry else "cuda",
     }
-    return settings.stage_config(run_config.validate(raw), stage)
+    smoke = {"steps": 12, "warmup_steps": 2}
+    return kiln_config.stage_sections(stage, seed=1337, shard={"seq_len": seq}, model=model, train=train, smoke=smoke)
 
 
 def check_two_ranks(ctx: Ctx) -> list[tuple[str, str]]:

@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 
 import kiln.model.gpt as gpt
+from kiln.config.models import ModelConfig, loss_chunk_rows
 from kiln.model.build import build_model
 from kiln.model.loss import lm_loss
-from kiln.model.registry import ModelConfig, loss_chunk_rows
 from kiln.train.cpu_memory import allocated_during
 
 DEFAULT_MODEL = dict(family="gpt2", n_layer=4, n_head=4, d_model=256)  # config/config.yaml's model

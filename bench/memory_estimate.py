@@ -22,12 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from kiln import config as kiln_config
-from kiln import run_config, settings
+from kiln.config.models import model_config
+from kiln.config.sections import TrainSection
 from kiln.forecast import model_vocab
-from kiln.model.registry import model_config
 from kiln.plan.memory import GIB, Setting, estimate, fit_report, setting_of
 from kiln.plan.peaks import gpu_of
-from kiln.sections import TrainSection
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_ROWS = [  # tests/test_memory.py's shapes and more: (model, seq_len, micro_batch, vocab, precision, AC, compiled)
@@ -84,26 +83,18 @@ def cpu_table(rows: list[tuple] = CPU_ROWS) -> None:
     print("| model | tokens | V | precision | AC | measured MiB | estimated MiB | est / measured |")
     print("|---|---|---:|---|---|---:|---:|---:|")
     for model, seq, micro, vocab, precision, ac, compiled in rows:
-        raw = {
-            "run_name": "m",
-            "seed": 1,
-            "download": {"sources": [{"name": "x", "kind": "stdlib"}]},
-            "shard": {"seq_len": seq},
-            "model": model,
-            "train": {
-                "micro_batch": micro,
-                "max_steps": 10,
-                "warmup_steps": 1,
-                "precision": precision,
-                "compile": False,
-                "activation_checkpointing": ac,
-                "device": "cpu",
-            },
-            "wandb": {"mode": "disabled"},
+        train = {
+            "micro_batch": micro,
+            "max_steps": 10,
+            "warmup_steps": 1,
+            "precision": precision,
+            "compile": False,
+            "activation_checkpointing": ac,
+            "device": "cpu",
         }
         with tempfile.TemporaryDirectory() as tmp:
             trainer = Trainer(
-                settings.stage_config(run_config.validate(raw), "train"),
+                kiln_config.stage_sections("train", seed=1, shard={"seq_len": seq}, model=model, train=train),
                 synthetic_shards(Path(tmp), vocab, seq, rows=4 * micro, seed=1),
             )
             if compiled:
@@ -138,7 +129,7 @@ def seeds_table() -> None:
     for path in sorted((REPO / "config" / "experiments").glob("*.yaml")):
         if kiln_config.read_yaml(path).get("sweep"):  # an overlay on a run file listed here, not a run
             continue
-        cfg = run_config.resolve([str(path)], {})
+        cfg = kiln_config.resolve([str(path)], {})
         model = model_config(cfg["model"], vocab_size=model_vocab(cfg["tokenizer"]), seq_len=cfg["shard"]["seq_len"])
         gpu = gpu_of(cfg["plan"]["gpu"])
         report = fit_report(model, setting_of(TrainSection.of(cfg["train"])), gpu.fragment, gpu.memory_gib)

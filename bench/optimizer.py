@@ -36,7 +36,6 @@ import numpy as np
 import torch
 
 from kiln import config as kiln_config
-from kiln import run_config, settings
 from kiln.data.shards import shard_split, tokens_per_byte
 from kiln.io import write_json
 from kiln.layout import Layout
@@ -50,8 +49,7 @@ QUICK = dict(model={"family": "llama", "n_layer": 1, "n_head": 2, "d_model": 32}
 def sections_for(raw: dict, optimizer: str, muon_lr: float | None, precision: str) -> dict:
     """The train stage's sections of `raw` for one arm: steps set per arm (Trainer's max_steps), one
     validation and one checkpoint, at the end; no samples, no wandb."""
-    raw = copy.deepcopy(raw)
-    raw["train"] |= {
+    train = {
         "optimizer": optimizer,
         "budget": None,
         "max_steps": 10**9,
@@ -60,11 +58,8 @@ def sections_for(raw: dict, optimizer: str, muon_lr: float | None, precision: st
         "log_every": 10**9,
         "precision": precision,
         "samples": {"prompts": []},
-    }
-    if muon_lr is not None:
-        raw["train"]["muon_lr"] = muon_lr
-    raw["wandb"] = {"mode": "disabled"}
-    return settings.stage_config(run_config.validate(raw), "train")
+    } | ({"muon_lr": muon_lr} if muon_lr is not None else {})
+    return kiln_config.stage_sections("train", raw, train=train, wandb={"mode": "disabled"})
 
 
 def step_seconds(sections: dict, shards: Path) -> float:
@@ -100,7 +95,7 @@ def train_arm(sections: dict, shards: Path, seconds: float, out: Path) -> dict:
 
 def default_shards(raw: dict) -> Path:
     """The embedded default's shard folder, built by Snakemake (and what it needs) when missing."""
-    folder = Layout(run_config.validate(copy.deepcopy(raw)), root=ROOT / "results").folder("shard")
+    folder = Layout(kiln_config.validate(copy.deepcopy(raw)), root=ROOT / "results").folder("shard")
     if not (folder / "manifest.json").is_file():
         cmd = ["snakemake", "--cores", "all", "--until", "shard", "--configfile", str(kiln_config.EMBEDDED_DEFAULT)]
         print("$", " ".join(cmd), flush=True)
@@ -161,7 +156,7 @@ def main() -> None:
             shards = default_shards(raw)
             seconds = 60 * (args.minutes or raw["train"]["budget"]["minutes"])
         precision = args.precision if args.precision != "auto" else pick_precision(raw, shards)
-        defaults = run_config.validate(copy.deepcopy(raw))["train"]
+        defaults = kiln_config.validate(copy.deepcopy(raw))["train"]
         arms = [] if args.no_adamw else [("adamw", None)]
         arms += [("muon", lr) for lr in args.muon_lrs or [defaults["muon_lr"]]]
         rows = []

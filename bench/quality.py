@@ -50,7 +50,8 @@ import pyarrow.parquet as pq
 import torch
 import yaml
 
-from kiln import run_config, settings
+from kiln import config as kiln_config
+from kiln.config import settings
 from kiln.data.encoders import Encoder
 from kiln.data.tokenizer import EOS, load_tokenizer, special_ids
 from kiln.eval.perplexity import bits_per_byte
@@ -78,7 +79,7 @@ QUICK_PIP_FILES = 2
 def layout_of(args) -> Layout:
     """Where the bench's run lands (kiln.layout): its own run folder, the default's data folders."""
     overrides = dict(text.split("=", 1) for text in args.config) | {"run_name": args.run_name}
-    return Layout(run_config.resolve([args.configfile], overrides), root=args.results)
+    return Layout(kiln_config.resolve([args.configfile], overrides), root=args.results)
 
 
 def quick_run(args) -> Layout:
@@ -97,7 +98,7 @@ def quick_run(args) -> Layout:
     from kiln.train.trainer import run
 
     tiny = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
-    cfg = run_config.validate(tiny | QUICK_CONFIG | {"run_name": args.run_name})
+    cfg = kiln_config.validate(tiny | QUICK_CONFIG | {"run_name": args.run_name})
     paths = Layout(cfg, root=args.results)
     paths.write()
     write_raw(cfg["download"], paths.folder("download"))

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from kiln import run_config, settings
+from kiln import config as kiln_config
 from kiln.train import checkpoint
 from kiln.train.distributed import shutdown
 from kiln.train.trainer import Trainer
@@ -68,30 +68,23 @@ class Peaks(threading.Thread):
 
 
 def sections(args) -> dict:
-    raw = {
-        "run_name": "bench",
-        "seed": 0,
-        "download": {"sources": [{"name": "x", "kind": "stdlib"}]},
-        "shard": {"seq_len": args.seq_len},
-        "model": {"n_layer": args.n_layer, "n_head": args.d_model // 64, "d_model": args.d_model},
-        "train": {
-            "micro_batch": 1,
-            "batch_tokens": args.ranks * args.seq_len,
-            "max_steps": 2,
-            "warmup_steps": 1,
-            "checkpoint_every": 1,
-            "keep_checkpoints": 1,
-            "precision": "fp32",
-            "compile": False,
-            "nproc_per_node": args.ranks,
-            "parallel": "ddp",
-            "checkpoint_format": "full",
-            "eval_every": 1000,
-            "log_every": 1,
-        },
-        "wandb": {"mode": "disabled"},
+    model = {"n_layer": args.n_layer, "n_head": args.d_model // 64, "d_model": args.d_model}
+    train = {
+        "micro_batch": 1,
+        "batch_tokens": args.ranks * args.seq_len,
+        "max_steps": 2,
+        "warmup_steps": 1,
+        "checkpoint_every": 1,
+        "keep_checkpoints": 1,
+        "precision": "fp32",
+        "compile": False,
+        "nproc_per_node": args.ranks,
+        "parallel": "ddp",
+        "checkpoint_format": "full",
+        "eval_every": 1000,
+        "log_every": 1,
     }
-    return settings.stage_config(run_config.validate(raw), "train")
+    return kiln_config.stage_sections("train", shard={"seq_len": args.seq_len}, model=model, train=train)
 
 
 def child(plan: dict) -> None:

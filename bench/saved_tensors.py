@@ -28,8 +28,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from kiln.config.models import ModelConfig, model_config
 from kiln.model.llama import Block, rope_tables
-from kiln.model.registry import ModelConfig, model_config
 from kiln.plan.memory import GIB, Setting, estimate, layer_activation_bytes, layer_params
 from kiln.train.cpu_memory import allocated_during, saved_for_backward
 

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from kiln import run_config
+from kiln import config as kiln_config
 from kiln.layout import STAGES, Layout
 
 BUDGET_S = 15 * 60
@@ -25,7 +25,7 @@ BENCHMARK_HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\
 def made_up_run(root: Path) -> Path:
     """--quick: the embedded default's run folder under root with layout.json and a benchmark file
     of one second for every stage but the last (which reads as not run)."""
-    paths = Layout(run_config.resolve(), root=root)
+    paths = Layout(kiln_config.resolve(), root=root)
     paths.write()
     for stage in [s.name for s in STAGES][:-1]:
         path = Path(paths.benchmark(stage))

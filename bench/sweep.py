@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kiln import run_config
+from kiln import config as kiln_config
 from kiln.io import benchmark_seconds as seconds
 from kiln.layout import DATA_STAGES, RUN_STAGES, Layout, sweep_outputs
 
@@ -54,7 +54,7 @@ def main() -> int:
         args.workdir = Path(tempfile.mkdtemp(prefix="kiln-sweep-bench-"))
     files = [str(p.resolve()) for p in args.configfile]
     overrides = dict(text.split("=", 1) for text in args.config)
-    experiment = run_config.resolve_experiment(files, overrides)
+    experiment = kiln_config.resolve_experiment(files, overrides)
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
     cmd = [

@@ -30,7 +30,6 @@ import torch
 import yaml
 
 from kiln import config as kiln_config
-from kiln import run_config, settings
 from kiln.data.shards import open_shard, shard_split
 from kiln.io import write_json
 from kiln.model.build import build_model
@@ -68,22 +67,16 @@ def synthetic_shards(out: Path, vocab: int, seq_len: int, rows: int, seed: int) 
 
 def train_sections(args) -> dict:
     model = {"flavour": args.flavour} if args.flavour else getattr(args, "model", None) or DEFAULT_MODEL
-    raw = {
-        "run_name": "bench",
-        "seed": args.seed,
-        "download": {"sources": [{"name": "x", "kind": "stdlib"}]},
-        "shard": {"seq_len": args.seq_len},
-        "model": model,
-        "train": {
-            "micro_batch": args.micro_batch,
-            "max_steps": 10**6,
-            "warmup_steps": 10,
-            "precision": args.precision,
-            "compile": args.compile,
-        },
-        "wandb": {"mode": "disabled"},
+    train = {
+        "micro_batch": args.micro_batch,
+        "max_steps": 10**6,
+        "warmup_steps": 10,
+        "precision": args.precision,
+        "compile": args.compile,
     }
-    return settings.stage_config(run_config.validate(raw), "train")
+    return kiln_config.stage_sections(
+        "train", seed=args.seed, shard={"seq_len": args.seq_len}, model=model, train=train
+    )
 
 
 class NanoGPTLoop:

@@ -29,9 +29,9 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from kiln.config.models import model_config
 from kiln.data.loader import ShardRows, TrainBatches
 from kiln.model.build import build_model
-from kiln.model.registry import model_config
 from kiln.train import checkpoint
 from kiln.train.distributed import init_distributed, shutdown
 from kiln.train.parallel import grad_sync, parallelize

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from kiln.config.models import model_config
 from kiln.model.build import build_model
-from kiln.model.registry import model_config
 from kiln.train import checkpoint
 from kiln.train.distributed import init_distributed, shutdown
 from kiln.train.muon import Muon

@@ -10,9 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from kiln import run_config, settings
+from kiln import config as kiln_config
 from kiln.data.shards import shard_split
 from kiln.io import write_json
 
@@ -59,12 +58,15 @@ def write_shards(out: Path, train_tokens: np.ndarray | None = None) -> Path:
     return out
 
 
+def _tiny_without(*sections: str) -> dict:
+    """tests/configs/tiny.yaml as written, less the sections a caller gives whole."""
+    raw = kiln_config.read_yaml(REPO / "tests" / "configs" / "tiny.yaml")
+    return {key: value for key, value in raw.items() if key not in sections}
+
+
 def train_sections(model: dict | None = None, nproc_per_node: int = 1, **train) -> dict:
     """The train stage's sections from tests/configs/tiny.yaml with a tiny model and fp32, validated."""
-    raw = yaml.safe_load((REPO / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
-    raw["model"] = model or TINY_MODEL
-    raw["shard"]["seq_len"] = SEQ_LEN  # what the synthetic shards hold
-    raw["train"] = {
+    defaults = {
         "nproc_per_node": nproc_per_node,
         "micro_batch": 8,
         "max_steps": 20,
@@ -80,17 +82,19 @@ def train_sections(model: dict | None = None, nproc_per_node: int = 1, **train) 
         "eval_batches": 2,
         "checkpoint_every": 10,
         "keep_checkpoints": 2,
-    } | train
-    raw["wandb"] = {"mode": "disabled"}
-    return settings.stage_config(run_config.validate(raw), "train")
+    }
+    return kiln_config.stage_sections(
+        "train",
+        _tiny_without("model", "train"),
+        model=model or TINY_MODEL,
+        shard={"seq_len": SEQ_LEN},  # what the synthetic shards hold
+        train=defaults | train,
+    )
 
 
 def smoke_sections(model: dict | None = None, train: dict | None = None, **smoke) -> dict:
     """The smoke stage's sections: tests/configs/tiny.yaml with a tiny model on the synthetic shards."""
-    raw = yaml.safe_load((REPO / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
-    raw["model"] = model or TINY_MODEL
-    raw["shard"]["seq_len"] = SEQ_LEN
-    raw["train"] = {
+    train_defaults = {
         "micro_batch": 8,
         "max_steps": 1000,
         "lr": 1e-2,
@@ -98,15 +102,22 @@ def smoke_sections(model: dict | None = None, train: dict | None = None, **smoke
         "warmup_steps": 2,
         "precision": "fp32",
         "compile": False,
-    } | (train or {})
-    raw["smoke"] = {
+    }
+    smoke_defaults = {
         "steps": 12,
         "warmup_steps": 2,
         "min_loss_drop": 0.1,
         "val_batches": 2,
         "overfit": {"rows": 4, "max_steps": 150, "max_loss": 1.0},
-    } | smoke
-    return settings.stage_config(run_config.validate(raw), "smoke")
+    }
+    return kiln_config.stage_sections(
+        "smoke",
+        _tiny_without("model", "train", "smoke"),
+        model=model or TINY_MODEL,
+        shard={"seq_len": SEQ_LEN},
+        train=train_defaults | (train or {}),
+        smoke=smoke_defaults | smoke,
+    )
 
 
 SAMPLE_PROMPTS = [[1, 2, 3], [4, 5, 6, 7]]

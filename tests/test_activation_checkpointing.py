@@ -5,8 +5,8 @@ keeps less between forward and backward the more blocks it recomputes."""
 import pytest
 import torch
 
+from kiln.config.models import ModelConfig
 from kiln.model.build import build_model
-from kiln.model.registry import ModelConfig
 from kiln.plan.memory import AC_MODES, checkpointed_blocks
 from kiln.train.cpu_memory import allocated_during
 from kiln.train.parallel import apply_activation_checkpointing

@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 from synthetic import train_sections
 
-from kiln import run_config
+from kiln import config as kiln_config
 from kiln.config import ConfigError
+from kiln.config.sections import Budget, TrainSection
 from kiln.errors import KilnError
 from kiln.plan.steps import StageTimes, TrainPlan, budget_seconds, budget_steps, steps_within
-from kiln.sections import Budget, TrainSection
 
 TIMES = StageTimes(step_s=0.5, startup_s=20.0, validation_s=3.0, checkpoint_s=1.0)
 TRAIN = replace(
@@ -82,10 +82,10 @@ def minimal(train: dict, smoke: dict | None = None) -> dict:
 )
 def test_bad_budgets_are_config_errors_naming_the_key(train, smoke, message):
     with pytest.raises(ConfigError, match=message):
-        run_config.validate(minimal(train, smoke))
+        kiln_config.validate(minimal(train, smoke))
 
 
 def test_a_budget_alone_or_with_a_price_validates():
-    assert run_config.validate(minimal({"budget": {"minutes": 7}}))["train"]["max_steps"] is None
-    cfg = run_config.validate(minimal({"budget": {"dollars": 5}}, {"price_per_gpu_hour": 2.5}))
+    assert kiln_config.validate(minimal({"budget": {"minutes": 7}}))["train"]["max_steps"] is None
+    cfg = kiln_config.validate(minimal({"budget": {"dollars": 5}}, {"price_per_gpu_hour": 2.5}))
     assert cfg["train"]["budget"] == {"dollars": 5}

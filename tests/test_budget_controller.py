@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kiln import run_config
-from kiln.plan.steps import BatchPlan, BudgetPlan, StageTimes, TrainPlan, build_plan
-from kiln.sections import TrainSection
+from kiln import config as kiln_config
+from kiln.config.batch import BatchPlan
+from kiln.config.sections import TrainSection
+from kiln.plan.steps import BudgetPlan, StageTimes, TrainPlan, build_plan
 from kiln.train.budget import AIM, BudgetController
 from kiln.train.schedule import Replanned, lr_at
 
@@ -366,7 +367,7 @@ def test_a_dollar_budget_reaches_the_controller_as_the_seconds_it_buys():
         "model": {"n_layer": 2, "n_head": 2, "d_model": 64},
         "smoke": {"price_per_gpu_hour": 3.0},
     }
-    train = TrainSection.of(run_config.validate(raw)["train"])
+    train = TrainSection.of(kiln_config.validate(raw)["train"])
     times = StageTimes(step_s=0.5, startup_s=20.0, validation_s=3.0, checkpoint_s=1.0)
     plan = build_plan(
         train,

@@ -7,7 +7,6 @@ import pytest
 import yaml
 
 from kiln import config as kiln_config
-from kiln import run_config
 from kiln.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,11 +28,11 @@ def test_shipped_configs_validate(path):
             / "config"
             / ("config.yaml" if path.name.startswith("stdlib") else "experiments/fineweb-edu-gpt2-124m.yaml")
         )
-        runs = run_config.resolve_experiment([base, path]).runs
+        runs = kiln_config.resolve_experiment([base, path]).runs
         with pytest.raises(ConfigError, match="a sweep of 3 runs"):
-            run_config.load(path)
+            kiln_config.load(path)
     else:
-        runs = {"run": run_config.load(path)}
+        runs = {"run": kiln_config.load(path)}
     for cfg in runs.values():
         train = cfg["train"]
         assert train["budget"] is not None or train["max_steps"] > train["warmup_steps"]
@@ -41,7 +40,7 @@ def test_shipped_configs_validate(path):
 
 def test_defaults_are_filled_without_touching_the_input(tiny):
     before = copy.deepcopy(tiny)
-    cfg = run_config.validate(tiny)
+    cfg = kiln_config.validate(tiny)
     assert tiny == before
     assert cfg["train"]["beta2"] == 0.95
     assert cfg["pretokenize"]["fim"]["psm"] == 0.5
@@ -50,7 +49,7 @@ def test_defaults_are_filled_without_touching_the_input(tiny):
 
 def _error(cfg: dict) -> str:
     with pytest.raises(ConfigError) as info:
-        run_config.validate(cfg)
+        kiln_config.validate(cfg)
     return str(info.value)
 
 
@@ -118,15 +117,15 @@ def test_every_problem_is_reported_at_once(tiny):
 
 def test_missing_or_broken_file(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
-        run_config.load(tmp_path / "nope.yaml")
+        kiln_config.load(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("train: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
-        run_config.load(bad)
+        kiln_config.load(bad)
 
 
 def _format_of(cfg: dict) -> str:
-    train = run_config.validate(cfg)["train"]
+    train = kiln_config.validate(cfg)["train"]
     return kiln_config.checkpoint_format(train["checkpoint_format"], train["parallel"])
 
 

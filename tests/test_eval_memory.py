@@ -142,7 +142,7 @@ def _full_logit_loss(model, batches) -> float:
 @pytest.fixture
 def chunk_of_16_rows(monkeypatch):
     """Loss chunks of 16 positions (the budget a flagship vocabulary gets, scaled to V = 64)."""
-    monkeypatch.setattr("kiln.model.registry.LOSS_CHUNK_ELEMENTS", 16 * PADDED_VOCAB)
+    monkeypatch.setattr("kiln.config.models.LOSS_CHUNK_ELEMENTS", 16 * PADDED_VOCAB)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

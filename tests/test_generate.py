@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kiln.config.models import ModelConfig
 from kiln.data.sources import Document
 from kiln.data.tokenizer import EOS
 from kiln.eval.infill import _prompt, make_problems, run_infill
@@ -15,7 +16,6 @@ from kiln.generate.decode import generate, pick
 from kiln.generate.healing import heal
 from kiln.model.build import build_model
 from kiln.model.kv_cache import KVCache
-from kiln.model.registry import ModelConfig
 
 GPT_CFG = ModelConfig(family="gpt2", vocab_size=128, seq_len=32, n_layer=2, n_head=2, d_model=32, bias=True)
 LLAMA_CFG = ModelConfig(family="llama", vocab_size=128, seq_len=32, n_layer=2, n_head=4, n_kv_head=2, d_model=32)

@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
+from kiln.config.models import ModelConfig
 from kiln.data.sources import Document, read_documents
 from kiln.eval.harness import KilnLM
 from kiln.eval.lm_tasks import LOCAL_TASKS, run_lm_eval, write_local_tasks
 from kiln.io import read_json
 from kiln.model.build import build_model, save_model
-from kiln.model.registry import ModelConfig
 
 
 @pytest.fixture(scope="module")

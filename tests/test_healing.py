@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kiln.config.models import ModelConfig
 from kiln.generate.decode import generate
 from kiln.generate.healing import complete, heal
 from kiln.model.build import build_model
-from kiln.model.registry import ModelConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CODE = "def f(x):\n    return x\n\n"

@@ -10,10 +10,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from kiln import hf
+from kiln.config.models import model_config
 from kiln.data.tokenizer import EOS, load_tokenizer
 from kiln.errors import KilnError
 from kiln.model.build import build_model
-from kiln.model.registry import model_config
 
 VOCAB, SEQ = 576, 32
 SMALL = {  # registry flavours shrunk by overrides: the same code paths as the full sizes

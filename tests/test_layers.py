@@ -21,15 +21,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("kiln",),  # the package's own __init__: a docstring
     ("kiln.errors",),  # KilnError and the exit codes every layer raises
     ("kiln.io",),  # atomic files, JSON, Snakemake's benchmark files
-    ("kiln.sections",),  # typed, frozen train and smoke sections (the schema owns their defaults)
-    ("kiln.config",),  # the schema: defaults, validation
-    ("kiln.settings",),  # each setting's stages and whether it changes their outputs
-    ("kiln.layout", "kiln.sweep"),  # where results land; a sweep's arms
+    ("kiln.config",),  # the run config: files, schema, rules, settings, sections, model registry (torch-free)
+    ("kiln.layout",),  # where results land
     ("kiln.data", "kiln.model"),  # text to token shards; the decoder models (torch)
     ("kiln.generate", "kiln.hf", "kiln.plan"),  # decoding; Hugging Face interop; planning and pricing
     ("kiln.train",),  # the loop, distributed code, checkpoints, the smoke stage's checks
     ("kiln.eval",),  # a checkpoint's evaluation (reads train's checkpoints)
-    ("kiln.run_config",),  # a config checked against model, data and plan
     ("kiln.forecast", "kiln.report", "kiln.stage"),  # `kiln plan`; status and reports; the stage scripts' helper
     ("kiln.main",),  # the `kiln` command
 ]
@@ -171,7 +168,7 @@ def test_an_upward_or_sideways_import_is_named_with_file_line_and_layers(tmp_pat
         "kiln/model/__init__.py": "",
         "kiln/model/gpt.py": "import torch\nfrom kiln.errors import KilnError\n\n\ndef f():\n    from kiln.train import trainer\n",
         "kiln/generate/__init__.py": "",
-        "kiln/generate/decode.py": "from ..plan.steps import plan_batch\n",
+        "kiln/generate/decode.py": "from ..plan.steps import build_plan\n",
         "kiln/train/__init__.py": "",
         "kiln/train/trainer.py": "from kiln.model.gpt import GPT\nfrom kiln import layout\n",
         "kiln/extra.py": "",
@@ -193,5 +190,5 @@ def test_an_upward_or_sideways_import_is_named_with_file_line_and_layers(tmp_pat
         )
     )
     assert "kiln.model (layer" in up and "imports kiln.train.trainer from a higher layer, kiln.train (layer" in up
-    assert "kiln.plan.steps.plan_batch from kiln.plan, a sibling" in sideways
+    assert "kiln.plan.steps.build_plan from kiln.plan, a sibling" in sideways
     assert "bench.gpu_check" in above and "kiln.extra is in no layer" in unplaced

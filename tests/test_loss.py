@@ -5,9 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kiln.config.models import ModelConfig
 from kiln.model.build import build_model
 from kiln.model.loss import lm_loss
-from kiln.model.registry import ModelConfig
 from kiln.train.cpu_memory import allocated_during
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: one thread (conftest.py)

@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kiln import run_config, settings
+from kiln import config as kiln_config
+from kiln.config.models import model_config
+from kiln.config.sections import TrainSection
 from kiln.data.shards import shard_split
 from kiln.io import write_json
-from kiln.model.registry import model_config
 from kiln.plan.memory import GIB, Setting, changes_to_fit, estimate, fit_report, fits, setting_of
-from kiln.sections import TrainSection
 from kiln.train.cpu_memory import allocated_during, tensor_bytes
 from kiln.train.trainer import Trainer
 
@@ -38,24 +38,16 @@ def _shards(out: Path, vocab: int, seq_len: int, rows: int) -> Path:
 
 
 def _sections(model: dict, seq_len: int, micro: int, precision: str, ac: str, compile_model="auto") -> dict:
-    raw = {
-        "run_name": "memory",
-        "seed": 1,
-        "download": {"sources": [{"name": "x", "kind": "stdlib"}]},
-        "shard": {"seq_len": seq_len},
-        "model": model,
-        "train": {
-            "micro_batch": micro,
-            "max_steps": 10,
-            "warmup_steps": 1,
-            "precision": precision,
-            "compile": compile_model,
-            "activation_checkpointing": ac,
-            "device": "cpu",
-        },
-        "wandb": {"mode": "disabled"},
+    train = {
+        "micro_batch": micro,
+        "max_steps": 10,
+        "warmup_steps": 1,
+        "precision": precision,
+        "compile": compile_model,
+        "activation_checkpointing": ac,
+        "device": "cpu",
     }
-    return settings.stage_config(run_config.validate(raw), "train")
+    return kiln_config.stage_sections("train", seed=1, shard={"seq_len": seq_len}, model=model, train=train)
 
 
 # (model, seq_len, micro_batch, vocab, precision, activation checkpointing, compiled): activations,

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from kiln import layout
+from kiln.config.models import model_config
 from kiln.errors import KilnError
 from kiln.model.build import build_model
-from kiln.model.registry import model_config
 from kiln.plan.peaks import gpu_of, peak_flops_of
 from kiln.plan.tables import format_eta
 from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, flops_per_token_torchtitan, peak_flops

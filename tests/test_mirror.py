@@ -14,8 +14,8 @@ import torch
 from synthetic import train_sections
 
 from kiln import layout
+from kiln.config.sections import TrainSection
 from kiln.errors import KilnError
-from kiln.sections import TrainSection
 from kiln.train import checkpoint, faults
 from kiln.train.mirror import Mirror
 from kiln.train.trainer import run

@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
+from kiln.config.models import ModelConfig
 from kiln.model.build import build_model, load_model, save_model
 from kiln.model.gpt import GPT
 from kiln.model.llama import Llama, apply_rope, rope_tables
-from kiln.model.registry import ModelConfig
 
 GPT_CFG = ModelConfig(family="gpt2", vocab_size=128, seq_len=16, n_layer=2, n_head=2, d_model=32)
 LLAMA_CFG = ModelConfig(family="llama", vocab_size=128, seq_len=16, n_layer=2, n_head=4, n_kv_head=2, d_model=32)

@@ -18,14 +18,14 @@ import pytest
 import torch
 from synthetic import train_sections, write_shards
 
-from kiln import run_config
+from kiln import config as kiln_config
 from kiln.config import ConfigError
+from kiln.config.models import model_config
+from kiln.config.sections import TrainSection
 from kiln.errors import KilnError
 from kiln.forecast import predict
 from kiln.model.build import build_model, load_model
-from kiln.model.registry import model_config
 from kiln.plan.memory import Setting, estimate, layer_params, setting_of
-from kiln.sections import TrainSection
 from kiln.train import checkpoint, fingerprint, launch
 from kiln.train.muon import Muon
 from kiln.train.optim import build_optimizer, hidden_matrices
@@ -240,9 +240,9 @@ def test_muon_keeps_one_moment_for_the_blocks_matrices_in_the_estimates():
         assert adamw.total - muon.total == 4 * hidden // shard
     assert setting_of(TrainSection.of(_train(**MUON))).optimizer == "muon"
     # kiln plan's checkpoint size: 4 bytes fewer per hidden weight
-    raw = run_config.load(ROOT / "config" / "config.yaml")
+    raw = kiln_config.load(ROOT / "config" / "config.yaml")
     plans = [
-        predict(run_config.validate(copy.deepcopy(raw) | {"train": raw["train"] | o}))
+        predict(kiln_config.validate(copy.deepcopy(raw) | {"train": raw["train"] | o}))
         for o in ({"optimizer": "adamw"}, MUON)
     ]
     model = model_config(raw["model"], 8192, raw["shard"]["seq_len"])
@@ -260,10 +260,10 @@ def test_muon_keeps_one_moment_for_the_blocks_matrices_in_the_estimates():
     ],
 )
 def test_bad_optimizer_settings_name_the_key(change, expected):
-    raw = run_config.load(ROOT / "tests" / "configs" / "tiny.yaml")
+    raw = kiln_config.load(ROOT / "tests" / "configs" / "tiny.yaml")
     raw["train"] |= change
     with pytest.raises(ConfigError) as info:
-        run_config.validate(raw)
+        kiln_config.validate(raw)
     assert expected in str(info.value)
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kiln.config.models import model_config
 from kiln.model.build import build_model
-from kiln.model.registry import model_config
 from kiln.train import parallel
 from kiln.train.distributed import Dist
 

@@ -124,7 +124,7 @@ def test_a_training_change_reruns_training_stages_only(finished_run, tmp_path):
 
 def test_a_log_setting_trains_nothing_and_leaves_the_weights_alone(finished_run, tmp_path):
     """The most common step of experimenting: a finished run, one presentation setting changed
-    (train.log_every, kiln.settings tags it RUN), a real rerun. No job runs: the weights are the same
+    (train.log_every, kiln.config.settings tags it RUN), a real rerun. No job runs: the weights are the same
     bytes, train's log and metrics untouched, nothing set aside."""
     workdir, _, _ = finished_run
     copy = tmp_path / "copy"

@@ -11,11 +11,12 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln import run_config
+from kiln import config as kiln_config
+from kiln.config.batch import BatchPlan
+from kiln.config.sections import SmokeSection, TrainSection
 from kiln.forecast import predict
-from kiln.plan.steps import BatchPlan, StageTimes, kept_checkpoints
+from kiln.plan.steps import StageTimes, kept_checkpoints
 from kiln.plan.verdict import Measurements, Probe
-from kiln.sections import SmokeSection, TrainSection
 
 ROOT = Path(__file__).resolve().parents[1]
 ONLY_FORECAST = {"memory", "predicted_from"}  # what it assumed, and the memory estimate
@@ -26,7 +27,7 @@ def config(train: dict) -> dict:
     raw = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
     raw["train"] |= train
     raw["smoke"] |= {"price_per_gpu_hour": 2.5}
-    return run_config.validate(raw)
+    return kiln_config.validate(raw)
 
 
 def measured_as(plan: dict) -> Measurements:

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from conftest import download_cfg, write_jsonl
 
+from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.fim import fim_pieces, restore_document
 from kiln.data.pretokenize import SPLITS, _select_val, pretokenize, token_dtype
 from kiln.data.raw import write_raw
 from kiln.data.sources import part_paths, read_documents
-from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenize_parts import Settings, WorkerPool, split_hash
 from kiln.errors import KilnError
 from kiln.io import read_json

@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from kiln import config as kiln_config
-from kiln import run_config
+from kiln.config.models import FLAVOURS, ModelConfig, ModelConfigError, check_section, model_config
 from kiln.model.build import build_model
-from kiln.model.registry import FLAVOURS, ModelConfig, ModelConfigError, check_section, model_config
 
 
 def _count(cfg: ModelConfig) -> int:
@@ -96,14 +95,14 @@ def test_bad_shapes_name_the_key(section, seq_len, message):
 
 
 def test_config_validation_reports_model_problems_and_accepts_flavours():
-    base = run_config.load(Path(__file__).parent / "configs" / "tiny.yaml")
+    base = kiln_config.load(Path(__file__).parent / "configs" / "tiny.yaml")
     base.pop("model")
-    ok = run_config.validate(base | {"model": {"flavour": "debug", "n_layer": 2}})
+    ok = kiln_config.validate(base | {"model": {"flavour": "debug", "n_layer": 2}})
     assert ok["model"] == {"flavour": "debug", "n_layer": 2}  # no defaults filled over the flavour's
     with pytest.raises(kiln_config.ConfigError, match="model.flavour: 'nope' is not a known flavour"):
-        run_config.validate(base | {"model": {"flavour": "nope"}})
+        kiln_config.validate(base | {"model": {"flavour": "nope"}})
     with pytest.raises(kiln_config.ConfigError, match="model: 'n_layer' is a required property"):
-        run_config.validate(base | {"model": {"n_head": 2, "d_model": 64}})
+        kiln_config.validate(base | {"model": {"n_head": 2, "d_model": 64}})
 
 
 @pytest.mark.parametrize(

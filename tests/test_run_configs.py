@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from kiln import config as kiln_config
-from kiln import settings
+from kiln.config import settings
+from kiln.config.models import FLAVOURS, model_config
 from kiln.data.tokenizer import padded_vocab_size
-from kiln.model.registry import FLAVOURS, model_config
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -151,21 +151,21 @@ def test_plan_disk_counts_the_data_both_token_copies_checkpoints_and_milestones(
     """Seed 000 as shipped: 90 GB of text downloaded at most, 20.02B tokens stored twice (train.bin and
     val.bin, then the shards) at 2 bytes (V 32,768), the newest 2 checkpoints and the milestones at
     every 10k steps besides them (10k-40k; 50k is the newest), the final weights twice."""
-    from kiln import run_config
+    from kiln import config as kiln_config
     from kiln.errors import KilnError
     from kiln.forecast import ADAMW_BYTES_PER_PARAM, predict, sweep_total
     from kiln.plan.steps import kept_checkpoints
     from kiln.plan.tables import render_plan
 
     seed = ROOT / "config" / "experiments" / "swallow-code-llama-1b.yaml"
-    plan = predict(run_config.resolve([seed]))
+    plan = predict(kiln_config.resolve([seed]))
     data, n = plan["data_bytes"], plan["n_params"]
     assert data["raw"] == 90_000_000_000
     assert data["pretokenized"] == data["shards"] == (20_000_000_000 + 20_000_000) * 2
     assert (plan["keep_checkpoints"], plan["milestone_checkpoints"]) == (2, 4)
     checkpoint_bytes = ADAMW_BYTES_PER_PARAM * n
     assert plan["disk_bytes"] == 90_000_000_000 + 2 * data["shards"] + 6 * checkpoint_bytes + 2 * 4 * n
-    plain = predict(run_config.resolve([seed], {"train": "{keep_checkpoint_every: 0}"}))
+    plain = predict(kiln_config.resolve([seed], {"train": "{keep_checkpoint_every: 0}"}))
     assert plain["disk_bytes"] == plan["disk_bytes"] - 4 * checkpoint_bytes
     row = next(line for line in render_plan(plan).splitlines() if line.startswith("| disk |"))
     assert "raw text 83.8 GiB" in row and "token ids twice" in row and "2 checkpoints + 4 milestones" in row
@@ -176,7 +176,7 @@ def test_plan_disk_counts_the_data_both_token_copies_checkpoints_and_milestones(
     with pytest.raises(
         KilnError, match="train.keep_checkpoint_every: 7000 is not a multiple of train.checkpoint_every=5000"
     ):
-        run_config.resolve([seed], {"train": "{keep_checkpoint_every: 7000}"})
+        kiln_config.resolve([seed], {"train": "{keep_checkpoint_every: 7000}"})
 
 
 def test_plan_of_seed_002_is_the_seeds_budget_on_one_gpu():
@@ -243,9 +243,9 @@ def job_counts(result: subprocess.CompletedProcess) -> dict[str, int]:
 def test_a_sweep_builds_its_data_once_and_each_arm_gets_its_values(tmp_path, name):
     base, sweep_file = SWEEPS[name], ROOT / "config" / "experiments" / name
     result = dry_run(tmp_path, "--configfile", str(base), str(sweep_file))
-    from kiln import run_config
+    from kiln import config as kiln_config
 
-    experiment = run_config.resolve_experiment([base, sweep_file])
+    experiment = kiln_config.resolve_experiment([base, sweep_file])
     arms = len(experiment.runs)
     assert arms == 3 and job_counts(result) == {
         "download": 1,

@@ -13,12 +13,12 @@ import pytest
 import torch
 from synthetic import SEQ_LEN, TINY_MODEL, _stream, train_sections
 
+from kiln.config.models import ModelConfig
 from kiln.data.shards import shard_split
 from kiln.data.tokenizer import load_tokenizer
 from kiln.eval.suite import decoding
 from kiln.io import write_json
 from kiln.model.build import build_model, load_model
-from kiln.model.registry import ModelConfig
 from kiln.report.run import _completions, _training_samples
 from kiln.train import fingerprint
 from kiln.train.samples import make_sampler

@@ -7,10 +7,10 @@ import pytest
 import torch
 from synthetic import train_sections
 
+from kiln.config.models import ModelConfig
+from kiln.config.sections import TrainSection
 from kiln.model.gpt import GPT
 from kiln.model.llama import Llama
-from kiln.model.registry import ModelConfig
-from kiln.sections import TrainSection
 from kiln.train.optim import build_adamw
 from kiln.train.schedule import lr_at, schedule_from_config
 

@@ -1,4 +1,4 @@
-"""The typed train and smoke sections (kiln.sections) hold the schema's keys, no more and no fewer, each
+"""The typed train and smoke sections (kiln.config.sections) hold the schema's keys, no more and no fewer, each
 typed as the schema types it; they round-trip the validated dict exactly (the train fingerprint and the
 stage interface read that dict); they are frozen, overridden with dataclasses.replace."""
 
@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from kiln import config as kiln_config
-from kiln import run_config
+from kiln.config import schema
+from kiln.config.sections import SECTIONS, UNSET, Budget, Section, SmokeSection, TrainSection, section_types
 from kiln.errors import KilnError
-from kiln.sections import SECTIONS, UNSET, Budget, Section, SmokeSection, TrainSection, section_types
 
 ROOT = Path(__file__).resolve().parents[1]
 # Nullable in the schema, filled by kiln.config.validate: the section holds the derived value.
@@ -42,13 +42,13 @@ def parity_problems(cls: type[Section], props: dict, where: str) -> list[str]:
     hints = typing.get_type_hints(cls)
     names = {f.name: f for f in dataclasses.fields(cls)}
     problems = [
-        f"{where}.{key}: a key in the schema but no field of {cls.__name__} (kiln.sections): add one, typed "
+        f"{where}.{key}: a key in the schema but no field of {cls.__name__} (kiln.config.sections): add one, typed "
         f"as the schema types it"
         for key in props
         if key not in names
     ]
     problems += [
-        f"{where}.{name}: a field of {cls.__name__} (kiln.sections) but no key in the schema"
+        f"{where}.{name}: a field of {cls.__name__} (kiln.config.sections) but no key in the schema"
         for name in names
         if name not in props
     ]
@@ -77,25 +77,25 @@ def parity_problems(cls: type[Section], props: dict, where: str) -> list[str]:
 
 
 def schema_properties() -> dict:
-    return yaml.safe_load(kiln_config.SCHEMA_PATH.read_text(encoding="utf-8"))["properties"]
+    return yaml.safe_load(schema.SCHEMA_PATH.read_text(encoding="utf-8"))["properties"]
 
 
 @pytest.mark.parametrize("name", sorted(SECTIONS))
 def test_the_typed_sections_have_the_schemas_keys_and_types(name):
     problems = parity_problems(SECTIONS[name], schema_properties()[name]["properties"], name)
-    assert not problems, "kiln.sections and the schema differ:\n  " + "\n  ".join(problems)
+    assert not problems, "kiln.config.sections and the schema differ:\n  " + "\n  ".join(problems)
 
 
 def test_the_parity_check_names_a_key_added_or_a_field_left_behind():
     props = schema_properties()["train"]["properties"]
     added = props | {"new_knob": {"type": "integer", "default": 1}}
     assert parity_problems(TrainSection, added, "train") == [
-        "train.new_knob: a key in the schema but no field of TrainSection (kiln.sections): add one, typed as the "
+        "train.new_knob: a key in the schema but no field of TrainSection (kiln.config.sections): add one, typed as the "
         "schema types it"
     ]
     removed = {k: v for k, v in props.items() if k != "micro_batch"}
     assert parity_problems(TrainSection, removed, "train") == [
-        "train.micro_batch: a field of TrainSection (kiln.sections) but no key in the schema"
+        "train.micro_batch: a field of TrainSection (kiln.config.sections) but no key in the schema"
     ]
     nested = dict(props, budget=dict(props["budget"], properties=dict(props["budget"]["properties"], weeks={})))
     assert parity_problems(TrainSection, nested, "train")[0].startswith("train.budget.weeks: a key in the schema")
@@ -107,7 +107,7 @@ def validated(train: dict | None = None, smoke: dict | None = None) -> dict:
     raw = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
     raw["train"] = raw["train"] | (train or {})
     raw["smoke"] = raw.get("smoke", {}) | (smoke or {})
-    return run_config.validate(raw)
+    return kiln_config.validate(raw)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""kiln.settings against the schema and against Snakemake: every leaf of the schema has a tag, and
+"""kiln.config.settings against the schema and against Snakemake: every leaf of the schema has a tag, and
 changing one on a finished tiny run schedules exactly the stages its tag names and what reads their
 outputs, in a real dry run. The tags themselves are checked where they matter most by real reruns
 (tests/test_pipeline.py: a log setting trains nothing and leaves the weights bitwise equal; a new lr
@@ -15,9 +15,10 @@ import pytest
 import yaml
 from tiny import ROOT, TINY
 
-from kiln import run_config, settings
+from kiln import config as kiln_config
+from kiln.config import settings
+from kiln.config.settings import OUTPUT, RUN, SETTINGS, STAGES
 from kiln.errors import KilnError
-from kiln.settings import OUTPUT, RUN, SETTINGS, STAGES
 
 REMOVE = object()  # in a change: the key is deleted from the run file (a kind that does not take it)
 
@@ -168,7 +169,7 @@ def user_args(change: dict[str, object], folder: Path) -> list[str]:
 
 
 def apply(change: dict[str, object]) -> dict:
-    return run_config.validate(_edited(change))
+    return kiln_config.validate(_edited(change))
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +186,7 @@ def walk(finished_run, tmp_path_factory):
         "hf": str(run / "train" / "hf"),
         "mirror": str(tmp_path_factory.mktemp("mirror")),
     }
-    base = run_config.resolve([TINY])
+    base = kiln_config.resolve([TINY])
     base_args = ["-s", str(ROOT / "Snakefile"), "--directory", str(workdir), "--cores", "2"]
     plans = {}
     for path in settings.schema_leaves():
@@ -219,13 +220,13 @@ def walk(finished_run, tmp_path_factory):
 def test_every_schema_key_has_a_tag_and_a_new_one_fails():
     settings.check_table()
     leaves = settings.schema_leaves() | {"train.new_knob": {"type": "integer"}}
-    with pytest.raises(KilnError, match=r"train.new_knob: a schema key with no entry in kiln.settings.SETTINGS"):
+    with pytest.raises(KilnError, match=r"train.new_knob: a schema key with no entry in kiln.config.settings.SETTINGS"):
         settings.check_table(leaves)
 
 
 def test_docs_settings_is_current():
     assert (ROOT / "docs" / "settings.md").read_text(encoding="utf-8") == settings.markdown_table(), (
-        "docs/settings.md is stale: python -m kiln.settings > docs/settings.md"
+        "docs/settings.md is stale: python -m kiln.config > docs/settings.md"
     )
 
 
@@ -258,7 +259,7 @@ def test_a_condition_makes_a_setting_rerun_its_stage():
         after = copy.deepcopy(before)
         for path, value in leaf_change.items():
             settings._put(after, path, value)
-        a, b = run_config.validate(before), run_config.validate(after)
+        a, b = kiln_config.validate(before), kiln_config.validate(after)
         return {stage for stage in STAGES if settings.tracked(a, stage) != settings.tracked(b, stage)}
 
     muon = copy.deepcopy(base)
@@ -278,7 +279,7 @@ def test_a_condition_makes_a_setting_rerun_its_stage():
 
 
 def test_a_stage_gets_its_sections_whole_from_the_two_params():
-    cfg = run_config.resolve([TINY])
+    cfg = kiln_config.resolve([TINY])
     for stage in STAGES:
         tracked = json.loads(settings.tracked(cfg, stage))
         rest = json.loads(str(settings.untracked(cfg, stage)))
@@ -292,12 +293,12 @@ def test_the_model_seed_leaves_the_data_keys_and_the_shipped_keys_stay():
     before the tags are what they were (each RUN leaf is held at its default in the key)."""
     from kiln.layout import DATA_STAGES, data_key
 
-    base = run_config.resolve([TINY])
-    reseeded = run_config.resolve([TINY], {"train": {"seed": 99}})
-    retried = run_config.resolve([TINY], {"download": {"retries": 9}})
+    base = kiln_config.resolve([TINY])
+    reseeded = kiln_config.resolve([TINY], {"train": {"seed": 99}})
+    retried = kiln_config.resolve([TINY], {"download": {"retries": 9}})
     assert {s: data_key(base, s) for s in DATA_STAGES} == {s: data_key(reseeded, s) for s in DATA_STAGES}
     assert {s: data_key(base, s) for s in DATA_STAGES} == {s: data_key(retried, s) for s in DATA_STAGES}
-    assert data_key(run_config.resolve([TINY], {"seed": 8}), "tokenizer") != data_key(base, "tokenizer")
+    assert data_key(kiln_config.resolve([TINY], {"seed": 8}), "tokenizer") != data_key(base, "tokenizer")
 
 
 def test_run_tags_are_only_for_stages_that_read_the_setting():

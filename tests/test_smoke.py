@@ -19,8 +19,9 @@ import torch
 from synthetic import REPO, SEQ_LEN, smoke_sections, write_shards
 
 import kiln.train.trainer as trainer_module
+from kiln.config.batch import BatchPlan
 from kiln.errors import KilnError
-from kiln.plan.steps import BatchPlan, full_run_plan
+from kiln.plan.steps import full_run_plan
 from kiln.plan.tables import render_plan
 from kiln.train.smoke import run_checks
 

@@ -9,10 +9,10 @@ from conftest import TOKENIZER_CFG, TRICKY_TEXTS, download_cfg, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.encoders import tiktoken_encoding
 from kiln.data.raw import write_raw
 from kiln.data.sources import read_documents, stdlib_root
-from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import (
     EOS,
     build_tokenizer,

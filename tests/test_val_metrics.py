@@ -20,7 +20,6 @@ import torch
 from conftest import download_cfg, write_jsonl
 from synthetic import TINY_MODEL, train_sections
 
-from kiln import settings
 from kiln.data.pretokenize import pretokenize
 from kiln.data.raw import write_raw
 from kiln.data.shards import shard_split
@@ -243,21 +242,22 @@ def test_checkpoint_curve_without_checkpoints_or_past_latest(run_dir, held_out, 
 def test_eval_of_a_run_trained_without_fim_skips_infilling_and_says_so(run_dir, tokenizer_path, tmp_path):
     """The whole eval stage on the mixture run, whose pretokenize.fim.rate is 0: no infilling problem
     is built or decoded, the metrics and the report say why, and the rest is measured as ever."""
-    import yaml
 
-    from kiln import run_config
+    from kiln import config as kiln_config
     from kiln.eval.suite import RunPaths, evaluate
     from kiln.report.run import _eval_tables
 
-    raw = yaml.safe_load((Path(__file__).parent / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
-    raw["eval"] = {
+    tiny = {
+        k: v for k, v in kiln_config.read_yaml(Path(__file__).parent / "configs" / "tiny.yaml").items() if k != "eval"
+    }
+    small = {
         "max_batches": 2,
         "prompts": ["def "],
         "max_new_tokens": 2,
         "infill_docs": 4,
         "lm_eval": {"tasks": [], "max_docs": 2},
     }
-    cfg = settings.stage_config(run_config.validate(raw), "eval")["eval"]
+    cfg = kiln_config.stage_sections("eval", tiny, eval=small)["eval"]
     paths = RunPaths(run_dir / "train", run_dir / "shards", run_dir / "tokens", run_dir / "raw", tokenizer_path)
     metrics, samples = evaluate(paths, cfg, SEED, tmp_path)
     assert metrics["infill"] == {

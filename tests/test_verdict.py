@@ -13,8 +13,9 @@ import sys
 import pytest
 from synthetic import REPO
 
+from kiln.config.batch import BatchPlan
 from kiln.errors import KilnError
-from kiln.plan.steps import BatchPlan, StageTimes
+from kiln.plan.steps import StageTimes
 from kiln.plan.verdict import VERSION, Check, Gate, Measurements, Probe, SmokeReport
 from kiln.report.run import _smoke_section
 

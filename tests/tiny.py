@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kiln import run_config
+from kiln import config as kiln_config
 from kiln.layout import Layout
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,7 +18,7 @@ VENV_BIN = str(Path(sys.executable).parent)
 
 def tiny_layout(workdir: Path, *configfiles: Path, **overrides) -> Layout:
     """The layout of the tiny run (or of `configfiles`, with --config `overrides`) under workdir/results."""
-    cfg = run_config.resolve(list(configfiles) or [TINY], overrides)
+    cfg = kiln_config.resolve(list(configfiles) or [TINY], overrides)
     return Layout(cfg, root=Path(workdir) / "results")
 
 

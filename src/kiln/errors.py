@@ -31,6 +31,10 @@ class KilnError(ValueError):
     exit_code = ExitCode.ERROR
 
 
+class ConfigError(KilnError):
+    """A run config that cannot run: one line per problem, each starting with the dotted key path."""
+
+
 class RunStopped(KilnError):
     """The run stopped itself on purpose, with `exit_code` (PREEMPTED or NONFINITE) and a message saying
     which checkpoint a rerun continues from."""

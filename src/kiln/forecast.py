@@ -16,16 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 
-from kiln import run_config
-from kiln.data.special_tokens import SPECIAL_TOKENS
+from kiln import config as kiln_config
+from kiln.config.batch import plan_batch
+from kiln.config.models import model_config
+from kiln.config.sections import SmokeSection, TrainSection
+from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import padded_vocab_size
 from kiln.errors import KilnError
-from kiln.model.registry import model_config
 from kiln.plan.memory import fit_report, optimizer_state_bytes, setting_of
 from kiln.plan.peaks import GPUS, gpu_of
-from kiln.plan.steps import StageTimes, build_plan, plan_batch
+from kiln.plan.steps import StageTimes, build_plan
 from kiln.plan.tables import render_plan
-from kiln.sections import SmokeSection, TrainSection
 
 # Token counts of tiktoken's named encodings (tiktoken's own n_vocab), so a run on one of them is
 # priced without fetching its ranks file.
@@ -127,7 +128,7 @@ def _run(args: argparse.Namespace) -> int:
     overrides: dict = {}
     for text in args.config or []:
         overrides |= _override(text)
-    experiment = run_config.resolve_experiment(args.configfile or [], overrides)
+    experiment = kiln_config.resolve_experiment(args.configfile or [], overrides)
     plans = {run: predict(cfg) for run, cfg in experiment.runs.items()}
     if experiment.sweep:
         return _sweep(experiment.name, plans, args.json)

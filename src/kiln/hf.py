@@ -19,14 +19,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from kiln.data.special_tokens import SPECIAL_TOKENS
+from kiln.config.models import ModelConfig
+from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import EOS, load_tokenizer
 from kiln.errors import KilnError
 from kiln.io import atomic_dir
 from kiln.model.build import build_model
 from kiln.model.gpt import GPT
 from kiln.model.llama import Llama
-from kiln.model.registry import ModelConfig
 
 # Our parameter name -> Hugging Face's: *_BLOCK inside block i (blocks.i. on our side,
 # transformer.h.i. / model.layers.i. on theirs), *_TOP outside the blocks. True marks GPT-2's Conv1D

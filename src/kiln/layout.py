@@ -2,7 +2,7 @@
 
 Data stages are shared by content. Their folders sit under results/data/, each named by its stage
 and a key, the hash of every config section that shapes it and everything upstream of it
-(kiln.settings.data_key: the sections each stage reads, its retry settings held at their defaults):
+(kiln.config.settings.data_key: the sections each stage reads, its retry settings held at their defaults):
 
     results/data/raw-<key>/                 download      key of: download
     results/data/tokenizer-<key>/           tokenizer     ... + seed, tokenizer
@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln import settings
-from kiln.errors import KilnError
+from kiln.config import settings
+from kiln.errors import ConfigError, KilnError
 from kiln.io import read_json, write_json
 
 RESULTS = "results"
@@ -64,7 +64,7 @@ STAGES = (
 BY_NAME = {stage.name: stage for stage in STAGES}
 DATA_STAGES = tuple(stage.name for stage in STAGES if stage.shared)
 RUN_STAGES = tuple(stage.name for stage in STAGES if not stage.shared)
-assert tuple(stage.name for stage in STAGES) == settings.STAGES, "kiln.settings.STAGES names these, in order"
+assert tuple(stage.name for stage in STAGES) == settings.STAGES, "kiln.config.settings.STAGES names these, in order"
 # The train folder's files that belong to one training trajectory, set aside together when a rerun
 # starts the trajectory over (kiln.train.trainer); the checkpoints last, so a kill part-way leaves
 # them where the next attempt finds them and sets them aside again.
@@ -115,6 +115,8 @@ class Layout:
     ):
         self.root = Path(root)
         self.run = run if run is not None else cfg["run_name"]
+        if cfg is not None:
+            check_run_name(self.run)
         self.keys = keys if keys is not None else {stage: data_key(cfg, stage) for stage in DATA_STAGES}
         self.legacy = legacy  # a run folder of an older Kiln, its data stages inside it (read, never written)
 
@@ -294,8 +296,9 @@ def legacy_message(run_dir: Path, found: list[str], layout: Layout | None = None
 
 
 def check_run_name(run: str) -> None:
+    """A ConfigError for a run name whose folder would be the shared data stages'."""
     if run == DATA:
-        raise KilnError(f"run_name: {DATA!r} is reserved: {RESULTS}/{DATA}/ holds the data stages that runs share")
+        raise ConfigError(f"run_name: {DATA!r} is reserved: {RESULTS}/{DATA}/ holds the data stages that runs share")
 
 
 def latest_step(train_dir: Path) -> int | None:

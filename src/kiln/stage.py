@@ -1,6 +1,6 @@
 """What every stage script shares: how it learns its config sections and how it reports failure.
 
-Under Snakemake a script receives its sections as two JSON params (kiln.settings): `--params`, the
+Under Snakemake a script receives its sections as two JSON params (kiln.config.settings): `--params`, the
 settings that change the stage's outputs (which Snakemake compares between runs), and `--untracked`,
 the rest of those sections (how the stage runs and shows its work, which it does not). Run by hand
 it reads and validates a whole config file (`--config config/config.yaml`) instead.
@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from kiln import run_config, settings
+from kiln import config as kiln_config
+from kiln.config import settings
 from kiln.errors import EXIT_FILE_ENV, CollectiveTimeout, KilnError
 from kiln.io import write_json
 
@@ -35,9 +36,9 @@ def stage_parser(stage: str, description: str) -> argparse.ArgumentParser:
 
 
 def stage_config(args: argparse.Namespace, stage: str) -> dict:
-    """The sections this stage reads (kiln.settings.sections), whole."""
+    """The sections this stage reads (kiln.config.settings.sections), whole."""
     if args.config:
-        return settings.stage_config(run_config.load(args.config), stage)
+        return settings.stage_config(kiln_config.load(args.config), stage)
     return settings.join(json.loads(args.params), json.loads(args.untracked))
 
 

@@ -27,7 +27,7 @@ def script(stage):
 
 
 def stage_params(stage, of="run"):
-    """A rule's two config params (kiln.settings): `cfg`, the settings that change the stage's
+    """A rule's two config params (kiln.config.settings): `cfg`, the settings that change the stage's
     outputs, as canonical JSON, which Snakemake compares, so a change to one of them (and only to
     them) reruns the stage; `untracked`, the rest of the sections the stage reads (logging, cadence,
     placement, retries), as a value Snakemake does not compare. The script joins the two. For a run's

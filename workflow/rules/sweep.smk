@@ -1,6 +1,6 @@
 # A sweep's overlay report: every arm's validation curve against tokens and wall time, a table of
 # final loss, bits per byte, tokens/s, time and cost with the best arm marked, and for a ladder the
-# fit of loss against parameters and compute. Only in a config with a `sweep` (kiln.sweep).
+# fit of loss against parameters and compute. Only in a config with a `sweep` (kiln.config.sweep).
 
 
 if SWEEP:
@@ -15,7 +15,7 @@ if SWEEP:
             table=kiln_layout.sweep_outputs(SWEEP)["table"],
         params:
             script=script("sweep_report"),
-            # What the overlay shows of each arm is what its report shows: tracked alike (kiln.settings).
+            # What the overlay shows of each arm is what its report shows: tracked alike (kiln.config.settings).
             cfg=json.dumps({run: kiln_settings.tracked(cfg, "report") for run, cfg in RUNS.items()}, sort_keys=True),
             sweep=kiln_settings.Untracked(json.dumps({"name": SWEEP, "sweep": EXPERIMENT.sweep, "runs": RUNS}, sort_keys=True)),
             results=lambda w, output: Path(output.report).parents[1],

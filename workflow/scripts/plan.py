@@ -4,17 +4,17 @@ measured speed, the steps a train.budget buys and the precision (kiln.plan.steps
 builder `kiln plan` calls with assumed figures).
 
 Train plans its steps from the same measurements itself (workflow/scripts/train.py), so a new price
-reprices the plan here and trains nothing (kiln.settings tags the price so: `plan` reads it for its
+reprices the plan here and trains nothing (kiln.config.settings tags the price so: `plan` reads it for its
 output, `train` only when the budget is in dollars).
 """
 
 import math
 from pathlib import Path
 
+from kiln.config.sections import SmokeSection, TrainSection
 from kiln.io import atomic_file, write_json
 from kiln.plan.tables import render_plan
 from kiln.plan.verdict import SmokeReport
-from kiln.sections import SmokeSection, TrainSection
 from kiln.stage import run_main, stage_config, stage_parser
 
 UNAVAILABLE = "# Plan for the full run\n\nUnavailable: the probe did not run.\n"

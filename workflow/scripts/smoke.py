@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
+from kiln.config.sections import SmokeSection, TrainSection
 from kiln.data.shards import check_tokenizer
 from kiln.data.tokenizer import load_tokenizer
 from kiln.errors import KilnError
 from kiln.plan.tables import checks_table
 from kiln.plan.verdict import Measurements, SmokeReport
-from kiln.sections import SmokeSection, TrainSection
 from kiln.stage import run_main, stage_config, stage_parser
 from kiln.train.distributed import shutdown
 from kiln.train.smoke import run_checks

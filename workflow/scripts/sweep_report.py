@@ -10,11 +10,11 @@ import argparse
 import json
 from pathlib import Path
 
-from kiln import run_config
+from kiln import config as kiln_config
+from kiln.config.sweep import varied_keys
 from kiln.io import atomic_file, write_json
 from kiln.report.sweep import collect, ladder_fit, plot, render, table
 from kiln.stage import run_main
-from kiln.sweep import varied_keys
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
     if args.sweep:
         spec = json.loads(args.sweep)
     else:
-        experiment = run_config.resolve_experiment([args.config])
+        experiment = kiln_config.resolve_experiment([args.config])
         spec = {"name": experiment.name, "sweep": experiment.sweep, "runs": experiment.runs}
     varied = varied_keys(spec["sweep"] or {})
     arms, curves = collect(spec["runs"], varied, args.results)

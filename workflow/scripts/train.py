@@ -15,13 +15,13 @@ from pathlib import Path
 import torch
 
 from kiln import hf, layout
+from kiln.config.sections import SmokeSection, TrainSection
 from kiln.data.shards import check_tokenizer
 from kiln.errors import KilnError
 from kiln.io import read_json, write_json
 from kiln.model.build import load_model
 from kiln.plan.steps import TrainPlan
 from kiln.plan.verdict import SmokeReport
-from kiln.sections import SmokeSection, TrainSection
 from kiln.stage import run_main, stage_config, stage_parser
 from kiln.train.budget import final_summary
 from kiln.train.samples import make_sampler

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.fim import fim_pieces
 from kiln.data.sources import Document
-from kiln.data.special_tokens import SPECIAL_TOKENS
 
 EOS, REPO_NAME, FILE_SEP = SPECIAL_TOKENS[0], "<repo_name>", "<file_sep>"
 

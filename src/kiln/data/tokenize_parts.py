@@ -25,10 +25,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.encoders import Encoder
 from kiln.data.packing import group_samples, metadata_bytes, sample_pieces
 from kiln.data.sources import read_part, read_rows
-from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import load_tokenizer
 from kiln.data.utf8text import utf8_size
 from kiln.io import stable_hash

@@ -26,9 +26,9 @@ import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.encoders import GPT2_PATTERN, tokenizer_from_tiktoken
 from kiln.data.sources import part_paths, read_documents, read_part_column
-from kiln.data.special_tokens import SPECIAL_TOKENS
 from kiln.data.utf8text import BIG_TEXT_BYTES, Utf8Text
 from kiln.errors import KilnError
 from kiln.io import read_json, stable_hash

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kiln.config.models import ModelConfig
 from kiln.data.loader import ShardRows
 from kiln.data.sources import read_documents
 from kiln.data.tokenizer import load_tokenizer
@@ -42,7 +43,6 @@ from kiln.generate.decode import describe
 from kiln.generate.healing import complete
 from kiln.io import read_json
 from kiln.model.build import CONFIG_FILE, build_model, load_model
-from kiln.model.registry import ModelConfig
 from kiln.train import checkpoint
 from kiln.train.device import eval_autocast
 from kiln.train.trainer import Sampler

@@ -1,4 +1,4 @@
-"""Build a model from a ModelConfig (kiln.model.registry); save and load a trained one.
+"""Build a model from a ModelConfig (kiln.config.models); save and load a trained one.
 
 A saved model is a folder with model_config.json (the full ModelConfig) and model.safetensors;
 Hugging Face's format is kiln.hf.
@@ -12,11 +12,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from kiln.config.models import ModelConfig
 from kiln.errors import KilnError
 from kiln.io import atomic_file, write_json
 from kiln.model.gpt import GPT
 from kiln.model.llama import Llama
-from kiln.model.registry import ModelConfig
 
 ARCHITECTURES: dict[str, type[torch.nn.Module]] = {"gpt2": GPT, "llama": Llama}
 CONFIG_FILE, WEIGHTS_FILE = "model_config.json", "model.safetensors"

@@ -18,9 +18,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kiln.config.models import ModelConfig
 from kiln.model.kv_cache import KVCache
 from kiln.model.loss import lm_loss
-from kiln.model.registry import ModelConfig
 
 
 def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,7 +15,7 @@ when one chunk holds every row there is nothing to gain, and no recompute.
 Under bf16 autocast every chunk computes exactly what the plain loss computes for its rows (bf16
 logits upcast to fp32), so the two agree to fp32 rounding of the sum (tests/test_loss.py).
 
-Rows per chunk come from kiln.model.registry.loss_chunk_rows (torch-free, so the memory estimate
+Rows per chunk come from kiln.config.models.loss_chunk_rows (torch-free, so the memory estimate
 kiln.plan.memory counts the same chunk).
 """
 
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from kiln.model.registry import loss_chunk_rows
+from kiln.config.models import loss_chunk_rows
 
 
 def _chunk_loss_sum(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -56,8 +56,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from kiln.model.registry import ModelConfig, loss_chunk_rows
-from kiln.sections import TrainSection
+from kiln.config.models import ModelConfig, loss_chunk_rows
+from kiln.config.sections import TrainSection
 
 GIB = 2**30
 AC_MODES = ("none", "full", "selective")  # train.activation_checkpointing
@@ -231,7 +231,7 @@ def setting_of(
 ) -> Setting:
     """The Setting a validated train section means: on a GPU by default (`kiln plan`: bf16 as
     train.precision says, compiled unless train.compile is false), or as a run decided it (smoke).
-    grad_accum: micro-batches per step (kiln.plan.steps.plan_batch's, which needs shard.seq_len)."""
+    grad_accum: micro-batches per step (kiln.config.batch.plan_batch's, which needs shard.seq_len)."""
     return Setting(
         grad_accum=grad_accum,
         micro_batch=train.micro_batch,

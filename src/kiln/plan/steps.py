@@ -1,11 +1,6 @@
-"""How one optimizer step's tokens split across ranks and micro-batches (torch-free, so config
-validation can check it before any job starts), and the arithmetic of the plan of the full run:
-build_plan, which the smoke stage (measured speed) and `kiln plan` (assumed speed) both call, so the
-two plans cannot drift apart (kiln.plan.tables renders it).
-
-The global batch is given in tokens (train.batch_tokens); each of W ranks runs micro-batches of
-micro_batch rows of seq_len tokens, so gradient accumulation is
-batch_tokens / (W * micro_batch * seq_len), which must be a whole number.
+"""The arithmetic of the plan of the full run: build_plan, which the smoke stage (measured speed) and
+`kiln plan` (assumed speed) both call, so the two plans cannot drift apart (kiln.plan.tables renders
+it). How a step splits over ranks and micro-batches is the config's (kiln.config.batch).
 """
 
 from __future__ import annotations
@@ -13,36 +8,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from kiln.config.batch import BatchPlan
+from kiln.config.sections import TrainSection
 from kiln.errors import KilnError
-from kiln.sections import TrainSection
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    world: int
-    micro_batch: int
-    seq_len: int
-    grad_accum: int
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.world * self.grad_accum * self.micro_batch * self.seq_len
-
-
-def plan_batch(batch_tokens: int | None, micro_batch: int, seq_len: int, world: int) -> BatchPlan:
-    """The plan for a global batch of batch_tokens (None: one micro-batch per rank per step)."""
-    per_pass = world * micro_batch * seq_len
-    if batch_tokens is None:
-        return BatchPlan(world, micro_batch, seq_len, 1)
-    if batch_tokens % per_pass:
-        nearest = sorted({max(1, batch_tokens // per_pass) * per_pass, (batch_tokens // per_pass + 1) * per_pass})
-        raise KilnError(
-            f"train.batch_tokens: {batch_tokens} is not a multiple of {world} ranks x "
-            f"train.micro_batch {micro_batch} x shard.seq_len {seq_len} = {per_pass} tokens "
-            f"(nearest that are: {' or '.join(map(str, nearest))})"
-        )
-    return BatchPlan(world, micro_batch, seq_len, batch_tokens // per_pass)
-
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal at ~20 tokens per parameter
 

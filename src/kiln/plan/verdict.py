@@ -14,10 +14,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from kiln.config.batch import BatchPlan
+from kiln.config.sections import TrainSection
 from kiln.errors import KilnError
 from kiln.io import read_json, write_json
-from kiln.plan.steps import BatchPlan, StageTimes, build_plan
-from kiln.sections import TrainSection
+from kiln.plan.steps import StageTimes, build_plan
 
 # Bumped whenever the layout of report.json changes, so that a report written by another version
 # of kiln is refused with a clear message instead of half-read.

@@ -1,4 +1,4 @@
-"""results/<sweep>/sweep.md: a sweep's arms side by side (kiln.sweep).
+"""results/<sweep>/sweep.md: a sweep's arms side by side (kiln.config.sweep).
 
 Per arm: the values it varies, parameters, steps and tokens, final train and held-out loss, bits per
 byte, tokens/s, the train stage's time and cost; the arm with the lowest held-out loss is marked.

@@ -74,9 +74,9 @@ from typing import Callable
 
 import torch
 
+from kiln.config.sections import TrainSection
 from kiln.io import atomic_file
 from kiln.plan.steps import BudgetPlan
-from kiln.sections import TrainSection
 from kiln.train.distributed import max_across_ranks
 from kiln.train.launch import LAUNCH_START_ENV
 from kiln.train.schedule import Replanned

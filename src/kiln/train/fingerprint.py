@@ -11,7 +11,7 @@ The fingerprint is a small dict saved in every checkpoint:
                 budget, global batch, precision, ...), with the steps the run trains (`steps`: a
                 budget's, from the smoke stage's plan)
 
-What does not shape the trajectory stays out: the train settings kiln.settings tags RUN for the
+What does not shape the trajectory stays out: the train settings kiln.config.settings tags RUN for the
 train stage (logging, validation and checkpoint cadence, the rank layout and where it runs, the
 micro-batch at equal global batch) and, for an AdamW run, Muon's. The data order is a function of the
 global sample index (kiln.data.loader), so a run may resume on fewer or more ranks with the same
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from kiln import settings
+from kiln.config import settings
 from kiln.errors import KilnError
 
 PARTS = ("model", "tokenizer", "shards", "seed", "train")

@@ -50,9 +50,9 @@ import time
 from pathlib import Path
 
 from kiln import layout
+from kiln.config.sections import TrainSection
 from kiln.errors import KilnError
 from kiln.io import atomic_dir, atomic_file, remove_dead_temps
-from kiln.sections import TrainSection
 from kiln.train import checkpoint
 
 log = logging.getLogger("kiln.train")

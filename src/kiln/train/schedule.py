@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from kiln.sections import TrainSection
+from kiln.config.sections import TrainSection
 
 KINDS = ("cosine", "wsd", "constant")
 COOLDOWNS = ("linear", "1-sqrt")

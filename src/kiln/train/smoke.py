@@ -43,12 +43,12 @@ import numpy as np
 import torch
 
 from kiln.config import checkpoint_format
+from kiln.config.models import model_config
+from kiln.config.sections import Overfit, SmokeSection, TrainSection
 from kiln.io import read_json
-from kiln.model.registry import model_config
 from kiln.plan.memory import Estimate, estimate, setting_of
 from kiln.plan.steps import StageTimes
 from kiln.plan.verdict import Check
-from kiln.sections import Overfit, SmokeSection, TrainSection
 from kiln.train import checkpoint, device
 from kiln.train.distributed import barrier, broadcast_object, max_across_ranks, mean_across_ranks
 from kiln.train.launch import LAUNCH_START_ENV

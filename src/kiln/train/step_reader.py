@@ -21,8 +21,8 @@ from typing import Callable
 
 import torch
 
+from kiln.config.sections import NonFinite
 from kiln.errors import ExitCode, RunStopped
-from kiln.sections import NonFinite
 from kiln.train.distributed import mean_across_ranks
 from kiln.train.health import SpikeDetector
 

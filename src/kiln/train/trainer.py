@@ -35,13 +35,14 @@ import torch
 
 from kiln import layout
 from kiln.config import checkpoint_format
+from kiln.config.batch import plan_batch
+from kiln.config.models import model_config
+from kiln.config.sections import TrainSection
 from kiln.data.loader import ShardRows, TrainBatches, eval_batches
 from kiln.data.shards import tokens_per_byte
 from kiln.errors import RunStopped
 from kiln.model.build import build_model, save_model
-from kiln.model.registry import model_config
-from kiln.plan.steps import BudgetPlan, plan_batch
-from kiln.sections import TrainSection
+from kiln.plan.steps import BudgetPlan
 from kiln.train import checkpoint, device, faults, fingerprint, init_from, parallel, preemption, progress, resume
 from kiln.train.budget import BudgetController
 from kiln.train.distributed import (

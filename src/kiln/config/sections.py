@@ -1,7 +1,7 @@
 """Typed, frozen views of the run config's train and smoke sections, read by attribute.
 
-The schema (workflow/schemas/config.schema.yaml, read by kiln.config) owns every key's default and
-description; these classes own none. A section is built (`of`) from the dict kiln.config validated,
+The schema (workflow/schemas/config.schema.yaml, read by kiln.config.schema) owns every key's default and
+description; these classes own none. A section is built (`of`) from the dict kiln.config.validate returned,
 defaults already filled in, so a field with no key there, or a key with no field, is an error naming
 it (tests/test_sections.py holds the fields in step with the schema's properties, their types too).
 Code reads `train.micro_batch` where it read `train["micro_batch"]`, as it reads the model's
@@ -12,9 +12,6 @@ takes them, so `as_dict` gives back exactly the validated dict: a key the schema
 (train.budget's units, train.init_from's sources: no default) is None here and absent there, and
 a tuple is a list again. dataclasses.asdict would keep the unset keys as None, which changes the
 train fingerprint (kiln.train.fingerprint) a checkpoint is resumed against.
-
-Below kiln.config (it imports only kiln.errors), so the config layer's own rules read these types too
-(kiln.config.checkpoint_format).
 """
 
 from __future__ import annotations
@@ -48,11 +45,11 @@ class Section:
         hints = typing.get_type_hints(cls)
         known = {f.name for f in fields(cls)}
         problems = [
-            f"{where}.{k}: unknown key, no field of kiln.sections.{cls.__name__} (a schema key needs one)"
+            f"{where}.{k}: unknown key, no field of kiln.config.sections.{cls.__name__} (a schema key needs one)"
             for k in sorted(set(data) - known)
         ]
         problems += [
-            f"{where}.{f.name}: missing (build sections from a config kiln.config validated: it fills the defaults)"
+            f"{where}.{f.name}: missing (build sections from a config kiln.config.validate returned: it fills the defaults)"
             for f in fields(cls)
             if f.name not in data and not f.metadata.get(UNSET)
         ]
@@ -107,7 +104,7 @@ class Budget(Section):
 
 @dataclass(frozen=True)
 class InitFrom(Section):
-    """train.init_from: exactly one source is set (kiln.config checks it)."""
+    """train.init_from: exactly one source is set (kiln.config.rules checks it)."""
 
     KEY: ClassVar[str] = "train.init_from"
     run: str | None = _unset()

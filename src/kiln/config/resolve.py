@@ -1,69 +1,45 @@
-"""A run's config as the pipeline uses it: resolved from the files given (kiln.config.raw_config),
-validated against the schema, then checked against what only the layers above the config know: the
-model registry (a flavour's shape, heads dividing d_model), the batch plan (the global batch a whole
-number of micro-batches on every rank) and the tokenizer (a vocabulary holding the special tokens).
-
-The Snakefile, `kiln plan` and every stage script run by hand with --config call this module, so a
-config means the same thing wherever it is read.
+"""A run's config, resolved once: the files and overrides (kiln.config.files), every default the
+schema gives (kiln.config.schema), every rule between keys (kiln.config.rules), and the one derived
+setting (train.seed defaults to the data seed). The Snakefile, `kiln plan`, every stage script run
+by hand, the benches and the tests call this module, so a config means the same thing wherever it is
+read.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from kiln import config as kiln_config
-from kiln import layout, sweep
-from kiln.config import ConfigError
-from kiln.data.special_tokens import BYTE_ALPHABET, SMALLEST_VOCAB, SPECIAL_TOKENS
-from kiln.errors import KilnError
-from kiln.model.registry import check_section as check_model_section
-from kiln.plan.steps import plan_batch
-
-
-def _cross_layer_problems(cfg: dict) -> list[str]:
-    problems = check_model_section(cfg["model"], cfg["shard"]["seq_len"])
-    vocab = cfg["tokenizer"].get("vocab_size", SMALLEST_VOCAB)  # only a trained tokenizer has one
-    if vocab < SMALLEST_VOCAB:
-        problems.append(
-            f"tokenizer.vocab_size: {vocab} is smaller than the {SMALLEST_VOCAB} tokens every vocabulary holds "
-            f"({BYTE_ALPHABET} byte symbols + {len(SPECIAL_TOKENS)} special tokens)"
-        )
-    train = cfg["train"]
-    try:
-        world = train["nproc_per_node"] * train["nnodes"]
-        plan_batch(train["batch_tokens"], train["micro_batch"], cfg["shard"]["seq_len"], world)
-    except KilnError as exc:
-        problems.append(str(exc))
-    every, period = train["keep_checkpoint_every"], train["checkpoint_every"]
-    if every % period:
-        problems.append(
-            f"train.keep_checkpoint_every: {every} is not a multiple of train.checkpoint_every={period}, "
-            f"so no checkpoint would fall on it (e.g. {max(1, every // period) * period})"
-        )
-    return problems
+from kiln.config import rules, schema, settings, sweep
+from kiln.config.files import merge, raw_config, read_yaml
+from kiln.errors import ConfigError
 
 
 def validate(raw: dict) -> dict:
     """A validated copy of `raw` with every default filled in, or a ConfigError listing each problem
     by its key path."""
-    cfg = kiln_config.validate(raw)
-    problems = _cross_layer_problems(cfg)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"<root>: expected a mapping of config sections, got {type(raw).__name__}")
+    cfg = copy.deepcopy(raw)
+    problems = schema.check(cfg) or rules.check(cfg)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    if cfg["train"]["seed"] is None:  # the model seed defaults to the data seed
+        cfg["train"]["seed"] = cfg["seed"]
     return cfg
 
 
 def resolve(configfiles: Sequence[str | Path] = (), overrides: Mapping | None = None) -> dict:
     """The validated config of `snakemake --configfile F... --config K=V...` (no files: the embedded
     default)."""
-    return validate(kiln_config.raw_config(configfiles, overrides))
+    return validate(raw_config(configfiles, overrides))
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """What one `snakemake` call runs: a single run, or the arms of a sweep (kiln.sweep)."""
+    """What one `snakemake` call runs: a single run, or the arms of a sweep (kiln.config.sweep)."""
 
     name: str  # the config's run_name: the run's, or the sweep's (its overlay report's folder)
     sweep: dict | None  # the config's sweep section, None for a single run
@@ -73,7 +49,7 @@ class Experiment:
 def resolve_experiment(configfiles: Sequence[str | Path] = (), overrides: Mapping | None = None) -> Experiment:
     """The runs of `snakemake --configfile F... --config K=V...`: one, or one per arm of the config's
     sweep, each validated on its own (an arm's problems are named with the arm)."""
-    raw = kiln_config.raw_config(configfiles, overrides)
+    raw = raw_config(configfiles, overrides)
     spec = raw.get(sweep.SWEEP)
     if spec is not None and not isinstance(spec, dict):
         raise ConfigError(
@@ -81,7 +57,6 @@ def resolve_experiment(configfiles: Sequence[str | Path] = (), overrides: Mappin
         )
     if not spec:
         cfg = validate({k: v for k, v in raw.items() if k != sweep.SWEEP})
-        layout.check_run_name(cfg["run_name"])
         return Experiment(cfg["run_name"], None, {cfg["run_name"]: cfg})
     if not isinstance(raw.get("run_name"), str):
         raise ConfigError("run_name: a sweep needs a run_name (its arms are <run_name>-<arm>)")
@@ -91,15 +66,13 @@ def resolve_experiment(configfiles: Sequence[str | Path] = (), overrides: Mappin
             runs[run] = validate(arm)
         except ConfigError as exc:
             raise ConfigError(f"sweep arm {run}: {exc}") from None
-    for run in [raw["run_name"], *runs]:
-        layout.check_run_name(run)
     return Experiment(raw["run_name"], spec, runs)
 
 
 def load(path: str | Path) -> dict:
     """One run file, validated: what `snakemake --configfile path` runs. A sweep is several runs: an
     error naming them (a stage run by hand takes one arm's settings)."""
-    spec = kiln_config.read_yaml(path).get(sweep.SWEEP)
+    spec = read_yaml(path).get(sweep.SWEEP)
     if spec:
         arms = list(sweep.arm_overrides(spec))
         raise ConfigError(
@@ -107,3 +80,21 @@ def load(path: str | Path) -> dict:
             "one run's config: write that arm's settings to a file"
         )
     return resolve([path])
+
+
+# The least a run needs besides a model and a length (train.max_steps or train.budget), for code that
+# builds a config in Python (benches, tests): one source, no wandb; the rest is the schema's defaults.
+MINIMAL = {
+    "run_name": "kiln",
+    "seed": 0,
+    "download": {"sources": [{"name": "stdlib", "kind": "stdlib"}]},
+    "wandb": {"mode": "disabled"},
+}
+
+
+def stage_sections(stage: str, base: str | Path | Mapping | None = None, **overrides) -> dict:
+    """The sections `stage` reads (kiln.config.settings), from `base` (a config file, a raw config,
+    or MINIMAL) with `overrides` merged in as --config merges them (mappings key by key), validated
+    like any run: `stage_sections("train", model={...}, train={"max_steps": 10})`."""
+    raw = read_yaml(base) if isinstance(base, (str, Path)) else copy.deepcopy(dict(base or MINIMAL))
+    return settings.stage_config(validate(merge(raw, overrides)), stage)

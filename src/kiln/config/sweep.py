@@ -20,7 +20,8 @@ import itertools
 import json
 import re
 
-from kiln.config import ConfigError, merge
+from kiln.config.files import merge
+from kiln.errors import ConfigError
 
 SWEEP = "sweep"
 VARIANTS = "variants"

@@ -18,7 +18,7 @@ else lists keys by stage:
                         (snakemake.persistence skips such params), passed to the script all the same;
   trajectory            the train leaves a checkpoint's fingerprint holds (kiln.train.fingerprint);
   data_key              the content key of a shared data folder (kiln.layout);
-  markdown_table        docs/settings.md (`python -m kiln.settings`; a test keeps it current).
+  markdown_table        docs/settings.md (`python -m kiln.config`; a test keeps it current).
 
 tests/test_settings.py holds the table to the schema (a new key without a tag fails the suite) and
 changes every leaf on a finished tiny run: the jobs a dry run schedules must be exactly the stages
@@ -30,14 +30,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import sys
 from dataclasses import dataclass, field
-from functools import cache
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Mapping
 
-import yaml
-
-from kiln.config import SCHEMA_PATH
+from kiln.config.schema import leaves as schema_leaves
 from kiln.errors import KilnError
 
 OUTPUT, RUN = "output", "run"
@@ -261,42 +257,12 @@ class Untracked:
         return self.text
 
 
-# ------------------------------------------------------------------------------------------------
-# The schema's leaves
-
-
-@cache
-def _schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text(encoding="utf-8"))
-
-
-def _walk(node: dict, prefix: str) -> Iterator[tuple[str, dict]]:
-    props = dict(node.get("properties", {}))
-    for branch in node.get("allOf", []):  # e.g. tokenizer.kind's branches: path, encoding, ...
-        for key, sub in branch.get("then", {}).get("properties", {}).items():
-            if isinstance(sub, dict):
-                props.setdefault(key, sub)
-    for key, sub in props.items():
-        if not isinstance(sub, dict) or key == "sweep":  # a sweep makes runs; it is no run's setting
-            continue
-        if sub.get("type") == "object" and ("properties" in sub or "allOf" in sub):
-            yield from _walk(sub, f"{prefix}{key}.")
-        else:  # a value, a list, or a nullable or free-form mapping (train.budget, pretokenize.mixture)
-            yield f"{prefix}{key}", sub
-
-
-@cache
-def schema_leaves() -> dict[str, dict]:
-    """{dotted path: its schema} for every leaf a run config can set."""
-    return dict(_walk(_schema(), ""))
-
-
 def check_table(leaves: Mapping[str, dict] | None = None) -> None:
     """A KilnError naming every schema leaf (of `leaves`, by default the schema's) without a tag, and
     every tag without a leaf."""
     leaves, tagged = set(schema_leaves() if leaves is None else leaves), set(SETTINGS)
-    problems = [f"{p}: a schema key with no entry in kiln.settings.SETTINGS" for p in sorted(leaves - tagged)]
-    problems += [f"{p}: tagged in kiln.settings.SETTINGS but not in the schema" for p in sorted(tagged - leaves)]
+    problems = [f"{p}: a schema key with no entry in kiln.config.settings.SETTINGS" for p in sorted(leaves - tagged)]
+    problems += [f"{p}: tagged in kiln.config.settings.SETTINGS but not in the schema" for p in sorted(tagged - leaves)]
     bad = [f"{p}: unknown stage {s}" for p, v in SETTINGS.items() for s in v.reads if s not in STAGES]
     if problems + bad:
         raise KilnError("; ".join(problems + bad))
@@ -430,7 +396,7 @@ def markdown_table() -> str:
     lines = [
         "# Settings: what each one reruns",
         "",
-        "Made by `python -m kiln.settings > docs/settings.md` from `kiln.settings.SETTINGS` (tests/test_settings.py",
+        "Made by `python -m kiln.config > docs/settings.md` from `kiln.config.settings.SETTINGS` (tests/test_settings.py",
         "checks it is current). **reruns**: the stages whose outputs the setting changes; Snakemake reruns them,",
         "and what reads their outputs, when it changes. **read to run**: stages that read it only for how they",
         "run or show their work (logging, cadence, placement, retries): a change there reruns nothing.",
@@ -444,8 +410,3 @@ def markdown_table() -> str:
         row = f"| `{path}` | {', '.join(reruns) or '-'} | {', '.join(runs) or '-'} | {setting.note} |"
         lines.append(row)
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    check_table()
-    sys.stdout.write(markdown_table())

@@ -1,0 +1,39 @@
+"""A run's config: what the user wrote, resolved once, and what each setting means to each stage.
+
+    files     which files make a run, merged as Snakemake merges them, and the --config overrides
+    schema    workflow/schemas/config.schema.yaml: every key's type, default and description
+    rules     what a schema cannot say: rules between keys, a model the registry can build, a batch
+              that splits over the ranks, a vocabulary that holds the special tokens
+    resolve   validate = schema + rules, once; resolve (a run), resolve_experiment (a sweep's runs),
+              load (one file), stage_sections (a config built in Python: benches, tests)
+    sweep     one config, several runs (arms)
+    settings  every leaf's stages and whether it changes their outputs: each rule's params, the
+              train fingerprint, the data folders' keys and docs/settings.md come from it
+    sections  typed, frozen views of the train and smoke sections, read by attribute
+    models    named model flavours (each with its source URL) and the ModelConfig derived from them
+    batch     the one derived split of a step: ranks x accumulation x micro-batch x seq_len
+    special_tokens  the tokens every vocabulary holds
+
+Torch-free and at the bottom of the package (kiln.errors and kiln.io below it): the Snakefile, `kiln
+plan` and `kiln status` import it without importing torch.
+"""
+
+from kiln.config.files import EMBEDDED_DEFAULT, merge, raw_config, read_yaml
+from kiln.config.resolve import Experiment, load, resolve, resolve_experiment, stage_sections, validate
+from kiln.config.rules import checkpoint_format
+from kiln.errors import ConfigError
+
+__all__ = [
+    "EMBEDDED_DEFAULT",
+    "ConfigError",
+    "Experiment",
+    "checkpoint_format",
+    "load",
+    "merge",
+    "raw_config",
+    "read_yaml",
+    "resolve",
+    "resolve_experiment",
+    "stage_sections",
+    "validate",
+]
