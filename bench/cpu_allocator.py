@@ -50,7 +50,7 @@ def child(args) -> None:
             loss = trainer.train_step()[0]
         loss.item()
         elapsed = time.perf_counter() - start
-    print(json.dumps({"tokens_per_s": args.steps * trainer.plan.tokens_per_step / elapsed}))
+    print(json.dumps({"tokens_per_s": args.steps * trainer.batch_split.tokens_per_step / elapsed}))
 
 
 def main() -> None:

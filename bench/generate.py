@@ -40,7 +40,7 @@ def uncached_one_by_one(model, prompts: list[list[int]], new_tokens: int) -> lis
     for prompt in prompts:
         ids = torch.tensor([prompt], dtype=torch.long, device=device)
         for _ in range(new_tokens):
-            logits, _ = model(ids[:, -model.cfg.seq_len :])
+            logits, _ = model(ids[:, -model.config.seq_len :])
             next_id = logits[0, -1].float().argmax()
             ids = torch.cat([ids, next_id.view(1, 1)], dim=1)
         out.append(ids[0, len(prompt) :].tolist())

@@ -238,7 +238,7 @@ def check_eval(ctx: Ctx) -> list[tuple[str, str]]:
     for _ in range(10 if ctx.dry else 60):
         trainer.train_step()
     model_dir = ctx.folder("train")
-    save_model(trainer.cfg, trainer.model.state_dict(), model_dir)
+    save_model(trainer.model_config, trainer.model.state_dict(), model_dir)
     rows, batches = ShardRows(shards, "val"), 4
     prompts = [r[:16].tolist() for r in rows.take(np.arange(8))]
     cpu_model = load_model(model_dir, "cpu")

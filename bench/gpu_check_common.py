@@ -145,6 +145,6 @@ def timed_steps(
     for _ in range(steps):
         loss = trainer.train_step()[0]
     loss.item()
-    return meter.window(steps * trainer.plan.tokens_per_step, last=True) | {"steps": steps}, memory_mb(
+    return meter.window(steps * trainer.batch_split.tokens_per_step, last=True) | {"steps": steps}, memory_mb(
         trainer.dist.device
     )

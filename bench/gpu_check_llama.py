@@ -50,7 +50,7 @@ def _fitting_micro_batch(ctx: Ctx, shards: Path, seq: int) -> tuple[int, float, 
 def _estimated(trainer: Trainer, micro: int, compiled: bool) -> int:
     """kiln.plan.memory's estimate for this trainer's model at `micro` rows, one rank, bf16."""
     return estimate(
-        trainer.cfg,
+        trainer.model_config,
         Setting(micro_batch=micro, world=1, bf16=True, compiled=compiled, cuda=trainer.dist.device.type == "cuda"),
     ).total
 

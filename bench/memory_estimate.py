@@ -106,7 +106,7 @@ def cpu_table(rows: list[tuple] = CPU_ROWS) -> None:
             _, step = allocated_during(trainer.train_step)
         measured = resident + step.peak
         est = estimate(
-            trainer.cfg,
+            trainer.model_config,
             Setting(
                 micro_batch=micro, bf16=precision == "bf16", activation_checkpointing=ac, compiled=compiled, cuda=False
             ),

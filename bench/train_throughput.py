@@ -84,9 +84,9 @@ class NanoGPTLoop:
 
     def __init__(self, trainer: Trainer, shard_dir: Path, train: dict, seed: int):
         torch.manual_seed(seed)
-        self.device, self.B, self.T = trainer.dist.device, train["micro_batch"], trainer.cfg.seq_len
+        self.device, self.B, self.T = trainer.dist.device, train["micro_batch"], trainer.model_config.seq_len
         with torch.device(self.device):
-            self.model = build_model(trainer.cfg)
+            self.model = build_model(trainer.model_config)
         self.model.train()
         self.data = open_shard(shard_dir / "train-00000.bin").reshape(-1)  # one token stream
         self.optimizer = torch.optim.AdamW(

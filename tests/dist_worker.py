@@ -8,7 +8,7 @@ training runs in one launch (one process group, so the launch cost is paid once)
 PLAN.json: {"shards": DIR, "checks_out": FILE, "runs": [{"out": DIR, "sections": {...},
 "resume_from": DIR/checkpoints/step-N (optional: copied in and named by LATEST before the run)}],
 "smoke": [{"out": DIR, "sections": {...}}]}. Training runs log greedy samples (synthetic.greedy_sampler);
-smoke runs write report.json (the checks, the probe's figures and batch plan) from rank 0. Each rank of
+smoke runs write report.json (the checks, the probe's figures and batch split) from rank 0. Each rank of
 a run writes resume-rank<R>.json: the files it sha256'd through kiln.train.checkpoint, and, for the
 state it resumed from, how many of its tensors there were and whether each lay in a memory mapping of
 that checkpoint's state.pt (/proc/self/maps), rather than in memory of its own.

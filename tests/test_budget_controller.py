@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from kiln import config as kiln_config
-from kiln.config.batch import BatchPlan
+from kiln.config.batch import BatchSplit
 from kiln.config.sections import TrainSection
 from kiln.plan.steps import BudgetPlan, StageTimes, TrainPlan, build_plan
 from kiln.train.budget import AIM, BudgetController
@@ -372,7 +372,7 @@ def test_a_dollar_budget_reaches_the_controller_as_the_seconds_it_buys():
     plan = build_plan(
         train,
         3.0,
-        batch=BatchPlan(world=4, micro_batch=16, seq_len=256, grad_accum=1),
+        batch=BatchSplit(world=4, micro_batch=16, seq_len=256, grad_accum=1),
         times=times,
         tokens_per_s=4 * 16 * 256 / 0.5,
         n_params=10**6,

@@ -47,7 +47,7 @@ def test_export_loads_in_transformers_with_matching_logits(name, tmp_path, token
     model = _trained_looking(SMALL[name])
     hf.export(model, tmp_path / "hf", tokenizer_path)
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    family = model.cfg.family
+    family = model.config.family
     assert type(theirs) is (GPT2LMHeadModel if family == "gpt2" else LlamaForCausalLM)
     assert theirs.config.vocab_size == VOCAB
     assert theirs.num_parameters() >= model.num_params(non_embedding=False)  # + zero biases if bias-free
@@ -59,8 +59,8 @@ def test_export_loads_in_transformers_with_matching_logits(name, tmp_path, token
         back = hf.load(tmp_path / "hf")
         torch.testing.assert_close(back(idx)[0], ours, rtol=0, atol=1e-5)
     # The same shape (GPT-2's context is its position table; a bias-free GPT comes back with zero biases).
-    expected = dataclasses.replace(model.cfg, seq_len=back.cfg.seq_len, bias=family == "gpt2")
-    assert back.cfg == expected
+    expected = dataclasses.replace(model.config, seq_len=back.config.seq_len, bias=family == "gpt2")
+    assert back.config == expected
 
 
 def test_export_is_all_transformers_needs(tmp_path, tokenizer_path):
@@ -89,7 +89,7 @@ def test_transformers_gpt2_imports_with_matching_logits(tmp_path):
     theirs = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=48, n_layer=2, n_head=3)).eval()
     theirs.save_pretrained(tmp_path)
     ours = hf.load(tmp_path)
-    assert (ours.cfg.family, ours.cfg.max_positions, ours.cfg.bias) == ("gpt2", 64, True)
+    assert (ours.config.family, ours.config.max_positions, ours.config.bias) == ("gpt2", 64, True)
     assert ours.num_params(non_embedding=False) == theirs.num_parameters()
     idx = _ids()
     with torch.no_grad():
@@ -112,7 +112,7 @@ def test_transformers_llama_imports_with_matching_logits(tmp_path):
     theirs = LlamaForCausalLM(config).eval()
     theirs.save_pretrained(tmp_path)
     ours = hf.load(tmp_path)
-    assert (ours.cfg.n_kv_head, ours.cfg.rope_theta, ours.cfg.tie_embeddings) == (2, 1000.0, False)
+    assert (ours.config.n_kv_head, ours.config.rope_theta, ours.config.tie_embeddings) == (2, 1000.0, False)
     idx = _ids()
     with torch.no_grad():
         torch.testing.assert_close(ours(idx)[0], theirs(idx).logits, rtol=0, atol=1e-4)

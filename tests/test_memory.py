@@ -102,7 +102,7 @@ def test_estimate_is_within_15_percent_of_real_cpu_train_steps(name, tmp_path):
     _, step = allocated_during(trainer.train_step)
     measured = resident + step.peak
     est = estimate(
-        trainer.cfg,
+        trainer.model_config,
         Setting(
             micro_batch=micro, bf16=precision == "bf16", activation_checkpointing=ac, compiled=compiled, cuda=False
         ),

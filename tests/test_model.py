@@ -147,7 +147,7 @@ def test_save_and_load_round_trip(cfg, tmp_path):
     model = _model(cfg)
     save_model(cfg, model.state_dict(), tmp_path)
     loaded = load_model(tmp_path)
-    assert loaded.cfg == cfg and not loaded.training
+    assert loaded.config == cfg and not loaded.training
     assert loaded.lm_head.weight is loaded.wte.weight  # tying survives the save/load
     idx = _ids(2, cfg.seq_len)
     with torch.no_grad():

@@ -78,7 +78,9 @@ def test_muon_takes_the_blocks_matrices_and_adamw_everything_else(model, expecte
     rest = {p for g in adamw.param_groups for p in g["params"]}
     assert _named(m, rest) == {name for name, _ in m.named_parameters()} - expected  # embeddings, head, gains, biases
     assert sum(p.numel() for p in m.parameters()) == sum(p.numel() for g in opt.param_groups for p in g["params"])
-    assert m.cfg.n_layer * layer_params(m.cfg)[0] == sum(p.numel() for p in hidden_matrices(m))  # the estimator's count
+    assert m.config.n_layer * layer_params(m.config)[0] == sum(
+        p.numel() for p in hidden_matrices(m)
+    )  # the estimator's count
     (only,) = build_optimizer(m, _section(), "cpu").parts  # adamw: one AdamW over everything, as before
     assert isinstance(only, torch.optim.AdamW) and len(only.param_groups) == 2
 

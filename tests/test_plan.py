@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln import config as kiln_config
-from kiln.config.batch import BatchPlan
+from kiln.config.batch import BatchSplit
 from kiln.config.sections import SmokeSection, TrainSection
 from kiln.forecast import predict
 from kiln.plan.steps import StageTimes, kept_checkpoints
@@ -50,7 +50,7 @@ def measured_as(plan: dict) -> Measurements:
         checkpoint_bytes=plan["checkpoint_bytes"],
         model_bytes=plan["model_bytes"],
         train_tokens=plan["train_tokens"],
-        batch=BatchPlan(plan["ranks"], plan["micro_batch"], plan["seq_len"], plan["grad_accum"]),
+        batch=BatchSplit(plan["ranks"], plan["micro_batch"], plan["seq_len"], plan["grad_accum"]),
         device="cpu",
         world=plan["ranks"],
         times=StageTimes(**plan["stage_times"]),

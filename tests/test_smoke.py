@@ -19,7 +19,7 @@ import torch
 from synthetic import REPO, SEQ_LEN, smoke_sections, write_shards
 
 import kiln.train.trainer as trainer_module
-from kiln.config.batch import BatchPlan
+from kiln.config.batch import BatchSplit
 from kiln.errors import KilnError
 from kiln.plan.steps import full_run_plan
 from kiln.plan.tables import render_plan
@@ -153,7 +153,7 @@ def test_plan_reproduces_seed_000():
     # Seed 000: Llama-3.2-1B (1,040,254,976 parameters), local batch 6 on 4 H100s at seq 8192, 50k
     # steps, 55.8k tokens/s per GPU, $12.36/hour for the 4-GPU node ($3.09 per GPU-hour).
     plan = full_run_plan(
-        batch=BatchPlan(world=4, micro_batch=6, seq_len=8192, grad_accum=1),
+        batch=BatchSplit(world=4, micro_batch=6, seq_len=8192, grad_accum=1),
         max_steps=50_000,
         tokens_per_s=4 * 55_800,
         n_params=1_040_254_976,
@@ -175,7 +175,7 @@ def test_plan_reproduces_seed_000():
 
 def test_plan_without_price_has_no_cost():
     plan = full_run_plan(
-        batch=BatchPlan(1, 16, 256, 1),
+        batch=BatchSplit(1, 16, 256, 1),
         max_steps=500,
         tokens_per_s=4096.0,
         n_params=10**6,

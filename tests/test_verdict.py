@@ -13,7 +13,7 @@ import sys
 import pytest
 from synthetic import REPO
 
-from kiln.config.batch import BatchPlan
+from kiln.config.batch import BatchSplit
 from kiln.errors import KilnError
 from kiln.plan.steps import StageTimes
 from kiln.plan.verdict import VERSION, Check, Gate, Measurements, Probe, SmokeReport
@@ -38,7 +38,7 @@ MEASURED = Measurements(
     checkpoint_bytes=12 * 10**6,
     model_bytes=4 * 10**6,
     train_tokens=10**6,
-    batch=BatchPlan(1, 16, 256, 1),
+    batch=BatchSplit(1, 16, 256, 1),
     device="cpu",
     world=1,
     times=StageTimes(step_s=0.5, startup_s=9.0, validation_s=1.5, checkpoint_s=0.25),

@@ -17,7 +17,7 @@ import argparse
 import json
 
 from kiln import config as kiln_config
-from kiln.config.batch import plan_batch
+from kiln.config.batch import split_batch
 from kiln.config.models import model_config
 from kiln.config.sections import SmokeSection, TrainSection
 from kiln.config.special_tokens import SPECIAL_TOKENS
@@ -84,7 +84,7 @@ def predict(cfg: dict) -> dict:
         )
     peak = gpu.tflops * 1e12
     model = model_config(cfg["model"], vocab_size=model_vocab(cfg["tokenizer"]), seq_len=cfg["shard"]["seq_len"])
-    batch = plan_batch(train.batch_tokens, train.micro_batch, cfg["shard"]["seq_len"], train.ranks)
+    batch = split_batch(train.batch_tokens, train.micro_batch, cfg["shard"]["seq_len"], train.ranks)
     tokens_per_s = expect["mfu"] * peak * batch.world / model.flops_per_token()
     n_params = model.num_params(non_embedding=False)
     # A budget buys steps at the assumed speed; what the stage spends besides steps is unknown here

@@ -127,7 +127,7 @@ def hf_config(cfg: ModelConfig, eos_id: int = 0) -> dict:
 
 def export(model: GPT | Llama, out_dir: Path, tokenizer_json: Path | None = None) -> None:
     """Write a transformers folder for `model` (and its tokenizer) to out_dir, atomically."""
-    cfg = model.cfg
+    cfg = model.config
     ours = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     if cfg.tie_embeddings:
         ours.pop("lm_head.weight")  # transformers re-ties it from the embedding on load

@@ -34,7 +34,7 @@ def stage_params(stage, of="run"):
     stage (of="run") or a shared data stage (of="data"), from the config its key stands for."""
     config_of = (lambda w: RUNS[w.run]) if of == "run" else (lambda w: DATA[(stage, w.key)])
     return {
-        "cfg": lambda w: kiln_settings.tracked(config_of(w), stage),
+        "tracked": lambda w: kiln_settings.tracked(config_of(w), stage),
         "untracked": lambda w: kiln_settings.untracked(config_of(w), stage),
     }
 

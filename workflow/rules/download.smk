@@ -11,4 +11,4 @@ rule download:
     benchmark:
         P.benchmark("download")
     shell:
-        "python {params.script} --params {params.cfg:q} --untracked {params.untracked:q} --out {output.raw} > {log} 2>&1"
+        "python {params.script} --params {params.tracked:q} --untracked {params.untracked:q} --out {output.raw} > {log} 2>&1"

@@ -23,6 +23,6 @@ rule eval:
     benchmark:
         P.benchmark("eval")
     shell:
-        "python {params.script} --params {params.cfg:q} --untracked {params.untracked:q} --model {params.model_dir} --shards {input.shards}"
+        "python {params.script} --params {params.tracked:q} --untracked {params.untracked:q} --model {params.model_dir} --shards {input.shards}"
         " --tokens {input.tokens} --raw {input.raw} --tokenizer {input.tokenizer} --out {params.out}"
         " > {log} 2>&1"

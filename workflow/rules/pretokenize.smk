@@ -15,5 +15,5 @@ rule pretokenize:
     benchmark:
         P.benchmark("pretokenize")
     shell:
-        "python {params.script} --params {params.cfg:q} --untracked {params.untracked:q} --raw {input.raw} --tokenizer {input.tokenizer}"
+        "python {params.script} --params {params.tracked:q} --untracked {params.untracked:q} --raw {input.raw} --tokenizer {input.tokenizer}"
         " --out {output.tokens} --workers {threads} > {log} 2>&1"

@@ -13,4 +13,4 @@ rule shard:
     benchmark:
         P.benchmark("shard")
     shell:
-        "python {params.script} --params {params.cfg:q} --untracked {params.untracked:q} --tokens {input.tokens} --out {output.shards} > {log} 2>&1"
+        "python {params.script} --params {params.tracked:q} --untracked {params.untracked:q} --tokens {input.tokens} --out {output.shards} > {log} 2>&1"

@@ -15,5 +15,5 @@ rule tokenizer:
     benchmark:
         P.benchmark("tokenizer")
     shell:
-        "RAYON_NUM_THREADS={threads} python {params.script} --params {params.cfg:q} --untracked {params.untracked:q} --raw {input.raw}"
+        "RAYON_NUM_THREADS={threads} python {params.script} --params {params.tracked:q} --untracked {params.untracked:q} --raw {input.raw}"
         " --tokenizer {output.tokenizer} --stats {output.stats} > {log} 2>&1"

@@ -41,7 +41,7 @@ rule train:
         P.benchmark("train")
     shell:
         "exec python -m kiln.train.launch --train {params.launch:q} --attempt {resources.kiln_attempt}"
-        " --max-resubmits {params.resubmits} --record {params.jobs:q} --log {log:q} -- {params.script} --params {params.cfg:q} --untracked {params.untracked:q}"
+        " --max-resubmits {params.resubmits} --record {params.jobs:q} --log {log:q} -- {params.script} --params {params.tracked:q} --untracked {params.untracked:q}"
         " --shards {input.shards} --smoke {input.smoke} --tokenizer {input.tokenizer} --out {params.out}"
         " --threads {params.rank_threads} > {log} 2>&1"
 

@@ -15,7 +15,7 @@ rule verify_shards:
     benchmark:
         P.benchmark("shard", "verify")
     shell:
-        "python {params.script} --params {params.cfg:q} --untracked {params.untracked:q} --verify --out {input.shards} --report {output} > {log} 2>&1"
+        "python {params.script} --params {params.tracked:q} --untracked {params.untracked:q} --verify --out {input.shards} --report {output} > {log} 2>&1"
 
 
 rule verify:

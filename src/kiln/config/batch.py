@@ -15,7 +15,7 @@ from kiln.errors import KilnError
 
 
 @dataclass(frozen=True)
-class BatchPlan:
+class BatchSplit:
     world: int
     micro_batch: int
     seq_len: int
@@ -26,11 +26,11 @@ class BatchPlan:
         return self.world * self.grad_accum * self.micro_batch * self.seq_len
 
 
-def plan_batch(batch_tokens: int | None, micro_batch: int, seq_len: int, world: int) -> BatchPlan:
+def split_batch(batch_tokens: int | None, micro_batch: int, seq_len: int, world: int) -> BatchSplit:
     """The plan for a global batch of batch_tokens (None: one micro-batch per rank per step)."""
     per_pass = world * micro_batch * seq_len
     if batch_tokens is None:
-        return BatchPlan(world, micro_batch, seq_len, 1)
+        return BatchSplit(world, micro_batch, seq_len, 1)
     if batch_tokens % per_pass:
         nearest = sorted({max(1, batch_tokens // per_pass) * per_pass, (batch_tokens // per_pass + 1) * per_pass})
         raise KilnError(
@@ -38,4 +38,4 @@ def plan_batch(batch_tokens: int | None, micro_batch: int, seq_len: int, world: 
             f"train.micro_batch {micro_batch} x shard.seq_len {seq_len} = {per_pass} tokens "
             f"(nearest that are: {' or '.join(map(str, nearest))})"
         )
-    return BatchPlan(world, micro_batch, seq_len, batch_tokens // per_pass)
+    return BatchSplit(world, micro_batch, seq_len, batch_tokens // per_pass)

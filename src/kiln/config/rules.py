@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from kiln.config.batch import plan_batch
+from kiln.config.batch import split_batch
 from kiln.config.models import check_section as check_model
 from kiln.config.special_tokens import BYTE_ALPHABET, SMALLEST_VOCAB, SPECIAL_TOKENS
 from kiln.errors import KilnError
@@ -88,7 +88,7 @@ def _derived(cfg: dict) -> list[str]:
     train = cfg["train"]
     try:
         world = train["nproc_per_node"] * train["nnodes"]
-        plan_batch(train["batch_tokens"], train["micro_batch"], cfg["shard"]["seq_len"], world)
+        split_batch(train["batch_tokens"], train["micro_batch"], cfg["shard"]["seq_len"], world)
     except KilnError as exc:
         problems.append(str(exc))
     every, period = train["keep_checkpoint_every"], train["checkpoint_every"]

@@ -57,7 +57,7 @@ class KilnLM(TemplateLM):
 
     @property
     def max_length(self) -> int:
-        return self.model.cfg.seq_len
+        return self.model.config.seq_len
 
     @property
     def device(self) -> torch.device:

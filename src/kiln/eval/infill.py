@@ -112,7 +112,9 @@ def run_infill(model, tokenizer, problems: list[InfillProblem]) -> dict:
     """Scores by "<span>/<layout>" and overall, plus every completion."""
     stop = frozenset({tokenizer.token_to_id(EOS), tokenizer.token_to_id("<file_sep>")})
     cases = [(problem, layout) for problem in problems for layout in LAYOUTS]
-    prompts = [_prompt(problem, tokenizer, layout, model.cfg.seq_len - MAX_MIDDLE_TOKENS) for problem, layout in cases]
+    prompts = [
+        _prompt(problem, tokenizer, layout, model.config.seq_len - MAX_MIDDLE_TOKENS) for problem, layout in cases
+    ]
     outs = generate(
         model, prompts, MAX_MIDDLE_TOKENS, stop_ids=stop, vocab_size=tokenizer.get_vocab_size(), batch_size=BATCH
     )

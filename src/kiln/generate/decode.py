@@ -83,7 +83,7 @@ def _decode(
 ) -> list[list[int]]:
     """max_new_tokens ids per prompt, or fewer once every row has produced a stop id."""
     device = next(model.parameters()).device
-    context = model.cfg.seq_len
+    context = model.config.seq_len
     max_new = min(max_new_tokens, context - 1)
     prompts = [p[-(context - max_new) :] for p in prompts]
     width = max(len(p) for p in prompts)

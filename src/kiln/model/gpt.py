@@ -82,7 +82,7 @@ class GPT(nn.Module):
         super().__init__()
         if cfg.family != "gpt2":
             raise ValueError(f"GPT builds the gpt2 family, not {cfg.family}")
-        self.cfg = cfg
+        self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.max_positions, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
@@ -112,7 +112,7 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= self.wpe.weight.numel()
-            if not self.cfg.tie_embeddings:
+            if not self.config.tie_embeddings:
                 n -= self.wte.weight.numel()
         return n
 
@@ -123,8 +123,8 @@ class GPT(nn.Module):
         position's (B, 1, V): decoding needs no others, and a long batched prefill would otherwise
         hold B*T*V of them."""
         B, T = idx.shape
-        if T > self.cfg.max_positions:
-            raise ValueError(f"sequence of {T} tokens exceeds the model's {self.cfg.max_positions} positions")
+        if T > self.config.max_positions:
+            raise ValueError(f"sequence of {T} tokens exceeds the model's {self.config.max_positions} positions")
         pos = torch.arange(T, device=idx.device) if cache is None else cache.begin(T)  # (T,) or (B, T)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         if cache is None:

@@ -35,9 +35,9 @@ class KVCache:
     def for_model(cls, model: torch.nn.Module, pad: torch.Tensor, max_len: int) -> KVCache:
         """A cache for max_len slots, which must fit the model's context: positions past the
         training seq_len have no learned row (GPT) or RoPE table entry (Llama)."""
-        if max_len > model.cfg.seq_len:
-            raise ValueError(f"a cache of {max_len} slots exceeds the model's {model.cfg.seq_len} positions")
-        return cls(model.cfg.n_layer, pad, max_len)
+        if max_len > model.config.seq_len:
+            raise ValueError(f"a cache of {max_len} slots exceeds the model's {model.config.seq_len} positions")
+        return cls(model.config.n_layer, pad, max_len)
 
     def begin(self, T: int) -> torch.Tensor:
         """Set the attention mask for the next T tokens; their positions (B, T)."""

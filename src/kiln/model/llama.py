@@ -102,7 +102,7 @@ class Llama(nn.Module):
         super().__init__()
         if cfg.family != "llama":
             raise ValueError(f"Llama builds the llama family, not {cfg.family}")
-        self.cfg = cfg
+        self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
@@ -121,7 +121,7 @@ class Llama(nn.Module):
             if p.dim() < 2:
                 nn.init.ones_(p)
             elif name.endswith(("attn.o.weight", "mlp.down.weight")):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.cfg.n_layer))
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
             else:
                 nn.init.normal_(p, mean=0.0, std=0.02)
 
@@ -129,7 +129,7 @@ class Llama(nn.Module):
         """Parameters counted once (tied weights once); non_embedding leaves out the token table
         when it is only looked up (untied), the N of the 6N FLOPs-per-token estimate."""
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding and not self.cfg.tie_embeddings:
+        if non_embedding and not self.config.tie_embeddings:
             n -= self.wte.weight.numel()
         return n
 
@@ -139,8 +139,8 @@ class Llama(nn.Module):
         With a cache, idx holds only the tokens after those cached, and the logits are the last
         position's (B, 1, V), as in GPT.forward."""
         B, T = idx.shape
-        if T > self.cfg.seq_len:
-            raise ValueError(f"sequence of {T} tokens exceeds the model's {self.cfg.seq_len} positions")
+        if T > self.config.seq_len:
+            raise ValueError(f"sequence of {T} tokens exceeds the model's {self.config.seq_len} positions")
         x = self.wte(idx)  # (B, T, C)
         if cache is None:
             cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, D)

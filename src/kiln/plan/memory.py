@@ -231,7 +231,7 @@ def setting_of(
 ) -> Setting:
     """The Setting a validated train section means: on a GPU by default (`kiln plan`: bf16 as
     train.precision says, compiled unless train.compile is false), or as a run decided it (smoke).
-    grad_accum: micro-batches per step (kiln.config.batch.plan_batch's, which needs shard.seq_len)."""
+    grad_accum: micro-batches per step (kiln.config.batch.split_batch's, which needs shard.seq_len)."""
     return Setting(
         grad_accum=grad_accum,
         micro_batch=train.micro_batch,

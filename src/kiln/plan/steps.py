@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from kiln.config.batch import BatchPlan
+from kiln.config.batch import BatchSplit
 from kiln.config.sections import TrainSection
 from kiln.errors import KilnError
 
@@ -33,7 +33,7 @@ def kept_checkpoints(max_steps: int, checkpoint_every: int, keep: int, milestone
 
 def full_run_plan(
     *,
-    batch: BatchPlan,
+    batch: BatchSplit,
     max_steps: int,
     tokens_per_s: float,
     n_params: int,
@@ -156,7 +156,7 @@ def build_plan(
     train: TrainSection,
     price_per_gpu_hour: float | None,
     *,
-    batch: BatchPlan,
+    batch: BatchSplit,
     times: StageTimes,
     tokens_per_s: float,
     n_params: int,

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from kiln.config.batch import BatchPlan
+from kiln.config.batch import BatchSplit
 from kiln.config.sections import TrainSection
 from kiln.errors import KilnError
 from kiln.io import read_json, write_json
@@ -67,7 +67,7 @@ class Measurements:
     checkpoint_bytes: int
     model_bytes: int
     train_tokens: int
-    batch: BatchPlan
+    batch: BatchSplit
     device: str
     world: int
     times: StageTimes  # what train spends besides steps, for a budget's step count
@@ -82,7 +82,7 @@ class Measurements:
             **{
                 **d,
                 "probe": Probe(**d["probe"]),
-                "batch": BatchPlan(**d["batch"]),
+                "batch": BatchSplit(**d["batch"]),
                 "times": StageTimes(**d["times"]),
                 "losses": tuple(d["losses"]),
                 "grad_norms": tuple(d["grad_norms"]),

@@ -47,12 +47,12 @@ log = logging.getLogger("kiln.train")
 
 def flops_per_token(model: torch.nn.Module) -> float:
     """From the model's shape (ModelConfig.flops_per_token), so a sharded model counts whole."""
-    return model.cfg.flops_per_token()
+    return model.config.flops_per_token()
 
 
 def flops_per_token_torchtitan(model: torch.nn.Module) -> float:
     """torchtitan transformers-backend count for the same shape (ModelConfig.flops_per_token_torchtitan)."""
-    return model.cfg.flops_per_token_torchtitan()
+    return model.config.flops_per_token_torchtitan()
 
 
 def peak_flops(device: torch.device) -> float | None:

@@ -72,7 +72,7 @@ def probe(
     loss_list = mean_across_ranks(torch.stack(losses), d.world).tolist()
     norm_list = torch.stack(norms).float().tolist()
     step_s = statistics.median(sec / n for sec, n in spans) if spans else 0.0
-    tokens_per_s = trainer.plan.tokens_per_step / step_s if step_s else 0.0
+    tokens_per_s = trainer.batch_split.tokens_per_step / step_s if step_s else 0.0
     rates = Throughput(
         flops_per_token(trainer.model), peak_flops(d.device), d.world, flops_per_token_torchtitan(trainer.model)
     ).rates(tokens_per_s)

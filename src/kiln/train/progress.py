@@ -12,7 +12,7 @@ log = logging.getLogger("kiln.train")
 
 def log_model(cfg, n_params: int, world: int, strategy: str, plan) -> None:
     """The run's shape, once at its start: model settings, parameters, and the batch as
-    ranks x micro-batches x rows x tokens (kiln.config.batch.plan_batch)."""
+    ranks x micro-batches x rows x tokens (kiln.config.batch.split_batch)."""
     log.info(
         "model: %s, %s parameters; %d ranks (%s) x %d micro-batches x %d rows x %d tokens = %d tokens/step",
         cfg.to_dict(),

@@ -215,7 +215,7 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         probe_train = replace(probe_train, precision=precision)
         train = replace(train, precision=precision)  # the overfit check's too
         trainer = Trainer(dict(sections, train=probe_train.as_dict()), shard_dir, max_steps=smoke.steps)
-        seq_len, vocab = trainer.cfg.seq_len, trainer.cfg.vocab_size
+        seq_len, vocab = trainer.model_config.seq_len, trainer.model_config.vocab_size
         # The checks before the probe run eager, so the probe measures the graph train will run. The
         # causality check's 2 rows and a short last validation batch are other shapes: through the
         # compiled model they would be compiled first, and dynamo, seeing a second shape, marks batch
@@ -321,7 +321,7 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         checkpoint_written_bytes=checkpoint_written,
         model_bytes=_param_bytes(trainer.model),
         train_tokens=trainer.rows.manifest["splits"]["train"]["tokens"],
-        batch=asdict(trainer.plan),
+        batch=asdict(trainer.batch_split),
         device=str(trainer.dist.device),
         world=trainer.dist.world,
         precision=precision,

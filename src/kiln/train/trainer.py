@@ -2,7 +2,7 @@
 
 A Trainer holds what a run is made of: the model (kiln.model), readied for the ranks
 (kiln.train.parallel), AdamW (kiln.train.optim), the LR schedule (kiln.train.schedule), the data
-stream (kiln.data.loader) and the batch plan (kiln.plan.steps). `train_step` is one optimizer step:
+stream (kiln.data.loader) and the batch split (kiln.config.batch). `train_step` is one optimizer step:
 grad_accum micro-batches of micro_batch rows on each of W ranks, gradients synced on the last one
 only. `state_dict` (with model and optimizer, full or sharded: `_save_checkpoint`) and
 `load_state_dict` are what a checkpoint holds. `fit` runs the loop: logging, validation,
@@ -35,7 +35,7 @@ import torch
 
 from kiln import layout
 from kiln.config import checkpoint_format
-from kiln.config.batch import plan_batch
+from kiln.config.batch import split_batch
 from kiln.config.models import model_config
 from kiln.config.sections import TrainSection
 from kiln.data.loader import ShardRows, TrainBatches, eval_batches
@@ -92,11 +92,13 @@ class Trainer:
         seed_everything(self.seed)
         self.rows, self.val_rows = ShardRows(shard_dir, "train"), ShardRows(shard_dir, "val")
         manifest = self.rows.manifest
-        self.cfg = model_config(sections["model"], manifest["padded_vocab_size"], manifest["seq_len"])
+        self.model_config = model_config(sections["model"], manifest["padded_vocab_size"], manifest["seq_len"])
         self.tokens_per_byte = {split: tokens_per_byte(manifest, split) for split in ("train", "val")}
-        self.plan = plan_batch(train.batch_tokens, train.micro_batch, self.cfg.seq_len, self.dist.world)
+        self.batch_split = split_batch(
+            train.batch_tokens, train.micro_batch, self.model_config.seq_len, self.dist.world
+        )
         with torch.device(self.dist.device):  # initialised where it trains: no host copy of a 1B model
-            self.model = build_model(self.cfg)
+            self.model = build_model(self.model_config)
         seed_rank_stream(self.seed, self.dist.rank)  # same init on every rank; dropout from here differs
         self.bf16 = device.use_bf16(train.precision, self.dist.device)
         self.autocast = device.autocast(self.dist.device, self.bf16)
@@ -111,12 +113,12 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, train, self.dist.device.type)  # AdamW, or Muon + AdamW
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.batches = TrainBatches(
-            self.rows, train.micro_batch, self.seed, self.dist.rank, self.dist.world, self.plan.grad_accum
+            self.rows, train.micro_batch, self.seed, self.dist.rank, self.dist.world, self.batch_split.grad_accum
         )
         self.lr_at = schedule_from_config(train, self.max_steps)
         # A budget re-plans max_steps from the measured speed (kiln.train.budget); the fingerprint keeps the plan's.
         self.planned_steps = self.max_steps
-        self.budget = BudgetController.of(budget, train, self.max_steps, self.plan.tokens_per_step, self.dist)
+        self.budget = BudgetController.of(budget, train, self.max_steps, self.batch_split.tokens_per_step, self.dist)
         if self.budget is not None:
             self.lr_at = self.budget.schedule
         self.step, self.tokens_seen, self.data_wait_s = 0, 0, 0.0
@@ -140,7 +142,7 @@ class Trainer:
         tokenizer, shards, seed and the train settings that shape the trajectory (steps included);
         not the rank layout, which may change on resume, nor logging and checkpoint cadence."""
         return fingerprint.of_run(
-            self.cfg.to_dict(),
+            self.model_config.to_dict(),
             self.rows.manifest,
             self.seed,
             fingerprint.trajectory(self.train.as_dict(), self.planned_steps, self.init_sha256),
@@ -200,7 +202,7 @@ class Trainer:
         agreed by every rank, for the host to read when it next syncs."""
         lr = self.lr_at(self.step)
         self.optimizer.set_lr(lr)  # train.lr's schedule; each optimizer's groups scaled from their own base LR
-        accum = self.plan.grad_accum
+        accum = self.batch_split.grad_accum
         loss_sum = torch.zeros((), device=self.dist.device)
         for micro in range(accum):
             t0 = time.perf_counter()
@@ -225,7 +227,7 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        self.tokens_seen += self.plan.tokens_per_step
+        self.tokens_seen += self.batch_split.tokens_per_step
         return mean_loss, grad_norm, lr
 
     @torch.no_grad()
@@ -264,13 +266,13 @@ class Trainer:
         result = RunResult(
             n_params=self.model.num_params(non_embedding=False),
             is_main=d.is_main,
-            tokens_per_step=self.plan.tokens_per_step,
-            grad_accum=self.plan.grad_accum,
+            tokens_per_step=self.batch_split.tokens_per_step,
+            grad_accum=self.batch_split.grad_accum,
             init_from=self.init_source.describe() if self.init_source else None,
             start_step=self.step,
         )
         if d.is_main:
-            progress.log_model(self.cfg, result.n_params, d.world, train.parallel, self.plan)
+            progress.log_model(self.model_config, result.n_params, d.world, train.parallel, self.batch_split)
         sink = MetricsSink(
             out_dir / layout.METRICS,
             self.sections.get("wandb", {"mode": "disabled"}),
@@ -309,7 +311,7 @@ class Trainer:
             self.faults.before_step(self.step + 1, self.stop)  # KILN_FAULT's signals and hold, if any
             loss, grad_norm, lr = self.train_step()
             self.reader.add(StepRecord(self.step, loss, grad_norm, self.flags))
-            window_tokens += self.plan.tokens_per_step
+            window_tokens += self.batch_split.tokens_per_step
             due = cadence.at(self.step, self.max_steps, self.reader.stop_requested)
             if due.read:  # every unread step, before anything is saved: a non-finite one is never saved
                 stopped = self.reader.read(last_checkpoint)
@@ -346,7 +348,7 @@ class Trainer:
         result.peak_memory_mb = memory_mb(d.device)
         weights = parallel.full_model_state(self.model)
         if d.is_main:
-            save_model(self.cfg, weights, out_dir)
+            save_model(self.model_config, weights, out_dir)
         self.mirror.close()  # the final checkpoint's copy, bounded (kiln.train.mirror.FINAL_WAIT_S)
         result.mirror_failures = self.mirror.failures
         result.budget = self.budget.summary() if self.budget is not None else None
@@ -372,7 +374,7 @@ class Trainer:
         }
         record.update(window.events() | self.mirror.events())
         if self.dist.is_main:
-            progress.log_progress(record, self.max_steps, self.plan.tokens_per_step, meter.steady_tokens_per_s)
+            progress.log_progress(record, self.max_steps, self.batch_split.tokens_per_step, meter.steady_tokens_per_s)
         return record
 
     def _validate(self, record: dict, sink: MetricsSink, sampler: Sampler | None, result: RunResult) -> None:
