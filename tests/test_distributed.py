@@ -346,6 +346,60 @@ def test_fsdp_on_two_nodes_is_hsdp_with_the_losses_of_one_rank(launched, hsdp):
     _assert_same_weights(resumed, reference)
 
 
+def _launch_rank_worker(plan: Path, timeout_s: float = 300) -> tuple[int, str]:
+    """tests/rank_worker.py on 2 gloo ranks under kiln.train.launch's torchrun: (exit code, output).
+    Past timeout_s the launch and both ranks are killed (the test then fails on the code)."""
+    argv = launch.command(
+        {"nproc_per_node": 2, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": f"127.0.0.1:{_free_port()}"},
+        [str(TESTS / "rank_worker.py"), str(plan)],
+    )
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"], OMP_NUM_THREADS="1")
+    job = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
+    try:
+        output, _ = job.communicate(timeout=timeout_s)
+    finally:
+        if job.poll() is None:  # the timeout did not work: end the launch and both ranks
+            os.killpg(job.pid, signal.SIGKILL)
+            output, _ = job.communicate()
+    return job.returncode, output
+
+
+def test_the_final_mirror_copy_outlasting_the_collective_timeout_ends_the_run_cleanly(tmp_path):
+    """Rank 0 waits for the final checkpoint's copy off the node (train.checkpoint_mirror, a command
+    that takes 6 s here) while rank 1 is done. That wait comes after both ranks have left the process
+    group: were it inside fit, rank 1 would wait for rank 0 in the shutdown barrier and give up after
+    train.collective_timeout_s (2 s), failing a run that trained fine."""
+    shards = write_shards(tmp_path / "shards")
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    plan = tmp_path / "plan.json"
+    sections = train_sections(
+        nproc_per_node=2,
+        micro_batch=4,
+        max_steps=4,
+        checkpoint_every=4,
+        collective_timeout_s=2,
+        checkpoint_mirror=f"sleep 6 && cp -r {{src}} {mirror}/{{name}}",
+    )
+    plan.write_text(
+        json.dumps(
+            {
+                "shards": str(shards),
+                "out": str(tmp_path / "run"),
+                "error_out": str(tmp_path / "error.txt"),
+                "result_out": str(tmp_path / "result.json"),
+                "sections": sections,
+            }
+        )
+    )
+    code, output = _launch_rank_worker(plan)
+    assert code == 0, output[-3000:]
+    assert json.loads((tmp_path / "result.json").read_text()) == {"steps": 4, "mirror_failures": 0}
+    assert (mirror / "step-0000004" / "complete.json").is_file()
+
+
 def test_a_stuck_rank_ends_the_job_within_the_collective_timeout(tmp_path):
     """Rank 1 sleeps for an hour instead of training; rank 0's first collective (the resume's: which
     checkpoint, if any, every rank continues; kiln.train.checkpoint.resume_state) gives up after
@@ -365,21 +419,8 @@ def test_a_stuck_rank_ends_the_job_within_the_collective_timeout(tmp_path):
             }
         )
     )
-    argv = launch.command(
-        {"nproc_per_node": 2, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": f"127.0.0.1:{_free_port()}"},
-        [str(TESTS / "stuck_rank_worker.py"), str(plan)],
-    )
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"], OMP_NUM_THREADS="1")
-    job = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
-    )
-    try:
-        output, _ = job.communicate(timeout=300)
-    finally:
-        if job.poll() is None:  # the timeout did not work: end the launch and both ranks
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
-    assert job.returncode != 0, output[-3000:]
+    code, output = _launch_rank_worker(plan)
+    assert code != 0, output[-3000:]
     error = (tmp_path / "error.txt").read_text()
     assert "a collective waited more than train.collective_timeout_s = 2 s for another rank" in error, output[-3000:]
     metrics = tmp_path / "run" / "metrics.jsonl"

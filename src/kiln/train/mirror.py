@@ -26,8 +26,9 @@ behind, never a growing queue.
 
 A failed copy (a non-zero exit, an OSError, a full target) is a warning in the train log, a count
 in metrics.jsonl (`mirror_failures`, this job's so far, only once there is one) and a line in
-train/mirror.jsonl (kiln.layout.MIRROR_LOG: one per copy, done or failed); training goes on. At the
-end of fit `close` waits for the last copy, at most FINAL_WAIT_S. A job stopped by preemption does
+train/mirror.jsonl (kiln.layout.MIRROR_LOG: one per copy, done or failed); training goes on. When
+the run ends `close` waits for the last copy, at most FINAL_WAIT_S, after every rank has left the
+process group (kiln.train.trainer.run), so no rank waits for it in a collective. A job stopped by preemption does
 not wait (its time is nearly up): the next job copies the newest checkpoint when mirror.jsonl does
 not show it copied (`catch_up`).
 
@@ -56,7 +57,7 @@ from kiln.io import atomic_dir, atomic_file, remove_dead_temps
 from kiln.train import checkpoint
 
 log = logging.getLogger("kiln.train")
-FINAL_WAIT_S = 1800.0  # at the end of fit: the final checkpoint is the one most worth having off the node
+FINAL_WAIT_S = 1800.0  # at the end of the run: the final checkpoint is the one most worth having off the node
 KEY = "train.checkpoint_mirror"
 
 

@@ -349,8 +349,6 @@ class Trainer:
         weights = parallel.full_model_state(self.model)
         if d.is_main:
             save_model(self.model_config, weights, out_dir)
-        self.mirror.close()  # the final checkpoint's copy, bounded (kiln.train.mirror.FINAL_WAIT_S)
-        result.mirror_failures = self.mirror.failures
         result.budget = self.budget.summary() if self.budget is not None else None
         return result
 
@@ -485,10 +483,16 @@ def run(
         with collective_deadline(trainer.train.collective_timeout_s):
             result = trainer.fit(out_dir, sampler=sampler)
         synced = True
-        return result
     except RunStopped:
         synced = True
         raise
     finally:
         trainer.stop.restore()
         shutdown(trainer.dist.world, synced)
+    # The final checkpoint's copy off the node (rank 0; at most kiln.train.mirror.FINAL_WAIT_S), once
+    # every rank has left the process group: no rank waits for it in a collective, whose timeout
+    # (train.collective_timeout_s) is shorter. The run counts as finished only after it: the train
+    # script writes final-summary.json when this returns.
+    trainer.mirror.close()
+    result.mirror_failures = trainer.mirror.failures
+    return result
