@@ -34,6 +34,7 @@ from kiln.train import checkpoint, launch
 from kiln.train.trainer import Trainer
 
 TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 STEPS = 8
 COMMON = dict(max_steps=STEPS, log_every=1, eval_every=4, checkpoint_every=STEPS // 2, keep_checkpoints=2)
 GLOBAL_BATCH = 8 * 16  # tokens: 8 rows of seq_len 16 per optimizer step
@@ -346,24 +347,46 @@ def test_fsdp_on_two_nodes_is_hsdp_with_the_losses_of_one_rank(launched, hsdp):
     _assert_same_weights(resumed, reference)
 
 
-def _launch_rank_worker(plan: Path, timeout_s: float = 300) -> tuple[int, str]:
-    """tests/rank_worker.py on 2 gloo ranks under kiln.train.launch's torchrun: (exit code, output).
-    Past timeout_s the launch and both ranks are killed (the test then fails on the code)."""
+def _two_ranks(script_args: list[str], timeout_s: float = 300, **env_vars: str) -> tuple[int | None, str]:
+    """A script on 2 gloo ranks under kiln.train.launch's torchrun: (exit code, output). Past
+    timeout_s the launch and both ranks are killed and the code is None."""
     argv = launch.command(
         {"nproc_per_node": 2, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": f"127.0.0.1:{_free_port()}"},
-        [str(TESTS / "rank_worker.py"), str(plan)],
+        script_args,
     )
     env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"], OMP_NUM_THREADS="1")
+    env.update(env_vars)
     job = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
     )
     try:
         output, _ = job.communicate(timeout=timeout_s)
-    finally:
-        if job.poll() is None:  # the timeout did not work: end the launch and both ranks
-            os.killpg(job.pid, signal.SIGKILL)
-            output, _ = job.communicate()
+    except subprocess.TimeoutExpired:  # a hang: end the launch and both ranks
+        os.killpg(job.pid, signal.SIGKILL)
+        return None, job.communicate()[0]
     return job.returncode, output
+
+
+def _launch_rank_worker(plan: Path, timeout_s: float = 300) -> tuple[int | None, str]:
+    """tests/rank_worker.py (one training run) on 2 gloo ranks."""
+    return _two_ranks([str(TESTS / "rank_worker.py"), str(plan)], timeout_s)
+
+
+def test_an_oom_on_one_rank_in_the_smoke_probe_ends_every_rank_with_the_same_error(tmp_path):
+    """The smoke stage's script on 2 gloo ranks, rank 1 out of memory at probe step 3 (KILN_FAULT):
+    rank 0, by then in that step's gradient all-reduce, learns of it (kiln.train.oom) and both end
+    at once with the same error naming the rank, not after train.collective_timeout_s (300 s here,
+    beyond the launch's 120 s allowance) with one that says nothing of memory."""
+    shards = write_shards(tmp_path / "shards")
+    sections = smoke_sections(train={"nproc_per_node": 2, "micro_batch": 4, "collective_timeout_s": 300})
+    args = [str(REPO / "workflow" / "scripts" / "smoke.py"), "--params", json.dumps(sections), "--untracked", "{}"]
+    code, output = _two_ranks(
+        [*args, "--shards", str(shards), "--out", str(tmp_path / "smoke")], timeout_s=120, KILN_FAULT="oom@3:1"
+    )
+    assert code not in (None, 0), output[-3000:]
+    error = "smoke: preflight FAILED: out of memory on rank 1 of 2 in the probe steps"
+    assert output.count(error) == 2, output[-3000:]  # one line from each rank
+    assert "KILN_FAULT=oom@3" in output and not (tmp_path / "smoke" / "report.json").exists()
 
 
 def test_the_final_mirror_copy_outlasting_the_collective_timeout_ends_the_run_cleanly(tmp_path):

@@ -44,8 +44,16 @@ class RunStopped(KilnError):
         self.exit_code = exit_code
 
 
-class CollectiveTimeout(KilnError):
-    """A collective waited past train.collective_timeout_s: another rank is stuck or dead. The process
-    group is broken, and its destructor can wait forever at interpreter exit for gloo threads that
-    never finish (pytorch/pytorch#56297), so a stage ending with this leaves with os._exit
-    (kiln.stage.run_main) once its message and exit code are written."""
+class GroupBroken(KilnError):
+    """A failure after which the process group is broken or left: its destructor can wait forever at
+    interpreter exit for gloo threads that never finish (pytorch/pytorch#56297), so a stage ending
+    with one leaves with os._exit (kiln.stage.run_main) once its message and exit code are written."""
+
+
+class CollectiveTimeout(GroupBroken):
+    """A collective waited past train.collective_timeout_s: another rank is stuck or dead."""
+
+
+class RanksOutOfMemory(GroupBroken):
+    """A rank ran out of memory and every rank agreed on it after leaving the process group
+    (kiln.train.oom): each ends with the same message."""

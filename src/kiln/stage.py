@@ -18,7 +18,7 @@ from typing import Callable
 
 from kiln import config as kiln_config
 from kiln.config import settings
-from kiln.errors import EXIT_FILE_ENV, CollectiveTimeout, KilnError
+from kiln.errors import EXIT_FILE_ENV, GroupBroken, KilnError
 from kiln.io import write_json
 
 
@@ -51,7 +51,7 @@ def run_main(main: Callable[[], None]) -> None:
     except KilnError as exc:
         logging.getLogger("kiln").error("%s", exc)
         _report_exit(int(exc.exit_code), str(exc))
-        if isinstance(exc, CollectiveTimeout):  # a broken process group can hang the exit: leave now
+        if isinstance(exc, GroupBroken):  # a broken process group can hang the exit: leave now
             logging.shutdown()
             sys.stdout.flush()
             sys.stderr.flush()

@@ -17,7 +17,7 @@ import torch
 from kiln.config.sections import SmokeSection, TrainSection
 from kiln.data.shards import check_tokenizer
 from kiln.data.tokenizer import load_tokenizer
-from kiln.errors import KilnError
+from kiln.errors import KilnError, RanksOutOfMemory
 from kiln.plan.tables import checks_table
 from kiln.plan.verdict import Measurements, SmokeReport
 from kiln.stage import run_main, stage_config, stage_parser
@@ -46,14 +46,22 @@ def main() -> None:
     except BaseException:
         shutdown(world)
         raise
-    shutdown(world, synced=True)  # (a rank that exits right after its last collective can hang)
-    if int(os.environ.get("RANK", "0")) != 0:  # rank 0 reports for all
-        return
     checks = report.pop("checks")
-    measured = Measurements.from_dict(report) if report else None
     train, smoke = TrainSection.of(cfg["train"]), SmokeSection.of(cfg["smoke"])
+    rank0 = int(os.environ.get("RANK", "0")) == 0  # rank 0 reports for all
+    preflight = checks[0]
+    if not preflight.passed and (smoke.gate or world > 1):
+        # Out of memory on a rank. Every rank ends with this error, at once: with several, one has
+        # exited or is about to, and a collective (the barrier of a synced shutdown) would wait for it.
+        if rank0:
+            print(checks_table(checks))
+        raise RanksOutOfMemory(f"smoke: preflight FAILED: {preflight.figure}. {preflight.detail}")
+    shutdown(world, synced=True)  # (a rank that exits right after its last collective can hang)
+    if not rank0:
+        return
+    print(checks_table(checks))
+    measured = Measurements.from_dict(report) if report else None
     verdict = SmokeReport.judge(checks, measured, enforce=smoke.gate)
-    print(checks_table(verdict.checks))
     verdict.require_passed()
     if measured is None and train.budget:
         raise KilnError(

@@ -16,13 +16,15 @@ rank has the fault. Kinds:
     sigkill         the rank SIGKILLs itself as the step starts (a node lost, the OOM killer)
     kill_in_save    the checkpoint of this step is SIGKILLed half-written (its file written, not renamed)
     enospc          writing the checkpoint of this step fails with ENOSPC (a full disk)
+    oom             the rank runs out of memory as the step starts (torch.OutOfMemoryError), in the
+                    smoke stage's probe as in train: an OOM on some ranks only
     hold            the rank waits as the step starts (sleeping, not spinning) until it has itself
                     received a preemption signal (SIGTERM or SIGUSR1), then runs the step; the ranks
                     then save the same step and exit 75 as for any preemption: a job that runs until it
                     is signalled, e.g. Slurm's time-limit warning, however fast the machine trains
 
-Only Trainer.fit (the train stage) reads it, at its start; the smoke stage's steps never fault. The
-training loop reaches the faults through three hooks, so it carries no fault branches of its own:
+Trainer.fit (the train stage) reads it at its start, and the smoke stage before its probe (whose steps
+call `before_step` too, so an injected oom is met where a real one is). The training loop reaches the faults through three hooks, so it carries no fault branches of its own:
 `before_step` (signals, hold) at the top of each step, `on_loss` on each micro-batch's loss and
 `on_grads` once the gradients are in; with nothing planned (NONE) each is a set lookup and no more.
 """
@@ -36,6 +38,8 @@ import re
 import signal
 import time
 from dataclasses import dataclass
+
+import torch
 
 from kiln.errors import KilnError
 
@@ -52,6 +56,7 @@ KINDS = (
     "kill_in_save",
     "enospc",
     "hold",
+    "oom",
 )
 SPIKE_FACTOR = 10.0
 _SIGNALS = {"sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1, "sigkill": signal.SIGKILL}
@@ -81,6 +86,8 @@ class Faults:
         for kind, sig in (("sigterm_parent", signal.SIGTERM), ("sigusr1_parent", signal.SIGUSR1)):
             if self.at(kind, step):
                 os.kill(os.getppid(), sig)
+        if self.at("oom", step):
+            raise torch.OutOfMemoryError(f"out of memory ({ENV}=oom@{step})")
         if self.at("hold", step):
             while stop.received is None:
                 time.sleep(HOLD_POLL_S)

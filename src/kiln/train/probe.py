@@ -53,6 +53,7 @@ def probe(
             sync(d.device)
             t0 = span_start = time.perf_counter()
             wait_start, traced_here = trainer.data_wait_s, False
+        trainer.faults.before_step(i, trainer.stop)  # KILN_FAULT, when the smoke stage set it (kiln.train.faults)
         if i == profile_step:
             loss, norm = _traced_step(trainer, trace_dir if d.is_main else None)
             traced_here = True

@@ -49,7 +49,7 @@ from kiln.io import read_json
 from kiln.plan.memory import Estimate, estimate, setting_of
 from kiln.plan.steps import StageTimes
 from kiln.plan.verdict import Check
-from kiln.train import checkpoint, device
+from kiln.train import checkpoint, device, faults, oom
 from kiln.train.distributed import barrier, broadcast_object, max_across_ranks, mean_across_ranks
 from kiln.train.launch import LAUNCH_START_ENV
 from kiln.train.probe import probe, sync
@@ -57,14 +57,6 @@ from kiln.train.trainer import Trainer
 
 log = logging.getLogger("kiln.smoke")
 PROCESS_START = time.time()  # at import, for a stage started without kiln.train.launch
-OOM_MESSAGES = ("out of memory", "can't allocate memory")
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """A CUDA OOM, or the CPU allocator refusing a request."""
-    return isinstance(exc, torch.OutOfMemoryError) or (
-        isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MESSAGES)
-    )
 
 
 def oom_advice(train: TrainSection, seq_len: int) -> str:
@@ -200,8 +192,12 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
     report: dict = {"checks": checks}
     trainer = None
     manifest = read_json(Path(shard_dir) / "manifest.json")
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    oom.clear(out_dir, rank)  # an earlier attempt's record of an OOM
+    oom.watch(out_dir, world)  # another rank's OOM ends this one with the same check (kiln.train.oom)
     memory = _estimate_note(
-        estimate_for(sections["model"], train, manifest, int(os.environ.get("WORLD_SIZE", "1"))),
+        estimate_for(sections["model"], train, manifest, world),
         device.select_device(train.device).type == "cuda",
     )
     extra_s = 0.0  # time spent here on what train does not do (precision timing, the checks)
@@ -247,21 +243,21 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         )
         # train's start-up: this stage's so far, less what train does not do, plus the warm-up steps
         startup_s = time.time() - launch_start() - extra_s
+        trainer.faults = faults.from_env(rank)  # KILN_FAULT's oom, which the probe's steps raise
         losses, norms, measured = probe(trainer, smoke.steps, smoke.warmup_steps, out_dir, smoke.profile_step)
         startup_s += measured.warmup_s
-    except Exception as exc:  # noqa: BLE001 -- only an out-of-memory error is turned into a check
-        if not is_out_of_memory(exc):
-            raise
+    except Exception as exc:  # noqa: BLE001 -- only an out-of-memory error (any rank's) is turned into a check
         where = "building the model" if trainer is None else "the probe steps"
+        failure = oom.agree(exc, where, out_dir, rank, world)
         advice = oom_advice(train, manifest["seq_len"])
         checks.insert(
             0,
             Check(
                 "preflight",
                 False,
-                f"out of memory in {where}; {memory}",
+                f"{failure.describe(world)}; {memory}",
                 "fits in memory",
-                f"{advice}. ({str(exc).splitlines()[0][:200]})",
+                f"{advice}. ({failure.error})",
             ),
         )
         return report
