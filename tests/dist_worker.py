@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from synthetic import greedy_sampler
+from synthetic import SAMPLE_PROMPTS, greedy_sampler
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -142,6 +142,27 @@ def _tensors(tree) -> list[torch.Tensor]:
     return [t for item in items for t in _tensors(item)]
 
 
+def check_sampling_agrees(sections: dict, shards: Path, d) -> dict:
+    """Under FSDP every forward is collective. Each rank samples with its own seed here, as numerics
+    that differ between devices would make it, and stop ids are half the vocabulary: without
+    Trainer._sample's agree the ranks would stop at different steps, one waiting in a forward the
+    other never joins. With it each rank decodes rank 0's tokens: the same rows, the same stops."""
+    from kiln.generate.decode import generate
+
+    trainer = Trainer(sections, shards)
+    generator = torch.Generator().manual_seed(1000 + d.rank)
+
+    def sampler(model, agree=None) -> list[dict]:
+        stops = frozenset(range(0, 64, 2))
+        new = generate(model, SAMPLE_PROMPTS, 12, temperature=1.0, stop_ids=stops, generator=generator, agree=agree)
+        return [{"completion": row} for row in new]
+
+    rows = trainer._sample(sampler)
+    every = [None] * d.world
+    dist.all_gather_object(every, rows)
+    return {"fsdp_samples": every, "fsdp_sampled": isinstance(trainer.model, FSDPModule)}
+
+
 def main() -> None:
     plan = json.loads(Path(sys.argv[1]).read_text())
     torch.set_num_threads(1)
@@ -186,6 +207,8 @@ def main() -> None:
                     }
                 )
             )
+    if plan.get("sampling"):
+        checks |= check_sampling_agrees(plan["sampling"], Path(plan["shards"]), d)
     for spec in plan.get("smoke", []):
         report = run_checks(spec["sections"], Path(plan["shards"]), Path(spec["out"]))
         if d.is_main:

@@ -123,9 +123,9 @@ def smoke_sections(model: dict | None = None, train: dict | None = None, **smoke
 SAMPLE_PROMPTS = [[1, 2, 3], [4, 5, 6, 7]]
 
 
-def greedy_sampler(model) -> list[dict]:
+def greedy_sampler(model, agree=None) -> list[dict]:
     """A Trainer.fit sampler on token ids (the synthetic data has no tokenizer)."""
     from kiln.generate.decode import generate
 
-    new = generate(model, SAMPLE_PROMPTS, 6)
+    new = generate(model, SAMPLE_PROMPTS, 6, agree=agree)
     return [{"prompt": str(p), "completion": str(n)} for p, n in zip(SAMPLE_PROMPTS, new)]

@@ -117,8 +117,17 @@ def launched(tmp_path_factory):
         }
         for strategy in ("ddp", "fsdp")
     ]
+    sampling = train_sections(nproc_per_node=2, parallel="fsdp", micro_batch=4, batch_tokens=GLOBAL_BATCH, **COMMON)
     plan.write_text(
-        json.dumps({"shards": str(shards), "checks_out": str(base / "checks.json"), "runs": runs, "smoke": smoke})
+        json.dumps(
+            {
+                "shards": str(shards),
+                "checks_out": str(base / "checks.json"),
+                "runs": runs,
+                "smoke": smoke,
+                "sampling": sampling,
+            }
+        )
     )
     argv = launch.command(
         {"nproc_per_node": 2, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": f"127.0.0.1:{_free_port()}"},
@@ -140,6 +149,15 @@ def launched(tmp_path_factory):
         Trainer(train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, **COMMON | extra), shards).fit(out)
     torch.set_num_threads(before)
     return base, json.loads((base / "checks.json").read_text()), reference
+
+
+def test_sampling_under_fsdp_decodes_the_same_tokens_and_stops_together_on_every_rank(launched):
+    """Each rank sampled with its own seed (tests/dist_worker.py check_sampling_agrees): the ranks
+    still returned (no hang) with identical rows, some of them cut short by a stop id."""
+    _, checks, _ = launched
+    rank0, rank1 = checks["fsdp_samples"]
+    assert checks["fsdp_sampled"] and rank0 == rank1
+    assert any(len(row["completion"]) < 12 for row in rank0)  # a stop came before max_new_tokens
 
 
 def test_launch_ran_two_ranks_that_read_disjoint_rows(launched):

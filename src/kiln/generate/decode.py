@@ -10,13 +10,22 @@ The context is the model's training seq_len, which the cache never outgrows (no 
 or RoPE entry lies past it): a prompt is cropped from the left so that prompt + max_new_tokens
 fits, keeping its most recent tokens, and max_new_tokens is capped at seq_len - 1 so that at least
 one prompt token remains.
+
+With `agree`, every step's chosen ids pass through it before they are used. Ranks that decode
+together under FSDP, where every forward is a collective, pass one that hands every rank rank 0's
+ids (kiln.train.distributed.same_on_every_rank): a rank that stopped a step before another would
+leave it waiting in a forward it never joins.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from kiln.model.kv_cache import KVCache
+
+Agree = Callable[[torch.Tensor], torch.Tensor]  # a step's ids (B,) -> the ids every rank uses
 
 
 @torch.no_grad()
@@ -34,6 +43,7 @@ def generate(
     keep_stop: bool = False,
     batch_size: int | None = None,
     first_allowed: list[list[int] | None] | None = None,
+    agree: Agree | None = None,
 ) -> list[list[int]]:
     """New token ids after each prompt, each list ending before its first stop token (or with it,
     if keep_stop). temperature 0 means greedy; otherwise sampling from the temperature-scaled
@@ -62,6 +72,7 @@ def generate(
             vocab_size=vocab_size,
             generator=generator,
             first_allowed=allowed,
+            agree=agree,
         )
         for i, row in zip(chunk, rows):
             out[i] = _until_stop(row, stop_ids, keep_stop)
@@ -80,6 +91,7 @@ def _decode(
     vocab_size: int | None,
     generator: torch.Generator | None,
     first_allowed: list[list[int] | None] | None,
+    agree: Agree | None,
 ) -> list[list[int]]:
     """max_new_tokens ids per prompt, or fewer once every row has produced a stop id."""
     device = next(model.parameters()).device
@@ -102,6 +114,8 @@ def _decode(
         if step == 0 and first_allowed is not None:
             scores = _restrict(scores, first_allowed)
         next_id = pick(scores, temperature, top_k, top_p, generator)  # (B,)
+        if agree is not None:  # the same ids, so the same stop, on every rank
+            next_id = agree(next_id)
         new.append(next_id)
         stopped |= torch.isin(next_id, stops)
         if step == max_new - 1 or bool(stopped.all()):

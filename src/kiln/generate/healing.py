@@ -14,7 +14,7 @@ import torch
 from tokenizers import Tokenizer
 
 from kiln.data.tokenizer import EOS
-from kiln.generate.decode import generate
+from kiln.generate.decode import Agree, generate
 
 
 def heal(tokenizer: Tokenizer, ids: list[int]) -> tuple[list[int], list[int] | None, str]:
@@ -38,6 +38,7 @@ def complete(
     top_k: int | None = None,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    agree: Agree | None = None,
 ) -> list[str]:
     """The text each prompt continues with (up to <|endoftext|> or max_new_tokens, the healed token
     counting as one), decoded in one batch."""
@@ -53,6 +54,7 @@ def complete(
         vocab_size=tokenizer.get_vocab_size(),
         generator=generator,
         first_allowed=[allowed for _, allowed, _ in healed],
+        agree=agree,
     )
     out = []
     for (_, _, cut), row in zip(healed, new):

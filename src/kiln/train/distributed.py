@@ -129,6 +129,15 @@ def broadcast_object(obj, world: int, src: int = 0):
     return box[0]
 
 
+def same_on_every_rank(value: torch.Tensor, world: int) -> torch.Tensor:
+    """Rank 0's `value` on every rank (a tensor on the rank's device, as NCCL needs; gloo's on the
+    host), e.g. the tokens a sampler decodes under FSDP (kiln.generate.decode's agree)."""
+    if world > 1:
+        value = value.contiguous()
+        dist.broadcast(value, src=0)
+    return value
+
+
 def barrier(world: int) -> None:
     if world > 1:
         dist.barrier()

@@ -8,8 +8,9 @@ anything else seeded from it), and a draw from it here would change the run. Res
 call, so a prompt's completion at a step is a function of the model alone, the same in a resumed
 run as in one that never stopped. Temperature 0 is greedy. Every row says how it was decoded.
 
-`make_sampler` returns the callable Trainer.fit runs at every validation step; its rows go to the
-console, train/samples.jsonl and wandb.
+`make_sampler` returns the callable Trainer.fit runs at every validation step, on every rank, with
+an `agree` that gives all ranks rank 0's tokens (kiln.generate.decode); its rows go to the console,
+train/samples.jsonl and wandb.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Callable
 import torch
 
 from kiln.data.tokenizer import load_tokenizer
-from kiln.generate.decode import describe
+from kiln.generate.decode import Agree, describe
 from kiln.generate.healing import complete
 
 log = logging.getLogger("kiln")
@@ -35,7 +36,7 @@ def make_sampler(
     temperature: float = 0.0,
     top_p: float = 1.0,
     seed: int = 0,
-) -> Callable[[torch.nn.Module], list[dict]] | None:
+) -> Callable[..., list[dict]] | None:
     """model -> [{"prompt", "completion", "decoding"}] for each prompt (token healing, up to
     max_new_tokens or <|endoftext|>; "decoding" is kiln.generate.decode.describe's label); None when
     there are no prompts."""
@@ -45,10 +46,17 @@ def make_sampler(
     label = describe(temperature, top_p=top_p)
     log.info("samples at each validation: %s, seed %d", label, seed)
 
-    def sample(model: torch.nn.Module) -> list[dict]:
+    def sample(model: torch.nn.Module, agree: Agree | None = None) -> list[dict]:
         generator = torch.Generator().manual_seed(seed) if temperature > 0 else None
         texts = complete(
-            model, tokenizer, prompts, max_new_tokens, temperature=temperature, top_p=top_p, generator=generator
+            model,
+            tokenizer,
+            prompts,
+            max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            generator=generator,
+            agree=agree,
         )
         return [{"prompt": p, "completion": t, "decoding": label} for p, t in zip(prompts, texts)]
 

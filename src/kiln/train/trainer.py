@@ -52,6 +52,7 @@ from kiln.train.distributed import (
     init_distributed,
     max_across_ranks,
     mean_across_ranks,
+    same_on_every_rank,
     shutdown,
     sum_across_ranks,
 )
@@ -74,7 +75,8 @@ from kiln.train.step_actions import Cadence, StepActions
 from kiln.train.step_reader import StepReader, StepRecord
 
 log = logging.getLogger("kiln.train")
-Sampler = Callable[[torch.nn.Module], list[dict]]  # model -> [{"prompt", "completion"}] (kiln.train.samples)
+# (model, agree=...) -> [{"prompt", "completion"}] (kiln.train.samples; agree: kiln.generate.decode)
+Sampler = Callable[..., list[dict]]
 
 
 class Trainer:
@@ -445,13 +447,13 @@ class Trainer:
 
     def _sample(self, sampler: Sampler | None) -> list[dict]:
         """Completions of the sampler's prompts by the model as it is now, on every rank (an FSDP
-        forward is collective; greedy decoding gives every rank the same tokens). Eager, so a
-        compiled model is not recompiled for the decoding shapes."""
+        forward is collective), each rank decoding rank 0's tokens, so all stop at the same step.
+        Eager, so a compiled model is not recompiled for the decoding shapes."""
         if sampler is None:
             return []
         self.model.eval()
         with torch.compiler.set_stance("force_eager"):
-            rows = sampler(self.model)
+            rows = sampler(self.model, agree=functools.partial(same_on_every_rank, world=self.dist.world))
         self.model.train()
         return rows
 
