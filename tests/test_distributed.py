@@ -441,12 +441,36 @@ def test_the_final_mirror_copy_outlasting_the_collective_timeout_ends_the_run_cl
     assert (mirror / "step-0000004" / "complete.json").is_file()
 
 
+def _stalled_run(tmp_path: Path, step: int) -> tuple[int | None, str, Path]:
+    """A 4-step run on 2 gloo ranks whose rank 1 sleeps 5 s (KILN_FAULT stall) as `step` starts, under
+    a 2 s collective timeout and a 60 s first-step allowance: (exit code, output, the error file)."""
+    plan = tmp_path / "plan.json"
+    sections = train_sections(
+        nproc_per_node=2, micro_batch=4, max_steps=4, collective_timeout_s=2, first_step_timeout_s=60
+    )
+    spec = {"shards": str(write_shards(tmp_path / "shards")), "out": str(tmp_path / "run"), "sections": sections}
+    plan.write_text(json.dumps(spec | {"error_out": str(tmp_path / "error.txt")}))
+    code, output = _two_ranks([str(TESTS / "rank_worker.py"), str(plan)], 300, KILN_FAULT=f"stall@{step}:1")
+    return code, output, tmp_path / "error.txt"
+
+
+def test_a_slow_first_step_has_its_own_allowance_and_a_slow_later_step_ends_the_run(tmp_path):
+    """The first step's waits (a rank's compilation, here a 5 s stall) fall under
+    train.first_step_timeout_s, not the 2 s train.collective_timeout_s that bounds every step after
+    it: the same stall at step 3 ends the run with the error naming both keys."""
+    code, output, _ = _stalled_run(tmp_path / "first", 1)
+    assert code == 0, output[-3000:]
+    code, output, error = _stalled_run(tmp_path / "third", 3)
+    assert code not in (None, 0), output[-3000:]
+    assert "waited more than train.collective_timeout_s = 2 s (train.first_step_timeout_s = 60 s" in error.read_text()
+
+
 def test_a_stuck_rank_ends_the_job_within_the_collective_timeout(tmp_path):
     """Rank 1 sleeps for an hour instead of training; rank 0's first collective (the resume's: which
     checkpoint, if any, every rank continues; kiln.train.checkpoint.resume_state) gives up after
-    train.collective_timeout_s (2 s here) with an error naming the key, and torchrun ends the job. Without
-    the key passed to the process group, gloo would wait torch's default 30 min and the launch below
-    would outlive its 300 s allowance."""
+    train.first_step_timeout_s (2 s here, before any step) with an error naming the keys, and torchrun
+    ends the job. Without the key passed to the process group, gloo would wait torch's default 30 min
+    and the launch below would outlive its 300 s allowance."""
     shards = write_shards(tmp_path / "shards")
     plan = tmp_path / "plan.json"
     plan.write_text(
@@ -456,13 +480,17 @@ def test_a_stuck_rank_ends_the_job_within_the_collective_timeout(tmp_path):
                 "out": str(tmp_path / "run"),
                 "stuck_s": 3600,
                 "error_out": str(tmp_path / "error.txt"),
-                "sections": train_sections(nproc_per_node=2, micro_batch=4, max_steps=4, collective_timeout_s=2),
+                "sections": train_sections(
+                    nproc_per_node=2, micro_batch=4, max_steps=4, collective_timeout_s=2, first_step_timeout_s=2
+                ),
             }
         )
     )
     code, output = _launch_rank_worker(plan)
     assert code != 0, output[-3000:]
     error = (tmp_path / "error.txt").read_text()
-    assert "a collective waited more than train.collective_timeout_s = 2 s for another rank" in error, output[-3000:]
+    assert "waited more than train.collective_timeout_s = 2 s (train.first_step_timeout_s = 2 s" in error, output[
+        -3000:
+    ]
     metrics = tmp_path / "run" / "metrics.jsonl"
     assert not metrics.exists() or metrics.read_text() == ""  # no step completed

@@ -197,7 +197,7 @@ def test_a_malformed_fault_spec_names_the_variable(shards, tmp_path, monkeypatch
     monkeypatch.setenv("KILN_FAULT", "nan@3")
     with pytest.raises(KilnError, match=r"KILN_FAULT: 'nan@3' is not kind@step\[:rank\] with kind one of nan_loss"):
         run(train_sections(max_steps=3), shards, tmp_path / "run")
-    with pytest.raises(KilnError, match=r"kind one of nan_loss, .*, enospc, hold, oom$"):
+    with pytest.raises(KilnError, match=r"kind one of nan_loss, .*, enospc, hold, oom, stall$"):
         faults.parse("hold@3,wait@4", 0)
 
 

@@ -127,9 +127,9 @@ def test_different_seed_gives_different_run(shards, tmp_path):
 def test_samples_at_each_validation_leave_the_run_unchanged(shards, tmp_path):
     modes = []
 
-    def sampler(model):
+    def sampler(model, agree=None):
         modes.append(model.training)
-        new = generate(model, [[1, 2, 3], [4, 5]], 4)
+        new = generate(model, [[1, 2, 3], [4, 5]], 4, agree=agree)
         return [{"prompt": str(p), "completion": str(n)} for p, n in zip(([1, 2, 3], [4, 5]), new)]
 
     sections = train_sections(max_steps=20)

@@ -141,6 +141,7 @@ class TrainSection(Section):
     device: str
     parallel: str
     collective_timeout_s: float
+    first_step_timeout_s: float
     micro_batch: int
     seed: int
     batch_tokens: int | None

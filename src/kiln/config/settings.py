@@ -173,6 +173,7 @@ SETTINGS: dict[str, Setting] = {
     "train.device": _s(smoke=RUN, train=RUN, eval=RUN),
     "train.parallel": _s("DDP or FSDP, the same step", smoke=RUN, train=RUN),
     "train.collective_timeout_s": PLACEMENT,
+    "train.first_step_timeout_s": PLACEMENT,
     "train.micro_batch": _s(
         "at an equal global batch (train.batch_tokens), the same rows per step",
         smoke=PER_RANK_BATCH,

@@ -1,14 +1,16 @@
 """Process-group setup from torchrun's environment: gloo on CPU, nccl on CUDA, nothing when alone; the
 device from train.device (kiln.train.device.select_device).
 
-A collective waits for every rank at most train.collective_timeout_s (default 600 s), passed to
-init_process_group: then it fails on the ranks that got there (gloo raises; NCCL's watchdog aborts the
-process), so a rank stuck or dead ends the job within that time instead of torch's defaults of
-30 min (gloo) and 10 min (NCCL). The key bounds every wait for the slowest rank, so it must exceed the
-longest legitimate one: a first step's torch.compile (minutes for a large model), rank 0 writing a
-checkpoint while the others wait at the next collective, the first step's shard checks
-(kiln.data.loader.ShardChecks, ~0.5 s per GB), rank 0 hashing the checkpoint a resume reads while
-the others wait for its verdict (kiln.train.checkpoint.resume_state, ~1 s per GB).
+A collective waits for every rank at most train.first_step_timeout_s (default 1800 s) until a
+Trainer's first optimizer step is done, then at most train.collective_timeout_s (default 600 s)
+(set_collective_timeout, as torchtitan sets its train timeout after the first step); then it fails
+on the ranks that got there (gloo raises; NCCL's watchdog aborts the process), so a rank stuck or
+dead ends the job within that time instead of torch's defaults of 30 min (gloo) and 10 min (NCCL).
+The first bound covers the waits only the start has: the slowest rank's torch.compile (minutes for a
+large model), the first step's shard checks (kiln.data.loader.ShardChecks, ~0.5 s per GB), rank 0
+hashing the checkpoint a resume reads while the others wait for its verdict
+(kiln.train.checkpoint.resume_state, ~1 s per GB). The second must exceed the longest wait of a
+running job: rank 0 writing a checkpoint while the others wait at the next collective.
 
 Every collective Kiln calls goes through the helpers here (tests/test_collectives.py fails on any
 other torch.distributed collective in src/ or workflow/): NCCL, the default group on GPUs, takes only
@@ -138,14 +140,21 @@ def same_on_every_rank(value: torch.Tensor, world: int) -> torch.Tensor:
     return value
 
 
+def set_collective_timeout(timeout_s: float, world: int) -> None:
+    """From now on a collective of the default group fails after timeout_s. torch has no public call
+    for it; torchtitan uses this one (distributed_c10d._set_pg_timeout) after its first step too."""
+    if world > 1 and dist.is_initialized():
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s))
+
+
 def barrier(world: int) -> None:
     if world > 1:
         dist.barrier()
 
 
 @contextlib.contextmanager
-def collective_deadline(timeout_s: float):
-    """Turns the error of a collective that timed out into a KilnError naming the key (other errors
+def collective_deadline(timeout_s: float, first_step_s: float):
+    """Turns the error of a collective that timed out into a KilnError naming the keys (other errors
     pass through)."""
     try:
         yield
@@ -154,9 +163,10 @@ def collective_deadline(timeout_s: float):
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CollectiveTimeout(
-            f"train: a collective waited more than train.collective_timeout_s = {timeout_s:g} s for another "
-            f"rank, which is stuck or dead (its log lines say which); raise the key if a step, compilation "
-            f"or checkpoint save takes longer than that. ({first})"
+            f"train: a collective waited more than train.collective_timeout_s = {timeout_s:g} s "
+            f"(train.first_step_timeout_s = {first_step_s:g} s until the first step is done) for another rank, "
+            f"which is stuck or dead (its log lines say which); raise the key if a checkpoint save, or before "
+            f"the first step a compilation, takes longer than that. ({first})"
         ) from exc
 
 

@@ -16,6 +16,7 @@ rank has the fault. Kinds:
     sigkill         the rank SIGKILLs itself as the step starts (a node lost, the OOM killer)
     kill_in_save    the checkpoint of this step is SIGKILLed half-written (its file written, not renamed)
     enospc          writing the checkpoint of this step fails with ENOSPC (a full disk)
+    stall           the rank sleeps STALL_S as the step starts: a slow compilation, a slow node
     oom             the rank runs out of memory as the step starts (torch.OutOfMemoryError), in the
                     smoke stage's probe as in train: an OOM on some ranks only
     hold            the rank waits as the step starts (sleeping, not spinning) until it has itself
@@ -57,10 +58,12 @@ KINDS = (
     "enospc",
     "hold",
     "oom",
+    "stall",
 )
 SPIKE_FACTOR = 10.0
 _SIGNALS = {"sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1, "sigkill": signal.SIGKILL}
 HOLD_POLL_S = 0.2  # how often a held rank looks for the signal
+STALL_S = 5.0  # how long a stalled rank sleeps
 _ITEM = re.compile(r"(?P<kind>\w+)@(?P<step>\d+)(?::(?P<rank>\d+))?")
 
 
@@ -86,6 +89,8 @@ class Faults:
         for kind, sig in (("sigterm_parent", signal.SIGTERM), ("sigusr1_parent", signal.SIGUSR1)):
             if self.at(kind, step):
                 os.kill(os.getppid(), sig)
+        if self.at("stall", step):
+            time.sleep(STALL_S)
         if self.at("oom", step):
             raise torch.OutOfMemoryError(f"out of memory ({ENV}=oom@{step})")
         if self.at("hold", step):

@@ -53,6 +53,7 @@ from kiln.train.distributed import (
     max_across_ranks,
     mean_across_ranks,
     same_on_every_rank,
+    set_collective_timeout,
     shutdown,
     sum_across_ranks,
 )
@@ -89,7 +90,12 @@ class Trainer:
         self.seed = train.seed  # the model seed: initial weights, data order, dropout
         self.sections, self.train = sections, train  # the stage's sections as given (checkpoints, wandb); typed
         self.max_steps = max_steps or train.max_steps
-        self.dist = init_distributed(train.device, train.collective_timeout_s)
+        # Until this Trainer's first step is done, the first step's allowance (compilation, shard
+        # checks, a resume's hash); then train.collective_timeout_s (train_step).
+        first_step_s = max(train.first_step_timeout_s, train.collective_timeout_s)
+        self.dist = init_distributed(train.device, first_step_s)
+        set_collective_timeout(first_step_s, self.dist.world)  # a group an earlier Trainer made (smoke)
+        self._first_step_done = False
         device.configure(self.dist.device)
         seed_everything(self.seed)
         self.rows, self.val_rows = ShardRows(shard_dir, "train"), ShardRows(shard_dir, "val")
@@ -230,6 +236,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.tokens_seen += self.batch_split.tokens_per_step
+        if not self._first_step_done:  # compiled, checked and in step: the running job's bound from here
+            set_collective_timeout(self.train.collective_timeout_s, self.dist.world)
+            self._first_step_done = True
         return mean_loss, grad_norm, lr
 
     @torch.no_grad()
@@ -482,7 +491,7 @@ def run(
     trainer = Trainer(sections, shard_dir, max_steps=max_steps, budget=budget)
     synced = False  # every rank finished, or stopped itself at the same step
     try:
-        with collective_deadline(trainer.train.collective_timeout_s):
+        with collective_deadline(trainer.train.collective_timeout_s, trainer.train.first_step_timeout_s):
             result = trainer.fit(out_dir, sampler=sampler)
         synced = True
     except RunStopped:
