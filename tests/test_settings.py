@@ -306,4 +306,3 @@ def test_run_tags_are_only_for_stages_that_read_the_setting():
     for path, setting in SETTINGS.items():
         for stage, tag in setting.reads.items():
             assert tag in (OUTPUT, RUN) or isinstance(tag, settings.When), (path, stage, tag)
-    assert Path(settings.SCHEMA_PATH).is_file()
