@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from kiln.errors import KilnError
-from kiln.train.launch import command, main, resubmission_refused, run_ranks
+from kiln.train.launch import command, main, rank_environment, resubmission_refused, run_ranks
 
 ONE_NODE = {"nproc_per_node": 4, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": ""}
 
@@ -44,6 +44,18 @@ def test_nodes_started_by_hand_meet_at_the_static_endpoint():
 def test_several_nodes_without_slurm_or_an_endpoint_name_the_keys():
     with pytest.raises(KilnError, match="train.nnodes: 2 nodes need a Slurm allocation.*train.rdzv_endpoint"):
         command(ONE_NODE | {"nnodes": 2}, ["train.py"], env={})
+
+
+def test_each_rank_gets_its_share_of_compile_workers_and_expandable_segments_unless_set():
+    env = rank_environment(8, env={}, cpus=64)
+    assert env == {"TORCHINDUCTOR_COMPILE_THREADS": "8", "PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+    assert rank_environment(1, env={}, cpus=96)["TORCHINDUCTOR_COMPILE_THREADS"] == "32"  # inductor's own cap
+    assert rank_environment(8, env={}, cpus=4)["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+    mine = {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync", "TORCHINDUCTOR_COMPILE_THREADS": "2"}
+    assert rank_environment(8, env=mine, cpus=64) == {}
+    # and torchrun's ranks see them
+    probe = "import os, sys; sys.exit(int(os.environ['TORCHINDUCTOR_COMPILE_THREADS']))"
+    assert run_ranks([sys.executable, "-c", probe], {"TORCHINDUCTOR_COMPILE_THREADS": "7"}) == 7
 
 
 def test_the_module_reports_the_error_in_one_line_and_exits_1():

@@ -196,6 +196,7 @@ def checkpoint_curve(model_dir: Path, held_out: HeldOut, final: dict, device: to
             }
         curve.append(entry)
         del model
+        release_cast_weights()
     return sorted(curve, key=lambda e: (e["step"] is None, e["step"] or 0))
 
 
@@ -228,6 +229,14 @@ def _lm_eval(
             log.warning("lm-eval task %s unavailable: %s", task, exc)
             results[task] = {"unavailable": str(exc)[:300]}
     return results
+
+
+def release_cast_weights() -> None:
+    """Drop autocast's bf16 copies of the weights. Inside one autocast region (all of `evaluate`, on a
+    GPU) torch keeps a cast copy of every weight it has cast until the region ends: without this,
+    every checkpoint of the curve and lm-eval's model would each leave a bf16 copy of the model on
+    the device, a 1B model's 2 GB apiece. The next forward casts again, as it would in a new region."""
+    torch.clear_autocast_cache()
 
 
 def evaluate(
@@ -297,9 +306,11 @@ def _evaluate(
         infill = run_infill(model, tokenizer, problems)
     tasks = current_names(cfg["lm_eval"]["tasks"])
     log.info("lm-eval tasks: %s", ", ".join(tasks))
+    release_cast_weights()  # the final model's, before lm-eval loads its own copy of it
     harness = _lm_eval(
         paths, cfg["lm_eval"], tasks, val_docs, tokenizer, work_dir / "lm_eval_tasks", seed, device, precision
     )
+    release_cast_weights()  # lm-eval's model's
 
     log.info("13-gram contamination against %d training tokens", len(train))
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731

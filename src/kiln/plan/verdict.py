@@ -52,6 +52,7 @@ class Probe:
         None  # the same throughput under torchtitan's transformers-backend FLOP count (kiln.train.metrics)
     )
     warmup_s: float = 0.0  # the warm-up steps before the timed ones (compilation on a compiled run)
+    peak_reserved_mb: float | None = None  # on a GPU, the caching allocator's peak hold beside peak_memory_mb
 
 
 @dataclass(frozen=True)

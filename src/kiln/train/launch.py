@@ -19,6 +19,12 @@ before it kills them. It passes no signal on itself: Slurm signals every process
 terminal its foreground group, so torchrun gets each signal already, and a second copy would cut its
 graceful shutdown short. (The train rule execs it, so no shell between Snakemake and it dies first.)
 
+Each rank's environment (rank_environment), unless the user set the variable: the CUDA caching
+allocator with expandable segments (PYTORCH_ALLOC_CONF=expandable_segments:True, as torchtitan
+advises: fewer fragmented blocks at a large model's peak), and TORCHINDUCTOR_COMPILE_THREADS, this
+node's CPUs shared among its ranks (at most inductor's own cap of 32): inductor would otherwise start
+min(32, CPUs) compile workers in every rank, 8 ranks x 32 processes against the node's memory.
+
 Resubmission (train.max_resubmits): under a cluster executor Snakemake resubmits a failed train job
 (the `retries` the Snakefile's onstart sets on the rule), whatever made it fail. The train rule hands
 the launcher its Snakemake attempt and `--record` (train/jobs.jsonl, kiln.layout.TRAIN_JOBS), where
@@ -143,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     if not script:
         parser.error("no script given after --")
     try:
-        argv_out = command(json.loads(args.train), script)
+        train = json.loads(args.train)
+        argv_out = command(train, script)
     except KilnError as exc:
         print(f"kiln.train.launch: {exc}", file=sys.stderr)
         return 1
@@ -154,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kiln.train.launch: {refused[1]}", file=sys.stderr, flush=True)
             return refused[0]
     print("launch:", " ".join(argv_out[: argv_out.index(script[0])]), file=sys.stderr, flush=True)
-    code = run_ranks(argv_out)
+    code = run_ranks(argv_out, rank_environment(train["nproc_per_node"]))
     if args.record is not None:
         _record(args.record, args.attempt, code, _keep_log(args.log) if code else None)
     return code
@@ -224,9 +231,22 @@ def _record(record: Path, attempt: int, code: int | None, log: str | None = None
         f.write(json.dumps(entry) + "\n")
 
 
-def run_ranks(argv: list[str]) -> int:
-    """Run torchrun (or srun) with `argv` and return the exit code the ranks reported, else its own."""
-    env = dict(os.environ)
+INDUCTOR_MAX_THREADS = 32  # inductor's own cap on compile workers per process (torch._inductor.config)
+
+
+def rank_environment(nproc_per_node: int, env: Mapping[str, str] = os.environ, cpus: int | None = None) -> dict:
+    """The variables the ranks get beside `env` (see the module's doc); one the user set is kept."""
+    cpus = cpus or len(os.sched_getaffinity(0))
+    out = {"TORCHINDUCTOR_COMPILE_THREADS": str(max(1, min(INDUCTOR_MAX_THREADS, cpus // nproc_per_node)))}
+    if "PYTORCH_ALLOC_CONF" not in env and "PYTORCH_CUDA_ALLOC_CONF" not in env:
+        out["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
+    return {key: value for key, value in out.items() if key not in env}
+
+
+def run_ranks(argv: list[str], ranks_env: Mapping[str, str] | None = None) -> int:
+    """Run torchrun (or srun) with `argv`, `ranks_env` added to this environment, and return the exit
+    code the ranks reported, else its own."""
+    env = dict(os.environ) | dict(ranks_env or {})
     env.setdefault(LAUNCH_START_ENV, repr(time.time()))  # the smoke stage times train's start-up from it
     # torchrun's --signals-to-handle (read from PET_*; older versions read TORCHELASTIC_* directly)
     env.setdefault("PET_SIGNALS_TO_HANDLE", TORCHRUN_SIGNALS)

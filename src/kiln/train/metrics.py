@@ -72,6 +72,12 @@ def memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
+def reserved_mb(device: torch.device) -> float | None:
+    """Peak memory the CUDA caching allocator held so far (what an OOM is measured against: tensors
+    plus the allocator's cached and fragmented blocks); None on a CPU, where memory_mb is the figure."""
+    return torch.cuda.max_memory_reserved(device) / 2**20 if device.type == "cuda" else None
+
+
 class Throughput:
     """Tokens/s, TFLOP/s per device and MFU over each log window. The first window pays one-off
     costs (allocator warm-up, compilation) and is left out of the steady-state rate unless it is the

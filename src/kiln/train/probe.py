@@ -18,7 +18,14 @@ import torch
 
 from kiln.plan.verdict import Probe
 from kiln.train.distributed import mean_across_ranks
-from kiln.train.metrics import Throughput, flops_per_token, flops_per_token_torchtitan, memory_mb, peak_flops
+from kiln.train.metrics import (
+    Throughput,
+    flops_per_token,
+    flops_per_token_torchtitan,
+    memory_mb,
+    peak_flops,
+    reserved_mb,
+)
 from kiln.train.trainer import Trainer
 
 log = logging.getLogger("kiln.smoke")
@@ -86,6 +93,7 @@ def probe(
             step_time_s=step_s,
             data_wait_fraction=(trainer.data_wait_s - wait_start) / timed_s if timed_s else 0.0,
             peak_memory_mb=memory_mb(d.device),
+            peak_reserved_mb=reserved_mb(d.device),
             mfu=rates["mfu"],
             tflops=rates["tflops"],
             measured_steps=sum(n for _, n in spans),

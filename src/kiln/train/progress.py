@@ -37,8 +37,10 @@ def log_progress(record: dict, max_steps: int, tokens_per_step: int, steady_toke
         else ""
     )
     bpb = "" if record["bpb"] is None else f" ({record['bpb']:.3f} bits/byte)"
+    held = record.get("memory_reserved_mb")  # on a GPU: the allocator's hold beside the tensors'
+    memory = f"{record['memory_mb']:.0f} MB" + ("" if held is None else f" ({held:.0f} reserved)")
     log.info(
-        "step %d/%d | loss %.4f%s | lr %.2e | grad %.3f | %s tok/s | %.2f TFLOP/s%s | %.0f MB | ETA %s",
+        "step %d/%d | loss %.4f%s | lr %.2e | grad %.3f | %s tok/s | %.2f TFLOP/s%s | %s | ETA %s",
         record["step"],
         max_steps,
         record["loss"],
@@ -48,7 +50,7 @@ def log_progress(record: dict, max_steps: int, tokens_per_step: int, steady_toke
         f"{record['tokens_per_s']:,.0f}",
         record["tflops"],
         mfu,
-        record["memory_mb"],
+        memory,
         format_eta(eta),
     )
 

@@ -18,6 +18,7 @@ class RunResult:
     step_time_s: float = 0.0
     data_wait_fraction: float = 0.0
     peak_memory_mb: float = 0.0
+    peak_reserved_mb: float | None = None  # the CUDA allocator's peak hold (kiln.train.metrics.reserved_mb)
     mfu: float | None = None
     mfu_torchtitan: float | None = (
         None  # the same under torchtitan's transformers-backend FLOP count (kiln.train.metrics)

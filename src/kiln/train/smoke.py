@@ -262,7 +262,15 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         )
         return report
     checks.insert(
-        0, Check("preflight", True, f"peak memory {measured.peak_memory_mb:,.0f} MB; {memory}", "fits in memory")
+        0,
+        Check(
+            "preflight",
+            True,
+            f"peak memory {measured.peak_memory_mb:,.0f} MB"
+            + (f" ({measured.peak_reserved_mb:,.0f} MB reserved)" if measured.peak_reserved_mb is not None else "")
+            + f"; {memory}",
+            "fits in memory",
+        ),
     )
     checks.append(_health(losses, norms, smoke.min_loss_drop))
     started = time.perf_counter()

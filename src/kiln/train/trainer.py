@@ -66,6 +66,7 @@ from kiln.train.metrics import (
     flops_per_token_torchtitan,
     memory_mb,
     peak_flops,
+    reserved_mb,
 )
 from kiln.train.mirror import Mirror
 from kiln.train.optim import build_optimizer
@@ -356,7 +357,7 @@ class Trainer:
         result.steps, result.tokens_seen = self.max_steps, self.tokens_seen
         result.set_rates(meter.rates(meter.steady_tokens_per_s))
         result.data_wait_fraction = self.data_wait_s / (time.perf_counter() - loop_start)
-        result.peak_memory_mb = memory_mb(d.device)
+        result.peak_memory_mb, result.peak_reserved_mb = memory_mb(d.device), reserved_mb(d.device)
         weights = parallel.full_model_state(self.model)
         if d.is_main:
             save_model(self.model_config, weights, out_dir)
@@ -379,6 +380,7 @@ class Trainer:
             "elapsed_s": self.elapsed_s + self._since_start(),
             **rates,
             "memory_mb": memory_mb(self.dist.device),
+            **({"memory_reserved_mb": held} if (held := reserved_mb(self.dist.device)) is not None else {}),
             "batch_hash": self._batch_hash(),
         }
         record.update(window.events() | self.mirror.events())
