@@ -57,6 +57,7 @@ from kiln.train.distributed import (
     shutdown,
     sum_across_ranks,
 )
+from kiln.train.gc_control import GarbageCollection
 from kiln.train.health import SpikeDetector
 from kiln.train.init_from import InitSource
 from kiln.train.metrics import (
@@ -319,37 +320,39 @@ class Trainer:
         # One step: train it (the device runs ahead: nothing read back), decide what follows it, then
         # in order read (host sync), log, validate, save, stop. self.max_steps and self.lr_at are read
         # afresh each step.
-        while self.step < self.max_steps:
-            self.faults.before_step(self.step + 1, self.stop)  # KILN_FAULT's signals and hold, if any
-            loss, grad_norm, lr = self.train_step()
-            self.reader.add(StepRecord(self.step, loss, grad_norm, self.flags))
-            window_tokens += self.batch_split.tokens_per_step
-            due = cadence.at(self.step, self.max_steps, self.reader.stop_requested)
-            if due.read:  # every unread step, before anything is saved: a non-finite one is never saved
-                stopped = self.reader.read(last_checkpoint)
-                if stopped is not None:
-                    self._stop_fit(sink, stopped)
-            if due.log:
-                record = self._log_record(due, lr, grad_norm, meter, window_tokens)
-                window_tokens = 0
-                result.losses.append(record["loss"])
-            # Here the host has measured the run's speed at a log step (record): the place for a hook acting
-            # on it, e.g. one that sets self.max_steps or self.lr_at (this step's `due` was decided before
-            # it: a new max_steps counts from the next step on). The budget also decides at every step of
-            # the run's last log windows.
-            if self.budget is not None:
-                self.budget.after_step(self.step, record["tokens_per_s"] if due.log else None, log=due.log)
-                self.max_steps = self.budget.max_steps
-            if due.log:
-                if due.validate:
-                    self._validate(record, sink, sampler, result)
-                sink.log(record)
-                meter.restart()  # validation is not training time
-            if due.save:
-                with meter.paused():  # not training time: left out of tokens/s (an async save's writing
-                    self._save_checkpoint()  # overlaps the steps after it, and counts as theirs)
-            if due.preempted:
-                self._stop_fit(sink, self._preemption_stop(ckpt_root))
+        with GarbageCollection() as collector:  # collections only between steps, alike on every rank
+            while self.step < self.max_steps:
+                self.faults.before_step(self.step + 1, self.stop)  # KILN_FAULT's signals and hold, if any
+                loss, grad_norm, lr = self.train_step()
+                collector.step(self.step)
+                self.reader.add(StepRecord(self.step, loss, grad_norm, self.flags))
+                window_tokens += self.batch_split.tokens_per_step
+                due = cadence.at(self.step, self.max_steps, self.reader.stop_requested)
+                if due.read:  # every unread step, before anything is saved: a non-finite one is never saved
+                    stopped = self.reader.read(last_checkpoint)
+                    if stopped is not None:
+                        self._stop_fit(sink, stopped)
+                if due.log:
+                    record = self._log_record(due, lr, grad_norm, meter, window_tokens)
+                    window_tokens = 0
+                    result.losses.append(record["loss"])
+                # Here the host has measured the run's speed at a log step (record): the place for a hook acting
+                # on it, e.g. one that sets self.max_steps or self.lr_at (this step's `due` was decided before
+                # it: a new max_steps counts from the next step on). The budget also decides at every step of
+                # the run's last log windows.
+                if self.budget is not None:
+                    self.budget.after_step(self.step, record["tokens_per_s"] if due.log else None, log=due.log)
+                    self.max_steps = self.budget.max_steps
+                if due.log:
+                    if due.validate:
+                        self._validate(record, sink, sampler, result)
+                    sink.log(record)
+                    meter.restart()  # validation is not training time
+                if due.save:
+                    with meter.paused():  # not training time: left out of tokens/s (an async save's writing
+                        self._save_checkpoint()  # overlaps the steps after it, and counts as theirs)
+                if due.preempted:
+                    self._stop_fit(sink, self._preemption_stop(ckpt_root))
         self.saver.wait()
         sink.close()
         self.stop.restore()
