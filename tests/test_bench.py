@@ -37,6 +37,7 @@ ELSEWHERE = {"gpu_check.py": "tests/test_gpu_check.py runs its --cpu-dry-run (al
 PRINTS = {
     "budget.py": ["| arm | budget s | stage s (launcher) | of budget |", "| quiet |"],
     "compile_time.py": ["block, count, 2 layers: first forward and backward"],
+    "loss_compile.py": ["| loss | s per forward+backward (median) |", "eager / compiled: "],
     "cpu_allocator.py": ["| allocator | tokens/s (median) | min-max |", "ours / baseline: "],
     "dataprep.py": [
         "| pipeline | wall s | MiB/s | Kiln is |",

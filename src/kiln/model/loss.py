@@ -17,9 +17,17 @@ logits upcast to fp32), so the two agree to fp32 rounding of the sum (tests/test
 
 Rows per chunk come from kiln.config.models.loss_chunk_rows (torch-free, so the memory estimate
 kiln.plan.memory counts the same chunk).
+
+`chunk_loss` is the per-chunk function; a compiled run passes it compiled (the model's chunk_loss,
+set by kiln.train.parallel.compile_blocks), which fuses the upcast, log-softmax and gather into a
+few kernels instead of the eager path's fp32 copy of each chunk's logits (bench/loss_compile.py).
+The head's weight gradient is a sum over chunks accumulated into its fp32 .grad either way: each
+chunk's bf16 product is upcast before autograd adds it.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,14 +36,21 @@ from torch.utils.checkpoint import checkpoint
 from kiln.config.models import loss_chunk_rows
 
 
-def _chunk_loss_sum(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def chunk_loss_sum(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """(n, C) hidden states, (V, C) head weight, (n,) ids -> the summed cross-entropy of the n rows (fp32)."""
     logits = F.linear(h, weight)  # (n, V): bf16 under autocast, as the plain head computes it
     return F.cross_entropy(logits.float(), targets, reduction="sum")
 
 
+ChunkLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 def lm_loss(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_rows: int | None = None
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_rows: int | None = None,
+    chunk_loss: ChunkLoss = chunk_loss_sum,
 ) -> torch.Tensor:
     """Mean next-token cross-entropy of hidden (B, T, C), the final norm's output, through the head
     `weight` (V, C) against targets (B, T): equal to F.cross_entropy(F.linear(hidden, weight).float()
@@ -47,10 +62,10 @@ def lm_loss(
     if n_rows <= rows:
         # One chunk: its logits are what backward uses first, so recomputing them would free nothing
         # at the peak (the same 12 bytes a logit either way, measured) and only cost the matmul again.
-        return _chunk_loss_sum(h, weight, y) / n_rows
+        return chunk_loss(h, weight, y) / n_rows
     total = torch.zeros((), device=h.device, dtype=torch.float32)
     for start in range(0, n_rows, rows):
         total = total + checkpoint(
-            _chunk_loss_sum, h[start : start + rows], weight, y[start : start + rows], use_reentrant=False
+            chunk_loss, h[start : start + rows], weight, y[start : start + rows], use_reentrant=False
         )
     return total / n_rows

@@ -49,6 +49,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from kiln.model.loss import chunk_loss_sum
 from kiln.plan.memory import checkpointed_blocks
 from kiln.train.distributed import Dist
 
@@ -133,11 +134,13 @@ def compile_blocks(model: nn.Module, backend: str | Callable = "inductor") -> No
     shapes, so dynamo traces one graph and reuses it for every block (their weights are the graph's
     inputs): compile time does not grow with depth (a 16-layer llama on the CPU, inductor cold:
     about 1/3.5 of a whole-model compile's, bench/compile_time.py). Across ranks the backward hands
-    out gradients block by block, so the all-reduce / reduce-scatter overlaps it. What stays eager:
-    the embedding, the final norm and the chunked loss. bench/gpu_check.py calls this too, with the
-    aot_eager backend in its CPU dry run."""
+    out gradients block by block, so the all-reduce / reduce-scatter overlaps it. The chunked loss's
+    per-chunk function is compiled too (kiln.model.loss: its own graph, static shapes: the full chunk
+    and at most one shorter last one). What stays eager: the embedding and the final norm.
+    bench/gpu_check.py calls this too, with the aot_eager backend in its CPU dry run."""
     for block in model.blocks:
         block.compile(backend=backend)
+    model.chunk_loss = torch.compile(chunk_loss_sum, backend=backend, dynamic=False)
 
 
 def grad_sync(wrapped: nn.Module, sync: bool):
