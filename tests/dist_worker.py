@@ -209,6 +209,13 @@ def main() -> None:
             )
     if plan.get("sampling"):
         checks |= check_sampling_agrees(plan["sampling"], Path(plan["shards"]), d)
+        compiled = Trainer(
+            dict(plan["sampling"], train=plan["sampling"]["train"] | {"parallel": "ddp", "compile": True}),
+            Path(plan["shards"]),
+        )
+        checks["ddp_compiled_blocks_unsplit"] = torch._dynamo.config.optimize_ddp is False and all(
+            block._compiled_call_impl is not None for block in compiled.model.blocks
+        )
     for spec in plan.get("smoke", []):
         report = run_checks(spec["sections"], Path(plan["shards"]), Path(spec["out"]))
         if d.is_main:

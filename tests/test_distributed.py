@@ -160,6 +160,13 @@ def test_sampling_under_fsdp_decodes_the_same_tokens_and_stops_together_on_every
     assert any(len(row["completion"]) < 12 for row in rank0)  # a stop came before max_new_tokens
 
 
+def test_ddp_with_compiled_blocks_turns_off_dynamos_graph_splitting(launched):
+    """kiln.train.parallel: each block is compiled whole (fullgraph), and DDPOptimizer, which would cut
+    those graphs at bucket boundaries, is off once a compiled model is wrapped in DDP."""
+    _, checks, _ = launched
+    assert checks["ddp_compiled_blocks_unsplit"]
+
+
 def test_launch_ran_two_ranks_that_read_disjoint_rows(launched):
     _, checks, _ = launched
     assert checks["world"] == 2

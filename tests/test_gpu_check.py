@@ -60,7 +60,7 @@ def test_cpu_dry_run_prints_every_row_and_fails_none(tmp_path):
     assert "estimated" in by_check["memory estimate llama3.2-1b seq 8192"]
     assert "torchtitan transformers-backend count" in by_check["MFU gpt2-124m seq 1024"]
     # compiled as train compiles at world 1 (kiln.train.parallel.compile_blocks): block by block, one graph for all
-    assert "per block: 1 dynamo graph(s) for 2 blocks" in by_check["torch.compile gpt2-124m"]
+    assert "per block: 2 dynamo graph(s) for 2 blocks and the chunked loss" in by_check["torch.compile gpt2-124m"]
     # the two-rank worker ran under torchrun (gloo here): the gate passed, DDP's ranks agree, FSDP matches DDP
     assert "checks passed" in by_check["two-rank smoke, NCCL"] and "FAILED" not in by_check["two-rank smoke, NCCL"]
     assert "ranks' weights equal" in by_check["DDP 2 ranks, NCCL"]

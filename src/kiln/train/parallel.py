@@ -91,6 +91,12 @@ def parallelize(
             fully_shard(block, mesh=mesh, mp_policy=policy)  # gathered for its forward, freed after
         fully_shard(model, mesh=mesh, mp_policy=policy)  # embedding, final norm, head
         return model
+    if compile_model:
+        # dynamo's DDPOptimizer would split each compiled block's graph at DDP's bucket boundaries, so
+        # that a bucket's all-reduce can start inside it. The blocks are compiled one by one already:
+        # their gradients reach DDP block by block and its all-reduce overlaps the backward anyway,
+        # while a split block loses the fusion across the cut (torchtitan turns it off likewise).
+        torch._dynamo.config.optimize_ddp = False
     # Gradients as views into DDP's all-reduce buckets: without it the buckets are a second copy of
     # every gradient (4 bytes a parameter: 4.2 GB for llama3.2-1b) (kiln.plan.memory counts them once).
     return DistributedDataParallel(
@@ -139,7 +145,7 @@ def compile_blocks(model: nn.Module, backend: str | Callable = "inductor") -> No
     and at most one shorter last one). What stays eager: the embedding and the final norm.
     bench/gpu_check.py calls this too, with the aot_eager backend in its CPU dry run."""
     for block in model.blocks:
-        block.compile(backend=backend)
+        block.compile(backend=backend, fullgraph=True)  # a graph break in a block is an error, not a slow path
     model.chunk_loss = torch.compile(chunk_loss_sum, backend=backend, dynamic=False)
 
 
