@@ -51,6 +51,28 @@ def test_the_blocks_share_one_graph():
     assert all(p.grad is not None for p in model.parameters())
 
 
+@pytest.mark.parametrize("mode, block_graphs", [("none", 1), ("selective", 2), ("full", 1)])
+def test_checkpointed_blocks_do_not_recompile_block_by_block(mode, block_graphs):
+    """Activation checkpointing wraps each chosen block's forward in a closure of its own
+    (parallel.apply_activation_checkpointing); dynamo guards on the closure's code, not its identity,
+    so four blocks trace one graph per kind of block (selective: checkpointed and plain), plus the
+    loss's, and a second step traces none."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def recorder(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model = build_model(model_config(LLAMA | {"n_layer": 4}, 64, 16))
+    parallel.apply_activation_checkpointing(model, mode)
+    parallel.compile_blocks(model, backend=recorder)
+    idx = torch.randint(0, 64, (2, 16))
+    for _ in range(2):
+        model(idx, idx)[1].backward()
+    assert len(graphs) == block_graphs + 1
+
+
 def test_the_compiled_loss_equals_the_eager_one_with_its_gradients():
     """compile_blocks compiles the chunked loss's per-chunk function (kiln.model.loss): several
     chunks and a shorter last one, the loss and every gradient as the eager model's."""

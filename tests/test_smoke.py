@@ -293,6 +293,26 @@ def test_the_probe_compiles_the_graph_train_compiles(shards, tmp_path, monkeypat
         trainer.train_step()
     assert graphs and all(g["grad"] and not g["dynamic"] for g in graphs), graphs
     assert smoke_graphs == graphs
+    assert by_name(report)["recompiles"].passed  # none after the warm-up
+
+
+def test_a_compiled_step_that_recompiles_in_the_timed_steps_fails_the_gate(shards, tmp_path, monkeypatch):
+    """From the fifth batch on, one row fewer (what a shape that changes between steps does): dynamo
+    compiles the blocks again during the timed steps, and the recompiles check fails, where the same
+    run with steady shapes passes it (test above)."""
+    _recording_compile(monkeypatch)
+    from kiln.data.loader import TrainBatches
+
+    real, calls = TrainBatches.next, []
+
+    def shrinking(self):
+        calls.append(1)
+        batch = real(self)
+        return batch[:-1] if len(calls) > 4 else batch
+
+    monkeypatch.setattr(TrainBatches, "next", shrinking)
+    checks = by_name(run_checks(smoke_sections(train={"compile": True}), shards, tmp_path / "smoke"))
+    assert not checks["recompiles"].passed and "TORCH_LOGS=recompiles" in checks["recompiles"].detail
 
 
 def test_a_burst_of_load_in_one_span_does_not_move_the_probes_figure(shards, monkeypatch):

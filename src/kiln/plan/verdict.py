@@ -53,6 +53,7 @@ class Probe:
     )
     warmup_s: float = 0.0  # the warm-up steps before the timed ones (compilation on a compiled run)
     peak_reserved_mb: float | None = None  # on a GPU, the caching allocator's peak hold beside peak_memory_mb
+    graphs_in_timed_steps: int = 0  # dynamo graphs compiled after the warm-up: recompiles, which the gate fails
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,11 @@ def sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
+def graphs_compiled() -> int:
+    """The graphs dynamo has compiled in this process (a recompile is one more)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
 def probe(
     trainer: Trainer, steps: int, warmup: int, trace_dir: Path | None = None, profile_step: int | None = None
 ) -> tuple[list[float], list[float], Probe]:
@@ -55,11 +60,13 @@ def probe(
     started = time.perf_counter()
     t0 = span_start = wait_start = 0.0
     traced_here = False
+    graphs_before = graphs_compiled()  # dynamo's graphs so far, updated when the timed steps start
     for i in range(1, steps + 1):
         if i == warmup + 1:
             sync(d.device)
             t0 = span_start = time.perf_counter()
             wait_start, traced_here = trainer.data_wait_s, False
+            graphs_before = graphs_compiled()
         trainer.faults.before_step(i, trainer.stop)  # KILN_FAULT, when the smoke stage set it (kiln.train.faults)
         if i == profile_step:
             loss, norm = _traced_step(trainer, trace_dir if d.is_main else None)
@@ -99,6 +106,7 @@ def probe(
             measured_steps=sum(n for _, n in spans),
             mfu_torchtitan=rates["mfu_torchtitan"],
             warmup_s=(t0 if steps > warmup else time.perf_counter()) - started,
+            graphs_in_timed_steps=graphs_compiled() - graphs_before,
         ),
     )
 

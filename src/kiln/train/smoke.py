@@ -159,6 +159,20 @@ def overfit(
     return first, step, last
 
 
+def _recompiles(graphs: int, steps: int) -> Check:
+    """A compiled model compiles in the warm-up steps and never again: every timed step runs the same
+    shapes, so a graph compiled then is a recompile, which a long run would pay again and again (and
+    past dynamo's cache limit, fall back to eager)."""
+    log.info("dynamo: %d graph(s) compiled during the %d timed probe steps", graphs, steps)
+    return Check(
+        "recompiles",
+        graphs == 0,
+        f"{graphs} graph(s) compiled during the {steps} timed steps",
+        "0 after the warm-up steps",
+        "" if graphs == 0 else "the compiled step recompiles: run with TORCH_LOGS=recompiles to see which guard fails",
+    )
+
+
 def _health(losses: list[float], norms: list[float], min_drop: float) -> Check:
     threshold = f"finite; last-quarter mean loss >= {min_drop} nats below the first quarter's"
     if not all(math.isfinite(x) for x in losses + norms):
@@ -273,6 +287,8 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         ),
     )
     checks.append(_health(losses, norms, smoke.min_loss_drop))
+    if device.use_compile(train.compile, trainer.dist.device):
+        checks.append(_recompiles(measured.graphs_in_timed_steps, measured.measured_steps))
     started = time.perf_counter()
     with torch.compiler.set_stance("force_eager"):  # a correctness figure: no graphs compiled for it
         after = trainer.evaluate(smoke.val_batches)
