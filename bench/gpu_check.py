@@ -66,6 +66,7 @@ from kiln.generate.decode import generate
 from kiln.layout import Layout
 from kiln.model.build import build_model, load_model, save_model
 from kiln.train.device import autocast, eval_autocast, to_device
+from kiln.train.launch import rank_environment
 from kiln.train.optim import build_adamw
 from kiln.train.parallel import compile_blocks
 from kiln.train.smoke import probe
@@ -573,6 +574,7 @@ def main() -> None:
     chosen = [c for c in CHECKS if c.slug in only]
     if args.cpu_dry_run:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before any child touches CUDA (this process never does)
+    os.environ.update(rank_environment(1))  # what a train job's ranks get (kiln.train.launch): the checks' children too
     out = args.out or Path(tempfile.mkdtemp(prefix="kiln-gpu-check-"))
     out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, _interrupted)  # a session's end: still the table, the checks ended

@@ -105,6 +105,10 @@ def check_llama_mfu(ctx: Ctx) -> list[tuple[str, str]]:
         f"{size(est)}, measured {size(peak)} ({est / peak:.2f}x)"
         for rows, compiled, peak, est in measured
     )
+    if not ctx.dry:  # what an OOM is measured against: the tensors plus the allocator's cache
+        memory += (
+            f"; peak reserved {size(torch.cuda.max_memory_reserved())} (expandable segments via kiln.train.launch)"
+        )
     return [
         ctx.verdict(ok, f"MFU {pct(rates['mfu'])}, {at}"),
         ctx.verdict(ok_tt, f"MFU {pct(rates['mfu_torchtitan'])} under torchtitan transformers-backend count, {at}"),
