@@ -7,7 +7,7 @@ checkpoint (model and AdamW state in state.pt), on CPU under torchrun with gloo.
     PYTHONPATH=/tmp/old/src python bench/resume_memory.py       # the same against another checkout's kiln
 
 One process writes the checkpoint (a Trainer, one optimizer step, saved); then R ranks each build the
-Trainer and call its resume (Trainer._resume_or_start, as train does), while a thread reads
+Trainer and call its resume (Trainer.resume_or_start, as train does), while a thread reads
 /proc/self/status every 2 ms: resident memory (VmRSS), of it the process's own (RssAnon) and the
 pages mapped from files (RssFile: shared with every process mapping the same file, and with the page
 cache, so a node holds them once however many ranks map them), and the kernel's peak (VmHWM). Each
@@ -93,7 +93,7 @@ def child(plan: dict) -> None:
     before = status()
     peaks = Peaks()
     peaks.start()
-    trainer._resume_or_start(Path(plan["out"]))
+    trainer.resume_or_start(Path(plan["out"]))
     peak = peaks.stop()
     assert trainer.step == 1, trainer.step
     row = {
@@ -131,9 +131,9 @@ def main() -> None:
         plan = {"sections": sections(args), "shards": str(shards), "out": str(out)}
         torch.set_num_threads(1)
         writer = Trainer(plan["sections"], shards)
-        writer.saver = checkpoint.Saver(out / "checkpoints", "full", 1, rank=0, world=1)
+        saver = checkpoint.Saver(out / "checkpoints", "full", 1, rank=0, world=1)
         writer.train_step()
-        writer._save_checkpoint()
+        writer.save_checkpoint(saver)
         state = out / "checkpoints" / checkpoint.step_name(1) / checkpoint.STATE
         n_params = writer.model.num_params(non_embedding=False)
         del writer

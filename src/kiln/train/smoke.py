@@ -400,7 +400,7 @@ def pick_precision(
 
 def _time_checkpoint(trainer: Trainer, train: TrainSection, out_dir: Path) -> tuple[float, int]:
     """(seconds, bytes) of one checkpoint written as train writes it, into a scratch folder removed
-    after: Trainer._save_checkpoint through a checkpoint.Saver in train.checkpoint_format (async too),
+    after: Trainer.save_checkpoint through a checkpoint.Saver in train.checkpoint_format (async too),
     on every rank, so the model and the optimizer's moments (allocated by the probe's steps) are in it,
     gathered onto rank 0 or written by every rank as its shards. The seconds are the training loop's
     pause, the slowest rank's (train goes on when every rank has; an async save's writing overlaps
@@ -411,7 +411,7 @@ def _time_checkpoint(trainer: Trainer, train: TrainSection, out_dir: Path) -> tu
         out_dir.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(dir=out_dir, prefix=".checkpoint-timing-"))
     scratch = broadcast_object(scratch, d.world)
-    trainer.saver = checkpoint.Saver(
+    saver = checkpoint.Saver(
         scratch,
         checkpoint_format(train.checkpoint_format, train.parallel),
         1,
@@ -423,9 +423,9 @@ def _time_checkpoint(trainer: Trainer, train: TrainSection, out_dir: Path) -> tu
         sync(d.device)
         barrier(d.world)
         started = time.perf_counter()
-        trainer._save_checkpoint()
+        trainer.save_checkpoint(saver)
         took = time.perf_counter() - started
-        trainer.saver.wait()
+        saver.wait()
         barrier(d.world)  # every rank's files are in before rank 0 counts them
         written = sum(p.stat().st_size for p in scratch.rglob("*") if p.is_file()) if d.is_main else 0
     finally:

@@ -4,7 +4,7 @@ A Trainer holds what a run is made of: the model (kiln.model), readied for the r
 (kiln.train.parallel), AdamW (kiln.train.optim), the LR schedule (kiln.train.schedule), the data
 stream (kiln.data.loader) and the batch split (kiln.config.batch). `train_step` is one optimizer step:
 grad_accum micro-batches of micro_batch rows on each of W ranks, gradients synced on the last one
-only. `state_dict` (with model and optimizer, full or sharded: `_save_checkpoint`) and
+only. `state_dict` (with model and optimizer, full or sharded: `save_checkpoint`) and
 `load_state_dict` are what a checkpoint holds. `fit` runs the loop: logging, validation,
 checkpoints, resume.
 
@@ -173,12 +173,14 @@ class Trainer:
             "budget": self.budget.state_dict() if self.budget is not None else None,
         }
 
-    def _save_checkpoint(self) -> None:
-        """A checkpoint of this step in train.checkpoint_format (fit's saver). Collective."""
-        if self.saver.sharded:  # each rank's own part, nothing gathered
-            self.saver.save(self.state_dict(), parallel.sharded_state(self.model, self.optimizer))
+    def save_checkpoint(self, saver: checkpoint.Saver | None = None) -> None:
+        """A checkpoint of this step through `saver` (fit's own by default; the smoke stage times one
+        of its own), in the saver's format. Collective."""
+        saver = saver or self.saver
+        if saver.sharded:  # each rank's own part, nothing gathered
+            saver.save(self.state_dict(), parallel.sharded_state(self.model, self.optimizer))
             return
-        self.saver.save(
+        saver.save(
             self.state_dict()
             | {
                 "model": parallel.full_model_state(self.model),
@@ -273,7 +275,7 @@ class Trainer:
         ckpt_root = out_dir / layout.CHECKPOINTS
         if d.is_main:
             resume.remove_dead_writers_files(out_dir)
-        self._resume_or_start(out_dir)
+        self.resume_or_start(out_dir)
         if self.budget is not None:  # and those recorded after the checkpoint, replayed at their steps
             self.budget.attach(out_dir / layout.BUDGET_LOG, self.fingerprint, is_main=d.is_main)
         result = RunResult(
@@ -350,7 +352,7 @@ class Trainer:
                     meter.restart()  # validation is not training time
                 if due.save:
                     with meter.paused():  # not training time: left out of tokens/s (an async save's writing
-                        self._save_checkpoint()  # overlaps the steps after it, and counts as theirs)
+                        self.save_checkpoint()  # overlaps the steps after it, and counts as theirs)
                 if due.preempted:
                     self._stop_fit(sink, self._preemption_stop(ckpt_root))
         self.saver.wait()
@@ -402,7 +404,7 @@ class Trainer:
             progress.log_validation(record, samples)
             sink.log_samples(record["step"], samples)
 
-    def _resume_or_start(self, out_dir: Path) -> None:
+    def resume_or_start(self, out_dir: Path) -> None:
         """Continue the newest checkpoint of this trajectory (or the one KILN_RESUME_FROM names); else
         start over, setting aside another trajectory's checkpoints, from train.init_from's weights
         or the random init (kiln.train.resume)."""
