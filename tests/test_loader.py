@@ -284,3 +284,60 @@ def test_a_shard_that_passed_is_not_read_again_unless_it_changed(own_shards):
     assert not changed.checks.complete and changed.checks.ok.sum() == 6
     with pytest.raises(KilnError, match="train-00005.bin: sha256"):
         changed.take(np.array([40]))
+
+
+def _node_ranks(shards, monkeypatch, tmp_path) -> list[ShardRows]:
+    """The train rows as two ranks of one node build them under torchrun (LOCAL_RANK,
+    LOCAL_WORLD_SIZE and the job's run id from the environment), stamps in tmp_path. Nothing has
+    passed in this process before (loader.forget_checked) and no background thread runs: each rank
+    checks what its take() needs."""
+    import tempfile
+
+    from kiln.data import loader
+
+    loader.forget_checked()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "node-share-test")
+    ranks = []
+    for rank in (0, 1):
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        ranks.append(ShardRows(shards, "train", verify_threads=0))
+    return ranks
+
+
+def _take_all_in_threads(ranks: list[ShardRows]) -> list[BaseException | None]:
+    import threading
+
+    errors: list[BaseException | None] = [None, None]
+
+    def take(r):
+        try:
+            ranks[r].take(np.arange(N_TRAIN))
+        except BaseException as exc:  # noqa: BLE001 -- handed to the test
+            errors[r] = exc
+
+    threads = [threading.Thread(target=take, args=(r,)) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return errors
+
+
+def test_the_ranks_of_a_node_read_and_hash_each_shard_once_between_them(own_shards, monkeypatch, tmp_path):
+    from kiln.data import loader
+
+    read = []
+    real = loader.verify_shard
+    monkeypatch.setattr(loader, "verify_shard", lambda path, *a: (read.append(path.name), real(path, *a))[1])
+    ranks = _node_ranks(own_shards, monkeypatch, tmp_path)
+    assert _take_all_in_threads(ranks) == [None, None]
+    assert sorted(read) == sorted(p.name for p in own_shards.glob("train-*.bin"))  # 7 shards, each once
+    assert all(r.checks.complete for r in ranks)
+
+
+def test_a_bad_shard_another_rank_of_the_node_checked_is_refused_with_its_message(own_shards, monkeypatch, tmp_path):
+    _poke(own_shards / "train-00002.bin", 0, 999)  # shard 2: local rank 0's (2 % 2)
+    errors = _take_all_in_threads(_node_ranks(own_shards, monkeypatch, tmp_path))
+    assert all(isinstance(e, KilnError) and "train-00002.bin: sha256" in str(e) for e in errors), errors

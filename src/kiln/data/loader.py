@@ -11,8 +11,12 @@ an uninterrupted one would have seen.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +24,7 @@ import torch
 
 from kiln.data.shards import open_shard, verify_shard
 from kiln.errors import KilnError
-from kiln.io import read_json
+from kiln.io import atomic_file, read_json
 
 # Shards this process has seen pass, keyed by what changes when the file does: a second loader over the
 # same folder (the smoke stage builds two trainers) does not read them again.
@@ -37,6 +41,39 @@ def _identity(path: Path, entry: dict, vocab_size: int | None) -> tuple:
     return str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, entry["sha256"], entry["rows"], vocab_size
 
 
+STAMP_POLL_S = 0.05
+STAMP_WAIT_S = 600.0  # past it, a rank checks a shard itself rather than wait for the rank that owns it
+
+
+@dataclass(frozen=True)
+class NodeShare:
+    """The ranks of one node share the shard checks: local rank r checks the shards i with
+    i % local_world == r and leaves a stamp (passed, or the failure's message) in a node-local folder
+    of this job; the others wait for the stamp instead of reading and hashing the shard again. One
+    read of every shard per node, split over its ranks, where each rank read all of them."""
+
+    local_rank: int
+    local_world: int
+    folder: Path
+
+    @classmethod
+    def from_env(cls) -> "NodeShare | None":
+        """torchrun's: LOCAL_RANK and LOCAL_WORLD_SIZE; None for a lone process. The stamps' folder is
+        this launch's on this node: the run id and the node's torchrun agent, every local rank's parent."""
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if local_world < 2:
+            return None
+        job = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}-{os.getppid()}"
+        folder = Path(tempfile.gettempdir()) / f"kiln-shard-checks-{job}"
+        return cls(int(os.environ.get("LOCAL_RANK", "0")), local_world, folder)
+
+    def owns(self, i: int) -> bool:
+        return i % self.local_world == self.local_rank
+
+    def stamp(self, key: tuple) -> Path:
+        return self.folder / hashlib.sha256(repr(key).encode()).hexdigest()[:32]
+
+
 class ShardChecks:
     """Every shard verified once (kiln.data.shards.verify_shard: ids below the vocabulary, sha256
     against the manifest) before any of its rows is served. Background threads go through the
@@ -44,10 +81,19 @@ class ShardChecks:
     reach it is verified by the thread that needs it, and one they are on is waited for. A failure
     found in any shard is raised by the next `require`, so a bad shard stops the run as soon as it
     is found, not only when its rows come up. A shard that passed earlier in this process, unchanged
-    since, is not read again."""
+    since, is not read again; one another rank of this node checked in this job (NodeShare) is not
+    read here at all."""
 
-    def __init__(self, paths: list[Path], entries: list[dict], vocab_size: int | None, threads: int = 1):
+    def __init__(
+        self,
+        paths: list[Path],
+        entries: list[dict],
+        vocab_size: int | None,
+        threads: int = 1,
+        node: NodeShare | None = None,
+    ):
         self._jobs = list(zip(paths, entries))
+        self._node = node
         self._vocab = vocab_size
         self._lock = threading.Lock()
         self._keys = [_identity(path, entry, vocab_size) for path, entry in self._jobs]
@@ -58,6 +104,10 @@ class ShardChecks:
             self._done[i].set()
         self._errors: dict[int, BaseException] = {}
         self.complete = bool(self.ok.all())  # every shard passed: take() skips the checks
+        # The background threads' order: with a NodeShare this rank's own shards first (each rank of
+        # the node reads its share at once), then the others' stamps.
+        everyone = range(len(self._jobs))
+        self._order = sorted(everyone, key=lambda i: not node.owns(i)) if node is not None else list(everyone)
         self._next = 0
         self._threads = [
             threading.Thread(target=self._background, name="kiln-shard-verify", daemon=True) for _ in range(threads)
@@ -72,7 +122,8 @@ class ShardChecks:
 
     def _verify(self, i: int) -> None:
         try:
-            verify_shard(*self._jobs[i], self._vocab)
+            if self._node is None or not self._from_stamp(i):
+                self._check_and_stamp(i)
         except BaseException as exc:  # re-raised in the thread that needs the rows
             self._errors[i] = exc
         else:
@@ -83,14 +134,45 @@ class ShardChecks:
         finally:
             self._done[i].set()
 
+    def _check_and_stamp(self, i: int) -> None:
+        """verify_shard, and with a NodeShare the stamp the node's other ranks wait for."""
+        try:
+            verify_shard(*self._jobs[i], self._vocab)
+        except KilnError as exc:
+            self._stamp(i, f"failed\n{exc}")
+            raise
+        self._stamp(i, "passed")
+
+    def _stamp(self, i: int, text: str) -> None:
+        if self._node is not None and self._node.owns(i):
+            with atomic_file(self._node.stamp(self._keys[i])) as tmp:
+                tmp.write_text(text, encoding="utf-8")
+
+    def _from_stamp(self, i: int) -> bool:
+        """Whether another rank of this node checked shard i: True once its stamp says passed, a
+        KilnError with its message once it says failed; False for a shard of this rank's own, or when
+        no stamp came within STAMP_WAIT_S (this rank then checks it itself)."""
+        if self._node.owns(i):
+            return False
+        stamp, deadline = self._node.stamp(self._keys[i]), time.monotonic() + STAMP_WAIT_S
+        while not stamp.exists():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(STAMP_POLL_S)
+        verdict, _, message = stamp.read_text(encoding="utf-8").partition("\n")
+        if verdict != "passed":
+            raise KilnError(message)
+        return True
+
     def _background(self) -> None:
         while not self._errors:
             with self._lock:
-                while self._next < len(self._jobs) and self._claimed[self._next]:
+                while self._next < len(self._order) and self._claimed[self._order[self._next]]:
                     self._next += 1
-                if self._next == len(self._jobs):
+                if self._next == len(self._order):
                     return
-                i, self._claimed[i] = self._next, True
+                i = self._order[self._next]
+                self._claimed[i] = True
             self._verify(i)
 
     def wait(self) -> None:
@@ -129,7 +211,11 @@ class ShardRows:
         self.row_len = int(self.manifest["row_len"])
         self.checks = (
             ShardChecks(
-                [shard_dir / e["file"] for e in entries], entries, self.manifest.get("vocab_size"), verify_threads
+                [shard_dir / e["file"] for e in entries],
+                entries,
+                self.manifest.get("vocab_size"),
+                verify_threads,
+                NodeShare.from_env(),
             )
             if verify
             else None
