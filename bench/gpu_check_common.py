@@ -20,6 +20,7 @@ from kiln.data.shards import shard_split
 from kiln.io import write_json
 from kiln.plan.memory import GIB
 from kiln.train.metrics import Throughput, flops_per_token, flops_per_token_torchtitan, memory_mb, peak_flops
+from kiln.train.step_reader import HostCopy, StepRecord
 from kiln.train.trainer import Trainer
 
 NO_CUDA = "skipped: no CUDA"
@@ -148,3 +149,39 @@ def timed_steps(
     return meter.window(steps * trainer.batch_split.tokens_per_step, last=True) | {"steps": steps}, memory_mb(
         trainer.dist.device
     )
+
+
+def stop_flag_reads(trainer: Trainer, steps: int) -> dict[str, float]:
+    """tokens/s over `steps` train steps read as fit reads them between syncs (each step, the
+    previous step's stop flag): through its host copy (StepRecord.host_flags, issue 29's S1), and
+    through .item() on the device tensor, as before S1 (on CUDA that waits for the newest step too)."""
+    reads = {"host copy": lambda r: r.host_flags.get()[1].item(), ".item()": lambda r: r.flags[1].item()}
+    rates = {}
+    for name, read in reads.items():
+        sync()
+        start, previous = time.perf_counter(), None
+        for _ in range(steps):
+            loss, grad_norm, _ = trainer.train_step()
+            record = StepRecord(trainer.step, loss, grad_norm, trainer.flags)
+            if previous is not None:
+                read(previous)
+            previous = record
+        loss.item()
+        rates[name] = steps * trainer.batch_split.tokens_per_step / (time.perf_counter() - start)
+    return rates
+
+
+def host_copy_runs_ahead(device: torch.device) -> bool:
+    """Whether reading a HostCopy returns while work queued after the copy is still running (on CUDA;
+    True on the CPU, where nothing is queued)."""
+    flag = torch.ones(2, device=device)
+    copy = HostCopy(flag)
+    if device.type != "cuda":
+        return copy.get()[1].item() == 1.0
+    a = torch.randn(4096, 4096, device=device)
+    for _ in range(50):  # ~7 TFLOP queued behind the copy: tens of milliseconds on an H200
+        a = torch.tanh(a @ a)
+    read = copy.get()[1].item() == 1.0
+    still_busy = not torch.cuda.current_stream().query()
+    sync()
+    return read and still_busy

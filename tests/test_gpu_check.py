@@ -23,6 +23,7 @@ ROWS = [
     "fused AdamW",
     "torch.compile gpt2-124m",
     "MFU gpt2-124m seq 1024",
+    "host run-ahead, stop flag read",
     "bench/train_throughput.py gpt2-124m",
     "chunked loss memory, flagship logits",
     "MFU llama3.2-1b seq 8192",
@@ -59,6 +60,7 @@ def test_cpu_dry_run_prints_every_row_and_fails_none(tmp_path):
     assert "chunked vs" in by_check["chunked loss memory, flagship logits"]
     assert "estimated" in by_check["memory estimate llama3.2-1b seq 8192"]
     assert "torchtitan transformers-backend count" in by_check["MFU gpt2-124m seq 1024"]
+    assert "with later work still queued: True" in by_check["host run-ahead, stop flag read"]
     # compiled as train compiles at world 1 (kiln.train.parallel.compile_blocks): block by block, one graph for all
     assert "per block: 2 dynamo graph(s) for 2 blocks and the chunked loss" in by_check["torch.compile gpt2-124m"]
     # the two-rank worker ran under torchrun (gloo here): the gate passed, DDP's ranks agree, FSDP matches DDP

@@ -4,7 +4,11 @@ what it does once it reads them.
 A step's loss, gradient norm and flags ([non-finite, stop signal], agreed by every rank) stay device
 tensors (StepRecord) until the host syncs, at log and checkpoint steps (kiln.train.trainer): then one
 transfer reads every unread step at once. Between syncs the only read is of the previous step's stop
-flag (stop_requested), which waits for that step alone, so the host stays one step ahead.
+flag (stop_requested), which waits for that step alone, so the host stays one step ahead: each step's
+flags are copied to the host as the step is queued (HostCopy), and the read waits for that copy, not
+for the work queued after it. (`.item()` on the device tensor would not do: on CUDA it waits for the
+whole stream, the newest step's forward and backward included, and the device then idles while the
+host queues the next step's first kernels.)
 
 Reading applies train.nonfinite (a step that was not applied is logged, and ends the run on `stop`
 or past max_skips) and the loss spike check (kiln.train.health), and keeps the window of losses the
@@ -29,14 +33,43 @@ from kiln.train.health import SpikeDetector
 log = logging.getLogger("kiln.train")
 
 
+class HostCopy:
+    """A device tensor's values on the host, copied behind the work queued so far: reading them waits
+    for that work alone, not for what is queued after the copy. On CUDA: a non-blocking copy into
+    pinned memory and an event recorded after it; elsewhere the tensor is read when asked (a CPU
+    tensor is on the host already, and computed: CPU ops run as they are called)."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self._ready = None
+        if tensor.device.type == "cuda":
+            self._values = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            self._values.copy_(tensor, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._values = tensor
+
+    def get(self) -> torch.Tensor:
+        """The values, on the host: waits for the copy (and what was queued before it) to be done."""
+        if self._ready is not None:
+            self._ready.synchronize()
+            return self._values
+        return self._values.cpu()
+
+
 @dataclass(frozen=True)
 class StepRecord:
-    """One step the host has not read: device tensors, reading them is a host sync."""
+    """One step the host has not read: device tensors, reading them is a host sync; and the step's
+    flags on their way to the host (host_flags, made as the record is: right after the step is queued)."""
 
     step: int  # the optimizer step just run (1-based, as metrics.jsonl counts)
     loss: torch.Tensor  # this rank's mean loss over the step's micro-batches
     grad_norm: torch.Tensor  # the global gradient norm (before clipping)
     flags: torch.Tensor  # [non-finite, stop signal], the max over ranks (Trainer.train_step)
+    host_flags: HostCopy = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "host_flags", HostCopy(self.flags))
 
     @property
     def nonfinite(self) -> torch.Tensor:
@@ -80,11 +113,11 @@ class StepReader:
     def stop_requested(self, synced: bool) -> bool:
         """Whether a rank got a preemption signal, decided alike on every rank: from the newest step's
         flags where the host syncs anyway (`synced`: log and checkpoint steps), else from the step
-        before it (reading them waits only for that step: the host stays one step ahead)."""
+        before it (its host copy: the read waits for that step alone, and the host stays one step ahead)."""
         if synced:
             return self.unread[-1].stop_requested.item() > 0
         # Unread, the previous step is the one before the newest; read, its flags were read then.
-        return len(self.unread) > 1 and self.unread[-2].stop_requested.item() > 0
+        return len(self.unread) > 1 and self.unread[-2].host_flags.get()[1].item() > 0
 
     def take_window(self) -> Window:
         """The window since the last log line; the next one starts empty."""
