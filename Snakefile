@@ -1,4 +1,4 @@
-# Kiln: download -> tokenizer -> pretokenize -> shard -> smoke -> train -> eval -> report
+# Kiln: download -> tokenizer -> pretokenize -> shard -> smoke -> train -> eval -> report (eval_data beside)
 # Thin by design: the config is validated here, before any job runs; each stage is one rule in
 # workflow/rules/<stage>.smk calling one script in workflow/scripts/ (the work lives in src/kiln/).
 
@@ -34,6 +34,7 @@ include: "workflow/rules/tokenizer.smk"
 include: "workflow/rules/pretokenize.smk"
 include: "workflow/rules/shard.smk"
 include: "workflow/rules/verify.smk"
+include: "workflow/rules/eval_data.smk"
 include: "workflow/rules/smoke.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/eval.smk"

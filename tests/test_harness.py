@@ -11,7 +11,7 @@ import torch
 from kiln.config.models import ModelConfig
 from kiln.data.sources import Document, read_documents
 from kiln.eval.harness import KilnLM
-from kiln.eval.lm_tasks import LOCAL_TASKS, run_lm_eval, write_local_tasks
+from kiln.eval.lm_tasks import LOCAL_TASKS, run_lm_eval, write_task_configs, write_task_data
 from kiln.io import read_json
 from kiln.model.build import build_model, save_model
 
@@ -75,8 +75,8 @@ def test_generate_until_stops_at_the_stop_string(lm):
 
 
 def test_next_line_context_ends_at_a_token_boundary(docs, tokenizer, tmp_path):
-    tasks_dir = write_local_tasks(docs, tmp_path / "tasks", seed=1, max_docs=len(docs), tokenizer=tokenizer)
-    rows = [json.loads(line) for line in (tasks_dir / "next_line.jsonl").read_text().splitlines()]
+    data_dir = write_task_data(docs, tmp_path / "tasks", seed=1, max_docs=len(docs), tokenizer=tokenizer)
+    rows = [json.loads(line) for line in (data_dir / "next_line.jsonl").read_text().splitlines()]
     assert rows and all(r["target"].strip() and "\n" not in r["target"] for r in rows)
     for r in rows:
         whole = tokenizer.encode(r["context"] + r["target"], add_special_tokens=False).ids
@@ -89,7 +89,10 @@ def test_next_line_context_ends_at_a_token_boundary(docs, tokenizer, tmp_path):
 
 
 def test_local_tasks_run_through_simple_evaluate(docs, checkpoint, tokenizer, tokenizer_path, tmp_path):
-    tasks_dir = write_local_tasks(docs, tmp_path / "tasks", seed=1, max_docs=4, tokenizer=tokenizer)
+    """The data written in one folder (the eval_data stage's), the task YAMLs in another (eval's)."""
+    data_dir = write_task_data(docs, tmp_path / "eval_data" / "lm_eval_tasks", seed=1, max_docs=4, tokenizer=tokenizer)
+    tasks_dir = write_task_configs(data_dir, tmp_path / "eval" / "lm_eval_tasks")
+    assert not list(tasks_dir.glob("*.jsonl"))
     results = run_lm_eval(
         "kiln", {"pretrained": str(checkpoint), "tokenizer": str(tokenizer_path)}, list(LOCAL_TASKS), tasks_dir, limit=2
     )
@@ -106,7 +109,7 @@ def test_hf_export_through_lm_eval_hf_agrees(docs, checkpoint, tokenizer, tokeni
 
     hf_dir = tmp_path / "hf"
     export(load_model(checkpoint), hf_dir, tokenizer_path)
-    tasks_dir = write_local_tasks(docs, tmp_path / "tasks", seed=1, max_docs=3, tokenizer=tokenizer)
+    tasks_dir = write_task_configs(write_task_data(docs, tmp_path / "data", 1, 3, tokenizer), tmp_path / "tasks")
     task = ["kiln_heldout_perplexity"]
     ours = run_lm_eval("kiln", {"pretrained": str(checkpoint), "tokenizer": str(tokenizer_path)}, task, tasks_dir)
     theirs = run_lm_eval("hf", {"pretrained": str(hf_dir), "dtype": "float32", "device": "cpu"}, task, tasks_dir)

@@ -50,6 +50,8 @@ def test_every_artifact_is_there(finished_run):
         "train/hf/config.json",
         "train/hf/model.safetensors",
         "train/hf/tokenizer.json",
+        "eval_data/eval_data.json",
+        "eval_data/lm_eval_tasks/next_line.jsonl",
         "eval/metrics.json",
         "eval/samples.json",
         "report.md",
@@ -57,7 +59,7 @@ def test_every_artifact_is_there(finished_run):
     ]
     missing = [p for p in expected if not (run / p).is_file()]
     assert not missing
-    for stage in ("smoke", "train", "eval", "report"):
+    for stage in ("eval_data", "smoke", "train", "eval", "report"):
         assert (run / "logs" / f"{stage}.log").exists() and (run / "benchmarks" / f"{stage}.tsv").exists()
     assert not list((workdir / "results").rglob(".*.tmp-*")), "temporary files left behind"
 
@@ -355,6 +357,7 @@ def test_a_three_arm_sweep_builds_the_data_once_and_overlays_the_arms(tmp_path):
         "tokenizer": 1,
         "pretokenize": 1,
         "shard": 1,
+        "eval_data": 3,
         "smoke": 3,
         "train": 3,
         "eval": 3,
@@ -362,7 +365,7 @@ def test_a_three_arm_sweep_builds_the_data_once_and_overlays_the_arms(tmp_path):
         "report": 3,
         "sweep_report": 1,
         "all": 1,
-        "total": 21,
+        "total": 24,
     }
     arms = [f"stdlib-lr-sweep-lr-{lr}" for lr in ("0.002", "0.008", "0.02")]
     results = tmp_path / "results"
@@ -399,6 +402,7 @@ def test_a_three_arm_sweep_builds_the_data_once_and_overlays_the_arms(tmp_path):
         "eval=1",
     )
     assert again.returncode == 0 and planned_rules(again) == {
+        "eval_data",
         "smoke",
         "plan",
         "train",
@@ -427,7 +431,7 @@ def test_a_run_continues_from_a_finished_runs_weights(finished_run, tmp_path):
         "train={init_from: {run: tiny}, max_steps: 50, warmup_steps: 0, lr: 0.001, min_lr: 0.0001}",
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert planned_rules(result) == {"smoke", "plan", "train", "eval", "report"}
+    assert planned_rules(result) == {"eval_data", "smoke", "plan", "train", "eval", "report"}
     source = [
         json.loads(line) for line in (copy / "results" / "tiny" / "train" / "metrics.jsonl").read_text().splitlines()
     ]

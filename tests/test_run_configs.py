@@ -252,6 +252,7 @@ def test_a_sweep_builds_its_data_once_and_each_arm_gets_its_values(tmp_path, nam
         "tokenizer": 1,
         "pretokenize": 1,
         "shard": 1,
+        "eval_data": arms,
         "smoke": arms,
         "train": arms,
         "eval": arms,
@@ -259,7 +260,7 @@ def test_a_sweep_builds_its_data_once_and_each_arm_gets_its_values(tmp_path, nam
         "plan": arms,
         "sweep_report": 1,
         "all": 1,
-        "total": 5 * arms + 6,
+        "total": 6 * arms + 6,
     }
     trains = {params["run_name"]: params for params, _ in train_jobs(result)}
     assert sorted(trains) == sorted(experiment.runs)
@@ -313,7 +314,7 @@ FINEWEB = [
 @pytest.mark.parametrize("files", FINEWEB, ids=lambda f: "+".join(f))
 def test_fineweb_runs_are_evaluated_as_prose_models(tmp_path, files):
     """Seed 002's evaluation beyond loss, not the code tasks the defaults name; trained with FIM rate
-    0, so eval does not run infilling (kiln.eval.infill.not_run_reason reads the token folder's
+    0, so eval does not run infilling (eval_data's kiln.eval.infill.not_run_reason reads the token folder's
     fim_modes, which FIM rate 0 leaves all "none")."""
     assert {p.name for p in EXPERIMENTS if p.name.startswith("fineweb")} == {f for fs in FINEWEB for f in fs} | {
         "fineweb-edu-lr-sweep.yaml",
@@ -331,6 +332,7 @@ def test_fineweb_runs_are_evaluated_as_prose_models(tmp_path, files):
             "kiln_heldout_perplexity",
         ]
         assert not any(p.startswith(("import ", "def ", "class ")) for p in params["eval"]["prompts"])
+    for params in rule_params(result, "eval_data"):  # which decides whether infilling is measured
         assert params["train"]["init_from"] is None  # nothing before this run's data can have brought FIM
     [pretokenize] = rule_params(result, "pretokenize")
     assert pretokenize["pretokenize"]["fim"]["rate"] == 0

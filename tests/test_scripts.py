@@ -7,7 +7,19 @@ from pathlib import Path
 import pytest
 
 SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "workflow" / "scripts").glob("*.py"))
-STAGES = ["download", "tokenizer", "pretokenize", "shard", "smoke", "plan", "train", "eval", "report", "sweep_report"]
+STAGES = [
+    "download",
+    "tokenizer",
+    "pretokenize",
+    "shard",
+    "eval_data",
+    "smoke",
+    "plan",
+    "train",
+    "eval",
+    "report",
+    "sweep_report",
+]
 
 
 def test_one_script_per_stage():

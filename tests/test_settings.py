@@ -98,12 +98,13 @@ BY_HAND = {
     "wandb.mode": set(),
     "smoke.price_per_gpu_hour": {"plan", "report"},
     "train.samples.prompts": {"eval", "report"},
-    "eval.max_batches": {"eval", "report"},
+    "eval.max_batches": {"eval_data", "eval", "report"},  # the unigram baseline reads the same batches
+    "eval.infill_docs": {"eval_data", "eval", "report"},  # the problems are made beside training
     "eval.reference": {"report"},
     "train.lr": RUN_STAGES,
     "train.seed": RUN_STAGES,
-    "seed": {"tokenizer", "pretokenize", "shard"} | RUN_STAGES,
-    "tokenizer.vocab_size": {"tokenizer", "pretokenize", "shard"} | RUN_STAGES,
+    "seed": {"tokenizer", "pretokenize", "shard", "eval_data"} | RUN_STAGES,
+    "tokenizer.vocab_size": {"tokenizer", "pretokenize", "shard", "eval_data"} | RUN_STAGES,
 }
 
 
@@ -236,6 +237,7 @@ def test_a_forced_stage_reruns_what_reads_it(walk):
     assert downstream["plan"] == {"plan", "report"}  # train does not read the prices
     assert downstream["train"] == {"train", "eval", "report"}
     assert downstream["eval"] == {"eval", "report"}
+    assert downstream["eval_data"] == {"eval_data", "eval", "report"}  # no model, so nothing before it
 
 
 @pytest.mark.parametrize("path", list(settings.schema_leaves()))

@@ -15,13 +15,14 @@ from kiln import layout, main
 from kiln.report import status
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["download", "tokenizer", "pretokenize", "shard", "smoke", "plan", "train", "eval", "report"]
+STAGES = ["download", "tokenizer", "pretokenize", "shard", "smoke", "plan", "train", "eval_data", "eval", "report"]
 # What each stage of the tiny run left under results/tiny (a subset of every folder's files).
 FILES = {
     "download": ["raw/manifest.json", "raw/stdlib/part-00000.parquet", "raw/.snakemake_timestamp"],
     "tokenizer": ["tokenizer/tokenizer.json", "tokenizer/stats.json"],
     "pretokenize": ["tokens/meta.json", "tokens/train.bin", "tokens/val.bin", "tokens/val_ids.txt"],
     "shard": ["shards/manifest.json", "shards/train-00000.bin", "shards/val-00000.bin"],
+    "eval_data": ["eval_data/eval_data.json", "eval_data/lm_eval_tasks/next_line.jsonl"],
     "smoke": ["smoke/report.json"],
     "plan": ["smoke/plan.md"],  # plan.json: written with its real keys below
     "train": [
@@ -151,7 +152,7 @@ def test_a_finished_run(workdir, capsys):
     code, out = kiln_status(workdir, capsys=capsys)
     assert code == 0
     assert re.search(r"^train\s+done\s+0m10s\s+step 200/200 loss 4.00 41.6k tok/s ckpt 200$", out, re.M)
-    assert out.rstrip().endswith(f"complete in 1m30s: {workdir / 'results' / 'tiny' / 'report.md'}")
+    assert out.rstrip().endswith(f"complete in 1m40s: {workdir / 'results' / 'tiny' / 'report.md'}")
     assert "slurm" not in out  # no empty Slurm column off a cluster
 
 
@@ -171,6 +172,7 @@ def test_train_mid_way_with_a_torn_metrics_line(workdir, capsys):
     assert out.rstrip().endswith(f"train running: step 120/200 loss 4.80 41.6k tok/s ETA {eta} ckpt 100")
     assert states(workdir) == dict.fromkeys(STAGES[:6], "done") | {
         "train": "running",
+        "eval_data": "pending",
         "eval": "pending",
         "report": "pending",
     }
@@ -290,7 +292,7 @@ def test_a_real_snakemake_job_sees_itself_running(workdir):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads((workdir / "seen.json").read_text())
-    assert [s["state"] for s in seen["stages"]] == ["done"] * 6 + ["running", "pending", "pending"]
+    assert [s["state"] for s in seen["stages"]] == ["done"] * 6 + ["running", "pending", "pending", "pending"]
     assert states(workdir)["train"] == "done"
 
 
@@ -304,7 +306,7 @@ def test_a_run_folder_of_an_older_kiln_still_reads(tmp_path, capsys):
             (run / rel).write_text("x")
         (run / "logs").mkdir(exist_ok=True)
         (run / "logs" / f"{stage}.log").write_text("done\n")
-    assert [s.state for s in status.inspect_run(tmp_path, run)] == ["done"] * 9
+    assert [s.state for s in status.inspect_run(tmp_path, run)] == ["done"] * 10
     code, out = kiln_status(tmp_path, capsys=capsys)
     assert code == 0 and "raw/, tokenizer/, tokens/, shards/ are data stages from an older Kiln" in out
     assert f"now live in {tmp_path / 'results' / 'data'}/" in out
@@ -324,3 +326,17 @@ def test_a_sweep_lists_its_arms(workdir, capsys):
     assert re.search(r"^  lr-a  complete in \S+: .*results/lr-a/report.md$", out, re.M)
     assert re.search(r"^  lr-b  stopped after shard; next: smoke$", out, re.M)
     assert "overlay report: not yet" in out
+
+
+def test_eval_data_failing_beside_training_shows_as_failed(workdir):
+    """eval_data needs only the data stages (kiln.layout.Stage.needs): its log without its outputs is a
+    failure while smoke and train have not finished, not a stage waiting its turn."""
+    run = workdir / "results" / "tiny"
+    for stage in STAGES[:4]:
+        finish(run, stage)
+    log = Path(paths_of(run).log("eval_data"))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("Traceback: disk full\n")
+    assert states(workdir) == dict.fromkeys(STAGES[:4], "done") | dict.fromkeys(STAGES[4:], "pending") | {
+        "eval_data": "failed"
+    }

@@ -23,6 +23,7 @@ from synthetic import TINY_MODEL, train_sections
 from kiln.data.pretokenize import pretokenize
 from kiln.data.raw import write_raw
 from kiln.data.shards import shard_split
+from kiln.errors import KilnError
 from kiln.eval.perplexity import range_loss, range_rows, source_ranges
 from kiln.eval.suite import BATCH, HeldOut, checkpoint_curve, kept_checkpoints, load_checkpoint
 from kiln.io import read_json, write_json
@@ -240,10 +241,12 @@ def test_checkpoint_curve_without_checkpoints_or_past_latest(run_dir, held_out, 
 
 
 def test_eval_of_a_run_trained_without_fim_skips_infilling_and_says_so(run_dir, tokenizer_path, tmp_path):
-    """The whole eval stage on the mixture run, whose pretokenize.fim.rate is 0: no infilling problem
-    is built or decoded, the metrics and the report say why, and the rest is measured as ever."""
+    """The whole eval stage, and the eval_data stage before it, on the mixture run, whose
+    pretokenize.fim.rate is 0: no infilling problem is built or decoded, the metrics and the report
+    say why, and the rest is measured as ever."""
 
     from kiln import config as kiln_config
+    from kiln.eval.prepared import DataPaths, EvalData, prepare
     from kiln.eval.suite import RunPaths, evaluate
     from kiln.report.run import _eval_tables
 
@@ -258,8 +261,13 @@ def test_eval_of_a_run_trained_without_fim_skips_infilling_and_says_so(run_dir, 
         "lm_eval": {"tasks": [], "max_docs": 2},
     }
     cfg = kiln_config.stage_sections("eval", tiny, eval=small)["eval"]
-    paths = RunPaths(run_dir / "train", run_dir / "shards", run_dir / "tokens", run_dir / "raw", tokenizer_path)
+    data = DataPaths(run_dir / "shards", run_dir / "tokens", run_dir / "raw", tokenizer_path)
+    prepare(data, cfg, SEED, None, tmp_path / "eval_data")
+    paths = RunPaths(run_dir / "train", run_dir / "shards", run_dir / "tokens", tokenizer_path, tmp_path / "eval_data")
+    with pytest.raises(KilnError, match=r"made for eval.max_batches 2, and this eval's is 3"):
+        evaluate(paths, {**cfg, "max_batches": 3}, SEED, tmp_path)
     metrics, samples = evaluate(paths, cfg, SEED, tmp_path)
+    assert EvalData.read(tmp_path / "eval_data", 2).unigram_val_loss == metrics["unigram_val_loss"]
     assert metrics["infill"] == {
         "not_run": "trained without FIM: none of the "
         f"{read_json(run_dir / 'tokens' / 'meta.json')['splits']['train']['docs']:,} train "

@@ -14,7 +14,7 @@ so runs (and sweep arms) with equal data sections use one copy, built once, and 
 settings differ gets its own folders: nothing built for one setting is ever handed to another.
 The stages that belong to one run sit under its folder:
 
-    results/<run>/smoke/  train/  eval/  report.md  loss.png  logs/  benchmarks/
+    results/<run>/smoke/  train/  eval_data/  eval/  report.md  loss.png  logs/  benchmarks/
     results/<run>/layout.json               where this run's data stages are (for kiln status)
 
 A sweep's arms are runs named <sweep>-<arm>; the sweep's overlay report is results/<sweep>/sweep.md
@@ -42,12 +42,18 @@ LAYOUT_FILE = "layout.json"
 KEY_CHARS = 12  # hex digits of sha256, 48 bits: a collision would take millions of distinct data settings
 
 
+# The eval_data stage's outputs (kiln.eval.prepared reads and writes them): its figures, and the
+# local lm-eval tasks' data files.
+EVAL_DATA, EVAL_TASK_DATA = "eval_data.json", "lm_eval_tasks"
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
     folder: str  # the stage's folder name ("" for the report: its files sit in the run folder)
     outputs: tuple[str, ...]  # declared outputs inside the folder; () when the folder itself is the output
     shared: bool  # built once per data key under results/data/, or per run
+    needs: tuple[str, ...] | None = None  # the stages whose outputs it reads; None: every stage before it
 
 
 STAGES = (
@@ -58,6 +64,14 @@ STAGES = (
     Stage("smoke", "smoke", ("report.json",), False),
     Stage("plan", "smoke", ("plan.json", "plan.md"), False),  # the smoke measurements priced, beside them
     Stage("train", "train", ("model.safetensors", "model_config.json", "summary.json", "hf"), False),
+    # eval's work on the data alone: it needs only the data stages, so it runs beside smoke and train
+    Stage(
+        "eval_data",
+        "eval_data",
+        (EVAL_DATA, EVAL_TASK_DATA),
+        False,
+        needs=("download", "tokenizer", "pretokenize", "shard"),
+    ),
     Stage("eval", "eval", ("metrics.json", "samples.json"), False),
     Stage("report", "", ("report.md", "loss.png"), False),
 )

@@ -51,7 +51,7 @@ from tiny import tiny_layout
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "configs" / "tiny.yaml"
 VENV_BIN = str(Path(sys.executable).parent)
-STAGES = {"download", "tokenizer", "pretokenize", "shard", "smoke", "plan", "train", "eval", "report"}
+STAGES = {"download", "tokenizer", "pretokenize", "shard", "eval_data", "smoke", "plan", "train", "eval", "report"}
 # One CPU thread per rank in both layouts (threads per rank = the job's threads / nproc_per_node):
 # fp32 sums run in another order with another thread count, and the curves are compared.
 ONE_NODE_TWO_RANKS = ("--config", "train={nproc_per_node: 2, micro_batch: 8}", "--set-threads", "smoke=2", "train=2")
@@ -61,7 +61,7 @@ SWEEP = "stdlib-lr-sweep"
 ARMS = [f"{SWEEP}-lr-0.002", f"{SWEEP}-lr-0.008", f"{SWEEP}-lr-0.02"]
 DATA_STAGES = ("download", "tokenizer", "pretokenize", "shard")
 DATA_FOLDERS = ("raw", "tokenizer", "tokens", "shards")  # kiln.layout: results/data/<folder>-<key>
-ARM_STAGES = ("smoke", "plan", "train", "eval", "report")
+ARM_STAGES = ("eval_data", "smoke", "plan", "train", "eval", "report")
 ONE_THREAD = ("--set-threads", "smoke=1", "train=1", "eval=1")
 NO_LM_EVAL = "eval={lm_eval: {tasks: []}}"  # lm-eval's set-up is most of a tiny eval; this is about the sweep
 LOG_EVERY = yaml.safe_load(TINY.read_text())["train"]["log_every"]

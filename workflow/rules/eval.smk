@@ -3,8 +3,9 @@ rule eval:
         model=rules.train.output.model,
         shards=upstream("shard"),
         tokens=upstream("pretokenize"),
-        raw=upstream("download"),
         tokenizer=upstream("tokenizer", "tokenizer.json"),
+        eval_data=rules.eval_data.output.data,
+        task_data=rules.eval_data.output.tasks,
     output:
         metrics=P.output("eval", "metrics.json"),
         samples=P.output("eval", "samples.json"),
@@ -13,6 +14,7 @@ rule eval:
         **stage_params("eval"),
         model_dir=lambda w, input: Path(input.model).parent,
         out=lambda w, output: Path(output.metrics).parent,
+        eval_data=lambda w, input: Path(input.eval_data).parent,
     threads: 64
     resources:
         **rank_resources(ranks=False),
@@ -24,5 +26,5 @@ rule eval:
         P.benchmark("eval")
     shell:
         "python {params.script} --params {params.tracked:q} --untracked {params.untracked:q} --model {params.model_dir} --shards {input.shards}"
-        " --tokens {input.tokens} --raw {input.raw} --tokenizer {input.tokenizer} --out {params.out}"
+        " --tokens {input.tokens} --tokenizer {input.tokenizer} --eval-data {params.eval_data} --out {params.out}"
         " > {log} 2>&1"

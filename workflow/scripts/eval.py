@@ -1,6 +1,7 @@
 """eval stage: held-out loss, perplexity and bits per byte (against a unigram baseline), completions
-of fixed prompts (eval.prompts, and train.samples' prompts from the final model), FIM infilling (single/multi-line, PSM/SPM; not for a model trained without FIM),
-lm-eval tasks and 13-gram contamination.
+of fixed prompts (eval.prompts, and train.samples' prompts from the final model), FIM infilling
+(single/multi-line, PSM/SPM; not for a model trained without FIM), lm-eval tasks, and the 13-gram
+contamination the eval_data stage measured (its folder: --eval-data).
 
 Writes eval/metrics.json and eval/samples.json (and lm-eval's local task files under eval/). The
 model runs where train ran (train.device): on a GPU under train.precision's autocast, else on the CPU
@@ -22,8 +23,8 @@ def main() -> None:
     parser.add_argument("--model", required=True, type=Path, help="train stage output folder")
     parser.add_argument("--shards", required=True, type=Path)
     parser.add_argument("--tokens", required=True, type=Path, help="pretokenize stage output folder")
-    parser.add_argument("--raw", required=True, type=Path, help="download stage output folder")
     parser.add_argument("--tokenizer", required=True, type=Path)
+    parser.add_argument("--eval-data", required=True, type=Path, help="eval_data stage output folder")
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/eval")
     args = parser.parse_args()
     cfg = stage_config(args, "eval")
@@ -33,7 +34,7 @@ def main() -> None:
     logging.getLogger("kiln.eval").info(
         "eval on %s (train.device %s, train.precision %s)", device, train["device"], train["precision"]
     )
-    paths = RunPaths(args.model, args.shards, args.tokens, args.raw, args.tokenizer)
+    paths = RunPaths(args.model, args.shards, args.tokens, args.tokenizer, args.eval_data)
     prompts = train["samples"]
     sampler = make_sampler(
         args.tokenizer,
@@ -43,9 +44,7 @@ def main() -> None:
         top_p=prompts["top_p"],
         seed=train["seed"],
     )
-    metrics, samples = evaluate(
-        paths, cfg["eval"], train["seed"], args.out, device, train["precision"], train.get("init_from"), sampler
-    )
+    metrics, samples = evaluate(paths, cfg["eval"], train["seed"], args.out, device, train["precision"], sampler)
     write_json(args.out / "samples.json", samples)
     write_json(args.out / "metrics.json", metrics)
     infill = metrics["infill"]

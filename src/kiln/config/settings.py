@@ -40,7 +40,9 @@ OUTPUT, RUN = "output", "run"
 # The stages in DAG order (kiln.layout owns where each writes); `plan` prices the smoke stage's
 # measurements (smoke/plan.json, plan.md), apart from what train reads, so a price reruns no training.
 DATA_STAGES = ("download", "tokenizer", "pretokenize", "shard")
-STAGES = (*DATA_STAGES, "smoke", "plan", "train", "eval", "report")
+# eval_data is eval's CPU work on the data alone (the unigram baseline, the held-out documents'
+# infilling problems and lm-eval task data, the contamination scan), run beside training.
+STAGES = (*DATA_STAGES, "smoke", "plan", "train", "eval_data", "eval", "report")
 
 
 @dataclass(frozen=True)
@@ -92,10 +94,12 @@ RANKS = _s(
 )
 TRAIN_RUN = _s(train=RUN)
 EVAL = _s(eval=OUTPUT)
+EVAL_DATA = _s("eval reads what eval_data made of it", eval_data=OUTPUT)
 
 SETTINGS: dict[str, Setting] = {
     "run_name": _s(
         "names results/<run_name>/: another name is another run",
+        eval_data=OUTPUT,
         smoke=OUTPUT,
         plan=OUTPUT,
         train=OUTPUT,
@@ -103,9 +107,11 @@ SETTINGS: dict[str, Setting] = {
         report=OUTPUT,
     ),
     "seed": _s(
-        "the data seed (split, FIM, tokenizer sample); also train.seed's default",
+        "the data seed (split, FIM, tokenizer sample, eval's infilling problems and task examples); also "
+        "train.seed's default",
         tokenizer=OUTPUT,
         pretokenize=OUTPUT,
+        eval_data=OUTPUT,
         report=OUTPUT,
     ),
     "download.sources": _s("the report names them", download=OUTPUT, report=OUTPUT),
@@ -183,7 +189,7 @@ SETTINGS: dict[str, Setting] = {
     "train.batch_tokens": STEP,
     "train.max_steps": _s(plan=OUTPUT, train=OUTPUT, report=OUTPUT),
     "train.budget": _s(plan=OUTPUT, train=OUTPUT, report=OUTPUT),
-    "train.init_from": _s("also whether eval tests infilling", smoke=OUTPUT, train=OUTPUT, eval=OUTPUT),
+    "train.init_from": _s("also whether eval tests infilling", smoke=OUTPUT, train=OUTPUT, eval_data=OUTPUT),
     "train.seed": _s(
         "the model seed: initial weights, data order, samples (null: seed)",
         smoke=OUTPUT,
@@ -232,16 +238,16 @@ SETTINGS: dict[str, Setting] = {
     "train.nonfinite.max_skips": TRAIN_RUN,
     "train.spike_factor": _s("a spike is logged, not acted on", train=RUN),
     "eval.reference": _s("a figure beside the run's", report=OUTPUT),
-    "eval.max_batches": EVAL,
+    "eval.max_batches": _s("the unigram baseline reads the same batches", eval_data=OUTPUT, eval=OUTPUT),
     "eval.prompts": EVAL,
     "eval.max_new_tokens": EVAL,
     "eval.temperature": EVAL,
     "eval.top_k": EVAL,
     "eval.top_p": EVAL,
-    "eval.infill_docs": EVAL,
-    "eval.lm_eval.tasks": EVAL,
+    "eval.infill_docs": EVAL_DATA,
+    "eval.lm_eval.tasks": _s("eval_data scans the local ones for contamination", eval_data=OUTPUT, eval=OUTPUT),
     "eval.lm_eval.limit": EVAL,
-    "eval.lm_eval.max_docs": EVAL,
+    "eval.lm_eval.max_docs": EVAL_DATA,
     "wandb.mode": _s("where the metrics are also sent", train=RUN),
     "wandb.project": TRAIN_RUN,
 }

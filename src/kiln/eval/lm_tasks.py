@@ -1,7 +1,8 @@
 """Local lm-eval tasks built from a run's held-out documents, and the call that runs lm-eval.
 
 The task definitions ship in kiln/eval/tasks/*.yaml; their data files are written per run from the
-validation split (which training never sees), with the files' folder filled into the YAML, so the
+validation split (which training never sees; the eval_data stage), with the files' folder filled
+into the YAML where lm-eval runs (the eval stage), so the
 same tasks run offline on any corpus, code or prose; they are named for what they measure:
 - kiln_heldout_perplexity: whole held-out documents of the run's own corpus, rolling loglikelihood
   (bits per byte, perplexity);
@@ -67,8 +68,9 @@ def _next_line_example(doc: Document, seed: int, tokenizer: Tokenizer) -> dict |
     return {"id": doc.id, "context": text[:cut], "target": text[cut:]}
 
 
-def write_local_tasks(docs: list[Document], out_dir: Path, seed: int, max_docs: int, tokenizer: Tokenizer) -> Path:
-    """Write the task YAMLs and their data files under out_dir; return the folder for include_path."""
+def write_task_data(docs: list[Document], out_dir: Path, seed: int, max_docs: int, tokenizer: Tokenizer) -> Path:
+    """The local tasks' data files, from up to max_docs of the held-out documents, into out_dir (the
+    eval_data stage's: made once, on the CPU). Returns out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
     chosen = sorted(docs, key=lambda d: stable_hash(seed, "lm-eval", d.id))[:max_docs]
     with open(out_dir / "heldout_documents.jsonl", "w", encoding="utf-8") as f:
@@ -78,18 +80,26 @@ def write_local_tasks(docs: list[Document], out_dir: Path, seed: int, max_docs: 
         for doc in chosen:
             if (example := _next_line_example(doc, seed, tokenizer)) is not None:
                 f.write(json.dumps(example) + "\n")
-    for name in LOCAL_TASKS:
-        template = (TASKS_DIR / f"{name}.yaml").read_text(encoding="utf-8")
-        (out_dir / f"{name}.yaml").write_text(template.replace("{data_dir}", str(out_dir.resolve())), encoding="utf-8")
     return out_dir
 
 
-def local_task_texts(tasks_dir: Path) -> dict[str, list[str]]:
-    """The text of every example of each local task written by write_local_tasks (what the model is
+def write_task_configs(data_dir: Path, out_dir: Path) -> Path:
+    """The local tasks' YAMLs under out_dir, each naming data_dir's files (written by
+    write_task_data) by absolute path, as lm-eval's include_path needs; returns out_dir. Written where
+    lm-eval runs, so they name the data where it is now."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in LOCAL_TASKS:
+        template = (TASKS_DIR / f"{name}.yaml").read_text(encoding="utf-8")
+        (out_dir / f"{name}.yaml").write_text(template.replace("{data_dir}", str(data_dir.resolve())), encoding="utf-8")
+    return out_dir
+
+
+def local_task_texts(data_dir: Path) -> dict[str, list[str]]:
+    """The text of every example of each local task written by write_task_data (what the model is
     shown and scored on), for the contamination check."""
 
     def rows(name: str) -> list[dict]:
-        return [json.loads(line) for line in (tasks_dir / name).read_text(encoding="utf-8").splitlines() if line]
+        return [json.loads(line) for line in (data_dir / name).read_text(encoding="utf-8").splitlines() if line]
 
     return {
         "kiln_heldout_perplexity": [r["text"] for r in rows("heldout_documents.jsonl")],

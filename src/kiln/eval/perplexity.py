@@ -22,6 +22,8 @@ from kiln.data.loader import ShardRows, eval_batches
 from kiln.errors import KilnError
 from kiln.eval.stream import CHUNK, TokenFile
 
+BATCH = 16  # held-out rows a batch: the model's val loss and the unigram baseline read the same batches
+
 
 @torch.no_grad()
 def batches_loss(model: torch.nn.Module, batches: Iterable[torch.Tensor]) -> tuple[float, int]:

@@ -10,9 +10,10 @@
 - lm-eval tasks through the "kiln" model (local ones built from the held-out split);
 - 13-gram contamination of each eval set against the training tokens.
 
-Nothing here holds the train split in memory: the unigram counts and the contamination check each
-stream it once, a piece at a time (kiln.eval.stream), so the stage's memory is the model's, the
-held-out data's and the vocabulary's, at 10M train tokens as at 20B (bench/eval_memory.py).
+What needs only the data (the unigram baseline, the infilling problems, the local tasks' data, the
+contamination scan) was made by the eval_data stage on a CPU beside training (kiln.eval.prepared);
+this stage reads it and runs the model, so a GPU job spends its time on the model. Nothing here
+reads the train split: the stage's memory is the model's, the held-out data's and the vocabulary's.
 
 The model runs on the device train.device names (kiln.train.device.select_device): on a GPU under
 train's bf16 autocast, on the CPU in fp32 as always (kiln.train.device.eval_autocast). Each model
@@ -32,13 +33,11 @@ import torch
 
 from kiln.config.models import ModelConfig
 from kiln.data.loader import ShardRows
-from kiln.data.sources import read_documents
 from kiln.data.tokenizer import load_tokenizer
-from kiln.eval import contamination
-from kiln.eval.infill import make_problems, not_run_reason, run_infill
-from kiln.eval.lm_tasks import LOCAL_TASKS, current_names, local_task_texts, run_lm_eval, write_local_tasks
-from kiln.eval.perplexity import bits_per_byte, range_loss, source_ranges, unigram_loss, val_rows_loss
-from kiln.eval.stream import TokenFile
+from kiln.eval.infill import run_infill
+from kiln.eval.lm_tasks import LOCAL_TASKS, current_names, run_lm_eval, write_task_configs
+from kiln.eval.perplexity import BATCH, bits_per_byte, range_loss, source_ranges, val_rows_loss
+from kiln.eval.prepared import EvalData
 from kiln.generate.decode import describe
 from kiln.generate.healing import complete
 from kiln.io import read_json
@@ -48,7 +47,6 @@ from kiln.train.device import eval_autocast
 from kiln.train.trainer import Sampler
 
 log = logging.getLogger("kiln.eval")
-BATCH = 16
 CPU = torch.device("cpu")
 
 
@@ -56,9 +54,9 @@ CPU = torch.device("cpu")
 class RunPaths:
     model: Path  # train stage folder (model_config.json, model.safetensors)
     shards: Path
-    tokens: Path
-    raw: Path
+    tokens: Path  # meta.json and val.bin (the per-source losses)
     tokenizer: Path
+    eval_data: Path  # the eval_data stage's folder (kiln.eval.prepared)
 
 
 def completions(model, tokenizer, cfg: dict, seed: int) -> list[dict]:
@@ -201,18 +199,11 @@ def checkpoint_curve(model_dir: Path, held_out: HeldOut, final: dict, device: to
 
 
 def _lm_eval(
-    paths: RunPaths,
-    cfg: dict,
-    tasks: list[str],
-    val_docs,
-    tokenizer,
-    tasks_dir: Path,
-    seed: int,
-    device: torch.device,
-    precision: str,
+    paths: RunPaths, cfg: dict, tasks: list[str], data: EvalData, tasks_dir: Path, device: torch.device, precision: str
 ) -> dict:
-    """lm-eval results by task; tasks that cannot be loaded (a hub task offline) are reported, not fatal."""
-    write_local_tasks(val_docs, tasks_dir, seed, cfg["max_docs"], tokenizer)
+    """lm-eval results by task; tasks that cannot be loaded (a hub task offline) are reported, not fatal.
+    The local tasks' YAMLs go in tasks_dir, naming the eval_data stage's files."""
+    write_task_configs(data.task_data, tasks_dir)
     model_args = {
         "pretrained": str(paths.model),
         "tokenizer": str(paths.tokenizer),
@@ -246,15 +237,13 @@ def evaluate(
     work_dir: Path,
     device: torch.device = CPU,
     precision: str = "fp32",
-    init_from: dict | None = None,
     sampler: Sampler | None = None,
 ) -> tuple[dict, dict]:
     """(metrics, samples) for the run, the model on `device` with train.precision's autocast there
-    (eval_autocast); lm-eval's task files go under work_dir. init_from: train.init_from (whether the
-    model may have seen FIM before this run's data). sampler: train.samples' prompts, completed by
-    the final model here, so changing them shows new completions without training again."""
+    (eval_autocast); lm-eval's task files go under work_dir. sampler: train.samples' prompts,
+    completed by the final model here, so changing them shows new completions without training again."""
     with eval_autocast(device, precision)():
-        return _evaluate(paths, cfg, seed, work_dir, device, precision, init_from, sampler)
+        return _evaluate(paths, cfg, seed, work_dir, device, precision, sampler)
 
 
 def _evaluate(
@@ -264,14 +253,13 @@ def _evaluate(
     work_dir: Path,
     device: torch.device,
     precision: str,
-    init_from: dict | None,
     sampler: Sampler | None,
 ) -> tuple[dict, dict]:
     torch.manual_seed(seed)
     model, tokenizer = load_model(paths.model, device), load_tokenizer(paths.tokenizer)
     meta = read_json(paths.tokens / "meta.json")
+    data = EvalData.read(paths.eval_data, cfg["max_batches"])
     held_out = HeldOut.open(paths.shards, paths.tokens, meta, cfg["max_batches"])
-    val_rows = held_out.rows
     log.info("held-out loss on up to %d batches", cfg["max_batches"])
     overall = held_out.overall(model)
     loss, n_tokens = overall["val_loss"], overall["val_tokens_evaluated"]
@@ -289,38 +277,19 @@ def _evaluate(
     if len(held_out.ranges) > 1:
         final["by_source"] = {s: {"loss": m["loss"], "bits_per_byte": m["bits_per_byte"]} for s, m in by_source.items()}
     curve = checkpoint_curve(paths.model, held_out, final, device)
-    train = TokenFile(paths.tokens / "train.bin", meta["dtype"])
-    log.info("unigram baseline: counting %d training tokens", len(train))
-    unigram = unigram_loss(train, val_rows, meta["padded_vocab_size"], BATCH, cfg["max_batches"])
     val = meta["splits"]["val"]
-    val_ids = set((paths.tokens / "val_ids.txt").read_text(encoding="utf-8").split("\n"))
-    val_docs = [d for d in read_documents(paths.raw, read_json(paths.raw / "manifest.json")) if d.id in val_ids]
 
-    skip_infill = not_run_reason(meta, tokenizer, init_from)
-    if skip_infill:
-        log.info("infilling not run: %s", skip_infill)
-        problems, infill = [], {"scores": {"not_run": skip_infill}, "examples": []}
+    if data.infill_not_run:
+        log.info("infilling not run: %s", data.infill_not_run)
+        infill = {"scores": {"not_run": data.infill_not_run}, "examples": []}
     else:
-        log.info("infilling on %d held-out documents", cfg["infill_docs"])
-        problems = make_problems(val_docs, cfg["infill_docs"], seed)
-        infill = run_infill(model, tokenizer, problems)
+        log.info("infilling: %d problems", len(data.infill_problems))
+        infill = run_infill(model, tokenizer, list(data.infill_problems))
     tasks = current_names(cfg["lm_eval"]["tasks"])
     log.info("lm-eval tasks: %s", ", ".join(tasks))
     release_cast_weights()  # the final model's, before lm-eval loads its own copy of it
-    harness = _lm_eval(
-        paths, cfg["lm_eval"], tasks, val_docs, tokenizer, work_dir / "lm_eval_tasks", seed, device, precision
-    )
+    harness = _lm_eval(paths, cfg["lm_eval"], tasks, data, work_dir / "lm_eval_tasks", device, precision)
     release_cast_weights()  # lm-eval's model's
-
-    log.info("13-gram contamination against %d training tokens", len(train))
-    encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
-    sets = {"val_documents": [encode(d.text) for d in val_docs]}
-    if not skip_infill:
-        sets["infill_problems"] = [encode(p.prefix[-2000:] + p.middle + p.suffix[:2000]) for p in problems]
-    for task, texts in local_task_texts(work_dir / "lm_eval_tasks").items():
-        if task in tasks:
-            sets[f"lm_eval {task}"] = [encode(t) for t in texts]
-    contaminated = contamination.overlaps(train, sets)
     metrics = {
         "val_loss": loss,
         "val_perplexity": math.exp(loss),
@@ -328,11 +297,11 @@ def _evaluate(
         "val_tokens_evaluated": n_tokens,
         "val_by_source": by_source,
         "checkpoints": curve,
-        "unigram_val_loss": unigram,
-        "unigram_bits_per_byte": bits_per_byte(unigram, val["tokens"], val["bytes"]),
+        "unigram_val_loss": data.unigram_val_loss,
+        "unigram_bits_per_byte": bits_per_byte(data.unigram_val_loss, val["tokens"], val["bytes"]),
         "infill": infill["scores"],
         "lm_eval": harness,
-        "contamination": contaminated,
+        "contamination": data.contamination,
         "n_params": sum(p.numel() for p in model.parameters()),
     }
     samples = {

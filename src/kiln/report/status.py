@@ -194,9 +194,9 @@ def inspect_run(workdir: Path, run_dir: Path) -> list[StageStatus]:
     locks = list((workdir / ".snakemake" / "locks").glob("*.lock"))
     locked_since = min((t for p in locks if (t := mtime(p))), default=None)
     stages: list[StageStatus] = []
-    for name in (stage.name for stage in kiln_layout.STAGES):  # a chain: each stage needs every one before it
-        upstream_done = all(s.state == "done" for s in stages)
-        stages.append(inspect_stage(workdir, paths, name, upstream_done, locked_since))
+    for stage in kiln_layout.STAGES:  # a chain: each stage needs every one before it, or those it names
+        upstream_done = all(s.state == "done" for s in stages if stage.needs is None or s.name in stage.needs)
+        stages.append(inspect_stage(workdir, paths, stage.name, upstream_done, locked_since))
     return stages
 
 
