@@ -53,11 +53,22 @@ def test_a_budget_too_small_for_the_warmup_names_both_keys():
         budget_steps(replace(TRAIN, budget=Budget.of({"minutes": 0.5})), TIMES, world=1, price_per_gpu_hour=None)
 
 
-def test_train_plan_reads_steps_and_precision_and_refuses_an_old_plan():
-    assert TrainPlan.of({"max_steps": 738, "precision": "fp32", "eta_s": 1.0}) == TrainPlan(738, "fp32")
+def test_train_plan_reads_steps_precision_micro_batch_and_checkpointing_and_refuses_an_old_plan():
+    probe = {"max_steps": 738, "precision": "fp32", "micro_batch": 4, "activation_checkpointing": "selective"}
+    plan = TrainPlan.of(probe | {"eta_s": 1.0})
+    assert plan == TrainPlan(738, "fp32", 4, "selective")
+    # what train runs: auto's picks made concrete, every other setting as configured
+    assert plan.applied(
+        {"precision": "auto", "micro_batch": "auto", "activation_checkpointing": "auto", "lr": 0.1}
+    ) == {
+        "precision": "fp32",
+        "micro_batch": 4,
+        "activation_checkpointing": "selective",
+        "lr": 0.1,
+    }
     assert TrainPlan.of({"unavailable": "the probe did not run"}) is None
-    with pytest.raises(KilnError, match=r"report.json: no precision.*rerun the smoke stage"):
-        TrainPlan.of({"max_steps": 738}, "report.json")
+    with pytest.raises(KilnError, match=r"report.json: no micro_batch or activation_checkpointing.*rerun the smoke"):
+        TrainPlan.of({"max_steps": 738, "precision": "fp32"}, "report.json")
 
 
 def minimal(train: dict, smoke: dict | None = None) -> dict:

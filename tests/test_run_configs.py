@@ -292,6 +292,9 @@ def test_seed_002s_exercises_as_shipped():
     ladder = sweeps["fineweb-edu-ladder.yaml"]
     assert sorted(round(p["n_params"] / 1e6) for p in ladder.values()) == [124, 355, 774]
     assert all(p["memory"]["fits"] for p in ladder.values())  # every rung fits an H100 as configured
+    # the larger rungs' micro-batch and checkpointing are auto: picked for plan.gpu, and said so
+    picks = {run[len("fineweb-edu-ladder-") :]: p["memory"].get("auto", "") for run, p in ladder.items()}
+    assert picks["124m"] == "" and all(picks[r].startswith("auto: micro-batch ") for r in ("350m", "774m"))
 
 
 def rule_params(result: subprocess.CompletedProcess, rule: str) -> list[dict]:

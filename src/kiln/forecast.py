@@ -23,6 +23,7 @@ from kiln.config.sections import SmokeSection, TrainSection
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import padded_vocab_size
 from kiln.errors import KilnError
+from kiln.plan import autofit
 from kiln.plan.memory import fit_report, optimizer_state_bytes, setting_of
 from kiln.plan.peaks import GPUS, gpu_of
 from kiln.plan.steps import StageTimes, build_plan
@@ -84,6 +85,8 @@ def predict(cfg: dict) -> dict:
         )
     peak = gpu.tflops * 1e12
     model = model_config(cfg["model"], vocab_size=model_vocab(cfg["tokenizer"]), seq_len=cfg["shard"]["seq_len"])
+    # micro_batch / activation_checkpointing auto: what the smoke stage would pick on plan.gpu
+    train, picked = autofit.resolve(train, model, train.ranks, gpu.memory_gib, cuda=True)
     batch = split_batch(train.batch_tokens, train.micro_batch, cfg["shard"]["seq_len"], train.ranks)
     tokens_per_s = expect["mfu"] * peak * batch.world / model.flops_per_token()
     n_params = model.num_params(non_embedding=False)
@@ -106,7 +109,7 @@ def predict(cfg: dict) -> dict:
         model, setting_of(train, world=batch.world, grad_accum=batch.grad_accum), gpu.fragment, gpu.memory_gib
     )
     return plan | {
-        "memory": memory,
+        "memory": memory | ({"auto": picked} if picked else {}),
         "predicted_from": {
             "gpu": expect["gpu"],
             "peak_tflops": peak / 1e12,

@@ -53,8 +53,8 @@ def main() -> None:
     if smoke is not None and smoke.measurements is not None:  # the plan stage's figures, less its prints
         price = SmokeSection.of(cfg["smoke"]).price_per_gpu_hour
         plan = TrainPlan.of(smoke.measurements.plan(TrainSection.of(cfg["train"]), price), str(args.smoke))
-    if plan is not None:
-        cfg = {**cfg, "train": {**cfg["train"], "precision": plan.precision}}
+    if plan is not None:  # the probe's precision, micro-batch and checkpointing (auto's picks)
+        cfg = {**cfg, "train": plan.applied(cfg["train"])}
     elif cfg["train"]["max_steps"] is None:
         raise KilnError("train.budget: train needs the smoke stage's measurements (--smoke) to know its steps")
     samples = cfg["train"]["samples"]

@@ -86,11 +86,14 @@ def _derived(cfg: dict) -> list[str]:
             f"({BYTE_ALPHABET} byte symbols + {len(SPECIAL_TOKENS)} special tokens)"
         )
     train = cfg["train"]
-    try:
-        world = train["nproc_per_node"] * train["nnodes"]
-        split_batch(train["batch_tokens"], train["micro_batch"], cfg["shard"]["seq_len"], world)
-    except KilnError as exc:
-        problems.append(str(exc))
+    world = train["nproc_per_node"] * train["nnodes"]
+    if train["micro_batch"] == "auto":  # picked by the smoke stage (kiln.plan.autofit): a divisor of a rank's rows
+        problems += check_auto_micro_batch(train["batch_tokens"], cfg["shard"]["seq_len"], world)
+    else:
+        try:
+            split_batch(train["batch_tokens"], train["micro_batch"], cfg["shard"]["seq_len"], world)
+        except KilnError as exc:
+            problems.append(str(exc))
     every, period = train["keep_checkpoint_every"], train["checkpoint_every"]
     if every % period:
         problems.append(
@@ -98,3 +101,16 @@ def _derived(cfg: dict) -> list[str]:
             f"so no checkpoint would fall on it (e.g. {max(1, every // period) * period})"
         )
     return problems
+
+
+def check_auto_micro_batch(batch_tokens: int | None, seq_len: int, world: int) -> list[str]:
+    """train.micro_batch: auto divides each rank's rows per step, so the global batch must be given in
+    whole rows per rank."""
+    if batch_tokens is None:
+        return ["train.micro_batch: auto needs train.batch_tokens: the global batch the micro-batch divides"]
+    if batch_tokens % (world * seq_len):
+        return [
+            f"train.batch_tokens: {batch_tokens} is not a multiple of {world} ranks x shard.seq_len {seq_len}, "
+            "so train.micro_batch: auto has no whole number of rows per rank to divide"
+        ]
+    return []

@@ -142,7 +142,7 @@ class TrainSection(Section):
     parallel: str
     collective_timeout_s: float
     first_step_timeout_s: float
-    micro_batch: int
+    micro_batch: int | str  # "auto" until the smoke stage picks it (kiln.plan.autofit)
     seed: int
     batch_tokens: int | None
     max_steps: int | None

@@ -223,6 +223,8 @@ class TrainPlan:
 
     max_steps: int
     precision: str
+    micro_batch: int  # what the probe ran and timed (train.micro_batch, or auto's pick)
+    activation_checkpointing: str  # likewise
     budget: BudgetPlan | None = None
 
     @classmethod
@@ -231,7 +233,23 @@ class TrainPlan:
         did not run (a gate turned off over a failure)."""
         if "unavailable" in data:
             return None
-        missing = [key for key in ("max_steps", "precision") if key not in data]
+        keys = ("max_steps", "precision", "micro_batch", "activation_checkpointing")
+        missing = [key for key in keys if key not in data]
         if missing:
             raise KilnError(f"{where}: no {' or '.join(missing)}: written by an older kiln; rerun the smoke stage")
-        return cls(int(data["max_steps"]), str(data["precision"]), BudgetPlan.of(data))
+        return cls(
+            int(data["max_steps"]),
+            str(data["precision"]),
+            int(data["micro_batch"]),
+            str(data["activation_checkpointing"]),
+            BudgetPlan.of(data),
+        )
+
+    def applied(self, train: dict) -> dict:
+        """The validated train section `train` running this plan: the probe's precision, micro-batch
+        and activation checkpointing (auto's picks made concrete; the same values otherwise)."""
+        return train | {
+            "precision": self.precision,
+            "micro_batch": self.micro_batch,
+            "activation_checkpointing": self.activation_checkpointing,
+        }

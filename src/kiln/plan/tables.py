@@ -133,4 +133,4 @@ def memory_rows(memory: dict) -> list[tuple[str, str]]:
             f"{parts}; {memory['assumes']}",
         ),
         (f"fits on {gpu}?", verdict),
-    ]
+    ] + ([("train.micro_batch / activation_checkpointing", memory["auto"])] if memory.get("auto") else [])

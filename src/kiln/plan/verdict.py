@@ -76,6 +76,7 @@ class Measurements:
     precision: str  # what the probe ran: train.precision, or auto's pick
     precision_tokens_per_s: dict[str, float] = field(default_factory=dict)  # auto's candidates, timed
     checkpoint_written_bytes: int = 0  # on disk, the checkpoint timed for times.checkpoint_s (0: an older report)
+    activation_checkpointing: str = "none"  # what the probe ran: train's, or auto's pick (an older report: none)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Measurements:
@@ -93,7 +94,8 @@ class Measurements:
 
     def plan(self, train: TrainSection, price_per_gpu_hour: float | None) -> dict:
         """smoke/plan.json: the full run's plan at the measured speed and stage times (build_plan,
-        which `kiln plan` calls with its assumed ones), and the precision the probe ran."""
+        which `kiln plan` calls with its assumed ones), and the precision, micro-batch and activation
+        checkpointing the probe ran (auto's picks among them), which train runs."""
         return build_plan(
             train,
             price_per_gpu_hour,
@@ -104,7 +106,11 @@ class Measurements:
             train_tokens=self.train_tokens,
             checkpoint_bytes=self.checkpoint_bytes,
             model_bytes=self.model_bytes,
-        ) | {"precision": self.precision, "precision_tokens_per_s": self.precision_tokens_per_s}
+        ) | {
+            "precision": self.precision,
+            "precision_tokens_per_s": self.precision_tokens_per_s,
+            "activation_checkpointing": self.activation_checkpointing,
+        }
 
 
 class Gate(enum.Enum):

@@ -12,10 +12,15 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
 
 import torch
 
+from kiln.config.models import ModelConfig
+from kiln.config.sections import TrainSection
 from kiln.errors import KilnError
+from kiln.plan import autofit
+from kiln.plan.memory import GIB
 
 log = logging.getLogger("kiln.train")
 DEVICES = ("auto", "cuda", "cpu")  # train.device
@@ -95,6 +100,30 @@ def use_compile(setting: bool | str, device: torch.device) -> bool:
     """train.compile: true, false or "auto" (on for CUDA, where it pays back its compile time within
     minutes; off on CPU, where a short run would spend much of its time compiling)."""
     return device.type == "cuda" if setting == "auto" else bool(setting)
+
+
+def memory_gib(device: torch.device, ranks_here: int) -> float:
+    """The memory one rank may plan for: its GPU's, or on a CPU its share of the host's."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / GIB
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB / ranks_here
+
+
+def fit_auto(train: TrainSection, model: ModelConfig, world: int, device: torch.device) -> TrainSection:
+    """train with micro_batch and activation_checkpointing concrete: auto's pick on this device
+    (kiln.plan.autofit, logged), or as given."""
+    picked, why = autofit.resolve(
+        train,
+        model,
+        world,
+        memory_gib(device, train.nproc_per_node),
+        cuda=device.type == "cuda",
+        bf16=use_bf16(train.precision, device),
+        compiled=use_compile(train.compile, device),
+    )
+    if why is not None and os.environ.get("RANK", "0") == "0":
+        log.info("train.micro_batch / activation_checkpointing %s", why)
+    return picked
 
 
 def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -210,6 +210,10 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
     out_dir.mkdir(parents=True, exist_ok=True)
     oom.clear(out_dir, rank)  # an earlier attempt's record of an OOM
     oom.watch(out_dir, world)  # another rank's OOM ends this one with the same check (kiln.train.oom)
+    # train.micro_batch / activation_checkpointing auto: picked here for this GPU, so the probe times the
+    # pick, and the plan hands it to train (kiln.plan.autofit)
+    model = model_config(sections["model"], manifest["padded_vocab_size"], manifest["seq_len"])
+    train = device.fit_auto(train, model, world, device.select_device(train.device))
     memory = _estimate_note(
         estimate_for(sections["model"], train, manifest, world),
         device.select_device(train.device).type == "cuda",
@@ -346,6 +350,7 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         world=trainer.dist.world,
         precision=precision,
         precision_tokens_per_s=candidates,
+        activation_checkpointing=probe_train.activation_checkpointing,
         times=asdict(
             StageTimes(
                 step_s=measured.step_time_s, startup_s=startup_s, validation_s=validation_s, checkpoint_s=checkpoint_s

@@ -103,6 +103,9 @@ class Trainer:
         self.rows, self.val_rows = ShardRows(shard_dir, "train"), ShardRows(shard_dir, "val")
         manifest = self.rows.manifest
         self.model_config = model_config(sections["model"], manifest["padded_vocab_size"], manifest["seq_len"])
+        # train.micro_batch / activation_checkpointing auto: picked for this device (the smoke stage
+        # picked them already, and train runs its pick: kiln.plan.steps.TrainPlan)
+        self.train = train = device.fit_auto(train, self.model_config, self.dist.world, self.dist.device)
         self.tokens_per_byte = {split: tokens_per_byte(manifest, split) for split in ("train", "val")}
         self.batch_split = split_batch(
             train.batch_tokens, train.micro_batch, self.model_config.seq_len, self.dist.world
