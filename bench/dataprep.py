@@ -32,6 +32,7 @@ import numpy as np
 import yaml
 
 from kiln import config as kiln_config
+from kiln.config.run_config import DownloadSection, RunConfig, ShardSection
 from kiln.data.encoders import tiktoken_encoding
 from kiln.data.pretokenize import SPLITS, pretokenize
 from kiln.data.raw import write_raw
@@ -50,13 +51,13 @@ QUICK_CONFIG = {
 }
 
 
-def kiln_pretokenize(raw: Path, tokenizer: Path, tokens: Path, cfg: dict, workers: int) -> dict:
+def kiln_pretokenize(raw: Path, tokenizer: Path, tokens: Path, run: RunConfig, workers: int) -> dict:
     """The pretokenize stage as the DAG runs it (minus process start-up)."""
     tokens.mkdir(parents=True)
-    return pretokenize(raw, tokenizer, tokens, cfg["seed"], cfg["pretokenize"], workers)
+    return pretokenize(raw, tokenizer, tokens, run.seed, run.pretokenize, workers)
 
 
-def kiln_shard(tokens: Path, shards: Path, cfg: dict, meta: dict) -> None:
+def kiln_shard(tokens: Path, shards: Path, shard: ShardSection, meta: dict) -> None:
     """The shard stage as the DAG runs it (minus process start-up)."""
     shards.mkdir(parents=True)
     for split in SPLITS:
@@ -64,8 +65,8 @@ def kiln_shard(tokens: Path, shards: Path, cfg: dict, meta: dict) -> None:
             np.memmap(tokens / f"{split}.bin", dtype=meta["dtype"], mode="r"),
             shards,
             split,
-            cfg["shard"]["seq_len"] + 1,
-            cfg["shard"]["rows_per_shard"],
+            shard.seq_len + 1,
+            shard.rows_per_shard,
             meta["padded_vocab_size"],
         )
 
@@ -129,8 +130,8 @@ def peak_rss_mb(raw: Path, tokenizer: Path, config: Path, workers: int, scratch:
     code = (
         "import resource, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]);"
         "import dataprep; from kiln import config as kiln_config;"
-        "dataprep.kiln_pretokenize(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), kiln_config.load(sys.argv[5]),"
-        " int(sys.argv[6]));"
+        "dataprep.kiln_pretokenize(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]),"
+        " kiln_config.RunConfig.of(kiln_config.load(sys.argv[5])), int(sys.argv[6]));"
         "print(dataprep.vm_hwm_mb(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)"
     )
     shutil.rmtree(scratch, ignore_errors=True)
@@ -158,15 +159,17 @@ def peak_rss_mb(raw: Path, tokenizer: Path, config: Path, workers: int, scratch:
 def _local_raw(jsonl: Path, out: Path) -> Path:
     """A download stage output holding the documents of one jsonl file."""
     write_raw(
-        {
-            "sources": [{"name": "corpus", "kind": "local", "paths": [str(jsonl)], "text_column": "text"}],
-            "rows_per_part": 500,
-            "dedup": True,
-            "min_doc_bytes": 1,
-            "invalid_utf8": "skip",
-            "retries": 0,
-            "retry_backoff_s": 0,
-        },
+        DownloadSection.of(
+            {
+                "sources": [{"name": "corpus", "kind": "local", "paths": [str(jsonl)], "text_column": "text"}],
+                "rows_per_part": 500,
+                "dedup": True,
+                "min_doc_bytes": 1,
+                "invalid_utf8": "skip",
+                "retries": 0,
+                "retry_backoff_s": 0,
+            }
+        ),
         out,
     )
     jsonl.unlink()
@@ -215,19 +218,19 @@ def main() -> None:
         tiny = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
         args.config, args.big_doc_mb = scratch / "quick.yaml", 1
         args.config.write_text(yaml.safe_dump(tiny | QUICK_CONFIG), encoding="utf-8")
-    cfg = kiln_config.load(args.config)
+    run = RunConfig.of(kiln_config.load(args.config))
     try:
         raw = args.raw or scratch / "raw"
         if args.raw is None:
-            write_raw(cfg["download"], raw)
+            write_raw(run.download, raw)
         tok_path = args.tokenizer or scratch / "tokenizer.json"
         if args.tokenizer is None:
-            build_tokenizer(raw, cfg["tokenizer"], cfg["seed"])[0].save(str(tok_path))
+            build_tokenizer(raw, run.tokenizer, run.seed)[0].save(str(tok_path))
         tokenizer = load_tokenizer(tok_path)
         encoding = tiktoken_encoding(tokenizer)
         texts = [d.text for d in read_documents(raw, read_json(raw / "manifest.json"))]
         corpus_mb = sum(len(t.encode("utf-8")) for t in texts) / 2**20
-        eos, chunk = tokenizer.token_to_id(EOS), cfg["shard"]["seq_len"] + 1
+        eos, chunk = tokenizer.token_to_id(EOS), run.shard.seq_len + 1
         print(
             f"corpus: {len(texts)} documents, {corpus_mb:.1f} MiB; vocabulary {tokenizer.get_vocab_size()}; "
             f"{args.workers} workers; {os.cpu_count()} cores"
@@ -237,8 +240,8 @@ def main() -> None:
 
         def run_kiln():
             shutil.rmtree(scratch / "kiln", ignore_errors=True)
-            meta = kiln_pretokenize(raw, tok_path, scratch / "kiln" / "tokens", cfg, args.workers)
-            kiln_shard(scratch / "kiln" / "tokens", scratch / "kiln" / "shards", cfg, meta)
+            meta = kiln_pretokenize(raw, tok_path, scratch / "kiln" / "tokens", run, args.workers)
+            kiln_shard(scratch / "kiln" / "tokens", scratch / "kiln" / "shards", run.shard, meta)
 
         def run_seeds(name, encode):
             def go():

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kiln import config as kiln_config
 from kiln.config.models import model_config
-from kiln.config.sections import TrainSection
+from kiln.config.run_config import RunConfig
 from kiln.forecast import model_vocab
 from kiln.plan.memory import GIB, Setting, estimate, fit_report, setting_of
 from kiln.plan.peaks import gpu_of
@@ -129,10 +129,10 @@ def seeds_table() -> None:
     for path in sorted((REPO / "config" / "experiments").glob("*.yaml")):
         if kiln_config.read_yaml(path).get("sweep"):  # an overlay on a run file listed here, not a run
             continue
-        cfg = kiln_config.resolve([str(path)], {})
-        model = model_config(cfg["model"], vocab_size=model_vocab(cfg["tokenizer"]), seq_len=cfg["shard"]["seq_len"])
-        gpu = gpu_of(cfg["plan"]["gpu"])
-        report = fit_report(model, setting_of(TrainSection.of(cfg["train"])), gpu.fragment, gpu.memory_gib)
+        run = RunConfig.of(kiln_config.resolve([str(path)], {}))
+        model = model_config(run.model.as_dict(), vocab_size=model_vocab(run.tokenizer), seq_len=run.shard.seq_len)
+        gpu = gpu_of(run.plan.gpu)
+        report = fit_report(model, setting_of(run.train), gpu.fragment, gpu.memory_gib)
         _row(path.stem, report)
     flagship = model_config({"flavour": "llama3.2-1b"}, vocab_size=32768, seq_len=8192)
     base = Setting(micro_batch=6, world=1, parallel="ddp")

@@ -14,9 +14,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
+from kiln import config as kiln_config
+from kiln.config.run_config import DownloadSection, RunConfig, Source, TokenizerSection
 from kiln.data.raw import write_raw
 from kiln.data.tokenizer import build_tokenizer
 
+TINY = Path(__file__).parent / "configs" / "tiny.yaml"
 STDLIB_INCLUDE = ["json/*.py", "collections/*.py", "logging/*.py", "http/*.py"]
 TOKENIZER_CFG = {"kind": "train", "vocab_size": 512, "train_bytes": 10**8, "heldout_docs": 3}
 SEED = 7
@@ -30,18 +33,27 @@ TRICKY_TEXTS = [
 ]
 
 
-def download_cfg(sources: list[dict], **settings) -> dict:
+def typed_section(name: str, values: dict):
+    """The typed section `name` that `values` mean in tests/configs/tiny.yaml's run: validated as a run
+    file is (the schema's defaults filled in, the rules checked), then read by kiln.config.RunConfig."""
+    return getattr(RunConfig.of(kiln_config.validate(kiln_config.read_yaml(TINY) | {name: values})), name)
+
+
+def download_cfg(sources: list[dict], **settings) -> DownloadSection:
     """A download section with the schema's defaults (retries without waiting)."""
-    cfg = {
-        "sources": sources,
-        "rows_per_part": 8,
-        "dedup": True,
-        "min_doc_bytes": 1,
-        "invalid_utf8": "skip",
-        "retries": 2,
-        "retry_backoff_s": 0.0,
-    }
-    return cfg | settings
+    return typed_section(
+        "download", {"sources": sources, "rows_per_part": 8, "retries": 2, "retry_backoff_s": 0.0} | settings
+    )
+
+
+def source(**spec) -> Source:
+    """One download source, with its kind's defaults."""
+    return download_cfg([spec]).sources[0]
+
+
+def tokenizer_cfg(**values) -> TokenizerSection:
+    """TOKENIZER_CFG's trained BPE, with `values` set."""
+    return typed_section("tokenizer", TOKENIZER_CFG | values)
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
@@ -77,7 +89,7 @@ def raw_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def trained(raw_dir):
     """(tokenizer, stats) from build_tokenizer on the raw fixture."""
-    return build_tokenizer(raw_dir, TOKENIZER_CFG, SEED)
+    return build_tokenizer(raw_dir, tokenizer_cfg(), SEED)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import TRICKY_TEXTS, download_cfg
+from conftest import TRICKY_TEXTS, download_cfg, tokenizer_cfg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
@@ -99,7 +99,7 @@ def test_tiktoken_equals_tokenizers_on_the_whole_default_corpus(tmp_path):
     raw = tmp_path / "raw"
     write_raw(download_cfg([{"name": "stdlib", "kind": "stdlib", "include": ["**/*.py"]}], rows_per_part=500), raw)
     tokenizer, _ = build_tokenizer(
-        raw, {"kind": "train", "vocab_size": 8192, "train_bytes": 8_000_000, "heldout_docs": 10}, seed=1337
+        raw, tokenizer_cfg(vocab_size=8192, train_bytes=8_000_000, heldout_docs=10), seed=1337
     )
     texts = [d.text for d in read_documents(raw, read_json(raw / "manifest.json"))]
     assert sum(map(len, texts)) > 20_000_000

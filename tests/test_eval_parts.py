@@ -9,6 +9,8 @@ import pytest
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
+from kiln.config.run_config import Reference
+from kiln.config.sections import InitFrom
 from kiln.data.fim import MIDDLE, PREFIX, SUFFIX
 from kiln.data.sources import Document
 from kiln.eval import contamination
@@ -81,10 +83,10 @@ def test_a_reference_in_bits_per_byte_is_drawn_and_compared_in_bits_per_byte(tmp
     from kiln.report.run import _reference_line, plot_loss, reference_loss
 
     bits_per_nat = 0.4  # the val split's bits per byte for one nat per token
-    plain = {"bits_per_byte": 1.6, "source": "plain loop"}
+    plain = Reference.of({"bits_per_byte": 1.6, "source": "plain loop"})
     assert reference_loss(plain, bits_per_nat) == pytest.approx(4.0)
     assert reference_loss(plain, None) is None  # no byte counts: no line rather than a wrong one
-    assert reference_loss({"val_loss": 3.28, "source": "llm.c"}, None) == 3.28
+    assert reference_loss(Reference.of({"val_loss": 3.28, "source": "llm.c"}), None) == 3.28
     assert _reference_line(plain, val_loss=3.5, val_bpb=1.4) == [
         "Reference: bits per byte 1.6 (plain loop); this run 1.4000, 0.200 below it.",
         "",
@@ -111,7 +113,8 @@ def test_infilling_is_skipped_only_for_a_model_that_never_saw_fim(tokenizer):
     assert not_run_reason(meta, tokenizer, None).startswith("trained without FIM: none of the 10 train documents")
     with_fim = {**meta, "fim_modes": {"none": 9, "psm": 0, "spm": 1, "middle_only": 0}}
     assert not_run_reason(with_fim, tokenizer, None) is None
-    assert not_run_reason(meta, tokenizer, {"run": "code-base"}) is None  # its start may have seen FIM
+    continued = InitFrom.of({"run": "code-base", "optimizer": False})
+    assert not_run_reason(meta, tokenizer, continued) is None  # its start may have seen FIM
     assert not_run_reason({"splits": meta["splits"]}, tokenizer, None) is None  # an older token folder cannot say
     plain = Tokenizer(WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>"))
     assert not_run_reason(with_fim, plain, None) == "the tokenizer has no FIM tokens"

@@ -4,19 +4,21 @@ StarCoder2 and seed-000 mixes both expressible."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kiln.config.run_config import Fim
 from kiln.data.fim import MIDDLE, MODES, PREFIX, SUFFIX, fim_pieces, restore_document
 
-FIM = {"rate": 0.5, "psm": 0.5, "spm": 0.25, "middle_only": 0.25, "min_chars": 100}
-ALWAYS = {"rate": 1.0, "psm": 0.5, "spm": 0.25, "middle_only": 0.25, "min_chars": 0}
+FIM = Fim(rate=0.5, psm=0.5, spm=0.25, middle_only=0.25, min_chars=100)
+ALWAYS = Fim(rate=1.0, psm=0.5, spm=0.25, middle_only=0.25, min_chars=0)
 TEXT = "def add(a, b):\n    return a + b\n" * 10
 
 
-def fim(text: str, seed: int, doc_id: str, cfg: dict) -> tuple[str, list]:
+def fim(text: str, seed: int, doc_id: str, cfg: Fim) -> tuple[str, list]:
     """fim_pieces with each span replaced by its characters."""
     mode, pieces = fim_pieces(len(text), seed, doc_id, cfg)
     return mode, [p if isinstance(p, str) else text[p[0] : p[1]] for p in pieces]
@@ -72,7 +74,7 @@ def unfim(pieces: list) -> str:
     shares=st.sampled_from([(0.5, 0.5, 0.0), (0.5, 0.25, 0.25), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0)]),
 )
 def test_removing_sentinels_and_reordering_gives_back_the_document(text, seed, doc_id, shares):
-    cfg = dict(ALWAYS, psm=shares[0], spm=shares[1], middle_only=shares[2])
+    cfg = replace(ALWAYS, psm=shares[0], spm=shares[1], middle_only=shares[2])
     mode, pieces = fim(text, seed, doc_id, cfg)
     if len(text) < 2:
         assert mode == "none"
@@ -81,7 +83,7 @@ def test_removing_sentinels_and_reordering_gives_back_the_document(text, seed, d
     else:
         assert unfim(pieces) == text
         assert restore_document(text, fim_pieces(len(text), seed, doc_id, cfg)[1]) == text
-    none_mode, none_pieces = fim(text, seed, doc_id, dict(cfg, rate=0.0))
+    none_mode, none_pieces = fim(text, seed, doc_id, replace(cfg, rate=0.0))
     assert none_mode == "none" and none_pieces == ([text] if text else [])
 
 
@@ -100,9 +102,9 @@ def test_restore_document_keeps_special_spellings_inside_text():
     "fim",
     [
         FIM,
-        {"rate": 0.9, "psm": 0.1, "spm": 0.6, "middle_only": 0.3, "min_chars": 10},
-        {"rate": 0.2, "psm": 1.0, "spm": 0.0, "middle_only": 0.0, "min_chars": 0},
-        {"rate": 0.5, "psm": 0.5, "spm": 0.5, "middle_only": 0.0, "min_chars": 0},
+        Fim(rate=0.9, psm=0.1, spm=0.6, middle_only=0.3, min_chars=10),
+        Fim(rate=0.2, psm=1.0, spm=0.0, middle_only=0.0, min_chars=0),
+        Fim(rate=0.5, psm=0.5, spm=0.5, middle_only=0.0, min_chars=0),
     ],
     ids=["seed-000", "spm-heavy", "psm-only", "starcoder2"],
 )
@@ -113,10 +115,10 @@ def test_mode_frequencies_match_configured_rates(fim):
         mode, _ = fim_pieces(len(TEXT), 11, f"file-{i}.py", fim)
         counts[mode] += 1
     expected = {
-        "none": 1 - fim["rate"],
-        "psm": fim["rate"] * fim["psm"],
-        "spm": fim["rate"] * fim["spm"],
-        "middle_only": fim["rate"] * fim["middle_only"],
+        "none": 1 - fim.rate,
+        "psm": fim.rate * fim.psm,
+        "spm": fim.rate * fim.spm,
+        "middle_only": fim.rate * fim.middle_only,
     }
     for mode, p in expected.items():
         sigma = math.sqrt(n * p * (1 - p))
@@ -125,11 +127,11 @@ def test_mode_frequencies_match_configured_rates(fim):
 
 def test_rate_zero_never_transforms():
     for i in range(2000):
-        assert fim_pieces(len(TEXT), 1, f"z{i}", dict(FIM, rate=0.0)) == ("none", [(0, len(TEXT))])
+        assert fim_pieces(len(TEXT), 1, f"z{i}", replace(FIM, rate=0.0)) == ("none", [(0, len(TEXT))])
 
 
 def test_short_documents_never_transform():
-    fim = dict(ALWAYS, min_chars=100)
+    fim = replace(ALWAYS, min_chars=100)
     assert all(fim_pieces(99, 1, f"s{i}", fim)[0] == "none" for i in range(1000))
     assert all(fim_pieces(100, 1, f"s{i}", fim)[0] != "none" for i in range(1000))
     # Even with min_chars 0 a document needs two characters to be cut.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import typed_section
 
 from kiln.config.models import ModelConfig
 from kiln.data.sources import Document
@@ -200,15 +201,12 @@ def test_infill_decodes_in_batches_as_one_by_one(tokenizer):
 
 def test_completions_greedy_and_sampled_per_prompt(tokenizer):
     model = _model(ModelConfig(family="llama", vocab_size=512, seq_len=32, n_layer=1, n_head=2, d_model=32))
-    cfg = {
-        "prompts": ["import os\n", "def f(x):\n"],
-        "max_new_tokens": 5,
-        "temperature": 0.8,
-        "top_k": 50,
-        "top_p": 0.9,
-    }
+    cfg = typed_section(
+        "eval",
+        {"prompts": ["import os\n", "def f(x):\n"], "max_new_tokens": 5, "temperature": 0.8, "top_k": 50, "top_p": 0.9},
+    )
     rows = completions(model, tokenizer, cfg, seed=0)
-    assert [r["prompt"] for r in rows] == cfg["prompts"]
+    assert [r["prompt"] for r in rows] == list(cfg.prompts)
     assert rows == completions(model, tokenizer, cfg, seed=0)
     # greedy is generate() on the healed prompt, the healed text taken off the front
     ids, allowed, cut = heal(tokenizer, tokenizer.encode("def f(x):\n", add_special_tokens=False).ids)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import download_cfg, write_jsonl
 
+from kiln.config.run_config import Fim, PretokenizeSection
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.fim import fim_pieces, restore_document
 from kiln.data.pretokenize import SPLITS, _select_val, pretokenize, token_dtype
@@ -21,6 +22,8 @@ from kiln.errors import KilnError
 from kiln.io import read_json
 
 SEED = 7
+# A whole pretokenize section (every default given), so a test sets any key; read as the typed
+# PretokenizeSection by run().
 CFG = {
     "val_tokens": 30_000,
     "mixture": {},
@@ -35,7 +38,7 @@ SPECIAL = {i: t for i, t in enumerate(SPECIAL_TOKENS)}
 
 def run(raw_dir, tokenizer_path, out, cfg=CFG, seed=SEED, **kwargs) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    return pretokenize(raw_dir, tokenizer_path, out, seed, cfg, **kwargs)
+    return pretokenize(raw_dir, tokenizer_path, out, seed, PretokenizeSection.of(cfg), **kwargs)
 
 
 def outputs(out) -> dict[str, bytes]:
@@ -144,7 +147,7 @@ def test_train_side_is_fim_of_each_document_in_order(tokens, tokenizer):
     train_docs = [d for d in docs if d.id not in val_ids]
     modes = {}
     for doc, chunk in zip(train_docs, per_doc(streams["train"]), strict=True):
-        mode, expected = fim_pieces(len(doc.text), SEED, doc.id, CFG["fim"])
+        mode, expected = fim_pieces(len(doc.text), SEED, doc.id, Fim.of(CFG["fim"]))
         modes[mode] = modes.get(mode, 0) + 1
         assert pieces_of(chunk[:-1], tokenizer) == [
             p if isinstance(p, str) else doc.text[p[0] : p[1]] for p in expected
@@ -180,7 +183,7 @@ def test_val_selection_does_not_depend_on_the_size_estimate(raw_dir, tokenizer_p
     """A low estimate of the corpus means more rounds, never another validation set."""
     manifest = read_json(raw_dir / "manifest.json")
     parts = [(i, s, p) for i, (s, p) in enumerate(part_paths(raw_dir, manifest))]
-    settings = Settings(str(tokenizer_path), "tiktoken", "uint16", SEED, CFG["fim"], False, 1 << 20)
+    settings = Settings(str(tokenizer_path), "tiktoken", "uint16", SEED, Fim.of(CFG["fim"]), False, 1 << 20)
     quotas = {"stdlib": 20_000, "tricky": 500}
     with WorkerPool(1, settings) as pool:
         exact = _select_val(pool, parts, quotas, {"stdlib": 1.0, "tricky": 1.0}, tmp_path)  # rate 1 at once

@@ -33,15 +33,16 @@ def test_manifest_hashes_counts_and_read_back_order(tmp_path):
     jsonl = write_jsonl(tmp_path / "in" / "t.jsonl", [{"text": f"doc {i} é\n"} for i in range(5)] + [{"text": ""}])
     specs = [{"name": "std", "kind": "stdlib", "include": ["json/*.py"]}, local([jsonl])]
     raw = tmp_path / "raw"
-    manifest = write_raw(download_cfg(specs, rows_per_part=2), raw)
+    cfg = download_cfg(specs, rows_per_part=2)
+    manifest = write_raw(cfg, raw)
     assert manifest == read_json(raw / "manifest.json")
-    expected = [d for spec in specs for d in SourceReader(spec).read() if d is not None and d.text]
-    for spec in specs:
-        entry = manifest["sources"][spec["name"]]
-        assert entry["spec"] == spec and entry["kind"] == spec["kind"]
+    expected = [d for spec in cfg.sources for d in SourceReader(spec).read() if d is not None and d.text]
+    for spec in cfg.sources:
+        entry = manifest["sources"][spec.name]
+        assert entry["spec"] == spec.as_dict() and entry["kind"] == spec.kind  # as the validated config has it
         assert [p["file"] for p in entry["parts"]] == [f"part-{i:05d}.parquet" for i in range(len(entry["parts"]))]
         for part in entry["parts"]:
-            path = raw / spec["name"] / part["file"]
+            path = raw / spec.name / part["file"]
             assert part["sha256"] == sha256_file(path)
             texts = pq.read_table(path).column("text").to_pylist()
             assert part["rows"] == len(texts) <= 2

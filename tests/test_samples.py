@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import typed_section
 from synthetic import SEQ_LEN, TINY_MODEL, _stream, train_sections
 
 from kiln.config.models import ModelConfig
@@ -108,7 +109,7 @@ def test_sampling_during_training_leaves_the_global_rng_and_the_run_unchanged(sh
 
 
 def test_report_labels_every_completion_it_shows():
-    eval_cfg = {"temperature": 0.8, "top_k": 50, "top_p": 1.0}
+    eval_cfg = typed_section("eval", {"temperature": 0.8, "top_k": 50, "top_p": 1.0})
     samples = {
         "completions": [{"prompt": "def ", "greedy": "f():", "sampled": "g(x):"}],
         "decoding": decoding(eval_cfg),

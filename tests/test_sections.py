@@ -1,9 +1,11 @@
-"""The typed train and smoke sections (kiln.config.sections) hold the schema's keys, no more and no fewer, each
-typed as the schema types it; they round-trip the validated dict exactly (the train fingerprint and the
-stage interface read that dict); they are frozen, overridden with dataclasses.replace."""
+"""The typed sections (kiln.config.sections, kiln.config.run_config) hold the schema's keys, no more and no
+fewer, each typed as the schema types it; they round-trip the validated dict exactly (the train fingerprint and
+the stage interface read that dict); they are frozen, overridden with dataclasses.replace. RunConfig holds every
+section, of a whole run or of what one stage reads."""
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import types
 import typing
@@ -13,8 +15,9 @@ import pytest
 import yaml
 
 from kiln import config as kiln_config
-from kiln.config import schema
-from kiln.config.sections import SECTIONS, UNSET, Budget, Section, SmokeSection, TrainSection, section_types
+from kiln.config import schema, settings
+from kiln.config.run_config import SECTIONS, RunConfig, Source
+from kiln.config.sections import UNSET, Budget, Section, SmokeSection, TrainSection, item_type, section_types
 from kiln.errors import KilnError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,91 +26,241 @@ DERIVED = {"train.seed"}  # null: the top-level seed
 SCHEMA_TYPES = {"integer": int, "number": float, "boolean": bool, "string": str, "null": type(None), "array": tuple}
 
 
-def schema_types(prop: dict) -> set:
-    """The Python classes a schema property's values take: its type(s), or its enum's values' types;
-    an object is a Section (checked field by field in its own right)."""
+def schema_document() -> dict:
+    return yaml.safe_load(schema.SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+def resolved(node: dict, document: dict) -> dict:
+    """`node`, or what its $ref names in `document` (#/$defs/...)."""
+    while "$ref" in node:
+        target = document
+        for part in node["$ref"].removeprefix("#/").split("/"):
+            target = target[part]
+        node = target
+    return node
+
+
+def section_keys(node: dict, document: dict) -> dict[str, tuple[dict, bool]]:
+    """{key: (its schema, whether a validated section may lack it)} of an object schema: its properties,
+    and those of each variant (allOf's if/then: tokenizer.kind's, a source kind's). A key may be absent
+    when it has no default and is not required, or when some variant lacks it."""
+    node = resolved(node, document)
+    required = set(node.get("required", []))
+    keys = {k: (resolved(p, document), "default" not in p and k not in required) for k, p in node["properties"].items()}
+    variants = [branch["then"] for branch in node.get("allOf", [])]
+    for variant in variants:
+        for key, prop in variant.get("properties", {}).items():
+            if isinstance(prop, dict) and key not in keys:  # `kind: true` names a key above
+                always = all(
+                    key in v.get("required", []) or "default" in v.get("properties", {}).get(key, {}) for v in variants
+                )
+                keys[key] = (resolved(prop, document), not always)
+    return keys
+
+
+def is_mapping(prop: dict) -> bool:
+    """A free-form object (pretokenize.mixture): its keys are the user's, its values typed alike."""
+    return "additionalProperties" in prop and "properties" not in prop and "allOf" not in prop
+
+
+def schema_types(prop: dict, optional: bool) -> set:
+    """The Python classes a schema property's values take: its type(s), or its enum's values' types; an
+    object is a Section (checked field by field in its own right), or a mapping when free-form."""
     kinds = prop.get("type", [])
     kinds = [kinds] if isinstance(kinds, str) else kinds
-    out = {Section if k == "object" else SCHEMA_TYPES[k] for k in kinds}
+    out = {
+        (collections.abc.Mapping if is_mapping(prop) else Section) if k == "object" else SCHEMA_TYPES[k] for k in kinds
+    }
     out |= {type(v) for v in prop.get("enum", [])}
-    return out | ({type(None)} if "default" not in prop else set())  # an unset key reads None
+    return out | ({type(None)} if optional else set())  # an unset key reads None
 
 
 def field_types(hint) -> set:
     return {Section if isinstance(t, type) and issubclass(t, Section) else t for t in section_types(hint)}
 
 
-def parity_problems(cls: type[Section], props: dict, where: str) -> list[str]:
-    """One line per difference between a section class's fields and the schema properties at `where`."""
+def nested_section(hint) -> type[Section] | None:
+    """The Section a field holds, itself or as a tuple's items (download.sources)."""
+    item = item_type(hint)
+    kinds = section_types(hint) + (section_types(item) if item else ())
+    return next((t for t in kinds if isinstance(t, type) and issubclass(t, Section)), None)
+
+
+def parity_problems(cls: type[Section], node: dict, where: str, document: dict | None = None) -> list[str]:
+    """One line per difference between a section class's fields and the object schema `node` at `where`."""
+    document = document or schema_document()
     hints = typing.get_type_hints(cls)
     names = {f.name: f for f in dataclasses.fields(cls)}
+    keys = section_keys(node, document)
     problems = [
-        f"{where}.{key}: a key in the schema but no field of {cls.__name__} (kiln.config.sections): add one, typed "
+        f"{where}.{key}: a key in the schema but no field of {cls.__name__} ({cls.__module__}): add one, typed "
         f"as the schema types it"
-        for key in props
+        for key in keys
         if key not in names
     ]
     problems += [
-        f"{where}.{name}: a field of {cls.__name__} (kiln.config.sections) but no key in the schema"
+        f"{where}.{name}: a field of {cls.__name__} ({cls.__module__}) but no key in the schema"
         for name in names
-        if name not in props
+        if name not in keys
     ]
     problems += [
         f"{where}.{name}: {cls.__name__}.{name} has a Python default; the schema owns defaults"
         for name, f in names.items()
         if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
     ]
-    for key in sorted(set(props) & set(names)):
-        prop, hint = props[key], hints[key]
-        expected = schema_types(prop) - ({type(None)} if f"{where}.{key}" in DERIVED else set())
+    for key in sorted(set(keys) & set(names)):
+        (prop, optional), hint = keys[key], hints[key]
+        expected = schema_types(prop, optional) - ({type(None)} if f"{where}.{key}" in DERIVED else set())
         if expected != field_types(hint):
             problems.append(
                 f"{where}.{key}: the schema's values are {sorted(t.__name__ for t in expected)}, "
                 f"{cls.__name__}.{key} is typed {hint}"
             )
-        if bool(names[key].metadata.get(UNSET)) != ("default" not in prop):
+        if is_mapping(prop):
+            values = schema_types(prop["additionalProperties"], optional=False)
+            if values != set(section_types(typing.get_args(hint)[1])):
+                problems.append(
+                    f"{where}.{key}: the schema's mapping values are {values}, {cls.__name__}.{key}'s {hint}"
+                )
+        if bool(names[key].metadata.get(UNSET)) != optional:
             problems.append(
-                f"{where}.{key}: the schema gives {'no' if 'default' not in prop else 'a'} default, so "
-                f"{cls.__name__}.{key} must {'' if 'default' not in prop else 'not '}be an unset-able field (_unset())"
+                f"{where}.{key}: a validated config {'may lack' if optional else 'always has'} it, so "
+                f"{cls.__name__}.{key} must {'' if optional else 'not '}be an unset-able field (unset())"
             )
-        nested = [t for t in section_types(hint) if isinstance(t, type) and issubclass(t, Section)]
-        if nested:
-            problems += parity_problems(nested[0], prop.get("properties", {}), f"{where}.{key}")
+        if nested := nested_section(hint):
+            inner = prop["items"] if "items" in prop else prop
+            problems += parity_problems(nested, inner, f"{where}.{key}", document)
     return problems
-
-
-def schema_properties() -> dict:
-    return yaml.safe_load(schema.SCHEMA_PATH.read_text(encoding="utf-8"))["properties"]
 
 
 @pytest.mark.parametrize("name", sorted(SECTIONS))
 def test_the_typed_sections_have_the_schemas_keys_and_types(name):
-    problems = parity_problems(SECTIONS[name], schema_properties()[name]["properties"], name)
-    assert not problems, "kiln.config.sections and the schema differ:\n  " + "\n  ".join(problems)
+    document = schema_document()
+    problems = parity_problems(SECTIONS[name], document["properties"][name], name, document)
+    assert not problems, "the typed sections and the schema differ:\n  " + "\n  ".join(problems)
+
+
+def test_the_run_config_holds_every_section_of_the_schema():
+    """sweep makes runs (kiln.config.sweep) and is no run's setting."""
+    hints = typing.get_type_hints(RunConfig)
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    assert set(fields) == set(schema_document()["properties"]) - {"sweep"}
+    assert set(SECTIONS) == set(fields) - {"run_name", "seed"}
+    for name, cls in SECTIONS.items():
+        assert set(section_types(hints[name])) == {cls, type(None)}, name
+    assert all(f.metadata.get(UNSET) for f in fields.values())  # a stage reads only some sections
 
 
 def test_the_parity_check_names_a_key_added_or_a_field_left_behind():
-    props = schema_properties()["train"]["properties"]
-    added = props | {"new_knob": {"type": "integer", "default": 1}}
+    node = schema_document()["properties"]["train"]
+    props = node["properties"]
+    added = dict(node, properties=props | {"new_knob": {"type": "integer", "default": 1}})
     assert parity_problems(TrainSection, added, "train") == [
         "train.new_knob: a key in the schema but no field of TrainSection (kiln.config.sections): add one, typed as the "
         "schema types it"
     ]
-    removed = {k: v for k, v in props.items() if k != "micro_batch"}
+    removed = dict(node, properties={k: v for k, v in props.items() if k != "micro_batch"})
     assert parity_problems(TrainSection, removed, "train") == [
         "train.micro_batch: a field of TrainSection (kiln.config.sections) but no key in the schema"
     ]
-    nested = dict(props, budget=dict(props["budget"], properties=dict(props["budget"]["properties"], weeks={})))
+    budget = dict(props["budget"], properties=dict(props["budget"]["properties"], weeks={}))
+    nested = dict(node, properties=dict(props, budget=budget))
     assert parity_problems(TrainSection, nested, "train")[0].startswith("train.budget.weeks: a key in the schema")
-    retyped = dict(props, micro_batch={"type": "string", "default": "16"})
+    retyped = dict(node, properties=dict(props, micro_batch={"type": "string", "default": "16"}))
     assert parity_problems(TrainSection, retyped, "train")[0].startswith("train.micro_batch: the schema's values")
 
 
-def validated(train: dict | None = None, smoke: dict | None = None) -> dict:
+def test_the_parity_check_reads_each_variant_of_a_list_item():
+    """A key of one source kind needs a field, unset-able; one every kind gives a default, a plain field."""
+    document = schema_document()
+    stdlib, local, hf = (branch["then"] for branch in document["$defs"]["source"]["allOf"])
+    hf["properties"]["token"] = {"type": "string"}
+    stdlib["properties"]["text_column"] = local["properties"]["text_column"]
+    assert parity_problems(SECTIONS["download"], document["properties"]["download"], "download", document) == [
+        "download.sources.token: a key in the schema but no field of Source (kiln.config.run_config): add one, typed "
+        "as the schema types it",
+        "download.sources.text_column: the schema's values are ['str'], Source.text_column is typed str | None",
+        "download.sources.text_column: a validated config always has it, so Source.text_column must not be an "
+        "unset-able field (unset())",
+    ]
+
+
+def validated(train: dict | None = None, smoke: dict | None = None, **sections) -> dict:
+    """tests/configs/tiny.yaml, validated, with keys of train and smoke and whole other `sections` set."""
     raw = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
     raw["train"] = raw["train"] | (train or {})
     raw["smoke"] = raw.get("smoke", {}) | (smoke or {})
-    return kiln_config.validate(raw)
+    return kiln_config.validate(raw | sections)
+
+
+# Every variant of the sections with variants, and every optional key of the others, somewhere.
+VARIANTS = {
+    "tiny": {},
+    "sources": {
+        "download": {
+            "sources": [
+                {"name": "std", "kind": "stdlib", "max_rows": 10},
+                {"name": "files", "kind": "local", "paths": ["data/*.jsonl"], "repo_column": "repo"},
+                {"name": "hub", "kind": "hf", "dataset": "json", "data_files": ["a.jsonl"], "max_bytes": 10**6},
+            ],
+            "max_doc_bytes": 10**5,
+        },
+        "pretokenize": {"mixture": {"std": 1, "hub": 0.5}, "train_tokens": 10**5, "fim": {"rate": 0}},
+        "eval": {"reference": {"bits_per_byte": 1.1, "source": "a plain loop"}},
+        "model": {"flavour": "debug", "family": "llama", "tie_embeddings": False},
+    },
+    "tokenizer file": {"tokenizer": {"kind": "file", "path": "tokenizer.json"}},
+    "tiktoken ranks": {"tokenizer": {"kind": "tiktoken", "path": "r.tiktoken", "pattern": "\\w+"}},
+    "tiktoken name": {"tokenizer": {"kind": "tiktoken", "encoding": "gpt2"}, "eval": {"reference": None}},
+}
+
+
+@pytest.mark.parametrize("sections", VARIANTS.values(), ids=VARIANTS.keys())
+def test_the_run_config_gives_back_exactly_the_validated_config_and_each_stages_part(sections):
+    """A key a variant lacks (a stdlib source's dataset, a file tokenizer's vocab_size) stays absent; a
+    stage's part (kiln.stage.stage_config) has None for the sections it does not read."""
+    cfg = validated(**sections)
+    run = RunConfig.of(cfg)
+    assert run.as_dict() == cfg and isinstance(run.as_dict()["pretokenize"]["mixture"], dict)
+    for stage in settings.STAGES:
+        part = settings.stage_config(cfg, stage)
+        typed = RunConfig.of(part)
+        assert typed.as_dict() == part, stage
+        assert {f.name for f in dataclasses.fields(typed) if getattr(typed, f.name) is not None} == set(part), stage
+
+
+def test_the_run_config_reads_by_attribute_and_is_read_only_throughout():
+    run = RunConfig.of(validated(**VARIANTS["sources"]))
+    std, files, hub = run.download.sources
+    assert (std.include, std.dataset, files.paths, files.text_column, hub.split) == (
+        ("**/*.py",),
+        None,
+        ("data/*.jsonl",),
+        "text",
+        "train",
+    )
+    assert run.pretokenize.mixture == {"std": 1, "hub": 0.5} and run.eval.reference.val_loss is None
+    assert run.model.flavour == "debug" and run.model.n_layer is None and run.tokenizer.vocab_size == 512
+    with pytest.raises(TypeError):
+        run.pretokenize.mixture["files"] = 1.0  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.shard.seq_len = 8  # type: ignore[misc]
+    assert isinstance(Source.of({"name": "s", "kind": "stdlib", "include": ["*.py"]}).include, tuple)
+
+
+def test_a_config_that_is_not_validated_is_refused_naming_the_key_path():
+    cfg = validated(**VARIANTS["sources"])
+    sources = cfg["download"]["sources"]
+    with pytest.raises(
+        KilnError, match=r"^download.sources.1.colour: unknown key, no field of kiln.config.run_config.Source"
+    ):
+        RunConfig.of(cfg | {"download": cfg["download"] | {"sources": [sources[0], sources[1] | {"colour": "red"}]}})
+    with pytest.raises(KilnError, match=r"^eval.lm_eval.limit: missing"):
+        RunConfig.of(cfg | {"eval": cfg["eval"] | {"lm_eval": {"tasks": [], "max_docs": 1}}})
+    with pytest.raises(KilnError, match=r"^sweep: unknown key"):
+        RunConfig.of(cfg | {"sweep": {"train.lr": [1e-3]}})
+    with pytest.raises(KilnError, match=r"^<root>: expected a mapping"):
+        RunConfig.of([cfg])  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

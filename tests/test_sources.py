@@ -9,34 +9,27 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import write_jsonl
+from conftest import source, write_jsonl
 
+from kiln.config.run_config import Source
 from kiln.data.sources import SourceReader, stdlib_root
 from kiln.errors import KilnError
 
 
-def read(spec: dict, invalid_utf8: str = "skip") -> list:
+def read(spec: Source, invalid_utf8: str = "skip") -> list:
     return list(SourceReader(spec, invalid_utf8).read())
 
 
-def docs_of(spec: dict) -> list:
+def docs_of(spec: Source) -> list:
     return [d for d in read(spec) if d is not None]
 
 
-def local(paths, name="loc", **extra) -> dict:
-    return {"name": name, "kind": "local", "paths": [str(p) for p in paths], "text_column": "text", **extra}
+def local(paths, name="loc", **extra) -> Source:
+    return source(name=name, kind="local", paths=[str(p) for p in paths], **extra)
 
 
-def hf_spec(files, **extra) -> dict:
-    return {
-        "name": "hub",
-        "kind": "hf",
-        "dataset": "json",
-        "split": "train",
-        "data_files": [str(f) for f in files],
-        "text_column": "text",
-        **extra,
-    }
+def hf_spec(files, **extra) -> Source:
+    return source(name="hub", kind="hf", dataset="json", data_files=[str(f) for f in files], **extra)
 
 
 # --- stdlib -----------------------------------------------------------------------------------------
@@ -44,7 +37,7 @@ def hf_spec(files, **extra) -> dict:
 
 def test_stdlib_source_yields_sorted_docs_with_relative_ids_and_paths():
     # Overlapping patterns must not duplicate a file.
-    docs = docs_of({"name": "std", "kind": "stdlib", "include": ["json/*.py", "json/*.py", "json/de*.py"]})
+    docs = docs_of(source(name="std", kind="stdlib", include=["json/*.py", "json/*.py", "json/de*.py"]))
     root = stdlib_root()
     expected = sorted(p for p in root.glob("json/*.py") if p.is_file())
     assert len(expected) >= 3
@@ -55,7 +48,7 @@ def test_stdlib_source_yields_sorted_docs_with_relative_ids_and_paths():
 
 
 def test_stdlib_source_unions_several_globs():
-    docs = docs_of({"name": "std", "kind": "stdlib", "include": ["json/*.py", "http/*.py"]})
+    docs = docs_of(source(name="std", kind="stdlib", include=["json/*.py", "http/*.py"]))
     assert {d.path.split("/")[0] for d in docs} == {"json", "http"}
     assert len({d.id for d in docs}) == len(docs)
 
@@ -219,14 +212,7 @@ def test_hf_unreadable_dataset_raises_kiln_error(tmp_path):
 
 def test_hf_unreachable_hub_offline_is_a_clear_error():
     # conftest sets HF_HUB_OFFLINE=1: a dataset that is not cached fails at once, without retries.
-    spec = {
-        "name": "fw",
-        "kind": "hf",
-        "dataset": "HuggingFaceFW/fineweb-edu",
-        "config": "sample-10BT",
-        "split": "train",
-        "text_column": "text",
-    }
+    spec = source(name="fw", kind="hf", dataset="HuggingFaceFW/fineweb-edu", config="sample-10BT")
     with pytest.raises(KilnError) as info:
         docs_of(spec)
     message = str(info.value)

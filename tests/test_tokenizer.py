@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import TOKENIZER_CFG, TRICKY_TEXTS, download_cfg, write_jsonl
+from conftest import TOKENIZER_CFG, TRICKY_TEXTS, download_cfg, tokenizer_cfg, typed_section, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kiln.config.run_config import TokenizerSection
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.encoders import tiktoken_encoding
 from kiln.data.raw import write_raw
@@ -25,6 +26,11 @@ from kiln.data.tokenizer import (
 )
 from kiln.errors import KilnError
 from kiln.io import read_json, stable_hash
+
+
+def pretrained_cfg(**values) -> TokenizerSection:
+    """The section of a pretrained tokenizer (kind file or tiktoken), three documents held out."""
+    return typed_section("tokenizer", {"heldout_docs": 3, **values})
 
 
 def test_special_tokens_take_ids_0_to_6_in_order(tokenizer):
@@ -115,7 +121,7 @@ def test_build_tokenizer_holds_out_documents_and_reports_stats(raw_dir, trained)
 
 
 def test_build_tokenizer_is_deterministic_and_seed_changes_heldout(raw_dir, trained):
-    cfg = dict(TOKENIZER_CFG, heldout_docs=10)
+    cfg = tokenizer_cfg(heldout_docs=10)
     a_tok, a = build_tokenizer(raw_dir, cfg, seed=7)
     b_tok, b = build_tokenizer(raw_dir, cfg, seed=7)
     assert a == b and a_tok.to_str() == b_tok.to_str()
@@ -127,7 +133,7 @@ def test_build_tokenizer_respects_train_bytes(raw_dir):
     manifest = read_json(raw_dir / "manifest.json")
     sizes = [len(d.text.encode("utf-8")) for d in read_documents(raw_dir, manifest)]
     budget = sum(sizes) // 4
-    _, stats = build_tokenizer(raw_dir, dict(TOKENIZER_CFG, train_bytes=budget), seed=7)
+    _, stats = build_tokenizer(raw_dir, tokenizer_cfg(train_bytes=budget), seed=7)
     assert 0 < stats["train_bytes"] <= budget
     assert 0 < stats["train_docs"] < len(sizes) - TOKENIZER_CFG["heldout_docs"]
 
@@ -137,7 +143,7 @@ def test_build_tokenizer_refuses_to_hold_out_everything(tmp_path):
     write_raw(download_cfg([{"name": "std", "kind": "stdlib", "include": ["json/*.py"]}]), raw)
     n = read_json(raw / "manifest.json")["rows"]
     with pytest.raises(KilnError, match=rf"heldout_docs={n}\b.*{n} documents"):
-        build_tokenizer(raw, dict(TOKENIZER_CFG, heldout_docs=n), seed=1)
+        build_tokenizer(raw, tokenizer_cfg(heldout_docs=n), seed=1)
 
 
 def test_training_bytes_are_sampled_across_sources(tmp_path, monkeypatch):
@@ -149,8 +155,7 @@ def test_training_bytes_are_sampled_across_sources(tmp_path, monkeypatch):
     sources = [{"name": n, "kind": "local", "paths": [f"{n}.jsonl"], "text_column": "text"} for n in ("a", "b")]
     manifest = write_raw(download_cfg(sources, rows_per_part=50), raw)
     budget = manifest["bytes"] // 4
-    cfg = {"kind": "train", "vocab_size": 300, "train_bytes": budget, "heldout_docs": 3}
-    _, stats = build_tokenizer(raw, cfg, seed=7)
+    _, stats = build_tokenizer(raw, tokenizer_cfg(vocab_size=300, train_bytes=budget), seed=7)
     assert 0 < stats["train_bytes"] <= budget
     assert stats["train_bytes"] == sum(stats["train_bytes_by_source"].values())
     share_b = stats["train_bytes_by_source"]["b"] / stats["train_bytes"]
@@ -170,7 +175,7 @@ def test_pretrained_tokenizer_json_gets_the_missing_special_tokens(tmp_path, raw
     path = tmp_path / "pretrained.json"
     pretrained.save(str(path))
     n = pretrained.get_vocab_size()
-    tokenizer, stats = build_tokenizer(raw_dir, {"kind": "file", "path": str(path), "heldout_docs": 3}, seed=7)
+    tokenizer, stats = build_tokenizer(raw_dir, pretrained_cfg(kind="file", path=str(path)), seed=7)
     assert stats["kind"] == "file" and stats["train_docs"] == 0
     assert stats["special_token_ids"] == {EOS: 0, **{t: n + i for i, t in enumerate(SPECIAL_TOKENS[1:])}}
     assert stats["vocab_size"] == tokenizer.get_vocab_size() == n + 6
@@ -183,7 +188,7 @@ def test_unreadable_pretrained_tokenizer_names_the_key_and_file(tmp_path, raw_di
     path = tmp_path / "broken.json"
     path.write_text("{not json", encoding="utf-8")
     with pytest.raises(KilnError, match=rf"tokenizer.path: cannot load '{path}' as a tokenizer.json"):
-        build_tokenizer(raw_dir, {"kind": "file", "path": str(path), "heldout_docs": 3}, seed=7)
+        build_tokenizer(raw_dir, pretrained_cfg(kind="file", path=str(path)), seed=7)
 
 
 def test_a_local_tiktoken_encoding_becomes_the_same_tokenizer(tmp_path, raw_dir, tokenizer):
@@ -194,7 +199,7 @@ def test_a_local_tiktoken_encoding_becomes_the_same_tokenizer(tmp_path, raw_dir,
     path = tmp_path / "kiln.tiktoken"  # tiktoken's format: base64 of a token's bytes, its rank
     ranks = tiktoken_encoding(tokenizer)._mergeable_ranks
     path.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items()), encoding="ascii")
-    converted, stats = build_tokenizer(raw_dir, {"kind": "tiktoken", "path": str(path), "heldout_docs": 3}, seed=7)
+    converted, stats = build_tokenizer(raw_dir, pretrained_cfg(kind="tiktoken", path=str(path)), seed=7)
     texts = [d.text for d in read_documents(raw_dir, read_json(raw_dir / "manifest.json"))]
     assert encode_batch(converted, texts) == encode_batch(tokenizer, texts)
     appended = {t: converted.token_to_id(t) for t in SPECIAL_TOKENS}
@@ -205,4 +210,4 @@ def test_a_local_tiktoken_encoding_becomes_the_same_tokenizer(tmp_path, raw_dir,
 def test_tiktoken_encoding_missing_offline_is_a_clear_error(raw_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty-cache"))
     with pytest.raises(KilnError, match=r"tokenizer.encoding: tiktoken cannot load 'r50k_base' here"):
-        build_tokenizer(raw_dir, {"kind": "tiktoken", "encoding": "r50k_base", "heldout_docs": 3}, seed=7)
+        build_tokenizer(raw_dir, pretrained_cfg(kind="tiktoken", encoding="r50k_base"), seed=7)

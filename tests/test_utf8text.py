@@ -69,10 +69,13 @@ def test_a_big_file_goes_through_download_as_bytes(tmp_path):
     path = tmp_path / "big.py"
     path.write_text(text, encoding="utf-8")
     (tmp_path / "small.py").write_text("x = 1\n", encoding="utf-8")
-    spec = {"name": "code", "kind": "local", "paths": [str(tmp_path / "big.py"), str(tmp_path / "small.py")]}
+    cfg = download_cfg(
+        [{"name": "code", "kind": "local", "paths": [str(tmp_path / "big.py"), str(tmp_path / "small.py")]}]
+    )
+    (spec,) = cfg.sources
     read = list(SourceReader(spec).read())
     assert isinstance(read[0].text, Utf8Text) and isinstance(read[1].text, str)
-    manifest = write_raw(download_cfg([spec]), tmp_path / "raw")
+    manifest = write_raw(cfg, tmp_path / "raw")
     assert manifest["bytes"] == len(text.encode("utf-8")) + 6
     part = tmp_path / "raw" / "code" / manifest["sources"]["code"]["parts"][0]["file"]
     assert [d.text for d in read_part(part)] == [text, "x = 1\n"]

@@ -20,6 +20,7 @@ import torch
 from conftest import download_cfg, write_jsonl
 from synthetic import TINY_MODEL, train_sections
 
+from kiln.config.run_config import PretokenizeSection
 from kiln.data.pretokenize import pretokenize
 from kiln.data.raw import write_raw
 from kiln.data.shards import shard_split
@@ -33,7 +34,7 @@ from kiln.train.trainer import run
 SEED = 7
 SEQ_LEN = 16  # what train_sections sets shard.seq_len to
 MAX_STEPS, CKPT_EVERY, KEEP = 30, 10, 3
-PRETOKENIZE = {
+PRETOKENIZE = {  # a whole section: the mixture names this run's sources, not tiny.yaml's
     "val_tokens": 3000,
     "mixture": {"code": 1, "noise": 1},
     "repo_context": False,
@@ -65,7 +66,7 @@ def run_dir(tmp_path_factory, tokenizer_path):
     finally:
         os.chdir(cwd)
     (base / "tokens").mkdir()
-    meta = pretokenize(base / "raw", tokenizer_path, base / "tokens", SEED, PRETOKENIZE)
+    meta = pretokenize(base / "raw", tokenizer_path, base / "tokens", SEED, PretokenizeSection.of(PRETOKENIZE))
     shards = base / "shards"
     shards.mkdir()
     splits = {
@@ -260,12 +261,12 @@ def test_eval_of_a_run_trained_without_fim_skips_infilling_and_says_so(run_dir, 
         "infill_docs": 4,
         "lm_eval": {"tasks": [], "max_docs": 2},
     }
-    cfg = kiln_config.stage_sections("eval", tiny, eval=small)["eval"]
+    cfg = kiln_config.RunConfig.of(kiln_config.stage_sections("eval", tiny, eval=small)).eval
     data = DataPaths(run_dir / "shards", run_dir / "tokens", run_dir / "raw", tokenizer_path)
     prepare(data, cfg, SEED, None, tmp_path / "eval_data")
     paths = RunPaths(run_dir / "train", run_dir / "shards", run_dir / "tokens", tokenizer_path, tmp_path / "eval_data")
     with pytest.raises(KilnError, match=r"made for eval.max_batches 2, and this eval's is 3"):
-        evaluate(paths, {**cfg, "max_batches": 3}, SEED, tmp_path)
+        evaluate(paths, dataclasses.replace(cfg, max_batches=3), SEED, tmp_path)
     metrics, samples = evaluate(paths, cfg, SEED, tmp_path)
     assert EvalData.read(tmp_path / "eval_data", 2).unigram_val_loss == metrics["unigram_val_loss"]
     assert metrics["infill"] == {

@@ -19,7 +19,7 @@ import json
 from kiln import config as kiln_config
 from kiln.config.batch import split_batch
 from kiln.config.models import model_config
-from kiln.config.sections import SmokeSection, TrainSection
+from kiln.config.run_config import RunConfig, TokenizerSection
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import padded_vocab_size
 from kiln.errors import KilnError
@@ -39,37 +39,33 @@ ADAMW_BYTES_PER_PARAM = 4 + 4 + 4  # fp32 weights + exp_avg + exp_avg_sq: an Ada
 TEXT_BYTES_PER_TOKEN = 4
 
 
-def model_vocab(tokenizer: dict) -> int:
+def model_vocab(tokenizer: TokenizerSection) -> int:
     """The embedding rows the run's model will have, from the tokenizer section alone."""
-    if tokenizer["kind"] == "train":
-        return padded_vocab_size(tokenizer["vocab_size"])
-    if tokenizer["kind"] == "tiktoken" and tokenizer.get("encoding") in TIKTOKEN_VOCAB:
-        return padded_vocab_size(TIKTOKEN_VOCAB[tokenizer["encoding"]] + len(SPECIAL_TOKENS))
-    if tokenizer["kind"] == "file":
+    if tokenizer.kind == "train":
+        return padded_vocab_size(tokenizer.vocab_size)
+    if tokenizer.kind == "tiktoken" and tokenizer.encoding in TIKTOKEN_VOCAB:
+        return padded_vocab_size(TIKTOKEN_VOCAB[tokenizer.encoding] + len(SPECIAL_TOKENS))
+    if tokenizer.kind == "file":
         from kiln.data.tokenizer import id_space, load_tokenizer, with_special_tokens
 
-        return padded_vocab_size(id_space(with_special_tokens(load_tokenizer(tokenizer["path"]))))
+        return padded_vocab_size(id_space(with_special_tokens(load_tokenizer(tokenizer.path))))
     raise KilnError(
-        f"tokenizer: cannot tell the vocabulary size of {tokenizer} before the tokenizer stage; "
+        f"tokenizer: cannot tell the vocabulary size of {tokenizer.as_dict()} before the tokenizer stage; "
         f"known tiktoken encodings: {', '.join(TIKTOKEN_VOCAB)}"
     )
 
 
-def data_disk(cfg: dict, vocab: int) -> dict[str, int | None]:
+def data_disk(run: RunConfig, vocab: int) -> dict[str, int | None]:
     """Bytes the data stages leave on disk, by stage: the download (kiln.data.raw's zstd parquet, at
     most the sources' text budgets, download.sources[].max_bytes), the pretokenized ids (train.bin,
     val.bin) and the shards (the same ids again, in rows): every token is stored twice. None where
     the config does not bound it."""
-    sources = cfg["download"]["sources"]
-    raw = sum(s["max_bytes"] for s in sources) if all(s.get("max_bytes") for s in sources) else None
-    pre = cfg["pretokenize"]
-    tokens = (
-        pre["train_tokens"] + pre["val_tokens"]
-        if pre.get("train_tokens")
-        else raw // TEXT_BYTES_PER_TOKEN
-        if raw
-        else None
-    )  # unset train_tokens: every document
+    sources, pre = run.download.sources, run.pretokenize
+    raw = sum(s.max_bytes for s in sources) if all(s.max_bytes for s in sources) else None
+    if pre.train_tokens:
+        tokens = pre.train_tokens + pre.val_tokens
+    else:  # every document
+        tokens = raw // TEXT_BYTES_PER_TOKEN if raw else None
     itemsize = 2 if vocab <= 2**16 else 4  # kiln.data.pretokenize.token_dtype
     ids = None if tokens is None else tokens * itemsize
     return {"raw": raw, "pretokenized": ids, "shards": ids}
@@ -77,33 +73,32 @@ def data_disk(cfg: dict, vocab: int) -> dict[str, int | None]:
 
 def predict(cfg: dict) -> dict:
     """The plan of a validated config, with what it assumed (plan.gpu, plan.mfu) recorded in it."""
-    train, expect = TrainSection.of(cfg["train"]), cfg["plan"]
-    gpu = gpu_of(expect["gpu"])
+    run = RunConfig.of(cfg)
+    train, expect = run.train, run.plan
+    gpu = gpu_of(expect.gpu)
     if gpu is None:
-        raise KilnError(
-            f"plan.gpu: {expect['gpu']!r} is not a known GPU (known: {', '.join(g.fragment for g in GPUS)})"
-        )
+        raise KilnError(f"plan.gpu: {expect.gpu!r} is not a known GPU (known: {', '.join(g.fragment for g in GPUS)})")
     peak = gpu.tflops * 1e12
-    model = model_config(cfg["model"], vocab_size=model_vocab(cfg["tokenizer"]), seq_len=cfg["shard"]["seq_len"])
+    model = model_config(run.model.as_dict(), vocab_size=model_vocab(run.tokenizer), seq_len=run.shard.seq_len)
     # micro_batch / activation_checkpointing auto: what the smoke stage would pick on plan.gpu
     train, picked = autofit.resolve(train, model, train.ranks, gpu.memory_gib, cuda=True)
-    batch = split_batch(train.batch_tokens, train.micro_batch, cfg["shard"]["seq_len"], train.ranks)
-    tokens_per_s = expect["mfu"] * peak * batch.world / model.flops_per_token()
+    batch = split_batch(train.batch_tokens, train.micro_batch, run.shard.seq_len, train.ranks)
+    tokens_per_s = expect.mfu * peak * batch.world / model.flops_per_token()
     n_params = model.num_params(non_embedding=False)
     # A budget buys steps at the assumed speed; what the stage spends besides steps is unknown here
     # (the smoke stage measures it), so it counts as nothing: this is the most the budget buys.
     times = StageTimes(step_s=batch.tokens_per_step / tokens_per_s, startup_s=0.0, validation_s=0.0, checkpoint_s=0.0)
     plan = build_plan(
         train,
-        SmokeSection.of(cfg["smoke"]).price_per_gpu_hour,
+        run.smoke.price_per_gpu_hour,
         batch=batch,
         times=times,
         tokens_per_s=tokens_per_s,
         n_params=n_params,
-        train_tokens=cfg["pretokenize"].get("train_tokens") or 0,
+        train_tokens=run.pretokenize.train_tokens or 0,
         checkpoint_bytes=4 * n_params + optimizer_state_bytes(model, train.optimizer),  # fp32 weights + state
         model_bytes=4 * n_params,
-        data_bytes=data_disk(cfg, model.vocab_size),
+        data_bytes=data_disk(run, model.vocab_size),
     )
     memory = fit_report(
         model, setting_of(train, world=batch.world, grad_accum=batch.grad_accum), gpu.fragment, gpu.memory_gib
@@ -111,9 +106,9 @@ def predict(cfg: dict) -> dict:
     return plan | {
         "memory": memory | ({"auto": picked} if picked else {}),
         "predicted_from": {
-            "gpu": expect["gpu"],
+            "gpu": expect.gpu,
             "peak_tflops": peak / 1e12,
-            "mfu": expect["mfu"],
+            "mfu": expect.mfu,
             "flops_per_token": model.flops_per_token(),
         },
     }

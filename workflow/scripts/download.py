@@ -8,6 +8,7 @@ resumes after the last complete part.
 
 from pathlib import Path
 
+from kiln.config import RunConfig
 from kiln.data.raw import write_raw
 from kiln.stage import run_main, stage_config, stage_parser
 
@@ -18,7 +19,7 @@ def main() -> None:
         "--out", required=True, type=Path, help="output folder, e.g. results/data/raw-<key> (kiln.layout)"
     )
     args = parser.parse_args()
-    manifest = write_raw(stage_config(args, "download")["download"], args.out)
+    manifest = write_raw(RunConfig.of(stage_config(args, "download")).download, args.out)
     print(f"download: {manifest['rows']} documents, {manifest['bytes']} bytes -> {args.out}")
 
 

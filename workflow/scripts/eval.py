@@ -11,6 +11,7 @@ in fp32.
 import logging
 from pathlib import Path
 
+from kiln.config import RunConfig
 from kiln.eval.suite import RunPaths, evaluate
 from kiln.io import write_json
 from kiln.stage import run_main, stage_config, stage_parser
@@ -27,24 +28,24 @@ def main() -> None:
     parser.add_argument("--eval-data", required=True, type=Path, help="eval_data stage output folder")
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/eval")
     args = parser.parse_args()
-    cfg = stage_config(args, "eval")
-    train = cfg["train"]
-    device = select_device(train["device"])
+    run = RunConfig.of(stage_config(args, "eval"))
+    train = run.train
+    device = select_device(train.device)
     configure(device)  # TF32 for fp32 matmuls on a GPU; on the CPU, the allocator that keeps freed memory
     logging.getLogger("kiln.eval").info(
-        "eval on %s (train.device %s, train.precision %s)", device, train["device"], train["precision"]
+        "eval on %s (train.device %s, train.precision %s)", device, train.device, train.precision
     )
     paths = RunPaths(args.model, args.shards, args.tokens, args.tokenizer, args.eval_data)
-    prompts = train["samples"]
+    train_samples = train.samples
     sampler = make_sampler(
         args.tokenizer,
-        prompts["prompts"],
-        prompts["max_new_tokens"],
-        temperature=prompts["temperature"],
-        top_p=prompts["top_p"],
-        seed=train["seed"],
+        train_samples.prompts,
+        train_samples.max_new_tokens,
+        temperature=train_samples.temperature,
+        top_p=train_samples.top_p,
+        seed=train.seed,
     )
-    metrics, samples = evaluate(paths, cfg["eval"], train["seed"], args.out, device, train["precision"], sampler)
+    metrics, samples = evaluate(paths, run.eval, train.seed, args.out, device, train.precision, sampler)
     write_json(args.out / "samples.json", samples)
     write_json(args.out / "metrics.json", metrics)
     infill = metrics["infill"]

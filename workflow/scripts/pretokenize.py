@@ -6,6 +6,7 @@ Writes <out>/train.bin, <out>/val.bin (raw token ids), <out>/val_ids.txt and <ou
 
 from pathlib import Path
 
+from kiln.config import RunConfig
 from kiln.data.pretokenize import pretokenize
 from kiln.io import atomic_dir
 from kiln.stage import run_main, stage_config, stage_parser
@@ -20,9 +21,9 @@ def main() -> None:
     )
     parser.add_argument("--workers", type=int, default=1, help="worker processes (the output does not depend on it)")
     args = parser.parse_args()
-    cfg = stage_config(args, "pretokenize")
+    run = RunConfig.of(stage_config(args, "pretokenize"))
     with atomic_dir(args.out) as tmp:
-        meta = pretokenize(args.raw, args.tokenizer, tmp, cfg["seed"], cfg["pretokenize"], args.workers)
+        meta = pretokenize(args.raw, args.tokenizer, tmp, run.seed, run.pretokenize, args.workers)
     s = meta["splits"]
     print(
         f"pretokenize: train {s['train']['docs']} docs / {s['train']['tokens']} tokens, "

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from kiln.config import RunConfig
 from kiln.io import atomic_file, read_json
 from kiln.layout import METRICS, SAMPLES
 from kiln.plan.verdict import SmokeReport
@@ -26,10 +27,10 @@ def main() -> None:
     parser.add_argument("--report", required=True, type=Path, help="output report.md")
     parser.add_argument("--plot", required=True, type=Path, help="output loss-curve PNG")
     args = parser.parse_args()
-    cfg = stage_config(args, "report")
+    run = RunConfig.of(stage_config(args, "report"))
     train = args.train.parent
     data = {
-        "config": cfg,
+        "config": run,
         "tokenizer": read_json(args.tokenizer_stats),
         "tokens": read_json(args.tokens / "meta.json"),
         "shards": read_json(args.shards / "manifest.json"),
@@ -46,11 +47,11 @@ def main() -> None:
             read_metrics(train / METRICS),
             tmp,
             ev["unigram_val_loss"],
-            cfg["eval"]["reference"],
+            run.eval.reference,
             bits_per_nat=ev["val_bits_per_byte"] / ev["val_loss"],
         )
     with atomic_file(args.report) as tmp:
-        tmp.write_text(render(cfg["run_name"], data, args.plot.name), encoding="utf-8")
+        tmp.write_text(render(run.run_name, data, args.plot.name), encoding="utf-8")
     print(f"report: {args.report.resolve()}")
 
 

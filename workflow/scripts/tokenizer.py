@@ -7,6 +7,7 @@ size, special token ids, bytes per token on held-out documents).
 
 from pathlib import Path
 
+from kiln.config import RunConfig
 from kiln.data.tokenizer import build_tokenizer
 from kiln.io import atomic_file, write_json
 from kiln.stage import run_main, stage_config, stage_parser
@@ -18,8 +19,8 @@ def main() -> None:
     parser.add_argument("--tokenizer", required=True, type=Path, help="output tokenizer.json")
     parser.add_argument("--stats", required=True, type=Path, help="output stats.json")
     args = parser.parse_args()
-    cfg = stage_config(args, "tokenizer")
-    tokenizer, stats = build_tokenizer(args.raw, cfg["tokenizer"], cfg["seed"])
+    run = RunConfig.of(stage_config(args, "tokenizer"))
+    tokenizer, stats = build_tokenizer(args.raw, run.tokenizer, run.seed)
     with atomic_file(args.tokenizer) as tmp:
         tokenizer.save(str(tmp))
     write_json(args.stats, stats)

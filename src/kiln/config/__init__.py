@@ -9,7 +9,8 @@
     sweep     one config, several runs (arms)
     settings  every leaf's stages and whether it changes their outputs: each rule's params, the
               train fingerprint, the data folders' keys and docs/settings.md come from it
-    sections  typed, frozen views of the train and smoke sections, read by attribute
+    sections  typed, frozen views of a section, read by attribute: the machinery, train and smoke
+    run_config  the other sections typed, and RunConfig: a run's (or a stage's) whole config, typed
     models    named model flavours (each with its source URL) and the ModelConfig derived from them
     batch     the one derived split of a step: ranks x accumulation x micro-batch x seq_len
     special_tokens  the tokens every vocabulary holds
@@ -21,12 +22,14 @@ plan` and `kiln status` import it without importing torch.
 from kiln.config.files import EMBEDDED_DEFAULT, merge, raw_config, read_yaml
 from kiln.config.resolve import Experiment, load, resolve, resolve_experiment, stage_sections, validate
 from kiln.config.rules import checkpoint_format
+from kiln.config.run_config import RunConfig
 from kiln.errors import ConfigError
 
 __all__ = [
     "EMBEDDED_DEFAULT",
     "ConfigError",
     "Experiment",
+    "RunConfig",
     "checkpoint_format",
     "load",
     "merge",

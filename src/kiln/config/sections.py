@@ -1,4 +1,5 @@
-"""Typed, frozen views of the run config's train and smoke sections, read by attribute.
+"""Typed, frozen views of the run config's sections, read by attribute: the shared machinery (Section)
+and the train and smoke sections; the others, and RunConfig holding them all, are in kiln.config.run_config.
 
 The schema (workflow/schemas/config.schema.yaml, read by kiln.config.schema) owns every key's default and
 description; these classes own none. A section is built (`of`) from the dict kiln.config.validate returned,
@@ -9,13 +10,15 @@ ModelConfig, and an override is `dataclasses.replace(train, precision="fp32")`, 
 
 The stage interface stays plain JSON: `--params` carries a stage's sections as dicts and Trainer
 takes them, so `as_dict` gives back exactly the validated dict: a key the schema leaves unset
-(train.budget's units, train.init_from's sources: no default) is None here and absent there, and
-a tuple is a list again. dataclasses.asdict would keep the unset keys as None, which changes the
-train fingerprint (kiln.train.fingerprint) a checkpoint is resumed against.
+(train.budget's units, train.init_from's sources: no default) is None here and absent there, a
+tuple is a list again and a read-only mapping (pretokenize.mixture) a dict. dataclasses.asdict
+would keep the unset keys as None, which changes the train fingerprint (kiln.train.fingerprint) a
+checkpoint is resumed against.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -23,11 +26,12 @@ from typing import Any, ClassVar, Mapping
 
 from kiln.errors import KilnError
 
-UNSET = "unset"  # field metadata: a key with no schema default, None here when the config leaves it out
+UNSET = "unset"  # field metadata: a key a validated config may lack, None here when it does
 
 
-def _unset():
-    """A field for a key the schema gives no default: None when absent, and left out by as_dict."""
+def unset():
+    """A field for a key the schema gives no default, or only some variants of its section have:
+    None when absent, and left out by as_dict."""
     return field(metadata={UNSET: True})
 
 
@@ -39,23 +43,24 @@ class Section:
     @classmethod
     def of(cls, data: Mapping, where: str | None = None):
         """The section a validated dict means; a KilnError naming each key that is missing or unknown."""
-        where = where or cls.KEY
+        where = cls.KEY if where is None else where
         if not isinstance(data, Mapping):
-            raise KilnError(f"{where}: expected a mapping of settings, got {type(data).__name__}")
+            raise KilnError(f"{where or '<root>'}: expected a mapping of settings, got {type(data).__name__}")
         hints = typing.get_type_hints(cls)
         known = {f.name for f in fields(cls)}
         problems = [
-            f"{where}.{k}: unknown key, no field of kiln.config.sections.{cls.__name__} (a schema key needs one)"
+            f"{_path(where, k)}: unknown key, no field of {cls.__module__}.{cls.__name__} (a schema key needs one)"
             for k in sorted(set(data) - known)
         ]
         problems += [
-            f"{where}.{f.name}: missing (build sections from a config kiln.config.validate returned: it fills the defaults)"
+            f"{_path(where, f.name)}: missing (build sections from a config kiln.config.validate returned: it fills "
+            "the defaults)"
             for f in fields(cls)
             if f.name not in data and not f.metadata.get(UNSET)
         ]
         if problems:
             raise KilnError("; ".join(problems))
-        return cls(**{f.name: _typed(hints[f.name], data.get(f.name), f"{where}.{f.name}") for f in fields(cls)})
+        return cls(**{f.name: _typed(hints[f.name], data.get(f.name), _path(where, f.name)) for f in fields(cls)})
 
     def as_dict(self) -> dict[str, Any]:
         """The validated dict this section was built from (after any replace): JSON-ready."""
@@ -73,14 +78,33 @@ def section_types(hint) -> tuple[type, ...]:
     return (typing.get_origin(hint) or hint,)
 
 
+def _path(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _section_class(hint) -> type[Section] | None:
+    return next((t for t in section_types(hint) if isinstance(t, type) and issubclass(t, Section)), None)
+
+
+def item_type(hint):
+    """X of a tuple[X, ...] annotation, `| None` or not; None for any other."""
+    for arg in (hint, *typing.get_args(hint)):
+        if typing.get_origin(arg) is tuple:
+            return typing.get_args(arg)[0]
+    return None
+
+
 def _typed(hint, value, where: str):
     if value is None:
         return None
-    for kind in section_types(hint):
-        if isinstance(kind, type) and issubclass(kind, Section):
-            return kind.of(value, where)
-    if tuple in section_types(hint) and isinstance(value, (list, tuple)):
+    if section := _section_class(hint):
+        return section.of(value, where)
+    if item := item_type(hint):
+        if item_section := _section_class(item):  # download.sources: each item a section
+            return tuple(item_section.of(v, f"{where}.{i}") for i, v in enumerate(value))
         return tuple(value)
+    if collections.abc.Mapping in section_types(hint):  # a free-form mapping: pretokenize.mixture
+        return types.MappingProxyType(dict(value))
     return value
 
 
@@ -89,6 +113,8 @@ def _plain(value):
         return value.as_dict()
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return dict(value)
     return value
 
 
@@ -97,9 +123,9 @@ class Budget(Section):
     """train.budget: exactly one unit is set (the schema says so)."""
 
     KEY: ClassVar[str] = "train.budget"
-    minutes: float | None = _unset()
-    hours: float | None = _unset()
-    dollars: float | None = _unset()
+    minutes: float | None = unset()
+    hours: float | None = unset()
+    dollars: float | None = unset()
 
 
 @dataclass(frozen=True)
@@ -107,9 +133,9 @@ class InitFrom(Section):
     """train.init_from: exactly one source is set (kiln.config.rules checks it)."""
 
     KEY: ClassVar[str] = "train.init_from"
-    run: str | None = _unset()
-    checkpoint: str | None = _unset()
-    hf: str | None = _unset()
+    run: str | None = unset()
+    checkpoint: str | None = unset()
+    hf: str | None = unset()
     optimizer: bool
 
 
@@ -214,6 +240,3 @@ class SmokeSection(Section):
     precision_steps: int
     price_per_gpu_hour: float | None
     profile_step: int | None
-
-
-SECTIONS: dict[str, type[Section]] = {"train": TrainSection, "smoke": SmokeSection}

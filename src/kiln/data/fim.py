@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 
+from kiln.config.run_config import Fim
 from kiln.io import stable_hash
 
 PREFIX, MIDDLE, SUFFIX = "<fim_prefix>", "<fim_middle>", "<fim_suffix>"
@@ -29,19 +30,19 @@ def fim_rng(seed: int, doc_id: str) -> random.Random:
     return random.Random(stable_hash(seed, "fim", doc_id))
 
 
-def choose_mode(rng: random.Random, fim: dict, n_chars: int) -> str:
+def choose_mode(rng: random.Random, fim: Fim, n_chars: int) -> str:
     """'none' or one of MODES, drawn with the configured rate and shares."""
-    if n_chars < max(fim["min_chars"], 2) or rng.random() >= fim["rate"]:
+    if n_chars < max(fim.min_chars, 2) or rng.random() >= fim.rate:
         return "none"
     draw = rng.random()
-    if draw < fim["psm"]:
+    if draw < fim.psm:
         return "psm"
-    if draw < fim["psm"] + fim["spm"]:
+    if draw < fim.psm + fim.spm:
         return "spm"
     return "middle_only"
 
 
-def fim_pieces(n_chars: int, seed: int, doc_id: str, fim: dict) -> tuple[str, list[Piece]]:
+def fim_pieces(n_chars: int, seed: int, doc_id: str, fim: Fim) -> tuple[str, list[Piece]]:
     """The mode drawn for a document of n_chars characters, and its pieces in training order
     (sentinels and non-empty spans; EOS not included)."""
     rng = fim_rng(seed, doc_id)

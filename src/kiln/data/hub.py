@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from kiln.config.run_config import Source
 from kiln.errors import KilnError
 
 # HTTP statuses that say "try again later" rather than "this does not exist".
@@ -79,22 +80,22 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
-def describe(spec: dict) -> str:
-    config = f" (config {spec['config']!r})" if spec.get("config") else ""
-    return f"download: source {spec['name']!r}: dataset {spec['dataset']!r}{config}"
+def describe(spec: Source) -> str:
+    config = f" (config {spec.config!r})" if spec.config else ""
+    return f"download: source {spec.name!r}: dataset {spec.dataset!r}{config}"
 
 
-def open_stream(spec: dict):
+def open_stream(spec: Source):
     """The source's split as a `datasets.IterableDataset`, its columns checked against the spec."""
     import datasets
 
     try:
         stream = datasets.load_dataset(
-            spec["dataset"],
-            name=spec.get("config"),
-            split=spec["split"],
-            data_files=spec.get("data_files"),
-            revision=spec.get("revision"),
+            spec.dataset,
+            name=spec.config,
+            split=spec.split,
+            data_files=None if spec.data_files is None else list(spec.data_files),  # datasets' type: a list
+            revision=spec.revision,
             streaming=True,
         )
     except Exception as exc:  # datasets raises many types for "cannot reach / cannot find"
@@ -105,7 +106,7 @@ def open_stream(spec: dict):
     if stream.features is not None:  # known up front for most hub datasets; else checked per row
         present = list(stream.features)
         for key in ("text_column", "path_column", "repo_column"):
-            column = spec.get(key)
+            column = getattr(spec, key)
             if column is not None and column not in present:
                 raise KilnError(
                     f"{describe(spec)}: no column {column!r} (download.sources: {key}); "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from kiln.config.run_config import Fim
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.fim import fim_pieces
 from kiln.data.sources import Document
@@ -41,7 +42,7 @@ def _whole(text: str) -> list[Piece]:
     return [(text, 0, len(text))] if text else []
 
 
-def sample_pieces(docs: list[Document], repo_context: bool, fim: dict | None, seed: int, modes: Counter) -> list[Piece]:
+def sample_pieces(docs: list[Document], repo_context: bool, fim: Fim | None, seed: int, modes: Counter) -> list[Piece]:
     """The pieces of one sample, EOS last; fim None lays it out plain (the validation side). Each
     document's FIM mode is counted in `modes`."""
     as_repo = repo_context and docs[0].repo is not None

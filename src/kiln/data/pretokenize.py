@@ -30,10 +30,12 @@ import logging
 import math
 from collections import Counter, deque
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import pyarrow.parquet as pq
 
+from kiln.config.run_config import PretokenizeSection
 from kiln.data import faults
 from kiln.data.encoders import MAX_CHARS, Encoder, tiktoken_encoding
 from kiln.data.sources import part_paths
@@ -53,11 +55,11 @@ def token_dtype(padded_vocab: int) -> np.dtype:
     return np.dtype(np.uint16) if padded_vocab <= 2**16 else np.dtype(np.uint32)
 
 
-def _shares(manifest: dict, cfg: dict) -> dict[str, float]:
+def _shares(manifest: dict, mixture: Mapping[str, float]) -> dict[str, float]:
     """Each source's share of the tokens: its mixture weight (0 when unlisted), else its share of bytes."""
-    if cfg["mixture"]:
-        total = sum(cfg["mixture"].values())
-        return {name: cfg["mixture"].get(name, 0) / total for name in manifest["sources"]}
+    if mixture:
+        total = sum(mixture.values())
+        return {name: mixture.get(name, 0) / total for name in manifest["sources"]}
     return {name: src["bytes"] / max(manifest["bytes"], 1) for name, src in manifest["sources"].items()}
 
 
@@ -260,7 +262,7 @@ def pretokenize(
     tokenizer_path: Path,
     out_dir: Path,
     seed: int,
-    cfg: dict,
+    cfg: PretokenizeSection,
     workers: int = 1,
     max_chars: int = MAX_CHARS,
 ) -> dict:
@@ -272,20 +274,18 @@ def pretokenize(
     vocab = id_space(tokenizer)
     dtype = token_dtype(padded_vocab_size(vocab))
     check = _check_texts(raw_dir, manifest)
-    local, encoder_info = choose_encoder(tokenizer, cfg["encoder"], [t for texts in check.values() for t in texts])
+    local, encoder_info = choose_encoder(tokenizer, cfg.encoder, [t for texts in check.values() for t in texts])
     log.info("encoding with %s (%d worker processes)", local.backend, workers)
     expected = {}  # tokens per source, from its size and the bytes per token of its check sample
     for s, texts in check.items():
         sample_tokens = sum(len(ids) for ids in local.encode(texts))
         expected[s] = manifest["sources"][s]["bytes"] * sample_tokens / max(sum(map(utf8_size, texts)), 1)
-    shares = _shares(manifest, cfg)
-    quotas = {s: math.ceil(cfg["val_tokens"] * share) for s, share in shares.items()}
-    budget = cfg.get("train_tokens")
+    shares = _shares(manifest, cfg.mixture)
+    quotas = {s: math.ceil(cfg.val_tokens * share) for s, share in shares.items()}
+    budget = cfg.train_tokens
     targets = {s: 0 if share == 0 else None if budget is None else round(budget * share) for s, share in shares.items()}
     parts = [(i, s, path) for i, (s, path) in enumerate(part_paths(raw_dir, manifest))]
-    settings = Settings(
-        str(tokenizer_path), local.backend, dtype.name, seed, cfg["fim"], cfg["repo_context"], max_chars
-    )
+    settings = Settings(str(tokenizer_path), local.backend, dtype.name, seed, cfg.fim, cfg.repo_context, max_chars)
     scratch = out_dir / ".scratch"
     scratch.mkdir()
     with WorkerPool(workers, settings) as pool:
@@ -307,7 +307,7 @@ def pretokenize(
         if splits[split]["docs"] == 0:
             raise KilnError(
                 f"pretokenize: the {split} split is empty ({manifest['rows']} documents in all); add documents "
-                f"or change pretokenize.val_tokens (now {cfg['val_tokens']})"
+                f"or change pretokenize.val_tokens (now {cfg.val_tokens})"
             )
     meta = {
         "dtype": dtype.name,
@@ -320,7 +320,7 @@ def pretokenize(
         "sources": sources,
         "val_sources": val_sources,
         "fim_modes": {m: sum(train[s][m] for s in train) for m in COUNT_COLUMNS[3:]},
-        "repo_context": cfg["repo_context"],
+        "repo_context": cfg.repo_context,
     }
     write_json(out_dir / "meta.json", meta)  # what the shard stage, eval and the report read
     return meta

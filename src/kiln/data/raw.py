@@ -30,6 +30,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kiln.config.run_config import DownloadSection, Source
 from kiln.data import faults
 from kiln.data.hub import describe, is_transient
 from kiln.data.sources import Document, SourceReader
@@ -80,8 +81,8 @@ def digest_and_size(text: str | Utf8Text) -> tuple[int, int]:
     return int.from_bytes(digest.digest()[:8], "little"), size
 
 
-def _fingerprint(cfg: dict) -> str:
-    return hashlib.sha256(json.dumps([FORMAT, cfg], sort_keys=True).encode()).hexdigest()
+def _fingerprint(cfg: DownloadSection) -> str:
+    return hashlib.sha256(json.dumps([FORMAT, cfg.as_dict()], sort_keys=True).encode()).hexdigest()
 
 
 def _row_groups(sizes: list[int]) -> list[tuple[int, int]]:
@@ -122,10 +123,10 @@ def _write_part(docs: list[Document], path: Path) -> dict:
 class _SourceWriter:
     """Streams one source into staged parts, saving progress after each; resumes from the last one."""
 
-    def __init__(self, spec: dict, cfg: dict, staging: Path, progress: dict, seen: set[int] | None):
+    def __init__(self, spec: Source, cfg: DownloadSection, staging: Path, progress: dict, seen: set[int] | None):
         self.spec, self.cfg, self.staging, self.progress, self.seen = spec, cfg, staging, progress, seen
-        self.entry = progress["sources"][spec["name"]]
-        (staging / spec["name"]).mkdir(parents=True, exist_ok=True)
+        self.entry = progress["sources"][spec.name]
+        (staging / spec.name).mkdir(parents=True, exist_ok=True)
 
     def run(self) -> None:
         attempts = 0
@@ -134,15 +135,15 @@ class _SourceWriter:
             try:
                 self._stream()
             except Exception as exc:
-                if self.spec["kind"] != "hf" or not is_transient(exc):
+                if self.spec.kind != "hf" or not is_transient(exc):
                     raise
                 attempts = 1 if len(self.entry["parts"]) > parts_before else attempts + 1
-                if attempts > self.cfg["retries"]:
+                if attempts > self.cfg.retries:
                     raise KilnError(
                         f"{describe(self.spec)}: network failure, gave up after {attempts} "
-                        f"attempts (download.retries={self.cfg['retries']}): {exc}"
+                        f"attempts (download.retries={self.cfg.retries}): {exc}"
                     ) from exc
-                delay = self.cfg["retry_backoff_s"] * 2 ** (attempts - 1)
+                delay = self.cfg.retry_backoff_s * 2 ** (attempts - 1)
                 log.warning(
                     "%s: %s; retrying from part %d in %.1f s (attempt %d of %d)",
                     describe(self.spec),
@@ -150,7 +151,7 @@ class _SourceWriter:
                     len(self.entry["parts"]),
                     delay,
                     attempts + 1,
-                    self.cfg["retries"] + 1,
+                    self.cfg.retries + 1,
                 )
                 time.sleep(delay)
 
@@ -159,7 +160,7 @@ class _SourceWriter:
         try:
             digest, size = digest_and_size(doc.text)
         except UnicodeEncodeError:  # a lone surrogate, e.g. from a JSON "\ud800" escape
-            if self.cfg["invalid_utf8"] == "fail":
+            if self.cfg.invalid_utf8 == "fail":
                 raise KilnError(
                     f"{doc.id}: text is not valid UTF-8 (a lone surrogate); set "
                     "download.invalid_utf8: skip to skip such records"
@@ -169,9 +170,9 @@ class _SourceWriter:
         cfg = self.cfg
         if doc.text.is_blank() if isinstance(doc.text, Utf8Text) else not doc.text.strip():
             counts.skipped_empty += 1
-        elif size < cfg["min_doc_bytes"]:
+        elif size < cfg.min_doc_bytes:
             counts.skipped_short += 1
-        elif cfg.get("max_doc_bytes") is not None and size > cfg["max_doc_bytes"]:
+        elif cfg.max_doc_bytes is not None and size > cfg.max_doc_bytes:
             counts.skipped_long += 1
         elif self.seen is not None and digest in self.seen:
             counts.skipped_duplicate += 1
@@ -180,7 +181,7 @@ class _SourceWriter:
         return None
 
     def _stream(self) -> None:
-        spec, entry, rows_per_part = self.spec, self.entry, self.cfg["rows_per_part"]
+        spec, entry, rows_per_part = self.spec, self.entry, self.cfg.rows_per_part
         counts = Counts(**entry["counts"])
         last = (entry["position"], dataclasses.replace(counts))  # where reading stands after batch[-1]
         batch: list[Document] = []
@@ -189,16 +190,16 @@ class _SourceWriter:
 
         def flush() -> None:
             nonlocal batch_bytes
-            path = self.staging / spec["name"] / f"part-{len(entry['parts']):05d}.parquet"
+            path = self.staging / spec.name / f"part-{len(entry['parts']):05d}.parquet"
             entry["parts"].append(_write_part(batch, path))
             entry["position"], entry["counts"] = last[0], dataclasses.asdict(last[1])
             write_json(self.staging / PROGRESS, self.progress)
-            log.info("source %s: part %d written (%d documents)", spec["name"], len(entry["parts"]) - 1, len(batch))
+            log.info("source %s: part %d written (%d documents)", spec.name, len(entry["parts"]) - 1, len(batch))
             batch.clear()
             digests.clear()
             batch_bytes = 0
 
-        reader = SourceReader(spec, self.cfg["invalid_utf8"])
+        reader = SourceReader(spec, self.cfg.invalid_utf8)
         try:
             for doc in reader.read(entry["position"]):
                 if doc is None:
@@ -208,7 +209,7 @@ class _SourceWriter:
                 if kept is None:
                     continue
                 digest, size = kept
-                if spec.get("max_bytes") is not None and counts.rows and counts.bytes + size > spec["max_bytes"]:
+                if spec.max_bytes is not None and counts.rows and counts.bytes + size > spec.max_bytes:
                     break
                 full = len(batch) >= rows_per_part or batch_bytes >= PART_MAX_BYTES
                 same_repo = batch and doc.repo is not None and doc.repo == batch[-1].repo
@@ -222,7 +223,7 @@ class _SourceWriter:
                 counts.rows += 1
                 counts.bytes += size
                 last = (reader.position(), dataclasses.replace(counts))
-                if spec.get("max_rows") is not None and counts.rows >= spec["max_rows"]:
+                if spec.max_rows is not None and counts.rows >= spec.max_rows:
                     break
         except BaseException:
             if self.seen is not None:
@@ -235,14 +236,14 @@ class _SourceWriter:
         write_json(self.staging / PROGRESS, self.progress)
         if not entry["parts"]:
             raise KilnError(
-                f"download: source {spec['name']!r} ({spec['kind']}) produced no documents (skipped "
+                f"download: source {spec.name!r} ({spec.kind}) produced no documents (skipped "
                 f"{counts.skipped_empty} empty, {counts.skipped_non_utf8} non-UTF-8, {counts.skipped_short} "
                 f"short, {counts.skipped_long} long, {counts.skipped_duplicate} duplicate); check its paths, "
                 "include patterns or dataset"
             )
 
 
-def _start_progress(staging: Path, cfg: dict) -> dict:
+def _start_progress(staging: Path, cfg: DownloadSection) -> dict:
     """The staged progress of an earlier attempt at this same download section, or a fresh start."""
     fingerprint = _fingerprint(cfg)
     if (staging / PROGRESS).exists():
@@ -271,16 +272,16 @@ def _seen_digests(staging: Path, progress: dict) -> set[int]:
     return seen
 
 
-def write_raw(cfg: dict, out_dir: Path) -> dict:
+def write_raw(cfg: DownloadSection, out_dir: Path) -> dict:
     """Run the download section `cfg` into out_dir (replaced whole at the end); return the manifest."""
     out_dir = Path(out_dir)
     staging = out_dir.parent / f".{out_dir.name}.partial"
     progress = _start_progress(staging, cfg)
-    seen = _seen_digests(staging, progress) if cfg["dedup"] else None
+    seen = _seen_digests(staging, progress) if cfg.dedup else None
     try:
-        for spec in cfg["sources"]:
+        for spec in cfg.sources:
             progress["sources"].setdefault(
-                spec["name"], {"parts": [], "position": None, "counts": dataclasses.asdict(Counts()), "done": False}
+                spec.name, {"parts": [], "position": None, "counts": dataclasses.asdict(Counts()), "done": False}
             )
             _SourceWriter(spec, cfg, staging, progress, seen).run()
     except BaseException:
@@ -288,14 +289,14 @@ def write_raw(cfg: dict, out_dir: Path) -> dict:
             shutil.rmtree(staging, ignore_errors=True)  # nothing worth resuming
         raise
     sources = {}
-    for spec in cfg["sources"]:
-        entry = progress["sources"][spec["name"]]
-        sources[spec["name"]] = {"kind": spec["kind"], "spec": spec, "parts": entry["parts"], **entry["counts"]}
+    for spec in cfg.sources:
+        entry = progress["sources"][spec.name]
+        sources[spec.name] = {"kind": spec.kind, "spec": spec.as_dict(), "parts": entry["parts"], **entry["counts"]}
     manifest = {
         "sources": sources,
         "rows": sum(s["rows"] for s in sources.values()),
         "bytes": sum(s["bytes"] for s in sources.values()),
-        "dedup": cfg["dedup"],
+        "dedup": cfg.dedup,
     }
     write_json(staging / "manifest.json", manifest)
     (staging / PROGRESS).unlink()

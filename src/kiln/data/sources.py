@@ -26,10 +26,11 @@ import logging
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import pyarrow.parquet as pq
 
+from kiln.config.run_config import Source
 from kiln.data.utf8text import BIG_TEXT_BYTES, Utf8Text, first_invalid_byte, texts_of
 from kiln.errors import KilnError
 
@@ -54,7 +55,7 @@ def stdlib_root() -> Path:
 class SourceReader:
     """The records of one source, in order, from a resume position (None: the beginning)."""
 
-    def __init__(self, spec: dict, invalid_utf8: str = "skip"):
+    def __init__(self, spec: Source, invalid_utf8: str = "skip"):
         self.spec, self.invalid_utf8 = spec, invalid_utf8
         self.records = 0
         self._stream = None  # the datasets.IterableDataset of an hf source, for its resumable state
@@ -67,7 +68,7 @@ class SourceReader:
 
     def read(self, position: dict | None = None) -> Iterator[Document | None]:
         self.records = 0
-        if self.spec["kind"] == "hf":
+        if self.spec.kind == "hf":
             from kiln.data.hub import open_stream  # imports datasets: slow, and only this kind needs it
 
             self._stream = open_stream(self.spec)
@@ -78,7 +79,7 @@ class SourceReader:
         else:
             self.records = position["records"] if position else 0
             # Local files are cheap to read again: skip what was read; only a stream resumes in place.
-            items = itertools.islice(KINDS[self.spec["kind"]](self), self.records, None)
+            items = itertools.islice(KINDS[self.spec.kind](self), self.records, None)
         for item in items:
             self.records += 1
             yield item
@@ -107,25 +108,22 @@ class SourceReader:
         return None
 
     def document(self, doc_id: str, text: object, where: str, path: str, repo: object = None) -> Document:
-        column = self.spec.get("text_column", "text")
         if not isinstance(text, str):
-            raise KilnError(f"{where}: column {column!r} holds {type(text).__name__}, expected a string")
+            raise KilnError(f"{where}: column {self.spec.text_column!r} holds {type(text).__name__}, expected a string")
         if repo is not None and not isinstance(repo, str):
-            raise KilnError(
-                f"{where}: column {self.spec['repo_column']!r} holds {type(repo).__name__}, expected a string"
-            )
-        return Document(doc_id, text, path, self.spec["name"], repo or None)
+            raise KilnError(f"{where}: column {self.spec.repo_column!r} holds {type(repo).__name__}, expected a string")
+        return Document(doc_id, text, path, self.spec.name, repo or None)
 
     def _hf_documents(self) -> Iterator[Document]:
         spec = self.spec
-        text_col, path_col, repo_col = spec["text_column"], spec.get("path_column"), spec.get("repo_column")
+        text_col, path_col, repo_col = spec.text_column, spec.path_column, spec.repo_column
         for row, record in enumerate(self._stream, start=self.records):
-            where = f"source {spec['name']!r}: dataset {spec['dataset']!r} row {row}"
+            where = f"source {spec.name!r}: dataset {spec.dataset!r} row {row}"
             if text_col not in record:
                 raise KilnError(f"{where}: no column {text_col!r}; columns present: {', '.join(record)}")
-            path = record.get(path_col) if path_col else spec["dataset"]
+            path = record.get(path_col) if path_col else spec.dataset
             yield self.document(
-                f"{spec['name']}/{spec['dataset']}#{row}",
+                f"{spec.name}/{spec.dataset}#{row}",
                 record.get(text_col),
                 where,
                 str(path),
@@ -138,7 +136,7 @@ def _stdlib_documents(reader: SourceReader) -> Iterator[Document | None]:
     files = sorted(
         {
             p
-            for pattern in spec["include"]
+            for pattern in spec.include
             for p in root.glob(pattern)
             if p.is_file() and "site-packages" not in p.parts and "__pycache__" not in p.parts
         }
@@ -146,10 +144,10 @@ def _stdlib_documents(reader: SourceReader) -> Iterator[Document | None]:
     for path in files:
         text = reader.read_file(path)
         rel = path.relative_to(root).as_posix()
-        yield None if text is None else Document(f"{spec['name']}/{rel}", text, rel, spec["name"])
+        yield None if text is None else Document(f"{spec.name}/{rel}", text, rel, spec.name)
 
 
-def expand_paths(patterns: list[str]) -> list[Path]:
+def expand_paths(patterns: Sequence[str]) -> list[Path]:
     """Files named by paths, directories (every file below, sorted) or glob patterns, in order."""
     files: list[Path] = []
     for pattern in patterns:
@@ -201,7 +199,7 @@ def _parse_json(text: str, where: str):
 
 def _row_documents(path: Path, reader: SourceReader) -> Iterator[Document | None]:
     spec = reader.spec
-    columns = [spec["text_column"], *(c for c in (spec.get("path_column"), spec.get("repo_column")) if c)]
+    columns = [spec.text_column, *(c for c in (spec.path_column, spec.repo_column) if c)]
     if path.suffix == ".parquet":
         parquet = pq.ParquetFile(path)
         present = parquet.schema_arrow.names
@@ -218,11 +216,11 @@ def _row_documents(path: Path, reader: SourceReader) -> Iterator[Document | None
         if not isinstance(record, dict) or any(c not in record for c in columns):
             present = list(record) if isinstance(record, dict) else [type(record).__name__]
             raise _missing_column(path, row, next(c for c in columns if c not in present), present)
-        doc_path = record[spec["path_column"]] if spec.get("path_column") else path.as_posix()
-        repo = record[spec["repo_column"]] if spec.get("repo_column") else None
+        doc_path = record[spec.path_column] if spec.path_column else path.as_posix()
+        repo = record[spec.repo_column] if spec.repo_column else None
         yield reader.document(
-            f"{spec['name']}/{path.as_posix()}#{row}",
-            record[spec["text_column"]],
+            f"{spec.name}/{path.as_posix()}#{row}",
+            record[spec.text_column],
             f"{path}: row {row}",
             str(doc_path),
             repo,
@@ -230,8 +228,8 @@ def _row_documents(path: Path, reader: SourceReader) -> Iterator[Document | None
 
 
 def _local_documents(reader: SourceReader) -> Iterator[Document | None]:
-    name = reader.spec["name"]
-    for path in expand_paths(reader.spec["paths"]):
+    name = reader.spec.name
+    for path in expand_paths(reader.spec.paths):
         if path.suffix in ROW_FILE_SUFFIXES:
             yield from _row_documents(path, reader)
         else:

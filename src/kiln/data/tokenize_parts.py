@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kiln.config.run_config import Fim
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.encoders import Encoder
 from kiln.data.packing import group_samples, metadata_bytes, sample_pieces
@@ -47,7 +48,7 @@ class Settings:
     backend: str
     dtype: str
     seed: int
-    fim: dict
+    fim: Fim
     repo_context: bool
     max_chars: int
 

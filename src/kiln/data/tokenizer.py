@@ -26,6 +26,7 @@ import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from kiln.config.run_config import TokenizerSection
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.encoders import GPT2_PATTERN, tokenizer_from_tiktoken
 from kiln.data.sources import part_paths, read_documents, read_part_column
@@ -127,41 +128,41 @@ def _sample(raw_dir: Path, manifest: dict, heldout: set[str], budget: int, seed:
         yield doc.text
 
 
-def _pretrained(cfg: dict) -> Tokenizer:
-    if cfg["kind"] == "file":
+def _pretrained(cfg: TokenizerSection) -> Tokenizer:
+    if cfg.kind == "file":
         try:
-            return load_tokenizer(cfg["path"])
+            return load_tokenizer(cfg.path)
         except Exception as exc:  # tokenizers raises a bare Exception for unreadable files
-            raise KilnError(f"tokenizer.path: cannot load {cfg['path']!r} as a tokenizer.json: {exc}") from None
-    if "path" in cfg:
+            raise KilnError(f"tokenizer.path: cannot load {cfg.path!r} as a tokenizer.json: {exc}") from None
+    if cfg.path is not None:
         try:
-            ranks = load_tiktoken_bpe(cfg["path"])
+            ranks = load_tiktoken_bpe(cfg.path)
         except (OSError, ValueError) as exc:
-            raise KilnError(f"tokenizer.path: cannot read {cfg['path']!r} as a .tiktoken file: {exc}") from None
+            raise KilnError(f"tokenizer.path: cannot read {cfg.path!r} as a .tiktoken file: {exc}") from None
         encoding = tiktoken.Encoding(
-            Path(cfg["path"]).stem, pat_str=cfg.get("pattern", GPT2_PATTERN), mergeable_ranks=ranks, special_tokens={}
+            Path(cfg.path).stem, pat_str=cfg.pattern or GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={}
         )
     else:
         try:
-            encoding = tiktoken.get_encoding(cfg["encoding"])
+            encoding = tiktoken.get_encoding(cfg.encoding)
         except Exception as exc:  # unknown name, or not cached and no network
             raise KilnError(
-                f"tokenizer.encoding: tiktoken cannot load {cfg['encoding']!r} here (it must be "
+                f"tokenizer.encoding: tiktoken cannot load {cfg.encoding!r} here (it must be "
                 f"in tiktoken's local cache, TIKTOKEN_CACHE_DIR, when offline): {exc}"
             ) from None
     return tokenizer_from_tiktoken(encoding, SPECIAL_TOKENS)
 
 
-def build_tokenizer(raw_dir: Path, cfg: dict, seed: int) -> tuple[Tokenizer, dict]:
+def build_tokenizer(raw_dir: Path, cfg: TokenizerSection, seed: int) -> tuple[Tokenizer, dict]:
     """The tokenizer section's tokenizer and its stats (bytes/token measured on held-out documents)."""
     raw_dir = Path(raw_dir)
     manifest = read_json(raw_dir / "manifest.json")
-    heldout = _heldout_ids(raw_dir, manifest, cfg["heldout_docs"], seed)
+    heldout = _heldout_ids(raw_dir, manifest, cfg.heldout_docs, seed)
     used = {"docs": 0, "bytes": 0, "by_source": {}}
-    if cfg["kind"] == "train":
+    if cfg.kind == "train":
         started = time.perf_counter()
-        log.info("training a %d-token BPE on up to %d bytes", cfg["vocab_size"], cfg["train_bytes"])
-        tokenizer = train_bpe(_sample(raw_dir, manifest, heldout, cfg["train_bytes"], seed, used), cfg["vocab_size"])
+        log.info("training a %d-token BPE on up to %d bytes", cfg.vocab_size, cfg.train_bytes)
+        tokenizer = train_bpe(_sample(raw_dir, manifest, heldout, cfg.train_bytes, seed, used), cfg.vocab_size)
         log.info(
             "trained in %.1f s on %d documents (%d bytes)", time.perf_counter() - started, used["docs"], used["bytes"]
         )
@@ -173,7 +174,7 @@ def build_tokenizer(raw_dir: Path, cfg: dict, seed: int) -> tuple[Tokenizer, dic
         if doc.id in heldout and isinstance(doc.text, str)
     ]
     stats = {
-        "kind": cfg["kind"],
+        "kind": cfg.kind,
         "vocab_size": id_space(tokenizer),
         "padded_vocab_size": padded_vocab_size(id_space(tokenizer)),
         "special_token_ids": special_ids(tokenizer),

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kiln.config.sections import InitFrom
 from kiln.data.fim import MIDDLE, MODES, PREFIX, SUFFIX
 from kiln.data.sources import Document
 from kiln.data.tokenizer import EOS
@@ -54,7 +55,7 @@ def _problem(doc: Document, span: str, seed: int) -> InfillProblem | None:
     return InfillProblem(doc.id, span, "".join(lines[:i]), "".join(lines[i : i + n]), "".join(lines[i + n :]))
 
 
-def not_run_reason(meta: dict, tokenizer, init_from: dict | None) -> str | None:
+def not_run_reason(meta: dict, tokenizer, init_from: InitFrom | None) -> str | None:
     """Why infilling is not measured for this run, or None when it is. A model that never saw a FIM
     sentinel cannot infill (its completions of "<fim_middle>" are noise, not a score): that is a run
     whose train split (the token folder's meta.json `fim_modes`, what pretokenize actually wrote)

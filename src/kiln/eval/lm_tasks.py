@@ -18,6 +18,7 @@ import json
 import logging
 import random
 from pathlib import Path
+from typing import Sequence
 
 from tokenizers import Tokenizer
 
@@ -30,7 +31,7 @@ LOCAL_TASKS = tuple(sorted(p.stem for p in TASKS_DIR.glob("*.yaml")))
 RENAMED = {"kiln_code_perplexity": "kiln_heldout_perplexity", "kiln_next_line": "kiln_heldout_next_line"}
 
 
-def current_names(tasks: list[str]) -> list[str]:
+def current_names(tasks: Sequence[str]) -> list[str]:
     """eval.lm_eval.tasks with the local tasks' former names replaced by their names now (a warning
     for each), each task once, in the order given."""
     out: list[str] = []

@@ -22,6 +22,8 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kiln.config.run_config import EvalSection
+from kiln.config.sections import InitFrom
 from kiln.data.loader import ShardRows
 from kiln.data.sources import read_documents
 from kiln.data.tokenizer import load_tokenizer
@@ -82,7 +84,7 @@ class EvalData:
         return data
 
 
-def prepare(paths: DataPaths, eval_cfg: dict, seed: int, init_from: dict | None, out_dir: Path) -> EvalData:
+def prepare(paths: DataPaths, eval_cfg: EvalSection, seed: int, init_from: InitFrom | None, out_dir: Path) -> EvalData:
     """Make and write the run's EvalData into out_dir (the eval_data stage). eval_cfg: the eval
     section; seed: the data seed; init_from: train.init_from (a model that may have seen FIM)."""
     tokenizer = load_tokenizer(paths.tokenizer)
@@ -90,29 +92,29 @@ def prepare(paths: DataPaths, eval_cfg: dict, seed: int, init_from: dict | None,
     train = TokenFile(paths.tokens / "train.bin", meta["dtype"])
     log.info("unigram baseline: counting %d training tokens", len(train))
     val_rows = ShardRows(paths.shards, "val")
-    unigram = unigram_loss(train, val_rows, meta["padded_vocab_size"], BATCH, eval_cfg["max_batches"])
+    unigram = unigram_loss(train, val_rows, meta["padded_vocab_size"], BATCH, eval_cfg.max_batches)
 
     log.info("held-out documents from %s", paths.raw)
     val_ids = set((paths.tokens / "val_ids.txt").read_text(encoding="utf-8").split("\n"))
     val_docs = [d for d in read_documents(paths.raw, read_json(paths.raw / "manifest.json")) if d.id in val_ids]
     not_run = not_run_reason(meta, tokenizer, init_from)
-    problems = [] if not_run else make_problems(val_docs, eval_cfg["infill_docs"], seed)
-    log.info("infilling: %s", not_run or f"{len(problems)} problems from {eval_cfg['infill_docs']} documents")
+    problems = [] if not_run else make_problems(val_docs, eval_cfg.infill_docs, seed)
+    log.info("infilling: %s", not_run or f"{len(problems)} problems from {eval_cfg.infill_docs} documents")
     with atomic_dir(out_dir / EVAL_TASK_DATA) as tmp:
-        write_task_data(val_docs, tmp, seed, eval_cfg["lm_eval"]["max_docs"], tokenizer)
+        write_task_data(val_docs, tmp, seed, eval_cfg.lm_eval.max_docs, tokenizer)
 
     log.info("13-gram contamination against %d training tokens", len(train))
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
     sets = {"val_documents": [encode(d.text) for d in val_docs]}
     if not not_run:
         sets["infill_problems"] = [encode(p.prefix[-2000:] + p.middle + p.suffix[:2000]) for p in problems]
-    tasks = current_names(eval_cfg["lm_eval"]["tasks"])
+    tasks = current_names(eval_cfg.lm_eval.tasks)
     for task, texts in local_task_texts(out_dir / EVAL_TASK_DATA).items():
         if task in tasks:
             sets[f"lm_eval {task}"] = [encode(t) for t in texts]
     data = EvalData(
         unigram_val_loss=unigram,
-        max_batches=eval_cfg["max_batches"],
+        max_batches=eval_cfg.max_batches,
         contamination=contamination.overlaps(train, sets),
         val_documents=len(val_docs),
         infill_problems=tuple(problems),

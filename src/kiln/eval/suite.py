@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from kiln.config.models import ModelConfig
+from kiln.config.run_config import EvalSection, LmEval
 from kiln.data.loader import ShardRows
 from kiln.data.tokenizer import load_tokenizer
 from kiln.eval.infill import run_infill
@@ -59,20 +60,20 @@ class RunPaths:
     eval_data: Path  # the eval_data stage's folder (kiln.eval.prepared)
 
 
-def completions(model, tokenizer, cfg: dict, seed: int) -> list[dict]:
+def completions(model, tokenizer, cfg: EvalSection, seed: int) -> list[dict]:
     """Each prompt continued greedily and sampled (every prompt in one batch per mode), with token
     healing (kiln.generate.healing)."""
     generator = torch.Generator().manual_seed(seed)
-    out = [{"prompt": prompt} for prompt in cfg["prompts"]]
-    for name, temperature in (("greedy", 0.0), ("sampled", cfg["temperature"])):
+    out = [{"prompt": prompt} for prompt in cfg.prompts]
+    for name, temperature in (("greedy", 0.0), ("sampled", cfg.temperature)):
         texts = complete(
             model,
             tokenizer,
-            cfg["prompts"],
-            cfg["max_new_tokens"],
+            cfg.prompts,
+            cfg.max_new_tokens,
             temperature=temperature,
-            top_k=cfg["top_k"],
-            top_p=cfg["top_p"],
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
             generator=generator,
         )
         for row, text in zip(out, texts):
@@ -80,9 +81,9 @@ def completions(model, tokenizer, cfg: dict, seed: int) -> list[dict]:
     return out
 
 
-def decoding(cfg: dict) -> dict[str, str]:
+def decoding(cfg: EvalSection) -> dict[str, str]:
     """completions()'s rows' keys -> how each was decoded (kiln.generate.decode.describe)."""
-    return {"greedy": describe(0.0), "sampled": describe(cfg["temperature"], cfg["top_k"], cfg["top_p"])}
+    return {"greedy": describe(0.0), "sampled": describe(cfg.temperature, cfg.top_k, cfg.top_p)}
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,13 @@ def checkpoint_curve(model_dir: Path, held_out: HeldOut, final: dict, device: to
 
 
 def _lm_eval(
-    paths: RunPaths, cfg: dict, tasks: list[str], data: EvalData, tasks_dir: Path, device: torch.device, precision: str
+    paths: RunPaths,
+    cfg: LmEval,
+    tasks: list[str],
+    data: EvalData,
+    tasks_dir: Path,
+    device: torch.device,
+    precision: str,
 ) -> dict:
     """lm-eval results by task; tasks that cannot be loaded (a hub task offline) are reported, not fatal.
     The local tasks' YAMLs go in tasks_dir, naming the eval_data stage's files."""
@@ -213,7 +220,7 @@ def _lm_eval(
     results = {}
     for task in tasks:
         try:
-            results.update(run_lm_eval("kiln", model_args, [task], tasks_dir, limit=cfg["limit"]))
+            results.update(run_lm_eval("kiln", model_args, [task], tasks_dir, limit=cfg.limit))
         except Exception as exc:  # lm-eval raises many kinds for a task it cannot fetch or build
             if task in LOCAL_TASKS:
                 raise
@@ -232,7 +239,7 @@ def release_cast_weights() -> None:
 
 def evaluate(
     paths: RunPaths,
-    cfg: dict,
+    cfg: EvalSection,
     seed: int,
     work_dir: Path,
     device: torch.device = CPU,
@@ -248,7 +255,7 @@ def evaluate(
 
 def _evaluate(
     paths: RunPaths,
-    cfg: dict,
+    cfg: EvalSection,
     seed: int,
     work_dir: Path,
     device: torch.device,
@@ -258,9 +265,9 @@ def _evaluate(
     torch.manual_seed(seed)
     model, tokenizer = load_model(paths.model, device), load_tokenizer(paths.tokenizer)
     meta = read_json(paths.tokens / "meta.json")
-    data = EvalData.read(paths.eval_data, cfg["max_batches"])
-    held_out = HeldOut.open(paths.shards, paths.tokens, meta, cfg["max_batches"])
-    log.info("held-out loss on up to %d batches", cfg["max_batches"])
+    data = EvalData.read(paths.eval_data, cfg.max_batches)
+    held_out = HeldOut.open(paths.shards, paths.tokens, meta, cfg.max_batches)
+    log.info("held-out loss on up to %d batches", cfg.max_batches)
     overall = held_out.overall(model)
     loss, n_tokens = overall["val_loss"], overall["val_tokens_evaluated"]
     log.info("held-out loss per source: %s", ", ".join(held_out.ranges))
@@ -285,10 +292,10 @@ def _evaluate(
     else:
         log.info("infilling: %d problems", len(data.infill_problems))
         infill = run_infill(model, tokenizer, list(data.infill_problems))
-    tasks = current_names(cfg["lm_eval"]["tasks"])
+    tasks = current_names(cfg.lm_eval.tasks)
     log.info("lm-eval tasks: %s", ", ".join(tasks))
     release_cast_weights()  # the final model's, before lm-eval loads its own copy of it
-    harness = _lm_eval(paths, cfg["lm_eval"], tasks, data, work_dir / "lm_eval_tasks", device, precision)
+    harness = _lm_eval(paths, cfg.lm_eval, tasks, data, work_dir / "lm_eval_tasks", device, precision)
     release_cast_weights()  # lm-eval's model's
     metrics = {
         "val_loss": loss,

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import matplotlib
 
+from kiln.config.run_config import Reference, RunConfig
+from kiln.config.sections import Budget
 from kiln.plan.steps import budget_text
 from kiln.plan.tables import checks_table, format_eta
 from kiln.plan.verdict import SmokeReport
@@ -23,7 +25,7 @@ def plot_loss(
     records: list[dict],
     png: Path,
     unigram: float | None = None,
-    reference: dict | None = None,
+    reference: Reference | None = None,
     bits_per_nat: float | None = None,
 ) -> None:
     """The loss curves, with the learning rate, throughput and MFU (TFLOP/s where no peak is known,
@@ -65,9 +67,9 @@ def plot_loss(
         ax.axhline(unigram, color="grey", ls="--", lw=1, label="unigram baseline (val)")
     if reference is not None and (nats := reference_loss(reference, bits_per_nat)) is not None:
         figure = (
-            f"{reference['val_loss']:g}" if "val_loss" in reference else f"{reference['bits_per_byte']:g} bits/byte"
+            f"{reference.val_loss:g}" if reference.val_loss is not None else f"{reference.bits_per_byte:g} bits/byte"
         )
-        ax.axhline(nats, color="tab:orange", ls=":", lw=1.2, label=f"reference {figure} ({reference['source']})")
+        ax.axhline(nats, color="tab:orange", ls=":", lw=1.2, label=f"reference {figure} ({reference.source})")
     if bits_per_nat:
         right = ax.secondary_yaxis("right", functions=(lambda n: n * bits_per_nat, lambda b: b / bits_per_nat))
         right.set_ylabel("bits per byte (val)")
@@ -85,8 +87,9 @@ def _fence(text: str) -> str:
 
 
 def render(run: str, data: dict, png_name: str) -> str:
-    """The report's markdown from the stages' outputs (`data` keys: config, tokenizer, tokens,
-    shards, smoke (a SmokeReport), plan, train, train_samples, eval, samples; the others as read from JSON)."""
+    """The report's markdown from the stages' outputs (`data` keys: config (the report stage's RunConfig),
+    tokenizer, tokens, shards, smoke (a SmokeReport), plan, train, train_samples, eval, samples; the others
+    as read from JSON)."""
     ev, tok, split, train = data["eval"], data["tokenizer"], data["tokens"]["splits"], data["train"]
     lines = [
         f"# Kiln run `{run}`",
@@ -129,7 +132,7 @@ def render(run: str, data: dict, png_name: str) -> str:
         f"| bits per byte | {ev['val_bits_per_byte']:.4f} | {ev['unigram_bits_per_byte']:.4f} |",
         f"| perplexity | {ev['val_perplexity']:.2f} | |",
         "",
-        *_reference_line(data["config"]["eval"].get("reference"), ev["val_loss"], ev["val_bits_per_byte"]),
+        *_reference_line(data["config"].eval.reference, ev["val_loss"], ev["val_bits_per_byte"]),
         *_eval_tables(ev),
         *_completions(data["samples"]),
     ]
@@ -151,56 +154,52 @@ def render(run: str, data: dict, png_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def reference_loss(reference: dict, bits_per_nat: float | None) -> float | None:
+def reference_loss(reference: Reference, bits_per_nat: float | None) -> float | None:
     """eval.reference in nats/token: its val_loss, or its bits_per_byte over the val split's bits
     per byte for one nat per token (None when that is unknown)."""
-    if "val_loss" in reference:
-        return reference["val_loss"]
-    return reference["bits_per_byte"] / bits_per_nat if bits_per_nat else None
+    if reference.val_loss is not None:
+        return reference.val_loss
+    return reference.bits_per_byte / bits_per_nat if bits_per_nat else None
 
 
-def _reference_line(reference: dict | None, val_loss: float, val_bpb: float) -> list[str]:
+def _reference_line(reference: Reference | None, val_loss: float, val_bpb: float) -> list[str]:
     if reference is None:
         return []
     name, ours, theirs = (
-        ("val loss", val_loss, reference["val_loss"])
-        if "val_loss" in reference
-        else ("bits per byte", val_bpb, reference["bits_per_byte"])
+        ("val loss", val_loss, reference.val_loss)
+        if reference.val_loss is not None
+        else ("bits per byte", val_bpb, reference.bits_per_byte)
     )
     gap = ours - theirs
     return [
-        f"Reference: {name} {theirs:g} ({reference['source']}); this run "
+        f"Reference: {name} {theirs:g} ({reference.source}); this run "
         f"{ours:.4f}, {abs(gap):.3f} {'above' if gap > 0 else 'below'} it.",
         "",
     ]
 
 
-def _config_summary(cfg: dict, train_result: dict) -> list[str]:
-    model, train, sources = cfg["model"], cfg["train"], cfg["download"]["sources"]
-    shape = (
-        model.get("flavour")
-        or f"{model.get('family', 'gpt2')} {model['n_layer']} layers x {model['d_model']}, {model['n_head']} heads"
-    )
-    ranks = train["nproc_per_node"] * train["nnodes"]
-    batch = train["batch_tokens"] or f"one micro-batch ({train['micro_batch']} rows) on each of {ranks} ranks:"
-    data = ", ".join(f"{source['name']} ({source['kind']})" for source in sources)
+def _config_summary(cfg: RunConfig, train_result: dict) -> list[str]:
+    model, train = cfg.model, cfg.train
+    shape = model.flavour or f"{model.family or 'gpt2'} {model.n_layer} layers x {model.d_model}, {model.n_head} heads"
+    batch = train.batch_tokens or f"one micro-batch ({train.micro_batch} rows) on each of {train.ranks} ranks:"
+    data = ", ".join(f"{source.name} ({source.kind})" for source in cfg.download.sources)
     return [
         "## Configuration",
         "",
         "| | |",
         "|---|---|",
         f"| data | {data} |",
-        f"| model | {shape}; {train_result['n_params']:,} parameters; context {cfg['shard']['seq_len']} |",
+        f"| model | {shape}; {train_result['n_params']:,} parameters; context {cfg.shard.seq_len} |",
         f"| batch | {batch} tokens per step |",
-        f"| optimisation | {train_result['steps']:,} steps{_budget_note(train['budget'])}, lr {train['lr']:g} -> {train['min_lr']:g} ({train['schedule']}, "
-        f"{train['warmup_steps']} warmup), weight decay {train['weight_decay']:g}, clip {train['grad_clip']:g}, {train['precision']} |",
-        f"| seed | {cfg['seed']} |",
+        f"| optimisation | {train_result['steps']:,} steps{_budget_note(train.budget)}, lr {train.lr:g} -> {train.min_lr:g} ({train.schedule}, "
+        f"{train.warmup_steps} warmup), weight decay {train.weight_decay:g}, clip {train.grad_clip:g}, {train.precision} |",
+        f"| seed | {cfg.seed} |",
         f"| initial weights | {train_result.get('init_from') or 'random (seed)'} |",
     ]
 
 
-def _budget_note(budget: dict | None) -> str:
-    return f" (what a budget of {budget_text(budget)} bought)" if budget else ""
+def _budget_note(budget: Budget | None) -> str:
+    return f" (what a budget of {budget_text(budget.as_dict())} bought)" if budget else ""
 
 
 def _smoke_section(smoke: SmokeReport, plan: dict, train: dict) -> list[str]:

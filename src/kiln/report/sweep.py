@@ -18,6 +18,7 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 
+from kiln.config.run_config import RunConfig
 from kiln.io import benchmark_seconds, read_json
 from kiln.layout import METRICS, Layout
 from kiln.plan.tables import format_eta
@@ -67,9 +68,8 @@ def collect(runs: dict[str, dict], varied: list[str], results: Path) -> tuple[li
         metrics = read_json(paths.output("eval", "metrics.json"))
         records = read_metrics(paths.folder("train") / METRICS)
         time_s = _stage_seconds(paths, summary)
-        train = cfg["train"]
-        price = cfg["smoke"]["price_per_gpu_hour"]
-        ranks = train["nproc_per_node"] * train["nnodes"]
+        typed = RunConfig.of(cfg)
+        price = typed.smoke.price_per_gpu_hour
         losses = [r["loss"] for r in records if "loss" in r]
         arms.append(
             Arm(
@@ -83,7 +83,7 @@ def collect(runs: dict[str, dict], varied: list[str], results: Path) -> tuple[li
                 val_bpb=metrics.get("val_bits_per_byte"),
                 tokens_per_s=summary["tokens_per_s"],
                 time_s=time_s,
-                cost=time_s / 3600 * ranks * price if price else None,
+                cost=time_s / 3600 * typed.train.ranks * price if price else None,
                 init_from=summary.get("init_from"),
             )
         )
