@@ -3,13 +3,16 @@
     torchrun --nproc_per_node 2 tests/muon_worker.py PLAN.json
 
 PLAN.json: {"shards": DIR, "checks_out": FILE, "runs": [{"out": DIR, "sections": {...}, "resume_from":
-DIR/checkpoints/step-N (optional: copied in and named by LATEST before the run)}]}. The check: under
-FSDP2 (every weight a row-sharded DTensor, one of them in uneven halves), kiln.train.muon's step gives
-the weights and momenta torch.optim.Muon gives on the whole matrices, bit for bit.
+DIR/checkpoints/step-N (optional: copied in and named by LATEST before the run)}]}. The checks: with
+plain (replicated, as under DDP) matrices and under FSDP2 (every weight a row-sharded DTensor, one of
+them in uneven halves), kiln.train.muon's step gives the weights and momenta torch.optim.Muon gives on
+the whole matrices, bit for bit, a flagged step changes nothing, and each rank runs Newton-Schulz on
+its share of the matrices only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import shutil
@@ -22,7 +25,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from kiln.config.models import model_config
 from kiln.model.build import build_model
-from kiln.train import checkpoint
+from kiln.train import checkpoint, muon
 from kiln.train.distributed import init_distributed, shutdown
 from kiln.train.muon import Muon
 from kiln.train.optim import hidden_matrices
@@ -30,40 +33,99 @@ from kiln.train.parallel import parallelize
 from kiln.train.trainer import Trainer
 
 MUON = dict(lr=0.02, momentum=0.95, weight_decay=0.01, nesterov=True)
+STEPS = 3
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+@contextlib.contextmanager
+def _counted_newton_schulz():
+    """Counts this rank's Newton-Schulz runs in kiln.train.muon (the name its step calls)."""
+    calls, original = [0], muon._zeropower_via_newtonschulz
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    muon._zeropower_via_newtonschulz = counted
+    try:
+        yield calls
+    finally:
+        muon._zeropower_via_newtonschulz = original
+
+
+def _compare(ours, theirs, grad_for) -> dict:
+    """STEPS steps of our Muon on `ours` and torch's on `theirs` (the whole matrices), the same
+    gradients on every rank (grad_for: this rank's part of one); step 1 flagged, with an inf in a
+    gradient, and not taken by torch's. Newton-Schulz runs per rank, gathered."""
+    opt, ref = Muon(ours, **MUON), torch.optim.Muon(theirs, **MUON)
+
+    def state() -> list[torch.Tensor]:
+        return [_full(t).clone() for p in ours for t in (p, opt.state[p]["momentum_buffer"])]
+
+    with _counted_newton_schulz() as calls:
+        for step in range(STEPS):
+            flagged = step == 1
+            gen = torch.Generator().manual_seed(step)
+            for p, q in zip(ours, theirs):
+                g = torch.randn(q.shape, generator=gen)  # the same on every rank
+                if flagged:
+                    g[0, 0] = float("inf")
+                q.grad = g
+                p.grad = grad_for(g, p)
+            opt.found_inf = torch.tensor(float(flagged))
+            if flagged:
+                before = state()
+                opt.step()
+                unchanged = all(torch.equal(x, y) for x, y in zip(before, state()))
+            else:
+                opt.step()
+                ref.step()
+    counts = [None] * dist.get_world_size()
+    dist.all_gather_object(counts, calls[0])
+    return {
+        "step_is_torch_muon": all(torch.equal(_full(p), q) for p, q in zip(ours, theirs)),
+        "momentum_same": all(
+            torch.equal(_full(opt.state[p]["momentum_buffer"]), ref.state[q]["momentum_buffer"])
+            for p, q in zip(ours, theirs)
+        ),
+        "flagged_step_unchanged": unchanged,
+        "matrices": len(ours),
+        "newton_schulz_per_rank": [c / STEPS for c in counts],
+    }
+
+
+def _model():
+    torch.manual_seed(0)
+    # d_ff 35: gate and up are 35 x 32, sharded 18 + 17 rows
+    return build_model(model_config({"family": "llama", "n_layer": 1, "n_head": 2, "d_model": 32, "d_ff": 35}, 64, 8))
+
+
+def check_ddp_step() -> dict:
+    """Plain (replicated) matrices, as under DDP: each rank orthogonalises its share."""
+    model = _model()
+    whole = copy.deepcopy(model)
+    return _compare(hidden_matrices(model), hidden_matrices(whole), lambda g, p: g.clone())
 
 
 def check_fsdp_step(d) -> dict:
-    torch.manual_seed(0)
-    # d_ff 35: gate and up are 35 x 32, sharded 18 + 17 rows
-    model = build_model(model_config({"family": "llama", "n_layer": 1, "n_head": 2, "d_model": 32, "d_ff": 35}, 64, 8))
+    model = _model()
     whole = copy.deepcopy(model)
     parallelize(model, d, strategy="fsdp", compile_model=False, activation_checkpointing="none", bf16=False)
     ours, theirs = hidden_matrices(model), hidden_matrices(whole)
     sharded = all(isinstance(p, DTensor) for p in ours)
     uneven = any(p._local_tensor.shape[0] * d.world != p.shape[0] for p in ours)
-    opt, ref = Muon(ours, **MUON), torch.optim.Muon(theirs, **MUON)
-    for step in range(3):
-        gen = torch.Generator().manual_seed(step)
-        for p, q in zip(ours, theirs):
-            g = torch.randn(q.shape, generator=gen)  # the same on every rank
-            q.grad = g
-            p.grad = distribute_tensor(g, p.device_mesh, p.placements)
-        opt.found_inf = torch.zeros(())
-        opt.step()
-        ref.step()
-    same = all(torch.equal(p.full_tensor(), q) for p, q in zip(ours, theirs))
-    same_momentum = all(
-        torch.equal(opt.state[p]["momentum_buffer"].full_tensor(), ref.state[q]["momentum_buffer"])
-        for p, q in zip(ours, theirs)
-    )
-    return {"sharded": sharded, "uneven": uneven, "fsdp_step_is_torch_muon": same, "momentum_same": same_momentum}
+    compared = _compare(ours, theirs, lambda g, p: distribute_tensor(g, p.device_mesh, p.placements))
+    return {"sharded": sharded, "uneven": uneven, **compared}
 
 
 def main() -> None:
     plan = json.loads(Path(sys.argv[1]).read_text())
     torch.set_num_threads(1)
     d = init_distributed()
-    checks = {"world": d.world, **check_fsdp_step(d)}
+    checks = {"world": d.world, "ddp": check_ddp_step(), "fsdp": check_fsdp_step(d)}
     for spec in plan["runs"]:
         out = Path(spec["out"])
         if spec.get("resume_from") and d.is_main:

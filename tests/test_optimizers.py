@@ -27,7 +27,7 @@ from kiln.forecast import predict
 from kiln.model.build import build_model, load_model
 from kiln.plan.memory import Setting, estimate, layer_params, setting_of
 from kiln.train import checkpoint, fingerprint, launch
-from kiln.train.muon import Muon
+from kiln.train.muon import Muon, ns_cost, owners, rounds
 from kiln.train.optim import build_optimizer, hidden_matrices
 from kiln.train.schedule import lr_at
 from kiln.train.trainer import Trainer, run
@@ -304,15 +304,45 @@ def launched(tmp_path_factory):
     return base, json.loads((base / "checks.json").read_text()), reference
 
 
-def test_an_fsdp_sharded_muon_step_is_torch_muon_on_the_whole_matrices(launched):
+@pytest.mark.parametrize("layout", ["ddp", "fsdp"])
+def test_a_two_rank_muon_step_is_torch_muon_on_the_whole_matrices_sharing_newton_schulz(launched, layout):
     _, checks, _ = launched
-    assert checks == {
-        "world": 2,
-        "sharded": True,
-        "uneven": True,
-        "fsdp_step_is_torch_muon": True,
+    check = checks[layout]
+    per_rank = check.pop("newton_schulz_per_rank")
+    assert checks["world"] == 2
+    assert check == {
+        "step_is_torch_muon": True,
         "momentum_same": True,
+        "flagged_step_unchanged": True,
+        "matrices": 7,
+        **({"sharded": True, "uneven": True} if layout == "fsdp" else {}),
     }
+    # each matrix orthogonalised on one rank a step, each rank doing its share (owners: 3 and 4)
+    assert per_rank == owner_counts([(32, 32)] * 4 + [(35, 32)] * 2 + [(32, 35)], 2) == [3, 4]
+
+
+def owner_counts(shapes, world):
+    owner = owners(shapes, world)
+    return [owner.count(r) for r in range(world)]
+
+
+def test_newton_schulz_is_shared_out_by_cost_deterministically():
+    # a llama layer (q, k, v, o, gate, up, down) x 4, with GQA's smaller k and v
+    shapes = [(64, 64), (16, 64), (16, 64), (64, 64), (176, 64), (176, 64), (64, 176)] * 4
+    for world in (1, 2, 3, 8, 40):
+        owner = owners(shapes, world)
+        assert owner == owners(list(shapes), world) and len(owner) == len(shapes)
+        assert all(0 <= o < world for o in owner)
+        load = [sum(ns_cost(s) for s, o in zip(shapes, owner) if o == r) for r in range(world)]
+        assert max(load) - min(load) <= max(map(ns_cost, shapes))
+        # every matrix exactly once, each rank's in index order, round by round
+        held = [i for r in rounds(owner, world) for i in r if i is not None]
+        assert sorted(held) == list(range(len(shapes)))
+        assert all(owner[i] == r for rnd in rounds(owner, world) for r, i in enumerate(rnd) if i is not None)
+    assert owners(shapes, 1) == [0] * len(shapes)
+    assert max(owner_counts(shapes, 40)) == 1  # more ranks than matrices: one each at most
+    assert owners([(2, 3), (3, 2), (4, 4)], 2) == [1, 1, 0]  # the costliest first, ties to the lower rank
+    assert ns_cost((3, 5)) == ns_cost((5, 3)) == 3 * 3 * (2 * 5 + 3)
 
 
 def _losses(out: Path) -> list[float]:

@@ -16,8 +16,11 @@ L layers):
   (FSDPParam.to_accumulated_grad_if_needed), instead of reduce-scattering it. DDP's no_sync
   accumulates into the buckets it already has: nothing more.
 - under train.optimizer muon, the blocks' matrices (L x layer_params' matmul weights) keep one
-  momentum, 4 bytes, instead of AdamW's 8; the rest keeps AdamW's (kiln.train.optim). Muon's
-  Newton-Schulz temporaries, a few copies of one matrix at a time, are not counted.
+  momentum, 4 bytes, instead of AdamW's 8; the rest keeps AdamW's (kiln.train.optim). On several
+  ranks each matrix's Newton-Schulz runs on one rank (kiln.train.muon) and the bf16 results are in
+  flight together during the optimizer step: under DDP every matrix's (2 bytes each), under FSDP the
+  owned matrices whole, their updates and the rows coming back (~6 bytes each / W). One rank updates
+  one matrix at a time: its few temporaries are not counted.
 - activations, what autograd keeps from the forward pass for backward, per layer per token, counted
   tensor by tensor from the models (tests/test_memory.py checks the totals against torch's CPU
   profiler). With a = 2 bytes (bf16 autocast) or 4 (fp32):
@@ -214,7 +217,10 @@ def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
             "accumulated gradients": accumulated,
         }
         acts, copies, grads = acts - kept[i], copies - kept_casts[i], grads + grad(per_layer)
-    candidates["optimizer step"] = {"gradients": grad(n)}
+    muon = 0
+    if s.optimizer == "muon" and s.world > 1:  # the Newton-Schulz results in flight (module docstring)
+        muon = 6 * L * mat // shard if fsdp else 2 * L * mat
+    candidates["optimizer step"] = {"gradients": grad(n), "Muon results": muon}
     peak_at = max(candidates, key=lambda k: sum(candidates[k].values()))
     parts = {**states, "DDP buckets": buckets, "FSDP gathers": fsdp_buffers, **candidates[peak_at]}
     return Estimate(parts={k: v for k, v in parts.items() if v}, peak_at=peak_at)

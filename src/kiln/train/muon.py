@@ -1,5 +1,5 @@
-"""Muon for the hidden matrices (train.optimizer: muon): torch.optim.Muon's update, plus the two things a
-Kiln step needs that torch's step lacks. kiln.train.optim decides which parameters it gets.
+"""Muon for the hidden matrices (train.optimizer: muon): torch.optim.Muon's update, plus the three things
+a Kiln step needs that torch's step lacks. kiln.train.optim decides which parameters it gets.
 
 1. A flagged step is never applied, decided on the device. The trainer hands every optimizer the
    step's non-finite flag, agreed by every rank, as `found_inf`; fused AdamW then skips its whole
@@ -11,34 +11,47 @@ Kiln step needs that torch's step lacks. kiln.train.optim decides which paramete
 2. FSDP2. Newton-Schulz orthogonalises a whole matrix, while under FSDP2 each rank holds a block of
    rows (a DTensor, Shard(0); HSDP: replicated across nodes) of every weight, gradient and momentum.
    torch's Muon would hand the sharded DTensor to the iteration and let DTensor redistribute at each
-   matmul. Here the momentum stays sharded (it is elementwise); the Nesterov update is all-gathered
-   once, in bf16, which is what Newton-Schulz casts it to first (so the same bits as gathering it in
-   fp32, at half the traffic); every rank orthogonalises the whole matrix and keeps its own rows. Cost
-   per step: one bf16 all-gather of every hidden matrix, 2 bytes an element, beside FSDP's own 8 to 12
-   (the weights gathered for forward and again for backward, the gradients reduce-scattered), and
-   every rank repeating every matrix's Newton-Schulz
-   (5 iterations of 3 matmuls on the matrix and its Gram matrix; modded-nanogpt and torchtitan's
-   DistMuon instead share the matrices out across ranks and gather the results, which pays off once
-   the iteration is a noticeable part of the step, on models far larger than Kiln's defaults).
+   matmul. Here the momentum stays sharded (it is elementwise), and only the Nesterov update travels,
+   in bf16, which is what Newton-Schulz casts it to first (so the same bits as sending it in fp32, at
+   half the traffic).
+3. Each matrix's Newton-Schulz runs on one rank. It is 5 iterations of 3 matmuls on the matrix and
+   its Gram matrix, about 8% of a 1B model's step when every rank repeats it for every matrix (the
+   gradients, hence the updates, are the same on every rank under DDP; under FSDP2 every rank would
+   gather every matrix). `owners` shares the matrices out by that cost, the same on every rank, as
+   Moonlight (torchtitan's DistMuon) and modded-nanogpt's speedrun do, so a step's Newton-Schulz
+   costs each rank about 1/world of it. Under DDP the owner broadcasts its bf16 result. Under FSDP2
+   (on each replica's shard group under HSDP) an all_to_all sends each matrix's row blocks to its
+   owner, which orthogonalises the whole matrix, and a second sends each rank back its rows; the
+   matrices go in rounds (each rank's k-th matrix in round k), so on a GPU the iteration of one round
+   overlaps the next round's transfer. Cost per step: under DDP a bf16 broadcast of every hidden
+   matrix, and a bf16 copy of them all held until the step applies them; under FSDP2 two bf16
+   all_to_alls each moving about 1/world of the hidden matrices per rank (the all-gather this
+   replaces moved all of them), beside FSDP's own 8 to 12 bytes an element (the weights gathered for
+   forward and again for backward, the gradients reduce-scattered). With one rank nothing is sent,
+   and the matrices are updated one at a time. kiln.plan.memory counts the results held in flight.
 
 The arithmetic is torch's own (its Newton-Schulz and learning-rate adjustment, the same lerp forms), so
-an unflagged step equals torch.optim.Muon's bit for bit, and so does FSDP's on the same gradients
-(tests/test_optimizers.py). State and hyperparameters are torch.optim.Muon's ("momentum_buffer" per
-parameter), so checkpoints hold what torch's Muon would.
+an unflagged step equals torch.optim.Muon's bit for bit, and so do DDP's and FSDP's on the same
+gradients (tests/test_optimizers.py). State and hyperparameters are torch.optim.Muon's
+("momentum_buffer" per parameter), so checkpoints hold what torch's Muon would.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
+import torch.distributed as dist
 from torch import Tensor
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 from torch.optim.optimizer import _to_scalar
 
 
 class Muon(torch.optim.Muon):
     """torch.optim.Muon that honours `found_inf` (a device tensor, nonzero: apply nothing) and
-    orthogonalises FSDP2-sharded matrices whole."""
+    orthogonalises each matrix, whole, on one rank."""
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -48,14 +61,74 @@ class Muon(torch.optim.Muon):
                 loss = closure()
         found_inf = getattr(self, "found_inf", None)
         skip = None if found_inf is None else found_inf != 0
+        batches: dict[object, list[_Matrix]] = {}  # by layout, in parameter order: the same on every rank
         for group in self.param_groups:
             params: list[Tensor] = []
             grads: list[Tensor] = []
             bufs: list[Tensor] = []
             self._init_group(group, params, grads, bufs)
             for param, grad, buf in zip(params, grads, bufs):
-                _update(param, grad, buf, group, skip)
+                key = (param.device_mesh, tuple(param.placements)) if isinstance(param, DTensor) else None
+                batches.setdefault(key, []).append(_Matrix(param, grad, buf, group))
+        for batch in batches.values():
+            _step(batch, _Ranks.of(batch[0].param), skip)
         return loss
+
+
+def ns_cost(shape: tuple[int, ...]) -> int:
+    """Multiply-adds of one Newton-Schulz iteration on a matrix of `shape`: with a <= b its sides, the
+    Gram matrix (a*a*b), its square (a**3) and their product with the matrix (a*a*b)."""
+    a, b = sorted(shape)
+    return a * a * (2 * b + a)
+
+
+def owners(shapes: list[tuple[int, ...]], world: int) -> list[int]:
+    """The rank that orthogonalises each matrix: the costliest first, each to the least loaded rank
+    (the lowest on a tie). Deterministic, so every rank computes the same list; the most loaded
+    rank exceeds the least by at most the cost of the last matrix it took."""
+    load = [0] * world
+    owner = [0] * len(shapes)
+    for i in sorted(range(len(shapes)), key=lambda i: -ns_cost(shapes[i])):  # stable: ties by index
+        owner[i] = min(range(world), key=load.__getitem__)
+        load[owner[i]] += ns_cost(shapes[i])
+    return owner
+
+
+def rounds(owner: list[int], world: int) -> list[list[int | None]]:
+    """Round k: each rank's k-th matrix (in index order), None for a rank with fewer."""
+    mine = [[i for i, o in enumerate(owner) if o == r] for r in range(world)]
+    return [[m[k] if k < len(m) else None for m in mine] for k in range(max(map(len, mine), default=0))]
+
+
+@dataclass
+class _Matrix:
+    param: Tensor
+    grad: Tensor
+    buf: Tensor
+    group: dict
+
+
+@dataclass
+class _Ranks:
+    """Who shares a batch's matrices: the default group for plain tensors (with several ranks they
+    are DDP's, the same on every rank) or the shard dimension's group of their DTensor mesh."""
+
+    group: dist.ProcessGroup | None
+    rank: int
+    world: int
+    sharded: bool
+
+    @staticmethod
+    def of(param: Tensor) -> _Ranks:
+        if not isinstance(param, DTensor):
+            if dist.is_available() and dist.is_initialized():
+                return _Ranks(None, dist.get_rank(), dist.get_world_size(), sharded=False)
+            return _Ranks(None, 0, 1, sharded=False)
+        shard = [i for i, p in enumerate(param.placements) if not isinstance(p, Replicate)]
+        if len(shard) != 1 or param.placements[shard[0]] != Shard(0):
+            raise NotImplementedError(f"Muon: parameter placements {param.placements} (known: Shard(0), replicated)")
+        mesh = param.device_mesh
+        return _Ranks(mesh.get_group(shard[0]), mesh.get_local_rank(shard[0]), mesh.size(shard[0]), sharded=True)
 
 
 def _local(t: Tensor) -> Tensor:
@@ -63,36 +136,106 @@ def _local(t: Tensor) -> Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
-def _update(param: Tensor, grad: Tensor, buf: Tensor, group: dict, skip: Tensor | None) -> None:
-    lr, momentum, weight_decay = _to_scalar(group["lr"]), group["momentum"], group["weight_decay"]
-    p, g, b = _local(param), _local(grad), _local(buf)
+def _rows(m: int, world: int, rank: int) -> int:
+    """Rows of an m-row matrix that Shard(0) (torch.chunk, as FSDP2) gives `rank`: maybe fewer, or none."""
+    size = math.ceil(m / world)
+    return max(0, min(size, m - rank * size))
+
+
+def _step(batch: list[_Matrix], ranks: _Ranks, skip: Tensor | None) -> None:
+    if ranks.world == 1:  # one matrix at a time: its update and result are the only temporaries
+        for m in batch:
+            _apply(m, _newton_schulz(_momentum(m, skip, True), m.group), skip)
+        return
+    owner = owners([tuple(m.param.shape) for m in batch], ranks.world)
+    keep = [ranks.sharded or o == ranks.rank for o in owner]
+    updates = [_momentum(m, skip, k) for m, k in zip(batch, keep)]
+    if ranks.sharded:
+        orthos = _sharded(batch, updates, owner, ranks)
+    else:
+        orthos = _replicated(batch, updates, owner, ranks)
+    for m, ortho in zip(batch, orthos):
+        _apply(m, ortho, skip)
+
+
+def _momentum(m: _Matrix, skip: Tensor | None, keep: bool) -> Tensor | None:
+    """Commits the new momentum (on local data); returns the Nesterov update in bf16 if `keep`."""
+    momentum = m.group["momentum"]
+    g, b = _local(m.grad), _local(m.buf)
     new_buf = b.lerp(g, 1 - momentum)
-    update = g.lerp(new_buf, momentum) if group["nesterov"] else new_buf
-    if isinstance(param, DTensor):
-        update = _whole(update.bfloat16(), param)
-    ortho = _zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
-    if isinstance(param, DTensor):
-        ortho = _own_rows(ortho, param)
-    new_p = p.mul(1 - lr * weight_decay).add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], param.shape))
-    if skip is None:
-        b.copy_(new_buf)
-        p.copy_(new_p)
-    else:  # on the device: no host sync
-        b.copy_(torch.where(skip, b, new_buf))
-        p.copy_(torch.where(skip, p, new_p))
+    update = (g.lerp(new_buf, momentum) if m.group["nesterov"] else new_buf).bfloat16() if keep else None
+    b.copy_(new_buf if skip is None else torch.where(skip, b, new_buf))  # on the device: no host sync
+    return update
 
 
-def _whole(local: Tensor, like: DTensor) -> Tensor:
-    """The whole matrix of which `local` is this rank's part, laid out as `like` (an all-gather)."""
-    return DTensor.from_local(
-        local, like.device_mesh, like.placements, shape=like.shape, stride=like.stride()
-    ).full_tensor()
+def _newton_schulz(update: Tensor, group: dict) -> Tensor:
+    return _zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
 
 
-def _own_rows(whole: Tensor, like: DTensor) -> Tensor:
-    """This rank's part of `whole` as `like` lays it out (a local slice: no communication)."""
-    mesh = like.device_mesh
-    part = DTensor.from_local(whole, mesh, [Replicate()] * mesh.ndim).redistribute(mesh, like.placements).to_local()
-    if part.shape != like._local_tensor.shape:  # FSDP2's row blocks are torch.chunk's, as DTensor's Shard(0)
-        raise RuntimeError(f"Muon: shard of shape {tuple(part.shape)} for a local {tuple(like._local_tensor.shape)}")
-    return part
+def _apply(m: _Matrix, ortho: Tensor, skip: Tensor | None) -> None:
+    lr, weight_decay = _to_scalar(m.group["lr"]), m.group["weight_decay"]
+    p = _local(m.param)
+    adjusted = _adjust_lr(lr, m.group["adjust_lr_fn"], m.param.shape)
+    new_p = p.mul(1 - lr * weight_decay).add_(ortho, alpha=-adjusted)
+    p.copy_(new_p if skip is None else torch.where(skip, p, new_p))
+
+
+def _replicated(batch: list[_Matrix], updates: list, owner: list[int], ranks: _Ranks) -> list[Tensor]:
+    """Every rank holds every matrix: each orthogonalises its own and broadcasts the result. Issued
+    in index order on every rank; the owner's iteration runs while others' broadcasts are in flight."""
+    orthos, works = [], []
+    for m, update, o in zip(batch, updates, owner):
+        if o == ranks.rank:
+            ortho = _newton_schulz(update, m.group).contiguous()  # tall matrices come back transposed
+        else:
+            ortho = torch.empty(m.param.shape, dtype=torch.bfloat16, device=m.param.device)
+        works.append(dist.broadcast(ortho, src=o, group=ranks.group, async_op=True))
+        orthos.append(ortho)
+    for work in works:
+        work.wait()  # on CUDA: the current stream waits, not the host
+    return orthos
+
+
+def _sharded(batch: list[_Matrix], updates: list, owner: list[int], ranks: _Ranks) -> list[Tensor]:
+    """Each rank holds a block of rows of every matrix: all_to_all sends the blocks of each round's
+    matrices to their owners, each owner orthogonalises its matrix, and a second all_to_all sends
+    each rank back its rows. Split sizes are computed alike on every rank from the shapes alone."""
+    world, me, device = ranks.world, ranks.rank, batch[0].param.device
+    shapes = [tuple(m.param.shape) for m in batch]
+    for m, u in zip(batch, updates):
+        if u.shape[0] != _rows(m.param.shape[0], world, me):  # FSDP2's row blocks are torch.chunk's
+            raise RuntimeError(f"Muon: local rows {u.shape[0]} of a {tuple(m.param.shape)} on rank {me} of {world}")
+
+    def numel(i: int | None, rank: int) -> int:  # matrix i's elements held by `rank`
+        return 0 if i is None else _rows(shapes[i][0], world, rank) * shapes[i][1]
+
+    def empty(n: int) -> Tensor:
+        return torch.empty(n, dtype=torch.bfloat16, device=device)
+
+    gathers = []
+    for held in rounds(owner, world):  # all issued now: in flight while earlier rounds iterate
+        send = torch.cat([updates[i].reshape(-1) for i in held if i is not None] or [empty(0)])
+        whole = empty(0 if held[me] is None else math.prod(shapes[held[me]]))
+        out_splits = [numel(held[me], r) for r in range(world)]
+        in_splits = [numel(i, me) for i in held]
+        work = dist.all_to_all_single(whole, send, out_splits, in_splits, group=ranks.group, async_op=True)
+        gathers.append((held, whole, work, send))  # send kept alive until the transfer is done
+    scatters = []
+    for held, whole, work, _ in gathers:
+        work.wait()
+        mine = held[me]
+        ortho = empty(0) if mine is None else _newton_schulz(whole.view(shapes[mine]), batch[mine].group)
+        rows = empty(sum(numel(i, me) for i in held))
+        out_splits = [numel(i, me) for i in held]
+        in_splits = [numel(mine, r) for r in range(world)]
+        send = ortho.contiguous().view(-1)  # tall matrices come back transposed
+        work = dist.all_to_all_single(rows, send, out_splits, in_splits, group=ranks.group, async_op=True)
+        scatters.append((held, rows, work, send))
+    orthos: list[Tensor | None] = [None] * len(batch)
+    for held, rows, work, _ in scatters:
+        work.wait()
+        parts = rows.split([numel(i, me) for i in held])
+        for i, part in zip(held, parts):
+            if i is not None:
+                orthos[i] = part.view(-1, shapes[i][1])
+    return orthos
