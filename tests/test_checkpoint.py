@@ -267,21 +267,3 @@ def test_a_kill_while_an_async_save_is_in_flight_leaves_the_previous_checkpoint(
     assert _marker(tmp_path) == "step-0000002" and checkpoint.load_latest(tmp_path, "f")["step"] == 2
     checkpoint.remove_dead_temps(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [checkpoint.MARKER, "step-0000002"]
-
-
-def test_state_pt_is_hashed_as_it_is_written_and_never_read_back(tmp_path, monkeypatch):
-    """Rank 0 hashes the full format's state.pt (a 1B model's whole model and optimizer) while torch
-    writes it: complete.json's hash is the file's, and only the other files are read to hash them."""
-    read_back = []
-    monkeypatch.setattr(checkpoint, "sha256_file", lambda path: read_back.append(path) or sha256_file(path))
-    folder = _save(tmp_path, 3)
-    files = json.loads((folder / checkpoint.MANIFEST).read_text())["files"]
-    assert files[checkpoint.STATE]["sha256"] == sha256_file(folder / checkpoint.STATE)
-    assert read_back == []
-    assert checkpoint.load_latest(tmp_path, "f")["step"] == 3  # the hash check on load passes (and reads it)
-    read_back.clear()
-    sharded = _save_sharded(tmp_path / "sharded", 2, False)
-    assert sorted(p.name for p in read_back) == [".metadata", "__0_0.distcp"]  # the shards, from disk
-    assert json.loads((sharded / checkpoint.MANIFEST).read_text())["files"][checkpoint.STATE]["sha256"] == sha256_file(
-        sharded / checkpoint.STATE
-    )

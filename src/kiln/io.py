@@ -19,7 +19,7 @@ import re
 import shutil
 import socket
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, Iterator
 
 from kiln.errors import KilnError
 
@@ -168,24 +168,6 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             digest.update(block)
     return digest.hexdigest()
-
-
-class HashingWriter:
-    """A binary file that hashes what is written through it, so a file's sha256 is known the moment it
-    is written, without reading it back (a 1B model's full checkpoint is 12.5 GB)."""
-
-    def __init__(self, file: BinaryIO):
-        self.file, self.digest = file, hashlib.sha256()
-
-    def write(self, data) -> int:
-        self.digest.update(data)
-        return self.file.write(data)
-
-    def flush(self) -> None:
-        self.file.flush()
-
-    def hexdigest(self) -> str:
-        return self.digest.hexdigest()
 
 
 def stable_hash(*parts: object) -> int:

@@ -65,7 +65,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from kiln import layout
 from kiln.errors import KilnError
-from kiln.io import HashingWriter, atomic_dir, atomic_file, fsync_path, sha256_file, write_json
+from kiln.io import atomic_dir, atomic_file, fsync_path, sha256_file, write_json
 from kiln.io import remove_dead_temps as _remove_dead_temps
 from kiln.train.distributed import broadcast_object
 from kiln.train.faults import NONE, Faults
@@ -194,27 +194,18 @@ class Saver:
 
 
 def _write_state(folder: Path, state: dict, faults: Faults) -> None:
-    """state.pt, then complete.json naming every file in the folder (the shards too), each fsynced.
-    state.pt is hashed as it is written (the full format's whole model and optimizer: never read
-    back); the other ranks' shards are read and hashed here."""
-    with open(folder / STATE, "wb") as f:
-        written = HashingWriter(f)
-        torch.save(state, written)
+    """state.pt, then complete.json naming every file in the folder (the shards too), each fsynced."""
+    torch.save(state, folder / STATE)
     fsync_path(folder / STATE)
     faults.during_save(state["step"])
-    hashed = {STATE: written.hexdigest()}
-    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
     write_json(
         folder / MANIFEST,
         {
             "step": state["step"],
             "fingerprint": state["fingerprint"],
             "files": {
-                name: {
-                    "bytes": (folder / name).stat().st_size,
-                    "sha256": hashed.get(name) or sha256_file(folder / name),
-                }
-                for name in files
+                p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files
             },
         },
     )
