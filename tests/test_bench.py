@@ -36,7 +36,7 @@ ELSEWHERE = {"gpu_check.py": "tests/test_gpu_check.py runs its --cpu-dry-run (al
 # Lines each quick run must print: its table's header and what closes the run.
 PRINTS = {
     "budget.py": ["| arm | budget s | stage s (launcher) | of budget |", "| quiet |"],
-    "checkpoint_hash.py": ["| write | s (median of 1) | GiB/s |", "each hash is its file's: True"],
+    "checkpoint_hash.py": ["| write | s (median of 1) | GiB/s |", "Kiln / hash as written: "],
     "compile_time.py": ["block, count, 2 layers: first forward and backward"],
     "loss_compile.py": ["| loss | s per forward+backward (median) |", "eager / compiled: "],
     "cpu_allocator.py": ["| allocator | tokens/s (median) | min-max |", "ours / baseline: "],
