@@ -140,6 +140,32 @@ def same_on_every_rank(value: torch.Tensor, world: int) -> torch.Tensor:
     return value
 
 
+def _where_the_backend_takes(tensors: list[torch.Tensor], group) -> None:
+    """In-place collectives cannot move a tensor: each must already be where the group's backend takes
+    it (e.g. Muon's updates, on the parameters' device: CUDA under NCCL, the host under gloo)."""
+    backend = dist.get_backend(group)
+    for t in tensors:
+        if collective_device(backend, t.device) != t.device:
+            raise KilnError(f"a {t.device} tensor in a collective of a {backend} group (it takes {backend}'s devices)")
+
+
+def broadcast_async(tensor: torch.Tensor, src: int, group=None) -> dist.Work:
+    """Rank src's `tensor` into `tensor` on every rank of `group` (src: a global rank), queued: wait()
+    on the returned work (on CUDA the current stream waits, not the host)."""
+    _where_the_backend_takes([tensor], group)
+    return dist.broadcast(tensor, src=src, group=group, async_op=True)
+
+
+def all_to_all_async(
+    output: torch.Tensor, input: torch.Tensor, output_splits: list[int], input_splits: list[int], group=None
+) -> dist.Work:
+    """input's i-th block (input_splits[i] elements) to rank i of `group`, rank i's block for this rank
+    into output's i-th (output_splits[i]), queued: wait() on the returned work. Blocks may differ in
+    size and be empty (gloo and NCCL alike)."""
+    _where_the_backend_takes([output, input], group)
+    return dist.all_to_all_single(output, input, output_splits, input_splits, group=group, async_op=True)
+
+
 def set_collective_timeout(timeout_s: float, world: int) -> None:
     """From now on a collective of the default group fails after timeout_s. torch has no public call
     for it; torchtitan uses this one (distributed_c10d._set_pg_timeout) after its first step too."""

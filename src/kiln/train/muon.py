@@ -48,6 +48,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 from torch.optim.optimizer import _to_scalar
 
+from kiln.train.distributed import all_to_all_async, broadcast_async
+
 
 class Muon(torch.optim.Muon):
     """torch.optim.Muon that honours `found_inf` (a device tensor, nonzero: apply nothing) and
@@ -189,7 +191,7 @@ def _replicated(batch: list[_Matrix], updates: list, owner: list[int], ranks: _R
             ortho = _newton_schulz(update, m.group).contiguous()  # tall matrices come back transposed
         else:
             ortho = torch.empty(m.param.shape, dtype=torch.bfloat16, device=m.param.device)
-        works.append(dist.broadcast(ortho, src=o, group=ranks.group, async_op=True))
+        works.append(broadcast_async(ortho, src=o, group=ranks.group))
         orthos.append(ortho)
     for work in works:
         work.wait()  # on CUDA: the current stream waits, not the host
@@ -218,7 +220,7 @@ def _sharded(batch: list[_Matrix], updates: list, owner: list[int], ranks: _Rank
         whole = empty(0 if held[me] is None else math.prod(shapes[held[me]]))
         out_splits = [numel(held[me], r) for r in range(world)]
         in_splits = [numel(i, me) for i in held]
-        work = dist.all_to_all_single(whole, send, out_splits, in_splits, group=ranks.group, async_op=True)
+        work = all_to_all_async(whole, send, out_splits, in_splits, group=ranks.group)
         gathers.append((held, whole, work, send))  # send kept alive until the transfer is done
     scatters = []
     for held, whole, work, _ in gathers:
@@ -229,7 +231,7 @@ def _sharded(batch: list[_Matrix], updates: list, owner: list[int], ranks: _Rank
         out_splits = [numel(i, me) for i in held]
         in_splits = [numel(mine, r) for r in range(world)]
         send = ortho.contiguous().view(-1)  # tall matrices come back transposed
-        work = dist.all_to_all_single(rows, send, out_splits, in_splits, group=ranks.group, async_op=True)
+        work = all_to_all_async(rows, send, out_splits, in_splits, group=ranks.group)
         scatters.append((held, rows, work, send))
     orthos: list[Tensor | None] = [None] * len(batch)
     for held, rows, work, _ in scatters:
