@@ -66,6 +66,12 @@ def test_train_plan_reads_steps_precision_micro_batch_and_checkpointing_and_refu
         "activation_checkpointing": "selective",
         "lr": 0.1,
     }
+    # a concrete micro-batch or checkpointing is the config's, not a plan made before it changed
+    assert plan.applied({"precision": "auto", "micro_batch": 8, "activation_checkpointing": "none"}) == {
+        "precision": "fp32",
+        "micro_batch": 8,
+        "activation_checkpointing": "none",
+    }
     assert TrainPlan.of({"unavailable": "the probe did not run"}) is None
     with pytest.raises(KilnError, match=r"report.json: no micro_batch or activation_checkpointing.*rerun the smoke"):
         TrainPlan.of({"max_steps": 738, "precision": "fp32"}, "report.json")

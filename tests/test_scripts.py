@@ -6,20 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from kiln import layout
+
 SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "workflow" / "scripts").glob("*.py"))
-STAGES = [
-    "download",
-    "tokenizer",
-    "pretokenize",
-    "shard",
-    "eval_data",
-    "smoke",
-    "plan",
-    "train",
-    "eval",
-    "report",
-    "sweep_report",
-]
+STAGES = [stage.name for stage in layout.STAGES] + ["sweep_report"]  # one script per rule
 
 
 def test_one_script_per_stage():
