@@ -43,7 +43,15 @@ from kiln.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = dict(warmup=5, timed=30)  # probe steps: untimed, then timed (the smoke stage times 30)
-QUICK = dict(model={"family": "llama", "n_layer": 1, "n_head": 2, "d_model": 32}, seq_len=64, seconds=3.0, bytes=2**18)
+# --quick's arms stop at max_steps as well: its probe may be timed while the machine is quiet and its
+# arms run while it is not (tests/test_bench.py runs beside the Slurm lane): 150 s in CI for two "3 s" arms.
+QUICK = dict(
+    model={"family": "llama", "n_layer": 1, "n_head": 2, "d_model": 32},
+    seq_len=64,
+    seconds=3.0,
+    max_steps=60,
+    bytes=2**18,
+)
 
 
 def sections_for(raw: dict, optimizer: str, muon_lr: float | None, precision: str) -> dict:
@@ -74,10 +82,12 @@ def step_seconds(sections: dict, shards: Path) -> float:
     return (time.perf_counter() - start) / PROBE["timed"]
 
 
-def train_arm(sections: dict, shards: Path, seconds: float, out: Path) -> dict:
-    """The arm trained for `seconds` of loop time: its steps, wall time and held-out bits per byte."""
+def train_arm(sections: dict, shards: Path, seconds: float, out: Path, max_steps: int | None = None) -> dict:
+    """The arm trained for `seconds` of loop time (at most max_steps): its steps, wall time and
+    held-out bits per byte."""
     step_s = step_seconds(sections, shards)
     steps = max(sections["train"]["warmup_steps"] + 1, math.floor(seconds / step_s))
+    steps = min(steps, max_steps or steps)
     trainer = Trainer(copy.deepcopy(sections), shards, max_steps=steps)
     trainer.fit(out)
     trained_s = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["elapsed_s"]
@@ -152,7 +162,9 @@ def main() -> None:
             raw["train"] |= {"micro_batch": 8, "batch_tokens": None, "warmup_steps": 2}
             PROBE.update(warmup=1, timed=2)
             shards, seconds = byte_shards(tmp / "shards", QUICK["seq_len"]), QUICK["seconds"]
+            max_steps = QUICK["max_steps"]
         else:
+            max_steps = None
             shards = default_shards(raw)
             seconds = 60 * (args.minutes or raw["train"]["budget"]["minutes"])
         precision = args.precision if args.precision != "auto" else pick_precision(raw, shards)
@@ -163,7 +175,7 @@ def main() -> None:
         for i, (optimizer, muon_lr) in enumerate(arms):
             print(f"arm {optimizer}{'' if muon_lr is None else f' muon_lr {muon_lr:g}'}: {seconds:.0f} s", flush=True)
             sections = sections_for(raw, optimizer, muon_lr, precision)
-            rows.append((optimizer, muon_lr, train_arm(sections, shards, seconds, tmp / f"arm-{i}")))
+            rows.append((optimizer, muon_lr, train_arm(sections, shards, seconds, tmp / f"arm-{i}", max_steps)))
 
     print(
         f"\n{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
