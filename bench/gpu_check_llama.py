@@ -35,7 +35,7 @@ def _fitting_micro_batch(ctx: Ctx, shards: Path, seq: int) -> tuple[int, float, 
     trainer = Trainer(sections(ctx, "llama3.2-1b", seq, 1, compile_model=False), shards)
     peaks = []
     for rows in (1, 2):
-        trainer.batches = TrainBatches(trainer.rows, rows, trainer.seed, 0, 1)
+        trainer.train_on(TrainBatches(trainer.rows, rows, trainer.seed, 0, 1))
         trainer.train_step()[0].item()  # the first also allocates AdamW's moments
         torch.cuda.reset_peak_memory_stats()
         trainer.train_step()[0].item()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import platform
 import subprocess
@@ -39,6 +38,7 @@ from kiln import config as kiln_config
 from kiln.data.shards import shard_split, tokens_per_byte
 from kiln.io import write_json
 from kiln.layout import Layout
+from kiln.train.callbacks import Callback, StepEnd
 from kiln.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,22 +82,30 @@ def step_seconds(sections: dict, shards: Path) -> float:
     return (time.perf_counter() - start) / PROBE["timed"]
 
 
+class LastRecord(Callback):
+    """The newest log step's record, validation included (fit's callbacks: kiln.train.callbacks)."""
+
+    record: dict | None = None
+
+    def after_step(self, trainer: Trainer, end: StepEnd) -> None:
+        self.record = end.record or self.record
+
+
 def train_arm(sections: dict, shards: Path, seconds: float, out: Path, max_steps: int | None = None) -> dict:
     """The arm trained for `seconds` of loop time (at most max_steps): its steps, wall time and
     held-out bits per byte."""
     step_s = step_seconds(sections, shards)
     steps = max(sections["train"]["warmup_steps"] + 1, math.floor(seconds / step_s))
     steps = min(steps, max_steps or steps)
-    trainer = Trainer(copy.deepcopy(sections), shards, max_steps=steps)
-    trainer.fit(out)
-    trained_s = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["elapsed_s"]
+    trainer, last = Trainer(copy.deepcopy(sections), shards, max_steps=steps), LastRecord()
+    trainer.fit(out, callbacks=[last])
     micro = sections["train"]["micro_batch"]
     loss = trainer.evaluate(n_batches=max(1, len(trainer.val_rows) // micro))  # the whole split
     ratio = tokens_per_byte(trainer.rows.manifest, "val")
     return {
         "steps": steps,
         "probe_step_s": step_s,
-        "loop_s": trained_s,  # the training loop's wall time (metrics.jsonl elapsed_s)
+        "loop_s": last.record["elapsed_s"],  # the training loop's wall time, as metrics.jsonl has it
         "val_loss": loss,
         "val_bpb": None if ratio is None else loss / math.log(2) * ratio,
     }

@@ -148,7 +148,7 @@ def overfit(
         compile=False,
     )
     trainer = Trainer(dict(sections, train=train.as_dict()), shard_dir, max_steps=cfg.max_steps)
-    trainer.batches = FixedRows(pick_overfit_rows(trainer, cfg.rows, marker_id))
+    trainer.train_on(FixedRows(pick_overfit_rows(trainer, cfg.rows, marker_id)))
     first = last = float("nan")
     for step in range(1, cfg.max_steps + 1):
         loss, _, _ = trainer.train_step()

@@ -9,7 +9,8 @@ only. `state_dict` (with model and optimizer, full or sharded: `save_checkpoint`
 checkpoints, resume.
 
 fit's loop reads top to bottom, one step at a time: train it, decide what follows it
-(kiln.train.step_actions), then read, log, validate, save, stop. The host waits on the device only
+(kiln.train.step_actions), then read and build the log record, then hand the step to the callbacks
+(kiln.train.callbacks): budget, validation and samples, metrics, checkpoint, preemption, the caller's. The host waits on the device only
 at log and checkpoint steps (kiln.train.step_reader): losses and gradient norms stay device tensors
 in between, so on a GPU the host runs ahead queueing work; between them it reads one step-old stop
 flag (one step of run-ahead kept) to learn of a preemption signal.
@@ -29,7 +30,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Protocol, Sequence
 
 import torch
 
@@ -45,8 +46,18 @@ from kiln.model.build import build_model, save_model
 from kiln.plan.steps import BudgetPlan
 from kiln.train import checkpoint, device, faults, fingerprint, init_from, parallel, preemption, progress, resume
 from kiln.train.budget import BudgetController
+from kiln.train.callbacks import (
+    Budget,
+    Callback,
+    Checkpoints,
+    Metrics,
+    Preemption,
+    Sampler,
+    StepEnd,
+    Validation,
+    last_checkpoint,
+)
 from kiln.train.distributed import (
-    barrier,
     collective_deadline,
     gather_objects,
     init_distributed,
@@ -78,8 +89,12 @@ from kiln.train.step_actions import Cadence, StepActions
 from kiln.train.step_reader import StepReader, StepRecord
 
 log = logging.getLogger("kiln.train")
-# (model, agree=...) -> [{"prompt", "completion"}] (kiln.train.samples; agree: kiln.generate.decode)
-Sampler = Callable[..., list[dict]]
+
+
+class BatchSource(Protocol):
+    """Where train_step takes each micro-batch from: (micro_batch, seq_len + 1) token rows."""
+
+    def next(self) -> torch.Tensor: ...
 
 
 class Trainer:
@@ -149,6 +164,12 @@ class Trainer:
         """Batches whose update was not applied (non-finite loss or gradient), in this run and those it resumes."""
         return self.reader.skipped
 
+    def train_on(self, batches: BatchSource) -> None:
+        """Draw train_step's micro-batches from `batches` instead of the run's shuffled stream of the
+        train split (the smoke stage's overfit check: a few fixed rows; gpu_check: another
+        micro-batch). For train_step only: fit's checkpoints and batch hashes need TrainBatches."""
+        self.batches = batches
+
     @property
     def fingerprint(self) -> dict:
         """What a checkpoint must share with the run resuming it (kiln.train.fingerprint): model,
@@ -176,10 +197,9 @@ class Trainer:
             "budget": self.budget.state_dict() if self.budget is not None else None,
         }
 
-    def save_checkpoint(self, saver: checkpoint.Saver | None = None) -> None:
-        """A checkpoint of this step through `saver` (fit's own by default; the smoke stage times one
-        of its own), in the saver's format. Collective."""
-        saver = saver or self.saver
+    def save_checkpoint(self, saver: checkpoint.Saver) -> None:
+        """A checkpoint of this step through `saver` (fit's, kiln.train.callbacks.Checkpoints; the smoke
+        stage times one of its own), in the saver's format. Collective."""
         if saver.sharded:  # each rank's own part, nothing gathered
             saver.save(self.state_dict(), parallel.sharded_state(self.model, self.optimizer))
             return
@@ -267,11 +287,12 @@ class Trainer:
         self.model.train()
         return mean_across_ranks(total / max(count, 1), self.dist.world).item()
 
-    def fit(self, out_dir: Path, *, sampler: Sampler | None = None) -> RunResult:
+    def fit(self, out_dir: Path, *, sampler: Sampler | None = None, callbacks: Sequence[Callback] = ()) -> RunResult:
         """Train to max_steps: log metrics.jsonl (and wandb), keep checkpoints under
         out_dir/checkpoints and resume from the newest, validate every eval_every steps (with
         `sampler`'s greedy completions, logged to samples.jsonl), and save the final
-        model.safetensors + model_config.json. (The smoke stage drives train_step itself:
+        model.safetensors + model_config.json. What runs after each step is a list of callbacks
+        (kiln.train.callbacks), `callbacks` last. (The smoke stage drives train_step itself:
         kiln.train.smoke.) A preemption signal ends it with RunStopped(PREEMPTED) once every rank
         has saved the same step; a non-finite step with RunStopped(NONFINITE) per train.nonfinite."""
         train, d = self.train, self.dist
@@ -307,7 +328,7 @@ class Trainer:
         window_tokens = 0  # trained on since the last log line
         self.faults = faults.from_env(d.rank)
         self.mirror = Mirror.of(train, out_dir, rank=d.rank)  # rank 0 copies each checkpoint off the node
-        self.saver = checkpoint.Saver(
+        saver = checkpoint.Saver(
             ckpt_root,
             checkpoint_format(train.checkpoint_format, train.parallel),
             train.keep_checkpoints,
@@ -319,48 +340,42 @@ class Trainer:
             milestone_every=train.keep_checkpoint_every,
         )
         self.mirror.catch_up(ckpt_root)
+        hooks = [Budget(self.budget)] if self.budget is not None else []
+        hooks += [Validation(sink, sampler), Metrics(sink), Checkpoints(saver), Preemption(saver, ckpt_root)]
+        hooks += callbacks
         self.stop.install()  # restored when fit ends, and by run() whatever happens
-        last_checkpoint = functools.partial(self._last_checkpoint, ckpt_root)
         loop_start = self._loop_start = time.perf_counter()
-        # One step: train it (the device runs ahead: nothing read back), decide what follows it, then
-        # in order read (host sync), log, validate, save, stop. self.max_steps and self.lr_at are read
-        # afresh each step.
-        with GarbageCollection() as collector:  # collections only between steps, alike on every rank
-            while self.step < self.max_steps:
-                self.faults.before_step(self.step + 1, self.stop)  # KILN_FAULT's signals and hold, if any
-                loss, grad_norm, lr = self.train_step()
-                collector.step(self.step)
-                self.reader.add(StepRecord(self.step, loss, grad_norm, self.flags))
-                window_tokens += self.batch_split.tokens_per_step
-                due = cadence.at(self.step, self.max_steps, self.reader.stop_requested)
-                if due.read:  # every unread step, before anything is saved: a non-finite one is never saved
-                    stopped = self.reader.read(last_checkpoint)
-                    if stopped is not None:
-                        self._stop_fit(sink, stopped)
-                if due.log:
-                    record = self._log_record(due, lr, grad_norm, meter, window_tokens)
-                    window_tokens = 0
-                    result.losses.append(record["loss"])
-                # Here the host has measured the run's speed at a log step (record): the place for a hook acting
-                # on it, e.g. one that sets self.max_steps or self.lr_at (this step's `due` was decided before
-                # it: a new max_steps counts from the next step on). The budget also decides at every step of
-                # the run's last log windows.
-                if self.budget is not None:
-                    self.budget.after_step(self.step, record["tokens_per_s"] if due.log else None, log=due.log)
-                    self.max_steps = self.budget.max_steps
-                if due.log:
-                    if due.validate:
-                        self._validate(record, sink, sampler, result)
-                    sink.log(record)
-                    meter.restart()  # validation is not training time
-                if due.save:
-                    with meter.paused():  # not training time: left out of tokens/s (an async save's writing
-                        self.save_checkpoint()  # overlaps the steps after it, and counts as theirs)
-                if due.preempted:
-                    self._stop_fit(sink, self._preemption_stop(ckpt_root))
-        self.saver.wait()
-        sink.close()
-        self.stop.restore()
+        # One step: train it (the device runs ahead: nothing read back), decide what follows it, read
+        # (host sync) and build the log record where it syncs, then the callbacks in order. self.max_steps
+        # and self.lr_at are read afresh each step (the budget changes them).
+        try:
+            with GarbageCollection() as collector:  # collections only between steps, alike on every rank
+                while self.step < self.max_steps:
+                    self.faults.before_step(self.step + 1, self.stop)  # KILN_FAULT's signals and hold, if any
+                    loss, grad_norm, lr = self.train_step()
+                    collector.step(self.step)
+                    self.reader.add(StepRecord(self.step, loss, grad_norm, self.flags))
+                    window_tokens += self.batch_split.tokens_per_step
+                    due = cadence.at(self.step, self.max_steps, self.reader.stop_requested)
+                    if due.read:  # every unread step, before anything is saved: a non-finite one is never saved
+                        stopped = self.reader.read(functools.partial(last_checkpoint, saver, ckpt_root))
+                        if stopped is not None:
+                            raise stopped
+                    record = None
+                    if due.log:
+                        record = self._log_record(due, lr, grad_norm, meter, window_tokens)
+                        window_tokens = 0
+                        result.losses.append(record["loss"])
+                    end = StepEnd(due, record, result)
+                    with meter.paused():  # validation and saving are not training time
+                        for hook in hooks:
+                            hook.after_step(self, end)
+            for hook in hooks:
+                hook.after_fit(self, result)
+        except RunStopped:
+            self._close(hooks)
+            raise
+        self._close(hooks)
         result.wall_s = time.perf_counter() - loop_start
         result.steps, result.tokens_seen = self.max_steps, self.tokens_seen
         result.set_rates(meter.rates(meter.steady_tokens_per_s))
@@ -369,8 +384,12 @@ class Trainer:
         weights = parallel.full_model_state(self.model)
         if d.is_main:
             save_model(self.model_config, weights, out_dir)
-        result.budget = self.budget.summary() if self.budget is not None else None
         return result
+
+    def _close(self, hooks: list[Callback]) -> None:
+        for hook in hooks:
+            hook.close()
+        self.stop.restore()
 
     def _log_record(self, due: StepActions, lr: float, grad_norm: torch.Tensor, meter: Throughput, tokens: int) -> dict:
         """The metrics.jsonl record of a log step, over the steps read since the last one (`tokens`
@@ -381,7 +400,7 @@ class Trainer:
         record = {
             "step": due.step,
             "loss": mean_loss,
-            "bpb": self._bits_per_byte(mean_loss, "train"),
+            "bpb": self.bits_per_byte(mean_loss, "train"),
             "lr": lr,
             "grad_norm": grad_norm.item(),
             "tokens": self.tokens_seen,
@@ -395,17 +414,6 @@ class Trainer:
         if self.dist.is_main:
             progress.log_progress(record, self.max_steps, self.batch_split.tokens_per_step, meter.steady_tokens_per_s)
         return record
-
-    def _validate(self, record: dict, sink: MetricsSink, sampler: Sampler | None, result: RunResult) -> None:
-        """Validation loss (and bits per byte) into the log step's record, and the sampler's completions
-        into samples.jsonl. Collective."""
-        record["val_loss"] = self.evaluate()
-        record["val_bpb"] = self._bits_per_byte(record["val_loss"], "val")
-        result.val_losses.append((record["step"], record["val_loss"]))
-        samples = self._sample(sampler)
-        if self.dist.is_main:
-            progress.log_validation(record, samples)
-            sink.log_samples(record["step"], samples)
 
     def resume_or_start(self, out_dir: Path) -> None:
         """Continue the newest checkpoint of this trajectory (or the one KILN_RESUME_FROM names); else
@@ -431,8 +439,8 @@ class Trainer:
         """A validation at step 0 of a run that starts from another model's weights, in metrics.jsonl
         (step 0, tokens 0, no training figures): the source's last validation, on this run's data."""
         record = {"step": 0, "tokens": 0, "val_loss": self.evaluate(), "init_from": self.init_source.describe()}
-        record["val_bpb"] = self._bits_per_byte(record["val_loss"], "val")
-        samples = self._sample(sampler)
+        record["val_bpb"] = self.bits_per_byte(record["val_loss"], "val")
+        samples = self.sample(sampler)
         if self.dist.is_main:
             log.info("step 0 | val loss %.4f (the weights of %s)", record["val_loss"], self.init_source.describe())
             sink.log_samples(0, samples)
@@ -440,21 +448,6 @@ class Trainer:
 
     def _since_start(self) -> float:
         return 0.0 if self._loop_start is None else time.perf_counter() - self._loop_start
-
-    def _preemption_stop(self, ckpt_root: Path) -> RunStopped:
-        self.saver.wait()  # an async save: this rank's shards written (rank 0: the checkpoint in place)
-        barrier(self.dist.world)  # rank 0 has written the checkpoint before any rank exits
-        return preemption.stopped(self.stop.received, self.step, self._last_checkpoint(ckpt_root))
-
-    def _last_checkpoint(self, ckpt_root: Path) -> str:
-        self.saver.wait()  # an async save in flight is the last one once it is in place
-        found = checkpoint.kept(ckpt_root)
-        return str(found[-1][1]) if found else "none (a rerun starts from step 0)"
-
-    def _stop_fit(self, sink: MetricsSink, stopped: RunStopped) -> None:
-        sink.close()
-        self.stop.restore()
-        raise stopped
 
     def _batch_hash(self) -> str:
         """A hash of the rows trained on since the last log line: per step, the sum over ranks of
@@ -464,7 +457,7 @@ class Trainer:
         sums = sum_across_ranks(sums, self.dist.world).cpu()
         return hashlib.sha256(sums.numpy().tobytes()).hexdigest()[:16]
 
-    def _sample(self, sampler: Sampler | None) -> list[dict]:
+    def sample(self, sampler: Sampler | None) -> list[dict]:
         """Completions of the sampler's prompts by the model as it is now, on every rank (an FSDP
         forward is collective), each rank decoding rank 0's tokens, so all stop at the same step.
         Eager, so a compiled model is not recompiled for the decoding shapes."""
@@ -476,7 +469,7 @@ class Trainer:
         self.model.train()
         return rows
 
-    def _bits_per_byte(self, loss: float, split: str) -> float | None:
+    def bits_per_byte(self, loss: float, split: str) -> float | None:
         """loss (nats/token) in bits per byte of the split's documents; None without byte counts."""
         ratio = self.tokens_per_byte[split]
         return None if ratio is None else loss / math.log(2) * ratio
