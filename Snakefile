@@ -7,6 +7,7 @@ from pathlib import Path
 from kiln.config import settings as kiln_settings
 from kiln import layout as kiln_layout
 from kiln import config as kiln_config
+from kiln.plan.verdict import SmokeReport
 
 
 # Which runs: the files given with --configfile, exactly as written (no `configfile:` directive here,

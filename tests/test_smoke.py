@@ -84,6 +84,8 @@ def test_the_checkpoint_timed_is_the_one_train_writes(shards, tmp_path, train):
     assert report["checkpoint_written_bytes"] >= 3 * report["model_bytes"]
     assert report["checkpoint_written_bytes"] >= report["checkpoint_bytes"]
     assert report["times"]["checkpoint_s"] > 0
+    # a rank's host memory after the checkpoint: at least this process's weights and moments (issue 29, O2)
+    assert report["host_mb_per_rank"] * 2**20 > report["checkpoint_bytes"]
     assert not list(tmp_path.glob(".checkpoint-timing-*"))  # the scratch checkpoint is removed
 
 

@@ -6,9 +6,11 @@ checks, the train script refuses a failed gate, and the report stage reads it wi
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from synthetic import REPO
@@ -170,3 +172,14 @@ def test_the_report_stage_does_not_import_torch():
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_train_job_asks_each_node_for_its_ranks_measured_host_memory_with_headroom():
+    """Issue 29, O2: the train rule's mem_mb (workflow/rules/common.smk, train_memory_mb) from the smoke
+    stage's figure per rank (compile workers included), so eight ranks' inductor workers are asked for."""
+    from kiln.plan.verdict import HOST_MEMORY_HEADROOM, LAUNCHER_MB
+
+    measured = replace(MEASURED, host_mb_per_rank=3000.0)
+    assert measured.node_memory_mb(8) == math.ceil(8 * 3000 * HOST_MEMORY_HEADROOM + LAUNCHER_MB)
+    assert measured.node_memory_mb(8) > 8 * 3000 and measured.node_memory_mb(1) < measured.node_memory_mb(2)
+    assert MEASURED.node_memory_mb(8) is None  # an older report: the rule falls back to a fixed request

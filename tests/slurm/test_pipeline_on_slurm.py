@@ -48,6 +48,8 @@ import pytest
 import yaml
 from tiny import tiny_layout
 
+from kiln.plan.verdict import SmokeReport
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "configs" / "tiny.yaml"
 VENV_BIN = str(Path(sys.executable).parent)
@@ -201,6 +203,16 @@ def test_gpu_stages_hold_the_gpus_and_nodes_of_the_train_section_and_data_stages
     assert held["eval"]["gres/gpu"] == "1" and held["eval"]["node"] == "1"  # one process
     for rule in ("download", "tokenizer", "pretokenize", "shard", "report"):
         assert "gres/gpu" not in held[rule], (rule, held[rule])
+
+
+def test_the_train_job_asks_for_the_host_memory_the_smoke_stage_measured(pipeline):
+    """Issue 29, O2: train's mem_mb is its two ranks' measured host memory with headroom, not the
+    profile's fixed figure (which smoke, measuring, still asks for)."""
+    workdir, _, jobs, rows = pipeline
+    measured = SmokeReport.load(tiny_layout(workdir).folder("smoke") / "report.json").measurements
+    assert measured.host_mb_per_rank > 0
+    asked = {rule: tres(rows[jobs[rule][0]])["mem"] for rule in ("smoke", "train")}
+    assert asked == {"smoke": "64000M", "train": f"{measured.node_memory_mb(2)}M"}
 
 
 def test_shards_are_byte_identical_to_a_local_runs(pipeline):

@@ -99,6 +99,24 @@ def rank_resources(ranks=True):
     return {"nodes": nodes, "tasks": nodes, "tasks_per_gpu": 0, "gres": gres, "mpi": mpi}
 
 
+# mem_mb of a train job whose smoke report has no host-memory figure (an older report): the profile's
+# figure for a GPU node before the smoke stage measured one.
+UNMEASURED_TRAIN_MEM_MB = 64000
+
+
+def train_memory_mb(wildcards, input):
+    """mem_mb of a train job (per node): its ranks' host memory as the smoke stage measured it on the
+    same hardware, compile workers included (TORCHINDUCTOR_COMPILE_THREADS per rank: kiln.train.launch),
+    with headroom (kiln.plan.verdict.Measurements.node_memory_mb). A profile's set-resources still wins.
+    Before the smoke stage ran (a dry run), Snakemake shows it as <TBD>: the FileNotFoundError of an
+    input is how it learns that."""
+    if not Path(input.smoke).is_file():
+        raise FileNotFoundError(2, "the smoke report is not made yet", input.smoke)
+    measured = SmokeReport.load(input.smoke).measurements
+    ranks = RUNS[wildcards.run]["train"]["nproc_per_node"]
+    return (measured and measured.node_memory_mb(ranks)) or UNMEASURED_TRAIN_MEM_MB
+
+
 def resubmit_preempted_train():
     """Let Snakemake resubmit a failed train job, up to the largest train.max_resubmits of the runs
     (each run's own bound is the launcher's), when it submits jobs to a cluster: a job cut off by its

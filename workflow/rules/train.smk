@@ -32,6 +32,7 @@ rule train:
     threads: 64
     resources:
         **rank_resources(),
+        mem_mb=train_memory_mb,
         kiln_attempt=lambda w, attempt: attempt,
     conda:
         CONDA_ENV

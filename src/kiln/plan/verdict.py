@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +24,11 @@ from kiln.plan.steps import StageTimes, build_plan
 # Bumped whenever the layout of report.json changes, so that a report written by another version
 # of kiln is refused with a clear message instead of half-read.
 VERSION = 2
+# A train job's host memory per node (Measurements.node_memory_mb): the smoke stage measures a rank after
+# its compile, probe steps and a timed checkpoint (rank 0 gathers a full-format one in host memory); the
+# full run may recompile (a new shape at validation) and its data stream and logs grow, hence the headroom.
+HOST_MEMORY_HEADROOM = 1.5
+LAUNCHER_MB = 1024  # torchrun, and the Snakemake job around it
 _HEADER = ("version", "gate", "checks")
 
 
@@ -77,6 +83,7 @@ class Measurements:
     precision_tokens_per_s: dict[str, float] = field(default_factory=dict)  # auto's candidates, timed
     checkpoint_written_bytes: int = 0  # on disk, the checkpoint timed for times.checkpoint_s (0: an older report)
     activation_checkpointing: str = "none"  # what the probe ran: train's, or auto's pick (an older report: none)
+    host_mb_per_rank: float = 0.0  # the most host memory a rank held, compile workers' included (0: an older report)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Measurements:
@@ -91,6 +98,15 @@ class Measurements:
                 "grad_norms": tuple(d["grad_norms"]),
             }
         )
+
+    def node_memory_mb(self, ranks_per_node: int) -> int | None:
+        """Host memory a train job asks of each node: its ranks' measured host memory (kiln.train.metrics.
+        host_memory_mb, after the probe's compile and steps) with HOST_MEMORY_HEADROOM for what the full run
+        adds (validation, checkpoint buffers, a recompile) and LAUNCHER_MB for torchrun. None for a report
+        without the figure."""
+        if not self.host_mb_per_rank:
+            return None
+        return math.ceil(ranks_per_node * self.host_mb_per_rank * HOST_MEMORY_HEADROOM + LAUNCHER_MB)
 
     def plan(self, train: TrainSection, price_per_gpu_hour: float | None) -> dict:
         """smoke/plan.json: the full run's plan at the measured speed and stage times (build_plan,

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import psutil
 import torch
 
 from kiln import layout
@@ -70,6 +71,18 @@ def memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def host_memory_mb() -> float:
+    """The host memory this rank holds: its own peak resident set, plus what its child processes hold
+    now (inductor's compile workers, TORCHINDUCTOR_COMPILE_THREADS of them, which live as long as the
+    rank does). What the train job asks of a node per rank (kiln.plan.verdict.Measurements.node_memory_mb)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    children = 0
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # a worker that ended meanwhile
+            children += child.memory_info().rss
+    return own + children / 2**20
 
 
 def reserved_mb(device: torch.device) -> float | None:

@@ -52,6 +52,7 @@ from kiln.plan.verdict import Check
 from kiln.train import checkpoint, device, faults, oom
 from kiln.train.distributed import barrier, broadcast_object, max_across_ranks, mean_across_ranks
 from kiln.train.launch import LAUNCH_START_ENV
+from kiln.train.metrics import host_memory_mb
 from kiln.train.probe import probe, sync
 from kiln.train.trainer import Trainer
 
@@ -228,7 +229,13 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         extra_s += time.perf_counter() - started
         probe_train = replace(probe_train, precision=precision)
         train = replace(train, precision=precision)  # the overfit check's too
-        trainer = Trainer(dict(sections, train=probe_train.as_dict()), shard_dir, max_steps=smoke.steps)
+        # KILN_FAULT's oom, which the probe's steps raise (no train_step runs before the probe)
+        trainer = Trainer(
+            dict(sections, train=probe_train.as_dict()),
+            shard_dir,
+            max_steps=smoke.steps,
+            injected_faults=faults.from_env(rank),
+        )
         seq_len, vocab = trainer.model_config.seq_len, trainer.model_config.vocab_size
         # The checks before the probe run eager, so the probe measures the graph train will run. The
         # causality check's 2 rows and a short last validation batch are other shapes: through the
@@ -261,7 +268,6 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         )
         # train's start-up: this stage's so far, less what train does not do, plus the warm-up steps
         startup_s = time.time() - launch_start() - extra_s
-        trainer.faults = faults.from_env(rank)  # KILN_FAULT's oom, which the probe's steps raise
         losses, norms, measured = probe(trainer, smoke.steps, smoke.warmup_steps, out_dir, smoke.profile_step)
         startup_s += measured.warmup_s
     except Exception as exc:  # noqa: BLE001 -- only an out-of-memory error (any rank's) is turned into a check
@@ -334,6 +340,8 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         )
     )
     checkpoint_s, checkpoint_written = _time_checkpoint(trainer, probe_train, out_dir)
+    # compiled, stepped and saved: the most a rank's host memory holds (the train job's request)
+    host_mb = max_across_ranks(torch.tensor(host_memory_mb()), trainer.dist.world).item()
     report.update(
         probe=asdict(measured),
         losses=losses,
@@ -351,6 +359,7 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         precision=precision,
         precision_tokens_per_s=candidates,
         activation_checkpointing=probe_train.activation_checkpointing,
+        host_mb_per_rank=host_mb,
         times=asdict(
             StageTimes(
                 step_s=measured.step_time_s, startup_s=startup_s, validation_s=validation_s, checkpoint_s=checkpoint_s

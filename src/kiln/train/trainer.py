@@ -101,7 +101,13 @@ class Trainer:
     """One run's parts, built from the stage sections (model, train) and a shard folder."""
 
     def __init__(
-        self, sections: dict, shard_dir: Path, *, max_steps: int | None = None, budget: BudgetPlan | None = None
+        self,
+        sections: dict,
+        shard_dir: Path,
+        *,
+        max_steps: int | None = None,
+        budget: BudgetPlan | None = None,
+        injected_faults: faults.Faults = faults.NONE,
     ):
         train = TrainSection.of(sections["train"])
         self.seed = train.seed  # the model seed: initial weights, data order, dropout
@@ -154,7 +160,9 @@ class Trainer:
         self.spikes = SpikeDetector(train.spike_factor)
         # The steps the host has not read yet (fit): non-finite policy, spikes, the count of skipped steps.
         self.reader = StepReader(train.nonfinite, self.spikes, self.dist.world, self.dist.is_main)
-        self.faults, self.stop = faults.NONE, preemption.StopSignal()  # fit() sets both; the smoke stage has neither
+        # KILN_FAULT's injections into train_step (kiln.train.faults): the smoke stage's probe passes them;
+        # fit reads them from the environment itself. The preemption signal's handler: fit installs it.
+        self.faults, self.stop = injected_faults, preemption.StopSignal()
         self.flags = torch.zeros(2, device=self.dist.device)  # the last step's [non-finite, stop signal]
         self.init_source: InitSource | None = None  # train.init_from, resolved by fit (which knows results/)
         self.init_sha256: str | None = None
