@@ -343,7 +343,9 @@ def check_pipeline(ctx: Ctx) -> list[tuple[str, str]]:
         ctx.verdict(
             ok,
             f"{wall:.0f} s; smoke on {smoke.get('device')}, eval on "
-            f"{'cuda' if eval_on_cuda else 'NOT cuda'}, val loss {metrics['val_loss']:.3f}",
+            f"{'cuda' if eval_on_cuda else 'NOT cuda'}, val loss {metrics['val_loss']:.3f}; a rank's host memory "
+            f"{smoke.get('host_mb_per_rank', 0):.0f} MB with its compile workers (train's Slurm request: that x 1.5 "
+            "per rank + 1 GiB, issue 29's O2)",
         )
     ]
 

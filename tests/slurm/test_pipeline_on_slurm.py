@@ -139,6 +139,11 @@ def tres(row: dict) -> dict[str, str]:
     return dict(item.split("=", 1) for item in row["AllocTRES"].split(",") if "=" in item)
 
 
+def megabytes(mem: str) -> int:
+    """sacct's memory figure (AllocTRES mem: 2272M, 62.50G) in MB, as Slurm's --mem counts them (MiB)."""
+    return round(float(mem[:-1]) * {"M": 1, "G": 1024, "T": 1024**2}[mem[-1]])
+
+
 def losses(run_dir: Path) -> dict[int, float]:
     rows = [json.loads(line) for line in (run_dir / "train" / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in rows}
@@ -211,8 +216,8 @@ def test_the_train_job_asks_for_the_host_memory_the_smoke_stage_measured(pipelin
     workdir, _, jobs, rows = pipeline
     measured = SmokeReport.load(tiny_layout(workdir).folder("smoke") / "report.json").measurements
     assert measured.host_mb_per_rank > 0
-    asked = {rule: tres(rows[jobs[rule][0]])["mem"] for rule in ("smoke", "train")}
-    assert asked == {"smoke": "64000M", "train": f"{measured.node_memory_mb(2)}M"}
+    asked = {rule: megabytes(tres(rows[jobs[rule][0]])["mem"]) for rule in ("smoke", "train")}
+    assert asked == {"smoke": 64000, "train": measured.node_memory_mb(2)}
 
 
 def test_shards_are_byte_identical_to_a_local_runs(pipeline):
