@@ -80,6 +80,7 @@ SPECIAL: dict[str, dict] = {
     "eval.prompts": {"eval.prompts": ["def main():\n"]},
     "eval.reference": {"eval.reference": None},
     "eval.lm_eval.tasks": {"eval.lm_eval.tasks": ["kiln_heldout_perplexity"]},
+    "eval.humaneval_infill.kinds": {"eval.humaneval_infill.kinds": ["single_line", "random_span"]},
     "wandb.mode": {"wandb.mode": "offline"},
     "wandb.project": {"wandb.project": "kiln-test"},
 }

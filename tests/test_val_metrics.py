@@ -275,6 +275,9 @@ def test_eval_of_a_run_trained_without_fim_skips_infilling_and_says_so(run_dir, 
         "documents was FIM-transformed (pretokenize.fim.rate 0)"
     }
     assert samples["infill"] == [] and set(metrics["contamination"]) == {"val_documents"}
+    # HumanEval-Infilling follows the same rule; HumanEval itself runs (kiln.eval.code)
+    assert metrics["code"]["humaneval_infill"] == metrics["infill"]
+    assert metrics["code"]["humaneval"]["problems"] == 4 and "sandbox" in metrics["code"]
     # the report labels each completion with how eval decoded it (the schema's temperature, top-k, top-p)
     assert samples["decoding"] == {"greedy": "greedy", "sampled": "sampled (temperature 0.8, top-k 50, top-p 1)"}
     assert metrics["contamination"]["val_documents"]["items"] > 0 and metrics["unigram_val_loss"] > 0

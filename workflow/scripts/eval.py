@@ -1,7 +1,8 @@
 """eval stage: held-out loss, perplexity and bits per byte (against a unigram baseline), completions
 of fixed prompts (eval.prompts, and train.samples' prompts from the final model), FIM infilling
-(single/multi-line, PSM/SPM; not for a model trained without FIM), lm-eval tasks, and the 13-gram
-contamination the eval_data stage measured (its folder: --eval-data).
+(single/multi-line, PSM/SPM; not for a model trained without FIM), lm-eval tasks, HumanEval pass@k and
+HumanEval-Infilling pass@1 (every program run in kiln.eval.sandbox; eval.humaneval, eval.humaneval_infill),
+and the 13-gram contamination the eval_data stage measured (its folder: --eval-data).
 
 Writes eval/metrics.json and eval/samples.json (and lm-eval's local task files under eval/). The
 model runs where train ran (train.device): on a GPU under train.precision's autocast, else on the CPU

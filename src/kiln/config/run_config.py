@@ -139,6 +139,23 @@ class LmEval(Section):
 
 
 @dataclass(frozen=True)
+class HumanEvalSection(Section):
+    KEY: ClassVar[str] = "eval.humaneval"
+    problems: int | None  # None: all 164
+    samples: int
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class HumanEvalInfillSection(Section):
+    KEY: ClassVar[str] = "eval.humaneval_infill"
+    problems: int
+    kinds: tuple[str, ...]
+    modes: tuple[str, ...]
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
 class EvalSection(Section):
     KEY: ClassVar[str] = "eval"
     reference: Reference | None
@@ -150,6 +167,8 @@ class EvalSection(Section):
     top_p: float
     infill_docs: int
     lm_eval: LmEval
+    humaneval: HumanEvalSection
+    humaneval_infill: HumanEvalInfillSection
 
 
 @dataclass(frozen=True)

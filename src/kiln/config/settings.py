@@ -248,6 +248,13 @@ SETTINGS: dict[str, Setting] = {
     "eval.lm_eval.tasks": _s("eval_data scans the local ones for contamination", eval_data=OUTPUT, eval=OUTPUT),
     "eval.lm_eval.limit": EVAL,
     "eval.lm_eval.max_docs": EVAL_DATA,
+    "eval.humaneval.problems": EVAL,
+    "eval.humaneval.samples": EVAL,
+    "eval.humaneval.max_new_tokens": EVAL,
+    "eval.humaneval_infill.problems": EVAL,
+    "eval.humaneval_infill.kinds": EVAL,
+    "eval.humaneval_infill.modes": EVAL,
+    "eval.humaneval_infill.max_new_tokens": EVAL,
     "wandb.mode": _s("where the metrics are also sent", train=RUN),
     "wandb.project": TRAIN_RUN,
 }

