@@ -86,7 +86,7 @@ def train_sections(model: dict | None = None, nproc_per_node: int = 1, **train) 
     return kiln_config.stage_sections(
         "train",
         _tiny_without("model", "train"),
-        model=model or TINY_MODEL,
+        model=TINY_MODEL if model is None else model,  # {}: none (train.init_from.hf gives it)
         shard={"seq_len": SEQ_LEN},  # what the synthetic shards hold
         train=defaults | train,
     )

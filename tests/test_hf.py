@@ -132,19 +132,21 @@ def test_import_errors_name_the_file_and_what_is_missing(tmp_path):
         "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0},
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(KilnError, match="rope type 'llama3' is not supported"):
+    with pytest.raises(KilnError, match="rope_type 'llama3' needs rope_parameters.low_freq_factor, high_freq_factor"):
         hf.load(tmp_path)
     v4_style = {k: v for k, v in config.items() if k != "rope_parameters"} | {
         "rope_theta": 500000.0,
-        "rope_scaling": {"rope_type": "llama3", "factor": 32.0},
-    }  # Llama-3.2-1B's own
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0},
+    }
     (tmp_path / "config.json").write_text(json.dumps(v4_style))
-    with pytest.raises(KilnError, match="rope type 'llama3' is not supported"):
+    with pytest.raises(
+        KilnError, match=r"rope_parameters.rope_type = 'yarn' is not supported \(Kiln supports default, llama3\)"
+    ):
         hf.load(tmp_path)
     config["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(KilnError, match="model.safetensors: not found"):
         hf.load(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(KilnError, match="model_type 'bert' is not one Kiln imports"):
+    with pytest.raises(KilnError, match=r"model_type 'bert' is not one Kiln imports \(supported: gpt2, llama, qwen2\)"):
         hf.load(tmp_path)

@@ -5,15 +5,19 @@ that does not match is an error naming it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
-from synthetic import train_sections, write_shards
+from synthetic import PADDED_VOCAB, SEQ_LEN, TINY_MODEL, VOCAB, train_sections, write_shards
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from kiln import hf, layout
-from kiln.errors import KilnError
+from kiln.config import hf_source
+from kiln.errors import ConfigError, KilnError
 from kiln.io import read_json, write_json
 from kiln.model.build import load_model
 from kiln.train import checkpoint, fingerprint
@@ -21,6 +25,16 @@ from kiln.train.init_from import InitSource
 from kiln.train.trainer import Trainer, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+STOCK_DIMS = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=64,
+)
 
 
 @pytest.fixture(scope="module")
@@ -77,14 +91,100 @@ def test_the_optimizer_state_comes_too_when_asked_and_the_settings_stay_this_run
     assert all(torch.equal(v, weights[k]) for k, v in trainer.model.state_dict().items())
 
 
-def test_another_model_shape_is_an_error_naming_the_weight(shards, source, tmp_path):
-    sections = train_sections(model={"n_layer": 1, "n_head": 2, "d_model": 16}, init_from={"hf": str(source / "hf")})
+def test_another_model_shape_is_an_error_naming_the_weight(shards, source):
+    sections = train_sections(model={"n_layer": 1, "n_head": 2, "d_model": 16}, init_from={"run": "source"})
     with pytest.raises(
         KilnError,
-        match=r"train.init_from: hf .*/hf \(weights\): weight \S+ is \(\d+, 32\), this run's "
+        match=r"train.init_from: run .*/source/train \(weights\): weight \S+ is \(\d+, 32\), this run's "
         r"model has \(\d+, 16\); set model: to the source's shape",
     ):
-        run(sections, shards, tmp_path / "results" / "x" / "train")
+        run(sections, shards, source.parents[1] / "x" / "train")
+
+
+def test_a_model_section_that_contradicts_a_hf_source_is_a_config_error(source, tmp_path):
+    """With {hf: FOLDER} the model section is the folder's config.json shape: a key that says
+    otherwise is refused when the config is read, naming both values."""
+    with pytest.raises(ConfigError, match=r"model.d_model: 16 in the config, but the source has n_embd = 32 \("):
+        train_sections(model={"n_layer": 1, "n_head": 2, "d_model": 16}, init_from={"hf": str(source / "hf")})
+    with pytest.raises(ConfigError, match=r"train.init_from.hf: \S+/nope/config.json: not found"):
+        train_sections(model={}, init_from={"hf": str(tmp_path / "nope")})
+
+
+STOCK = {  # transformers' own models, tiny: Llama 3.1's RoPE scaling, and Qwen2's q/k/v biases
+    "llama3": lambda: LlamaForCausalLM(
+        LlamaConfig(
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+            **STOCK_DIMS,
+        )
+    ),
+    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**STOCK_DIMS)),
+}
+
+
+@pytest.mark.parametrize("family", STOCK)
+def test_a_stock_checkpoint_is_the_model_when_the_config_gives_none(shards, tmp_path, family):
+    """model: left out: the run's model is the checkpoint's shape (its config.json) with this run's
+    padded vocabulary and context, starts from its weights (the 4 rows beyond its 60 at their
+    mean) and trains."""
+    torch.manual_seed(0)
+    STOCK[family]().save_pretrained(tmp_path / "stock")
+    sections = train_sections(model={}, max_steps=4, warmup_steps=1, init_from={"hf": str(tmp_path / "stock")})
+    assert sections["model"] == hf_source.model_section(tmp_path / "stock")
+    expected = hf_source.source_config(tmp_path / "stock")
+    assert (expected.qkv_bias, expected.rope_scaling is not None) == (family == "qwen2", family == "llama3")
+    trainer = Trainer(sections, shards)
+    assert trainer.model_config == dataclasses.replace(expected, vocab_size=PADDED_VOCAB, seq_len=SEQ_LEN)
+    trainer.init_source = InitSource.of(sections["train"]["init_from"], tmp_path)
+    trainer._start_from(trainer.init_source)
+    ours, theirs = trainer.model.state_dict(), hf.load(tmp_path / "stock").state_dict()
+    assert all(torch.equal(ours[k], v) for k, v in theirs.items() if k not in ("wte.weight", "lm_head.weight"))
+    assert torch.equal(ours["wte.weight"][:VOCAB], theirs["wte.weight"])
+    result = run(sections, shards, tmp_path / "results" / family / "train")
+    assert result.val_losses[-1][0] == 4 and all(math.isfinite(v) for _, v in result.val_losses)
+    assert load_model(tmp_path / "results" / family / "train").config == trainer.model_config
+
+
+def _stock_gpt2(folder: Path, vocab: int) -> dict[str, torch.Tensor]:
+    """transformers' own GPT-2 in TINY_MODEL's shape with `vocab` rows, saved; its weights, Kiln-named."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=SEQ_LEN, n_embd=32, n_layer=1, n_head=2)).save_pretrained(
+        folder
+    )
+    return hf.load(folder).state_dict()
+
+
+def test_a_stock_gpt2s_unpadded_rows_fill_the_runs_padded_vocabulary(shards, tmp_path):
+    """A source with the tokenizer's 60 rows, unpadded (as GPT-2's 50,257), into a run of 64: its rows
+    are the run's first 60, the 4 beyond start at their mean, the head stays tied, every other
+    weight is the source's."""
+    source = _stock_gpt2(tmp_path / "gpt2", VOCAB)
+    sections = train_sections(model=TINY_MODEL | {"bias": True}, init_from={"hf": str(tmp_path / "gpt2")})
+    trainer = Trainer(sections, shards)
+    trainer.init_source = InitSource.of(sections["train"]["init_from"], tmp_path)
+    trainer._start_from(trainer.init_source)
+    ours = trainer.model.state_dict()
+    assert ours["wte.weight"].shape == (PADDED_VOCAB, 32)
+    assert torch.equal(ours["wte.weight"][:VOCAB], source["wte.weight"])
+    mean = source["wte.weight"].mean(dim=0)
+    assert all(torch.allclose(row, mean) for row in ours["wte.weight"][VOCAB:])
+    assert trainer.model.lm_head.weight is trainer.model.wte.weight
+    assert all(torch.equal(ours[k], v) for k, v in source.items() if k not in ("wte.weight", "lm_head.weight"))
+
+
+def test_a_source_with_more_rows_than_the_run_is_an_error(shards, tmp_path):
+    _stock_gpt2(tmp_path / "gpt2", PADDED_VOCAB + 6)
+    sections = train_sections(model=TINY_MODEL | {"bias": True}, init_from={"hf": str(tmp_path / "gpt2")})
+    with pytest.raises(KilnError, match=r"weight wte.weight is \(70, 32\), this run's model has \(64, 32\)"):
+        run(sections, shards, tmp_path / "results" / "w" / "train")
 
 
 def test_another_tokenizer_is_an_error(shards, source, tmp_path):

@@ -60,6 +60,16 @@ SPECIAL: dict[str, dict] = {
     "model.tie_embeddings": {"model.tie_embeddings": False},
     "model.norm_eps": {"model.norm_eps": 1e-6},
     "model.d_ff": {"model.d_ff": 128},
+    "model.qkv_bias": {"model.family": "llama", "model.qkv_bias": True},
+    "model.rope_scaling": {
+        "model.family": "llama",
+        "model.rope_scaling": {
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    },
     "train.async_checkpoint": {"train.async_checkpoint": True, "train.checkpoint_format": "sharded"},
     "smoke.price_per_gpu_hour": {"smoke.price_per_gpu_hour": 3.09},
     "smoke.profile_step": {"smoke.profile_step": 3},

@@ -1,5 +1,8 @@
-"""Hugging Face transformers interop: export to GPT2LMHeadModel / LlamaForCausalLM folders that
-`AutoModelForCausalLM.from_pretrained(dir)` loads, and import such folders back.
+"""Hugging Face transformers interop: export to GPT2LMHeadModel / LlamaForCausalLM /
+Qwen2ForCausalLM folders that `AutoModelForCausalLM.from_pretrained(dir)` loads, and import such
+folders back, stock checkpoints too (their shape read by kiln.config.hf_source). A llama-family model
+with q/k/v biases (model.qkv_bias) is Qwen2's architecture and exports as one; Llama 3.1's RoPE
+scaling (model.rope_scaling) exports as rope_type "llama3".
 
 An export holds config.json, model.safetensors (a tied head stored once, as transformers does) and,
 given the run's tokenizer.json, the tokenizer as a PreTrainedTokenizerFast with Kiln's special
@@ -12,6 +15,7 @@ model package imports no data code.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -19,6 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from kiln.config.hf_source import model_config_from_hf, read_config
 from kiln.config.models import ModelConfig
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import EOS, load_tokenizer
@@ -63,6 +68,11 @@ LLAMA_BLOCK = {
     "mlp.up.weight": "mlp.up_proj.weight",
     "mlp.down.weight": "mlp.down_proj.weight",
 }
+QKV_BIAS = {  # Qwen2's, beside LLAMA_BLOCK
+    "attn.q.bias": "self_attn.q_proj.bias",
+    "attn.k.bias": "self_attn.k_proj.bias",
+    "attn.v.bias": "self_attn.v_proj.bias",
+}
 LLAMA_TOP = {
     "wte.weight": "model.embed_tokens.weight",
     "norm.weight": "model.norm.weight",
@@ -75,7 +85,8 @@ def _name_map(cfg: ModelConfig) -> dict[str, tuple[str, bool]]:
     if cfg.family == "gpt2":
         top, block, prefix = GPT2_TOP, GPT2_BLOCK, "transformer.h"
     else:
-        top, block, prefix = LLAMA_TOP, {k: (v, False) for k, v in LLAMA_BLOCK.items()}, "model.layers"
+        own = LLAMA_BLOCK | (QKV_BIAS if cfg.qkv_bias else {})
+        top, block, prefix = LLAMA_TOP, {k: (v, False) for k, v in own.items()}, "model.layers"
     names = {ours: (theirs, False) for ours, theirs in top.items()}
     for i in range(cfg.n_layer):
         names.update({f"blocks.{i}.{ours}": (f"{prefix}.{i}.{theirs}", t) for ours, (theirs, t) in block.items()})
@@ -106,22 +117,29 @@ def hf_config(cfg: ModelConfig, eos_id: int = 0) -> dict:
             "embd_pdrop": cfg.dropout,
             "attn_pdrop": cfg.dropout,
         }
-    return common | {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if cfg.rope_scaling is not None:
+        rope = {"rope_type": "llama3", "rope_theta": cfg.rope_theta, **dataclasses.asdict(cfg.rope_scaling)}
+    llama = common | {
         "hidden_size": cfg.d_model,
         "intermediate_size": cfg.d_ff,
         "num_hidden_layers": cfg.n_layer,
         "num_attention_heads": cfg.n_head,
         "num_key_value_heads": cfg.n_kv_head,
-        "head_dim": cfg.head_dim,
         "max_position_embeddings": cfg.seq_len,
         "rms_norm_eps": cfg.norm_eps,
         "hidden_act": "silu",
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_parameters": rope,
+        "attention_dropout": cfg.dropout,
+    }
+    if cfg.qkv_bias:  # Qwen2: q, k and v always have biases, nothing else does
+        return llama | {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "use_sliding_window": False}
+    return llama | {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "head_dim": cfg.head_dim,
         "attention_bias": False,
         "mlp_bias": False,
-        "attention_dropout": cfg.dropout,
     }
 
 
@@ -181,59 +199,11 @@ def _read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def config_from_hf(hf: dict, source: Path) -> ModelConfig:
-    """The ModelConfig a transformers config.json describes, or an error naming what Kiln lacks."""
-    kind = hf.get("model_type")
-    if kind == "gpt2":
-        if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise KilnError(f"{source}: activation_function {hf['activation_function']!r} is not supported")
-        return ModelConfig(
-            family="gpt2",
-            vocab_size=hf["vocab_size"],
-            seq_len=hf["n_positions"],
-            n_layer=hf["n_layer"],
-            n_head=hf["n_head"],
-            d_model=hf["n_embd"],
-            d_ff=hf.get("n_inner"),
-            max_positions=hf["n_positions"],
-            norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-            bias=True,
-            tie_embeddings=hf.get("tie_word_embeddings", True),
-        )
-    if kind == "llama":
-        # transformers 5 writes rope_parameters; older configs rope_theta and rope_scaling
-        rope = hf.get("rope_parameters") or {"rope_type": "default", "rope_theta": hf.get("rope_theta", 10000.0)}
-        rope_type = (hf.get("rope_scaling") or rope).get("rope_type", "default")
-        if rope_type != "default":
-            raise KilnError(f"{source}: rope type {rope_type!r} is not supported (Kiln implements plain RoPE)")
-        if hf.get("attention_bias") or hf.get("mlp_bias"):
-            raise KilnError(f"{source}: Llama with attention_bias/mlp_bias is not supported")
-        n_head = hf["num_attention_heads"]
-        if hf.get("head_dim") not in (None, hf["hidden_size"] // n_head):
-            raise KilnError(f"{source}: head_dim {hf['head_dim']} != hidden_size/num_attention_heads")
-        return ModelConfig(
-            family="llama",
-            vocab_size=hf["vocab_size"],
-            seq_len=hf["max_position_embeddings"],
-            n_layer=hf["num_hidden_layers"],
-            n_head=n_head,
-            n_kv_head=hf.get("num_key_value_heads"),
-            d_model=hf["hidden_size"],
-            d_ff=hf["intermediate_size"],
-            rope_theta=float(rope["rope_theta"]),
-            norm_eps=hf.get("rms_norm_eps", 1e-6),
-            tie_embeddings=hf.get("tie_word_embeddings", False),
-        )
-    raise KilnError(f"{source}: model_type {kind!r} is not one Kiln imports (gpt2, llama)")
-
-
 def load(model_dir: Path) -> GPT | Llama:
-    """A Kiln model from a transformers folder (an export of ours, or a GPT-2/Llama checkpoint)."""
+    """A Kiln model from a transformers folder (an export of ours, or a GPT-2, Llama or Qwen2
+    checkpoint: kiln.config.hf_source.MODEL_TYPES), its shape read from config.json."""
     model_dir = Path(model_dir)
-    config_path = model_dir / "config.json"
-    if not config_path.is_file():
-        raise KilnError(f"{config_path}: not found; is {model_dir} a transformers model folder?")
-    cfg = config_from_hf(json.loads(config_path.read_text(encoding="utf-8")), config_path)
+    cfg = model_config_from_hf(read_config(model_dir), model_dir / "config.json")
     theirs = _read_hf_weights(model_dir)
     if cfg.family == "gpt2":  # OpenAI's own files name the weights without the "transformer." prefix
         theirs = {

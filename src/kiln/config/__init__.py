@@ -12,6 +12,8 @@
     sections  typed, frozen views of a section, read by attribute: the machinery, train and smoke
     run_config  the other sections typed, and RunConfig: a run's (or a stage's) whole config, typed
     models    named model flavours (each with its source URL) and the ModelConfig derived from them
+    hf_source the ModelConfig (and model section) of a Hugging Face checkpoint's config.json, for
+              train.init_from: {hf: FOLDER}
     batch     the one derived split of a step: ranks x accumulation x micro-batch x seq_len
     special_tokens  the tokens every vocabulary holds
 

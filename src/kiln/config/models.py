@@ -10,7 +10,7 @@ from the shards' seq_len. Torch-free, so validating a config stays cheap.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from kiln.errors import KilnError
 
@@ -25,6 +25,35 @@ LOSS_CHUNK_ELEMENTS = 2**25
 def loss_chunk_rows(vocab_size: int) -> int:
     """Rows (positions) per chunk of the chunked loss for a vocabulary of vocab_size."""
     return max(1, LOSS_CHUNK_ELEMENTS // vocab_size)
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's RoPE frequency scaling (Hugging Face's rope_type "llama3"), read from a checkpoint
+    that was trained with it (kiln.config.hf_source): wavelengths longer than original_max_position_embeddings
+    / low_freq_factor are stretched by `factor`, those shorter than it / high_freq_factor kept, those
+    between interpolated (kiln.model.llama.rope_frequencies). The names are Hugging Face's."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.factor < 1:
+            out.append(f"model.rope_scaling.factor: must be at least 1, got {self.factor}")
+        if not 0 < self.low_freq_factor < self.high_freq_factor:
+            out.append(
+                "model.rope_scaling: needs 0 < low_freq_factor < high_freq_factor, got "
+                f"{self.low_freq_factor} and {self.high_freq_factor}"
+            )
+        if self.original_max_position_embeddings < 1:
+            out.append(
+                "model.rope_scaling.original_max_position_embeddings: must be at least 1, got "
+                f"{self.original_max_position_embeddings}"
+            )
+        return out
 
 
 class ModelConfigError(KilnError):
@@ -50,8 +79,10 @@ class ModelConfig:
     d_ff: int | None = None  # MLP width; None: 4*d_model (gpt2) or Llama's 8/3*d_model rounded up
     max_positions: int | None = None  # gpt2's learned position rows (GPT-2: 1024); None: seq_len
     rope_theta: float = 10000.0  # llama only
+    rope_scaling: RopeScaling | None = None  # llama only: Llama 3.1's frequency scaling; None: plain RoPE
     norm_eps: float = 1e-5
     bias: bool = False  # gpt2 only: biases in every Linear and LayerNorm (GPT-2 has them)
+    qkv_bias: bool = False  # llama only: biases on the query, key and value projections (Qwen2's)
     dropout: float = 0.0
     tie_embeddings: bool = True  # output head shares the token embedding's weight
 
@@ -61,6 +92,8 @@ class ModelConfig:
             "d_ff": self.d_ff or _default_d_ff(self.family, self.d_model),
             "max_positions": self.max_positions or (self.seq_len if self.family == "gpt2" else None),
         }
+        if isinstance(self.rope_scaling, Mapping):  # a config section, or a saved config (to_dict) read back
+            derived["rope_scaling"] = RopeScaling(**self.rope_scaling)
         for name, value in derived.items():
             object.__setattr__(self, name, value)
         problems = _problems(self)
@@ -88,6 +121,7 @@ class ModelConfig:
             positions = self.max_positions * d
         else:
             attn = d * self.n_head * hd + 2 * d * self.n_kv_head * hd + self.n_head * hd * d  # q, k, v, o
+            attn += (self.n_head + 2 * self.n_kv_head) * hd * int(self.qkv_bias)  # q, k, v biases
             mlp = 3 * d * f  # gate, up, down
             norm = d  # RMSNorm gain
             positions = 0
@@ -141,6 +175,10 @@ def _problems(cfg: ModelConfig) -> list[str]:
             out.append(
                 f"model.max_positions: {cfg.max_positions} learned positions cannot cover shard.seq_len={cfg.seq_len}"
             )
+        if cfg.qkv_bias:
+            out.append("model.qkv_bias: llama only (gpt2's biases are model.bias)")
+        if cfg.rope_scaling is not None:
+            out.append("model.rope_scaling: llama only (gpt2 has learned positions)")
     else:
         if cfg.head_dim % 2:
             out.append(f"model.n_head: RoPE needs an even head dim, d_model/n_head = {cfg.head_dim}")
@@ -148,6 +186,8 @@ def _problems(cfg: ModelConfig) -> list[str]:
             out.append("model.bias: llama has no biases")
         if cfg.max_positions is not None:
             out.append("model.max_positions: llama has no learned positions (RoPE covers any seq_len)")
+        if cfg.rope_scaling is not None:
+            out.extend(cfg.rope_scaling.problems())
     return out
 
 

@@ -1,8 +1,9 @@
 """A run's config, resolved once: the files and overrides (kiln.config.files), every default the
-schema gives (kiln.config.schema), every rule between keys (kiln.config.rules), and the one derived
-setting (train.seed defaults to the data seed). The Snakefile, `kiln plan`, every stage script run
-by hand, the benches and the tests call this module, so a config means the same thing wherever it is
-read.
+schema gives (kiln.config.schema), every rule between keys (kiln.config.rules), and what is derived:
+train.seed defaults to the data seed, and a run continuing a Hugging Face checkpoint (train.init_from:
+{hf: FOLDER}) has the checkpoint's shape as its model section (kiln.config.hf_source). The Snakefile,
+`kiln plan`, every stage script run by hand, the benches and the tests call this module, so a config
+means the same thing wherever it is read.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from kiln.config import rules, schema, settings, sweep
+from kiln.config import hf_source, rules, schema, settings, sweep
 from kiln.config.files import merge, raw_config, read_yaml
-from kiln.errors import ConfigError
+from kiln.config.models import ModelConfigError
+from kiln.errors import ConfigError, KilnError
 
 
 def validate(raw: dict) -> dict:
@@ -23,12 +25,31 @@ def validate(raw: dict) -> dict:
     if not isinstance(raw, dict):
         raise ConfigError(f"<root>: expected a mapping of config sections, got {type(raw).__name__}")
     cfg = copy.deepcopy(raw)
-    problems = schema.check(cfg) or rules.check(cfg)
+    problems = _model_from_source(cfg) or schema.check(cfg) or rules.check(cfg)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
     if cfg["train"]["seed"] is None:  # the model seed defaults to the data seed
         cfg["train"]["seed"] = cfg["seed"]
     return cfg
+
+
+def _model_from_source(cfg: dict) -> list[str]:
+    """With train.init_from: {hf: FOLDER}, set cfg's model section to FOLDER's config.json shape (the
+    section may be left out; what it says must agree: kiln.config.hf_source.model_section). Before the
+    schema, which then checks the derived section as any other; a malformed train or model section
+    is left to it."""
+    train = cfg.get("train")
+    init = train.get("init_from") if isinstance(train, dict) else None
+    section = cfg.get("model")
+    if not isinstance(init, dict) or not isinstance(init.get("hf"), str) or not isinstance(section, (dict, type(None))):
+        return []
+    try:
+        cfg["model"] = hf_source.model_section(Path(init["hf"]), section)
+    except ModelConfigError as exc:
+        return exc.problems
+    except KilnError as exc:
+        return [f"train.init_from.hf: {exc}"]
+    return []
 
 
 def resolve(configfiles: Sequence[str | Path] = (), overrides: Mapping | None = None) -> dict:

@@ -93,6 +93,17 @@ class ShardSection(Section):
 
 
 @dataclass(frozen=True)
+class RopeScalingSection(Section):
+    """model.rope_scaling: kiln.config.models.RopeScaling's fields, as the schema has them."""
+
+    KEY: ClassVar[str] = "model.rope_scaling"
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
 class ModelSection(Section):
     """The `model` section as written: a flavour and/or shape keys, every one optional (the flavour or
     kiln.config.models.ModelConfig fills the rest: model_config(section.as_dict(), ...))."""
@@ -111,6 +122,8 @@ class ModelSection(Section):
     dropout: float | None = unset()
     bias: bool | None = unset()
     tie_embeddings: bool | None = unset()
+    qkv_bias: bool | None = unset()
+    rope_scaling: RopeScalingSection | None = unset()
 
 
 @dataclass(frozen=True)

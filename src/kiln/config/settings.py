@@ -154,6 +154,8 @@ SETTINGS: dict[str, Setting] = {
     "model.dropout": MODEL,
     "model.bias": MODEL,
     "model.tie_embeddings": MODEL,
+    "model.qkv_bias": MODEL,
+    "model.rope_scaling": MODEL,
     "smoke.steps": GATE,
     "smoke.warmup_steps": GATE,
     "smoke.min_loss_drop": GATE,

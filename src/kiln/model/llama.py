@@ -8,6 +8,10 @@ RoPE here rotates the two halves of each head (Hugging Face's `rotate_half`), no
 (kiln.hf). Attention is causal over the packed row, as in kiln.model.gpt; decoding with a
 KVCache works as there too, RoPE rotating each new query and key at its absolute position before
 the key is cached.
+
+Two options exist for continuing stock checkpoints (kiln.config.hf_source), both off by default: Llama 3.1's
+RoPE frequency scaling (config.rope_scaling) and biases on the query, key and value projections
+(config.qkv_bias: Qwen2 and Qwen2.5, otherwise Llama's shape).
 """
 
 from __future__ import annotations
@@ -18,14 +22,34 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kiln.config.models import ModelConfig
+from kiln.config.models import ModelConfig, RopeScaling
 from kiln.model.kv_cache import KVCache
 from kiln.model.loss import chunk_loss_sum, lm_loss
 
 
-def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin (T, D) of position t times frequency theta^(-2i/D), each half of D repeated."""
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> torch.Tensor:
+    """The (D/2,) rotation frequencies theta^(-2i/D); with Llama 3.1's scaling, the low ones slowed.
+
+    Llama 3.1 was pretrained at 8k positions with plain RoPE, then stretched to 128k: a frequency
+    whose wavelength (2*pi/freq) exceeds original/low_freq_factor positions never completed a turn
+    in pretraining, so it is divided by `factor`; one whose wavelength is below original/high_freq_factor
+    turned many times and is kept (local order); between the two, a linear blend in
+    original/wavelength. Transformers' _compute_llama3_parameters, written as one clamped blend."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (D/2,)
+    if scaling is None:
+        return inv_freq
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    wavelength = 2 * math.pi / inv_freq  # (D/2,) positions per turn
+    # 1 where the frequency is kept, 0 where it is divided by factor, linear between
+    keep = ((scaling.original_max_position_embeddings / wavelength - low) / (high - low)).clamp(0.0, 1.0)
+    return (1 - keep) * inv_freq / scaling.factor + keep * inv_freq
+
+
+def rope_tables(
+    head_dim: int, seq_len: int, theta: float, scaling: RopeScaling | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (T, D) of position t times each frequency (rope_frequencies), each half of D repeated."""
+    inv_freq = rope_frequencies(head_dim, theta, scaling)  # (D/2,)
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (T, D/2)
     angles = torch.cat([angles, angles], dim=-1)  # (T, D)
     return angles.cos(), angles.sin()
@@ -43,9 +67,9 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        self.q = nn.Linear(cfg.d_model, cfg.n_head * cfg.head_dim, bias=False)
-        self.k = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
-        self.v = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.q = nn.Linear(cfg.d_model, cfg.n_head * cfg.head_dim, bias=cfg.qkv_bias)
+        self.k = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=cfg.qkv_bias)
+        self.v = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=cfg.qkv_bias)
         self.o = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
 
@@ -111,15 +135,17 @@ class Llama(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         # Derived from the config, so not saved (persistent=False) and rebuilt on every load.
-        cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
+        cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta, cfg.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """GPT-2's scheme (normal 0.02; residual projections 0.02/sqrt(2L)); RMSNorm gains 1."""
+        """GPT-2's scheme (normal 0.02; residual projections 0.02/sqrt(2L)); RMSNorm gains 1, biases 0."""
         for name, p in self.named_parameters():
-            if p.dim() < 2:
+            if name.endswith(".bias"):
+                nn.init.zeros_(p)
+            elif p.dim() < 2:
                 nn.init.ones_(p)
             elif name.endswith(("attn.o.weight", "mlp.down.weight")):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))

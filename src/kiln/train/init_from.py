@@ -5,10 +5,22 @@ A source is one of
     {run: NAME}             results/NAME/train: its final weights (model.safetensors); with
                             optimizer: true, the AdamW state of its newest checkpoint
     {checkpoint: FOLDER}    a checkpoint folder (kiln.train.checkpoint); optimizer: true takes its AdamW state
-    {hf: FOLDER}            a Hugging Face export (kiln.hf.load), weights only
+    {hf: FOLDER}            a Hugging Face folder (kiln.hf.load): an export of Kiln's, or a stock
+                            GPT-2, Llama or Qwen2 checkpoint (kiln.config.hf_source); weights only
 
 The schedule, steps, data and seed are the new run's own; its model shape must be the source's (an
 error names the first weight that differs), and so must its tokenizer where the source records it.
+The vocabulary is the one exception to the same shape. Kiln pads a run's vocabulary to a multiple
+of 64 after its special tokens, whereas a stock checkpoint keeps its own (GPT-2: 50,257 rows; a Kiln
+run on GPT-2's tokenizer has 50,304). A source with fewer embedding (and head) rows than this run's
+model has its rows copied into the first ones, the ids they share, and the rows beyond, which no
+source token ever trained, start at the mean of the source's rows (Hewitt, "Initializing New Word
+Embeddings for Pretrained Language Models", 2021: a new token then neither dominates the softmax
+nor sits far off the embeddings the blocks were trained on). The source's own rows are never cut:
+a source with more rows than this run is an error. An export of the continued run has the run's
+padded vocabulary, which transformers loads as any other size. With optimizer: true the rows must
+match exactly (the moments are per row).
+
 What the source is goes into the fingerprint (`identity`: the sha256 of its weights file), so a
 source that is retrained restarts the runs that continue it rather than resume them.
 """
@@ -69,11 +81,9 @@ class InitSource:
         return hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The source's model state dict on the CPU, under Kiln's parameter names. A GPT-2 export of
-        a bias-free model carries zero biases (transformers' GPT-2 always has them): those are left out."""
+        """The source's model state dict on the CPU, under Kiln's parameter names."""
         if self.kind == "hf":
-            state = hf.load(self.folder).state_dict()
-            return {k: v for k, v in state.items() if not (k.endswith(".bias") and not v.any())}
+            return hf.load(self.folder).state_dict()
         if self.kind == "run":
             return load_model(self.folder).state_dict()
         return checkpoint.load_weights(self.folder)[0]
@@ -122,6 +132,28 @@ def check_same_shape(source: InitSource, theirs: dict[str, torch.Tensor], ours: 
             )
 
 
+def fit_vocabulary(
+    source: InitSource, theirs: dict[str, torch.Tensor], ours: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The source's weights with its embedding and head grown to this run's vocabulary rows: its own
+    rows first, the mean of them beyond (see the module's docstring). Anything else is left to
+    check_same_shape."""
+    fitted = dict(theirs)
+    head, embedding = theirs.get("lm_head.weight"), theirs.get("wte.weight")
+    tied = head is not None and embedding is not None and head.data_ptr() == embedding.data_ptr()
+    for name in ("wte.weight", "lm_head.weight"):
+        if name not in theirs or name not in ours or (name == "lm_head.weight" and tied):
+            continue
+        rows, (want, width) = theirs[name].shape[0], ours[name].shape  # (V_source, C), (V, C)
+        if source.optimizer or rows >= want or theirs[name].shape[1:] != (width,):
+            continue
+        mean = theirs[name].mean(dim=0, keepdim=True)  # (1, C)
+        fitted[name] = torch.cat([theirs[name], mean.expand(want - rows, width)])  # (V, C)
+    if tied:
+        fitted["lm_head.weight"] = fitted["wte.weight"]
+    return fitted
+
+
 def check_same_tokenizer(source: InitSource, shards_tokenizer: str | None) -> None:
     theirs = source.tokenizer_sha256()
     if theirs and shards_tokenizer and theirs != shards_tokenizer:
@@ -151,10 +183,13 @@ def load_into(
     """Load the source's weights (and AdamW state, when asked) into a fresh, parallelized model (every
     rank passes the whole state and keeps its part). The optimizer's hyperparameters stay this
     run's: only the moments and step counts are taken."""
-    weights = source.weights()
-    if "lm_head.weight" not in weights and "lm_head.weight" in model.state_dict():  # a tied head
+    ours = model.state_dict()
+    # A bias-free GPT exported to transformers' GPT-2 (which always has biases) carries zero ones.
+    weights = {k: v for k, v in source.weights().items() if k in ours or not (k.endswith(".bias") and not v.any())}
+    if "lm_head.weight" not in weights and "lm_head.weight" in ours:  # a tied head
         weights["lm_head.weight"] = weights["wte.weight"]
-    check_same_shape(source, weights, model.state_dict())
+    weights = fit_vocabulary(source, weights, ours)
+    check_same_shape(source, weights, ours)
     check_same_tokenizer(source, shards_tokenizer)
     if not source.optimizer:
         parallel.load_full_model_state(model, weights)
