@@ -157,7 +157,7 @@ def check_sampling_agrees(sections: dict, shards: Path, d) -> dict:
         new = generate(model, SAMPLE_PROMPTS, 12, temperature=1.0, stop_ids=stops, generator=generator, agree=agree)
         return [{"completion": row} for row in new]
 
-    rows = trainer._sample(sampler)
+    rows = trainer.sample(sampler)
     every = [None] * d.world
     dist.all_gather_object(every, rows)
     return {"fsdp_samples": every, "fsdp_sampled": isinstance(trainer.model, FSDPModule)}
