@@ -42,6 +42,7 @@ CASES = [
     ("trajectory (train.lr)", ["train={lr: 0.004}"]),
 ]
 QUICK = ("presentation (train.log_every)", "price (smoke.price_per_gpu_hour)")
+QUICK_EVAL = {"eval": {"lm_eval": {"tasks": []}, "humaneval": {"problems": 0}, "humaneval_infill": {"problems": 0}}}
 
 
 def _wandb_flip(configfile: Path) -> str:
@@ -50,12 +51,12 @@ def _wandb_flip(configfile: Path) -> str:
     return "disabled" if mode == "offline" else "offline"
 
 
-def snakemake(tree: Path, workdir: Path, configfile: Path, *extra: str) -> tuple[float, set[str]]:
+def snakemake(tree: Path, workdir: Path, configfiles: list[Path], *extra: str) -> tuple[float, set[str]]:
     """Run the tree's Snakefile in workdir; (wall seconds, the rules that ran)."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     env["PYTHONPATH"] = f"{tree / 'src'}{os.pathsep}{env.get('PYTHONPATH', '')}"  # its kiln, not this one's
     cmd = [sys.executable, "-m", "snakemake", "-s", str(tree / "Snakefile"), "--directory", str(workdir)]
-    cmd += ["--cores", "all", "--configfile", str(configfile), *extra]
+    cmd += ["--cores", "all", "--configfile", *map(str, configfiles), *extra]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     spent = time.perf_counter() - start
@@ -72,19 +73,23 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, help="where the runs go (default: a new temporary folder)")
     parser.add_argument("--quick", action="store_true", help="the tiny run, two cheap cases (tests/test_bench.py)")
     args = parser.parse_args()
-    if args.quick:
-        args.configfile = ROOT / "tests" / "configs" / "tiny.yaml"
-    cases = [(name, change) for name, change in CASES if not args.quick or name in QUICK]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kiln-rerun-cost-"))
+    configfiles = [args.configfile.resolve()]
+    if args.quick:  # the tiny run without its evals' costliest parts, which neither quick case reruns
+        args.configfile = ROOT / "tests" / "configs" / "tiny.yaml"
+        lean = workdir / "quick.yaml"
+        lean.write_text(yaml.safe_dump(QUICK_EVAL), encoding="utf-8")
+        configfiles = [args.configfile.resolve(), lean]
+    cases = [(name, change) for name, change in CASES if not args.quick or name in QUICK]
     finished = workdir / "finished"
     print(f"finishing the run once ({args.configfile.name}, Kiln at {args.tree}) in {finished}", flush=True)
-    full_s, _ = snakemake(args.tree, finished, args.configfile.resolve())
+    full_s, _ = snakemake(args.tree, finished, configfiles)
     print(f"| case | change | jobs | rerun s | of the first run ({full_s:.0f} s) |\n|---|---|---|---:|---:|")
     for name, change in cases:
         change = [arg.replace("%s", _wandb_flip(args.configfile)) for arg in change]
         copy = workdir / re.sub(r"\W+", "-", name).strip("-")
         shutil.copytree(finished, copy, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete"))
-        spent, rules = snakemake(args.tree, copy, args.configfile.resolve(), "--config", *change)
+        spent, rules = snakemake(args.tree, copy, configfiles, "--config", *change)
         jobs = ", ".join(sorted(rules)) or "none"
         print(f"| {name} | `--config {' '.join(change)}` | {jobs} | {spent:.1f} | {spent / full_s:.0%} |", flush=True)
         shutil.rmtree(copy)

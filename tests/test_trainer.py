@@ -92,6 +92,8 @@ def test_short_run_lowers_loss_and_writes_outputs(shards, tmp_path):
         "bias": False,
         "dropout": 0.0,
         "tie_embeddings": True,
+        "qkv_bias": False,
+        "rope_scaling": None,
     }
     model = load_model(out)
     assert not model.training
