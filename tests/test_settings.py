@@ -91,6 +91,7 @@ SPECIAL: dict[str, dict] = {
     "eval.reference": {"eval.reference": None},
     "eval.lm_eval.tasks": {"eval.lm_eval.tasks": ["kiln_heldout_perplexity"]},
     "eval.humaneval_infill.kinds": {"eval.humaneval_infill.kinds": ["single_line", "random_span"]},
+    "eval.humaneval_infill.modes": {"eval.humaneval_infill.modes": ["psm", "spm"]},
     "wandb.mode": {"wandb.mode": "offline"},
     "wandb.project": {"wandb.project": "kiln-test"},
 }
