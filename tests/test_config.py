@@ -19,9 +19,16 @@ def tiny() -> dict:
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
-def test_shipped_configs_validate(path):
+def test_shipped_configs_validate(path, tmp_path, monkeypatch):
     """A run file alone; a sweep file over the run it is given after (tests/test_run_configs.py runs
-    those through Snakemake), every arm validated."""
+    those through Snakemake), every arm validated. A run continuing a Hugging Face checkpoint is
+    validated beside a stand-in of it (the folder it names is downloaded by the user, not shipped)."""
+    source = kiln_config.read_yaml(path).get("train", {}).get("init_from", {}).get("hf")
+    if source:
+        from hf_folder import write_hf_folder
+
+        monkeypatch.chdir(tmp_path)
+        write_hf_folder(tmp_path / source, eos="<|endoftext|>")
     if "sweep" in kiln_config.read_yaml(path):
         base = (
             ROOT
@@ -77,6 +84,11 @@ def _error(cfg: dict) -> str:
         ),
         (lambda c: c["pretokenize"].update(mixture={"stdlib": 0}, train_tokens=10), "pretokenize.mixture.stdlib: 0"),
         (lambda c: c.update(tokenizer={"kind": "file"}), "tokenizer: 'path' is a required property"),
+        (lambda c: c.update(tokenizer={"kind": "hf"}), "tokenizer: 'path' is a required property"),
+        (
+            lambda c: c.update(tokenizer={"kind": "hf", "path": "x", "vocab_size": 9}),
+            "tokenizer.vocab_size: unknown key",
+        ),
         (
             lambda c: c.update(tokenizer={"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 9}),
             "tokenizer.vocab_size: unknown key",
@@ -84,6 +96,10 @@ def _error(cfg: dict) -> str:
         (lambda c: c["pretokenize"].update(fim={"psm": 0.6}), "pretokenize.fim: psm + spm + middle_only must sum to 1"),
         (lambda c: c["train"].update(min_lr=1.0), "train.min_lr"),
         (lambda c: c["train"].update(warmup_steps=10_000), "train.warmup_steps"),
+        (
+            lambda c: c["train"].update(warmup_steps=0, init_from={"run": "tiny", "warmup_from": 1e-4}),
+            "train.init_from.warmup_from: needs train.warmup_steps above 0",
+        ),
         (lambda c: c["model"].pop("n_layer"), "model: 'n_layer' is a required property"),
         (lambda c: c["model"].update(flavour="gpt5"), "model.flavour: 'gpt5' is not a known flavour"),
         (lambda c: c["train"].update(batch_tokens=1000), "train.batch_tokens: 1000 is not a multiple of 1 ranks"),

@@ -158,3 +158,20 @@ def test_adamw_on_llama_decays_projections_and_tied_embedding_not_norms():
         "norm.weight",
     }
     assert "wte.weight" in {names[id(p)] for p in decay["params"]}
+
+
+def test_a_continuation_warms_up_from_the_sources_lr_not_from_zero():
+    """train.init_from.warmup_from: the ramp starts at the source's last LR (step -1) and reaches lr
+    at the end of warmup; the rest of the schedule is the plain one, and without it nothing moves."""
+    from kiln.config.sections import InitFrom
+
+    plain = replace(TrainSection.of(train_sections()["train"]), lr=LR, min_lr=MIN_LR, warmup_steps=WARMUP)
+    init = InitFrom.of({"hf": "source", "optimizer": False, "warmup_from": MIN_LR})
+    lr_of, base = schedule_from_config(replace(plain, init_from=init), MAX), schedule_from_config(plain, MAX)
+    assert lr_of(0) == pytest.approx(MIN_LR + (LR - MIN_LR) / WARMUP)
+    assert [lr_of(s) for s in range(WARMUP)] == pytest.approx(
+        [MIN_LR + (LR - MIN_LR) * (s + 1) / WARMUP for s in range(WARMUP)]
+    )
+    assert [lr_of(s) for s in range(WARMUP, MAX + 1)] == [base(s) for s in range(WARMUP, MAX + 1)]
+    unset = replace(plain, init_from=InitFrom.of({"hf": "source", "optimizer": False}))
+    assert [schedule_from_config(unset, MAX)(s) for s in range(MAX + 1)] == [base(s) for s in range(MAX + 1)]

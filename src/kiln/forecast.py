@@ -49,6 +49,10 @@ def model_vocab(tokenizer: TokenizerSection) -> int:
         from kiln.data.tokenizer import id_space, load_tokenizer, with_special_tokens
 
         return padded_vocab_size(id_space(with_special_tokens(load_tokenizer(tokenizer.path))))
+    if tokenizer.kind == "hf":
+        from kiln.data.tokenizer import hf_tokenizer, id_space
+
+        return padded_vocab_size(id_space(hf_tokenizer(tokenizer.path)[0]))
     raise KilnError(
         f"tokenizer: cannot tell the vocabulary size of {tokenizer.as_dict()} before the tokenizer stage; "
         f"known tiktoken encodings: {', '.join(TIKTOKEN_VOCAB)}"

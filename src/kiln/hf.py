@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from kiln.config.hf_source import model_config_from_hf, read_config
 from kiln.config.models import ModelConfig
 from kiln.config.special_tokens import SPECIAL_TOKENS
-from kiln.data.tokenizer import EOS, load_tokenizer
+from kiln.data.tokenizer import EOS, load_tokenizer, role_id, token_roles
 from kiln.errors import KilnError
 from kiln.io import atomic_dir
 from kiln.model.build import build_model
@@ -160,7 +160,7 @@ def export(model: GPT | Llama, out_dir: Path, tokenizer_json: Path | None = None
             hf_state[theirs] = torch.zeros(rows)
     if ours:
         raise KilnError(f"export: no Hugging Face name for {sorted(ours)}")
-    eos_id = 0 if tokenizer_json is None else load_tokenizer(tokenizer_json).token_to_id(EOS)
+    eos_id = 0 if tokenizer_json is None else role_id(load_tokenizer(tokenizer_json), EOS)
     with atomic_dir(out_dir) as tmp:
         (tmp / "config.json").write_text(json.dumps(hf_config(cfg, eos_id), indent=2) + "\n", encoding="utf-8")
         save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -170,16 +170,18 @@ def export(model: GPT | Llama, out_dir: Path, tokenizer_json: Path | None = None
 
 def hf_tokenizer(tokenizer_json: Path):
     """Kiln's tokenizer as a PreTrainedTokenizerFast. split_special_tokens: text that spells a
-    special token encodes as ordinary text, as in Kiln (kiln.data.tokenizer)."""
+    special token encodes as ordinary text, as in Kiln (kiln.data.tokenizer). Each role is the
+    run's token for it: a source's own (tokenizer kind hf, e.g. </s>) or Kiln's spelling."""
     from transformers import PreTrainedTokenizerFast
 
+    roles = token_roles(tokenizer_json)
     return PreTrainedTokenizerFast(
         tokenizer_file=str(tokenizer_json),
-        bos_token=EOS,
-        eos_token=EOS,
-        unk_token=EOS,
-        pad_token=EOS,
-        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
+        bos_token=roles[EOS],
+        eos_token=roles[EOS],
+        unk_token=roles[EOS],
+        pad_token=roles[EOS],
+        additional_special_tokens=[roles[t] for t in SPECIAL_TOKENS[1:]],
         split_special_tokens=True,
     )
 

@@ -40,11 +40,12 @@ def main() -> None:
         "train_samples": read_metrics(train / SAMPLES),
         "eval": read_json(args.eval),
         "samples": read_json(args.samples),
+        "metrics": read_metrics(train / METRICS),  # the loss curve; a continued run's step-0 validation
     }
     with atomic_file(args.plot) as tmp:
         ev = data["eval"]
         plot_loss(
-            read_metrics(train / METRICS),
+            data["metrics"],
             tmp,
             ev["unigram_val_loss"],
             run.eval.reference,

@@ -16,7 +16,7 @@ import torch
 
 from kiln.config.sections import SmokeSection, TrainSection
 from kiln.data.shards import check_tokenizer
-from kiln.data.tokenizer import load_tokenizer
+from kiln.data.tokenizer import load_tokenizer, role_id
 from kiln.errors import KilnError, RanksOutOfMemory
 from kiln.plan.tables import checks_table
 from kiln.plan.verdict import Measurements, SmokeReport
@@ -39,7 +39,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.tokenizer:
         check_tokenizer(args.shards, args.tokenizer)
-    marker = load_tokenizer(args.tokenizer).token_to_id("<fim_middle>") if args.tokenizer else None
+    marker = role_id(load_tokenizer(args.tokenizer), "<fim_middle>") if args.tokenizer else None
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
         report = run_checks(cfg, args.shards, args.out, marker_id=marker)

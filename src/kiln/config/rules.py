@@ -43,6 +43,8 @@ def _between_keys(cfg: dict) -> list[str]:
         problems.append(
             "train.init_from.optimizer: a Hugging Face export holds no optimizer state; use run or checkpoint"
         )
+    if init is not None and init.get("warmup_from") is not None and train["warmup_steps"] == 0:
+        problems.append("train.init_from.warmup_from: needs train.warmup_steps above 0 (the steps that ramp from it)")
     if train["node_rank"] >= train["nnodes"]:
         problems.append(f"train.node_rank: {train['node_rank']} must be below train.nnodes={train['nnodes']}")
     if train["async_checkpoint"] and checkpoint_format(train["checkpoint_format"], train["parallel"]) != "sharded":

@@ -52,7 +52,7 @@ class DownloadSection(Section):
 @dataclass(frozen=True)
 class TokenizerSection(Section):
     """The `tokenizer` section: kind's keys, the others' None (kind train: vocab_size, train_bytes;
-    file: path; tiktoken: encoding, or path and pattern)."""
+    file: path; tiktoken: encoding, or path and pattern; hf: path, a Hugging Face model folder)."""
 
     KEY: ClassVar[str] = "tokenizer"
     kind: str

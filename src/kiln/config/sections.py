@@ -137,6 +137,7 @@ class InitFrom(Section):
     checkpoint: str | None = unset()
     hf: str | None = unset()
     optimizer: bool
+    warmup_from: float | None = unset()
 
 
 @dataclass(frozen=True)

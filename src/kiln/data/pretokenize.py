@@ -40,7 +40,7 @@ from kiln.data import faults
 from kiln.data.encoders import MAX_CHARS, Encoder, tiktoken_encoding
 from kiln.data.sources import part_paths
 from kiln.data.tokenize_parts import COUNT_COLUMNS, Settings, WorkerPool, train_part, val_candidates
-from kiln.data.tokenizer import EOS, id_space, load_tokenizer, padded_vocab_size
+from kiln.data.tokenizer import EOS, id_space, load_tokenizer, padded_vocab_size, role_ids, source_tokenizer_sha256
 from kiln.data.utf8text import utf8_size
 from kiln.errors import KilnError
 from kiln.io import read_json, sha256_file, write_json
@@ -314,7 +314,7 @@ def pretokenize(
         "vocab_size": vocab,
         "padded_vocab_size": padded_vocab_size(vocab),
         "tokenizer_sha256": sha256_file(tokenizer_path),  # checkpoints compare it (kiln.train.fingerprint)
-        "eos_id": tokenizer.token_to_id(EOS),
+        "eos_id": role_ids(tokenizer, tokenizer_path)[EOS],
         "encoder": {"name": local.backend, **encoder_info},
         "splits": splits,
         "sources": sources,
@@ -322,5 +322,7 @@ def pretokenize(
         "fim_modes": {m: sum(train[s][m] for s in train) for m in COUNT_COLUMNS[3:]},
         "repo_context": cfg.repo_context,
     }
+    if source_tokenizer_sha256(tokenizer_path):  # an hf tokenizer's source: init_from takes it as the same one
+        meta["source_tokenizer_sha256"] = source_tokenizer_sha256(tokenizer_path)
     write_json(out_dir / "meta.json", meta)  # what the shard stage, eval and the report read
     return meta

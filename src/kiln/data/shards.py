@@ -142,6 +142,8 @@ def write_shards(tokens_dir: Path, out_dir: Path, seq_len: int, rows_per_shard: 
         "sources": meta["sources"],
         "tokenizer_sha256": meta.get("tokenizer_sha256"),
     }
+    if meta.get("source_tokenizer_sha256"):  # an hf tokenizer's source (kiln.train.init_from)
+        manifest["source_tokenizer_sha256"] = meta["source_tokenizer_sha256"]
     write_json(out_dir / "manifest.json", manifest)
     return manifest
 

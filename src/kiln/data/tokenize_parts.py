@@ -30,7 +30,7 @@ from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.encoders import Encoder
 from kiln.data.packing import group_samples, metadata_bytes, sample_pieces
 from kiln.data.sources import read_part, read_rows
-from kiln.data.tokenizer import load_tokenizer
+from kiln.data.tokenizer import load_tokenizer, role_ids
 from kiln.data.utf8text import utf8_size
 from kiln.io import stable_hash
 
@@ -73,7 +73,9 @@ def init_worker(settings: Settings) -> None:
     tokenizer = load_tokenizer(settings.tokenizer_path)
     _worker["settings"] = settings
     _worker["encoder"] = Encoder(tokenizer, settings.backend, settings.dtype, settings.max_chars)
-    _worker["ids"] = {t: np.array([tokenizer.token_to_id(t)], dtype=settings.dtype) for t in SPECIAL_TOKENS}
+    # Pieces name roles by Kiln's spellings; an hf tokenizer may spell them its own way (token_roles).
+    roles = role_ids(tokenizer, settings.tokenizer_path)
+    _worker["ids"] = {t: np.array([roles[t]], dtype=settings.dtype) for t in SPECIAL_TOKENS}
 
 
 def split_hash(sample_id: str) -> int:

@@ -1,13 +1,22 @@
-"""The run's tokenizer, as a Hugging Face tokenizer.json, by one of three routes (`tokenizer.kind`):
+"""The run's tokenizer, as a Hugging Face tokenizer.json, by one of four routes (`tokenizer.kind`):
 
 - `train`: a byte-level BPE trained with `tokenizers` on a byte budget sampled evenly across the
   downloaded documents of every source (documents over BIG_TEXT_BYTES left out);
 - `file`: a pretrained tokenizer.json;
 - `tiktoken`: a tiktoken encoding available locally, by name (tiktoken's cache) or as a .tiktoken
-  ranks file, converted to tokenizer.json (kiln.data.encoders).
+  ranks file, converted to tokenizer.json (kiln.data.encoders);
+- `hf`: a Hugging Face model folder's tokenizer as it is (its ids, its special tokens), for a run that
+  continues that model (train.init_from: {hf: FOLDER}).
 
-Whatever the route, the StarCoder2 special tokens are there (appended when a pretrained vocabulary
-lacks them); a trained BPE gives them ids 0..6 in order. Text that merely *contains* a special
+Kiln's seven special tokens are *roles* (SPECIAL_TOKENS: end of document, the FIM sentinels, the
+repository layout), named by Kiln's (StarCoder2's) spellings. Every route but `hf` holds them under
+those spellings (appended when a pretrained vocabulary lacks them); a trained BPE gives them ids 0..6
+in order. An `hf` source keeps its own: the end of document is its eos_token (tokenizer_config.json,
+else special_tokens_map.json), and a FIM or repository role is its token of Kiln's spelling
+(StarCoder2, SantaCoder) or of Qwen2.5-Coder's (<|fim_prefix|>, ...); only a role it has no token for
+gets Kiln's spelling appended, which grows the vocabulary (init_from starts those rows at the mean
+row). Which token plays which role is recorded in stats.json beside tokenizer.json ("special_tokens"),
+and every stage that lays out ids reads it there (`token_roles`). Text that merely *contains* a special
 token's spelling is encoded as ordinary text (`encode_special_tokens`), so a document quoting
 "<|endoftext|>" cannot end itself early; special ids enter a sequence only where Kiln puts them. The
 vocabulary is padded to a multiple of 64 for the model, and bytes per token are measured on held-out
@@ -32,12 +41,17 @@ from kiln.data.encoders import GPT2_PATTERN, tokenizer_from_tiktoken
 from kiln.data.sources import part_paths, read_documents, read_part_column
 from kiln.data.utf8text import BIG_TEXT_BYTES, Utf8Text
 from kiln.errors import KilnError
-from kiln.io import read_json, stable_hash
+from kiln.io import read_json, sha256_file, stable_hash
 
 log = logging.getLogger("kiln.tokenizer")
 
 EOS = "<|endoftext|>"
 VOCAB_MULTIPLE = 64
+KILN_ROLES = {t: t for t in SPECIAL_TOKENS}
+STATS_FILE = "stats.json"  # the stage's other output, beside tokenizer.json
+# Qwen2.5-Coder's spellings of the FIM and repository roles; StarCoder2 and SantaCoder use Kiln's.
+QWEN_SPELLINGS = {t: "<|" + t.strip("<>") + "|>" for t in SPECIAL_TOKENS[1:]}
+EOS_FILES = ("tokenizer_config.json", "special_tokens_map.json")  # where a HF folder names its eos_token
 
 
 def padded_vocab_size(n: int, multiple: int = VOCAB_MULTIPLE) -> int:
@@ -64,7 +78,14 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     tokenizer = Tokenizer.from_file(str(path))
     # Not stored in tokenizer.json by every tokenizers release; set it on every load.
     tokenizer.encode_special_tokens = True
+    tokenizer.kiln_roles = token_roles(path)  # which token plays each role (role_id)
     return tokenizer
+
+
+def role_id(tokenizer: Tokenizer, role: str) -> int | None:
+    """The id of the token playing `role` (a Kiln spelling, SPECIAL_TOKENS) in tokenizer: the roles
+    load_tokenizer read beside its file, Kiln's own spellings for a tokenizer made in memory."""
+    return tokenizer.token_to_id(getattr(tokenizer, "kiln_roles", KILN_ROLES)[role])
 
 
 def id_space(tokenizer: Tokenizer) -> int:
@@ -72,8 +93,37 @@ def id_space(tokenizer: Tokenizer) -> int:
     return max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
 
 
-def special_ids(tokenizer: Tokenizer) -> dict[str, int]:
-    return {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
+def special_ids(tokenizer: Tokenizer, roles: dict[str, str] | None = None) -> dict[str, int]:
+    """Each role's id (keyed by Kiln's spelling), through `roles` where the tokenizer has its own spellings."""
+    roles = roles or KILN_ROLES
+    return {role: tokenizer.token_to_id(roles[role]) for role in SPECIAL_TOKENS}
+
+
+def token_roles(tokenizer_path: str | Path) -> dict[str, str]:
+    """Each role's spelling in the tokenizer.json at tokenizer_path, as the tokenizer stage recorded it
+    in the stats.json beside it; Kiln's own spellings where none is recorded (a tokenizer.json that
+    did not come from the stage, or a stage output from before roles were recorded)."""
+    stats = Path(tokenizer_path).with_name(STATS_FILE)
+    recorded = read_json(stats).get("special_tokens") if stats.is_file() else None
+    return dict(recorded) if recorded else dict(KILN_ROLES)
+
+
+def source_tokenizer_sha256(tokenizer_path: str | Path) -> str | None:
+    """The sha256 of the HF tokenizer.json an hf tokenizer extends (recorded beside it), else None."""
+    stats = Path(tokenizer_path).with_name(STATS_FILE)
+    return read_json(stats).get("source_tokenizer_sha256") if stats.is_file() else None
+
+
+def role_ids(tokenizer: Tokenizer, tokenizer_path: str | Path) -> dict[str, int]:
+    """Each role's id in the tokenizer loaded from tokenizer_path (see token_roles)."""
+    ids = special_ids(tokenizer, token_roles(tokenizer_path))
+    missing = [role for role, i in ids.items() if i is None]
+    if missing:
+        raise KilnError(
+            f"tokenizer: {tokenizer_path} has no token for {', '.join(missing)} (nor does the stats.json beside it "
+            "name one); rerun the tokenizer stage, which adds them"
+        )
+    return ids
 
 
 def encode_batch(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
@@ -128,6 +178,60 @@ def _sample(raw_dir: Path, manifest: dict, heldout: set[str], budget: int, seed:
         yield doc.text
 
 
+def source_eos(folder: Path, tokenizer: Tokenizer) -> str:
+    """The end-of-text token a HF folder names (eos_token of tokenizer_config.json, else of
+    special_tokens_map.json): Kiln ends every document with it, as the source was trained to."""
+    for name in EOS_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        token = read_json(path).get("eos_token")
+        token = token.get("content") if isinstance(token, dict) else token  # an AddedToken's fields
+        if not token:
+            continue
+        if tokenizer.token_to_id(token) is None:
+            raise KilnError(
+                f"tokenizer.path: {path} names eos_token {token!r}, which {folder / 'tokenizer.json'} lacks"
+            )
+        return token
+    raise KilnError(
+        f"tokenizer.path: neither {folder / EOS_FILES[0]} nor {folder / EOS_FILES[1]} names an eos_token; Kiln "
+        "ends every document with the source's end-of-text token: add eos_token to tokenizer_config.json"
+    )
+
+
+def hf_tokenizer(folder: str | Path) -> tuple[Tokenizer, dict[str, str]]:
+    """A Hugging Face folder's tokenizer.json as it is and each role's spelling in it; Kiln's spelling
+    appended (as a special token, after the source's ids) for a role the source has no token for."""
+    folder = Path(folder)
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise KilnError(
+            f"tokenizer.path: {folder} has no tokenizer.json (kind hf takes a Hugging Face model folder "
+            "with a fast tokenizer, as save_pretrained writes it)"
+        )
+    try:
+        tokenizer = load_tokenizer(path)
+    except Exception as exc:  # tokenizers raises a bare Exception for unreadable files
+        raise KilnError(f"tokenizer.path: cannot load {path} as a tokenizer.json: {exc}") from None
+    roles = {EOS: source_eos(folder, tokenizer)}
+    for role in SPECIAL_TOKENS[1:]:
+        roles[role] = next((t for t in (role, QWEN_SPELLINGS[role]) if tokenizer.token_to_id(t) is not None), role)
+    missing = [t for t in roles.values() if tokenizer.token_to_id(t) is None]
+    if missing:
+        log.info(
+            "%s has no token for %s: appended after its %d ids (train.init_from starts their rows at the "
+            "mean of the source's)",
+            path,
+            ", ".join(missing),
+            id_space(tokenizer),
+        )
+        tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
+    tokenizer.encode_special_tokens = True
+    tokenizer.kiln_roles = roles
+    return tokenizer, roles
+
+
 def _pretrained(cfg: TokenizerSection) -> Tokenizer:
     if cfg.kind == "file":
         try:
@@ -166,8 +270,12 @@ def build_tokenizer(raw_dir: Path, cfg: TokenizerSection, seed: int) -> tuple[To
         log.info(
             "trained in %.1f s on %d documents (%d bytes)", time.perf_counter() - started, used["docs"], used["bytes"]
         )
+        roles = dict(KILN_ROLES)
+    elif cfg.kind == "hf":
+        tokenizer, roles = hf_tokenizer(cfg.path)
+        source_vocab = id_space(load_tokenizer(Path(cfg.path) / "tokenizer.json"))
     else:
-        tokenizer = with_special_tokens(_pretrained(cfg))
+        tokenizer, roles = with_special_tokens(_pretrained(cfg)), dict(KILN_ROLES)
     heldout_texts = [
         doc.text
         for doc in read_documents(raw_dir, manifest, BIG_TEXT_BYTES)
@@ -177,11 +285,16 @@ def build_tokenizer(raw_dir: Path, cfg: TokenizerSection, seed: int) -> tuple[To
         "kind": cfg.kind,
         "vocab_size": id_space(tokenizer),
         "padded_vocab_size": padded_vocab_size(id_space(tokenizer)),
-        "special_token_ids": special_ids(tokenizer),
+        "special_tokens": roles,  # each role's spelling (token_roles reads it)
+        "special_token_ids": special_ids(tokenizer, roles),
         "train_docs": used["docs"],
         "train_bytes": used["bytes"],
         "train_bytes_by_source": used["by_source"],
         "heldout_docs": len(heldout_texts),
         "heldout_bytes_per_token": bytes_per_token(tokenizer, heldout_texts),
     }
+    if cfg.kind == "hf":
+        # The source tokenizer this one extends: init_from accepts it as the same (check_same_tokenizer).
+        stats["source_tokenizer_sha256"] = sha256_file(Path(cfg.path) / "tokenizer.json")
+        stats["added_tokens"] = [t for t in roles.values() if tokenizer.token_to_id(t) >= source_vocab]
     return tokenizer, stats

@@ -26,6 +26,7 @@ from typing import Sequence
 import torch
 
 from kiln.data.fim import MIDDLE, PREFIX, SUFFIX
+from kiln.data.tokenizer import role_id
 from kiln.errors import KilnError
 from kiln.eval import sandbox
 from kiln.eval.humaneval import GREEDY, Problem, Sampling, load_problems, pass_at_k, program, truncate
@@ -191,7 +192,7 @@ def run_humaneval(model, tokenizer, cfg, seed: int) -> tuple[dict, list[dict]]:
 def fim_ids(tokenizer, task: InfillTask, mode: str, budget: int) -> list[int]:
     """The prompt ids: each sentinel as its special id, each text encoded on its own; when longer than
     budget, the prefix keeps its end and the suffix its start (as kiln.eval.infill)."""
-    tid = tokenizer.token_to_id
+    tid = lambda role: role_id(tokenizer, role)  # noqa: E731  the run's token for each sentinel's role
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
     pre, suf = encode(task.prefix), encode(task.suffix)
     room = max(budget - 3, 2)

@@ -19,7 +19,7 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
-from kiln.data.tokenizer import EOS, load_tokenizer
+from kiln.data.tokenizer import EOS, load_tokenizer, role_id
 from kiln.generate.decode import generate
 from kiln.train.device import eval_autocast
 
@@ -53,7 +53,7 @@ class KilnLM(TemplateLM):
 
     @property
     def eot_token_id(self) -> int:
-        return self.tokenizer.token_to_id(EOS)
+        return role_id(self.tokenizer, EOS)
 
     @property
     def max_length(self) -> int:

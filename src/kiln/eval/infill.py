@@ -23,7 +23,7 @@ import torch
 from kiln.config.sections import InitFrom
 from kiln.data.fim import MIDDLE, MODES, PREFIX, SUFFIX
 from kiln.data.sources import Document
-from kiln.data.tokenizer import EOS
+from kiln.data.tokenizer import EOS, role_id
 from kiln.generate.decode import generate
 from kiln.io import stable_hash
 
@@ -91,7 +91,7 @@ def make_problems(docs: list[Document], n_docs: int, seed: int) -> list[InfillPr
 
 def _prompt(problem: InfillProblem, tokenizer, layout: str, budget: int) -> list[int]:
     """Prompt ids, keeping the prefix's end and the suffix's start when the budget is short."""
-    tid = tokenizer.token_to_id
+    tid = lambda role: role_id(tokenizer, role)  # noqa: E731  the run's token for each sentinel's role
     pre = tokenizer.encode(problem.prefix, add_special_tokens=False).ids
     suf = tokenizer.encode(problem.suffix, add_special_tokens=False).ids
     room = budget - 3
@@ -111,7 +111,7 @@ def edit_similarity(a: str, b: str) -> float:
 @torch.no_grad()
 def run_infill(model, tokenizer, problems: list[InfillProblem]) -> dict:
     """Scores by "<span>/<layout>" and overall, plus every completion."""
-    stop = frozenset({tokenizer.token_to_id(EOS), tokenizer.token_to_id("<file_sep>")})
+    stop = frozenset({role_id(tokenizer, EOS), role_id(tokenizer, "<file_sep>")})
     cases = [(problem, layout) for problem in problems for layout in LAYOUTS]
     prompts = [
         _prompt(problem, tokenizer, layout, model.config.seq_len - MAX_MIDDLE_TOKENS) for problem, layout in cases

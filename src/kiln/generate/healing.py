@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from tokenizers import Tokenizer
 
-from kiln.data.tokenizer import EOS
+from kiln.data.tokenizer import EOS, role_id
 from kiln.generate.decode import Agree, generate
 
 
@@ -50,7 +50,7 @@ def complete(
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
-        stop_ids=frozenset({tokenizer.token_to_id(EOS)}),
+        stop_ids=frozenset({role_id(tokenizer, EOS)}),
         vocab_size=tokenizer.get_vocab_size(),
         generator=generator,
         first_allowed=[allowed for _, allowed, _ in healed],

@@ -133,6 +133,7 @@ def render(run: str, data: dict, png_name: str) -> str:
         f"| bits per byte | {ev['val_bits_per_byte']:.4f} | {ev['unigram_bits_per_byte']:.4f} |",
         f"| perplexity | {ev['val_perplexity']:.2f} | |",
         "",
+        *_from_source(data.get("metrics", [])),
         *_reference_line(data["config"].eval.reference, ev["val_loss"], ev["val_bits_per_byte"]),
         *_eval_tables(ev),
         *code_section(ev.get("code"), data["samples"].get("code")),  # none in an eval from before it
@@ -197,6 +198,27 @@ def _config_summary(cfg: RunConfig, train_result: dict) -> list[str]:
         f"{train.warmup_steps} warmup), weight decay {train.weight_decay:g}, clip {train.grad_clip:g}, {train.precision} |",
         f"| seed | {cfg.seed} |",
         f"| initial weights | {train_result.get('init_from') or 'random (seed)'} |",
+    ]
+
+
+def _from_source(metrics: list[dict]) -> list[str]:
+    """A run started from other weights: the source's held-out figure (the step-0 validation, before
+    any step) beside the run's last one; both are training's validation, on the same batches of this
+    run's val split, so the difference is what the continuation changed."""
+    vals = [r for r in metrics if "val_loss" in r]
+    if len(vals) < 2 or vals[0].get("step") != 0 or "init_from" not in vals[0]:
+        return []
+    start, end = vals[0], vals[-1]
+    bpb = lambda r: "n/a" if r.get("val_bpb") is None else f"{r['val_bpb']:.4f}"  # noqa: E731
+    return [
+        f"Started from {start['init_from']}: on training's validation batches, its weights before any "
+        "step against this run's after its last:",
+        "",
+        "| | step | loss (nats/token) | bits per byte |",
+        "|---|---:|---:|---:|",
+        f"| source | 0 | {start['val_loss']:.4f} | {bpb(start)} |",
+        f"| continued | {end['step']:,} | {end['val_loss']:.4f} | {bpb(end)} |",
+        "",
     ]
 
 

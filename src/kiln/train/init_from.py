@@ -28,6 +28,7 @@ source that is retrained restarts the runs that continue it rather than resume t
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,8 @@ from kiln.errors import KilnError
 from kiln.io import read_json, sha256_file
 from kiln.model.build import WEIGHTS_FILE, load_model
 from kiln.train import checkpoint, parallel
+
+log = logging.getLogger("kiln.init_from")
 
 KINDS = ("run", "checkpoint", "hf")
 
@@ -147,6 +150,14 @@ def fit_vocabulary(
         rows, (want, width) = theirs[name].shape[0], ours[name].shape  # (V_source, C), (V, C)
         if source.optimizer or rows >= want or theirs[name].shape[1:] != (width,):
             continue
+        log.info(
+            "%s: %s has %d rows, this run %d: rows %d.. start at the mean row",
+            source.describe(),
+            name,
+            rows,
+            want,
+            rows,
+        )
         mean = theirs[name].mean(dim=0, keepdim=True)  # (1, C)
         fitted[name] = torch.cat([theirs[name], mean.expand(want - rows, width)])  # (V, C)
     if tied:
@@ -154,13 +165,15 @@ def fit_vocabulary(
     return fitted
 
 
-def check_same_tokenizer(source: InitSource, shards_tokenizer: str | None) -> None:
+def check_same_tokenizer(source: InitSource, shards_tokenizer: str | None, shards_source: str | None = None) -> None:
+    """An error unless the source's tokenizer made the shards, or is the Hugging Face tokenizer the
+    shards' one extends (tokenizer kind hf: the same ids, a role's token appended where it had none)."""
     theirs = source.tokenizer_sha256()
-    if theirs and shards_tokenizer and theirs != shards_tokenizer:
+    if theirs and shards_tokenizer and theirs not in (shards_tokenizer, shards_source):
         raise KilnError(
             f"train.init_from: {source.describe()} was trained with another tokenizer (sha256 "
             f"{theirs[:12]}…) than this run's shards (sha256 {shards_tokenizer[:12]}…): token ids would "
-            "mean other things; give this run the source's tokenizer (tokenizer: {kind: file, path: ...})"
+            "mean other things; give this run the source's tokenizer (tokenizer: {kind: hf, path: ...})"
         )
 
 
@@ -178,7 +191,11 @@ def check_same_optimizer(source: InitSource, state: dict, optimizer) -> None:
 
 
 def load_into(
-    source: InitSource, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shards_tokenizer: str | None
+    source: InitSource,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    shards_tokenizer: str | None,
+    shards_source: str | None = None,
 ) -> None:
     """Load the source's weights (and AdamW state, when asked) into a fresh, parallelized model (every
     rank passes the whole state and keeps its part). The optimizer's hyperparameters stay this
@@ -190,7 +207,7 @@ def load_into(
         weights["lm_head.weight"] = weights["wte.weight"]
     weights = fit_vocabulary(source, weights, ours)
     check_same_shape(source, weights, ours)
-    check_same_tokenizer(source, shards_tokenizer)
+    check_same_tokenizer(source, shards_tokenizer, shards_source)
     if not source.optimizer:
         parallel.load_full_model_state(model, weights)
         return

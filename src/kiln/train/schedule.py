@@ -9,6 +9,11 @@ it saves is the schedule's whole state (the "scheduler not saved" resume bug can
   (lr scaled by 1 - sqrt(progress), the shape that paper found best).
 - constant: lr after warmup until the end (min_lr unused).
 
+Warmup ramps linearly to lr from 0, or, for a run continuing another model (train.init_from's
+warmup_from), from the LR that model ended at: a trained model started near zero LR and then warmed
+up again spends its first steps hardly moving, and its optimizer moments (optimizer: true) were
+shaped at that level.
+
 A budgeted run changes its max_steps as it goes (kiln.train.budget): Replanned is the schedule of
 such a run, a function of the step and of the re-plans made so far, which its checkpoints hold.
 """
@@ -96,6 +101,7 @@ class Replanned:
         kind: str = "cosine",
         decay_fraction: float = 0.2,
         cooldown: str = "linear",
+        warmup_from: float | None = None,
     ):
         if kind not in KINDS:
             raise ValueError(f"unknown schedule {kind!r} (known: {', '.join(KINDS)})")
@@ -108,6 +114,7 @@ class Replanned:
             kind=kind,
             decay_fraction=decay_fraction,
             cooldown=cooldown,
+            warmup_from=warmup_from or 0.0,
         )
         first = self._plain(0, max_steps)
         self.segments: list[_Segment] = [first]
@@ -123,6 +130,7 @@ class Replanned:
             kind=train.schedule,
             decay_fraction=train.decay_fraction,
             cooldown=train.cooldown,
+            warmup_from=train.init_from.warmup_from if train.init_from else None,
         )
 
     @property
@@ -172,8 +180,9 @@ class Replanned:
     def __call__(self, step: int) -> float:
         seg = self._segment(step)
         lr, min_lr, warmup = self.kw["lr"], self.kw["min_lr"], self.kw["warmup_steps"]
-        if step < warmup:
-            return lr * (step + 1) / warmup
+        if step < warmup:  # from warmup_from at step -1, so step 0 already moves (0 + lr * ...: as ever)
+            start = self.kw["warmup_from"]
+            return start + (lr - start) * (step + 1) / warmup
         if self.kw["kind"] == "constant":
             return lr
         if step >= seg.max_steps:

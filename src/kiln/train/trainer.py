@@ -439,7 +439,8 @@ class Trainer:
             self._start_from(self.init_source)
 
     def _start_from(self, source: InitSource) -> None:
-        init_from.load_into(source, self.model, self.optimizer, self.rows.manifest.get("tokenizer_sha256"))
+        shards = [self.rows.manifest.get(k) for k in ("tokenizer_sha256", "source_tokenizer_sha256")]
+        init_from.load_into(source, self.model, self.optimizer, *shards)
         if self.dist.is_main:
             log.info("train: starting from %s, not from a random init", source.describe())
 

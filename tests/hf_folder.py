@@ -1,0 +1,70 @@
+"""A stock-style Hugging Face model folder made offline: a byte-level BPE trained with `tokenizers`
+(not by Kiln), saved through transformers' PreTrainedTokenizerFast.save_pretrained beside a small
+random Llama model, as a downloaded checkpoint would lie on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+# The FIM tokens of the families that have them (kiln.data.tokenizer reads either spelling).
+FIM_STYLES = {
+    "starcoder": ["<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>"],
+    "qwen": ["<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>"],
+}
+TEXTS = [
+    "def add(a, b):\n    return a + b\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n",
+    "for i in range(10):\n    print(i * i)\n",
+    "import os\nprint(os.path.join('a', 'b'))\n",
+]
+
+
+def source_tokenizer(vocab_size: int, eos: str, fim: str | None) -> Tokenizer:
+    """A BPE with its own special tokens first (<s>, eos, then the FIM style's), as stock ones do."""
+    specials = ["<s>", eos] + (FIM_STYLES[fim] if fim else [])
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(TEXTS * 20, trainer=trainer)
+    return tokenizer
+
+
+def write_hf_folder(
+    folder: Path, *, eos: str = "</s>", fim: str | None = None, vocab_size: int = 320, model: bool = True
+) -> Path:
+    """folder with tokenizer.json, tokenizer_config.json and special_tokens_map.json (eos_token: eos),
+    and, with model, a 2-layer Llama whose embedding has exactly the tokenizer's rows."""
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder = Path(folder)
+    tokenizer = source_tokenizer(vocab_size, eos, fim)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<s>",
+        eos_token=eos,
+        additional_special_tokens=FIM_STYLES[fim] if fim else [],
+    )
+    fast.save_pretrained(folder)
+    if model:
+        config = LlamaConfig(
+            vocab_size=tokenizer.get_vocab_size(),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+            bos_token_id=tokenizer.token_to_id("<s>"),
+            eos_token_id=tokenizer.token_to_id(eos),
+        )
+        LlamaForCausalLM(config).save_pretrained(folder)
+    return folder

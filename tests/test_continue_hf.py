@@ -1,0 +1,67 @@
+"""config/experiments/continue-smollm2-135m.yaml run as README runs it (`snakemake --configfile`),
+on a stand-in for the checkpoint made offline: a small random transformers Llama with a tokenizer
+trained by `tokenizers`, saved where the config looks for it, no FIM tokens of its own (as SmolLM2).
+Overrides shrink the data, context and steps only; tokenizer kind, source and the model's shape are
+the config's."""
+
+from __future__ import annotations
+
+import json
+
+from hf_folder import write_hf_folder
+from tiny import ROOT, snakemake
+
+from kiln import config as kiln_config
+from kiln.config.special_tokens import SPECIAL_TOKENS
+from kiln.data.tokenizer import EOS
+from kiln.io import read_json, sha256_file
+
+CONFIG = ROOT / "config" / "experiments" / "continue-smollm2-135m.yaml"
+SOURCE = "sources/SmolLM2-135M"
+FAST = [
+    "download={sources: [{name: stdlib, kind: stdlib, include: ['json/*.py', 'email/*.py', 'collections/*.py']}],"
+    " rows_per_part: 20}",
+    "tokenizer={heldout_docs: 5}",
+    "pretokenize={val_tokens: 20000}",
+    "shard={seq_len: 64, rows_per_shard: 2000}",
+    "smoke={steps: 12, min_loss_drop: 0.1}",
+    "train={micro_batch: 16, batch_tokens: 1024, max_steps: 20, warmup_steps: 2, lr: 0.003, precision: fp32,"
+    " log_every: 10, eval_every: 10, eval_batches: 4, samples: {prompts: ['import json\\n'], max_new_tokens: 8}}",
+    "eval={max_batches: 10, infill_docs: 0, max_new_tokens: 8, lm_eval: {tasks: []}, humaneval: {problems: 0},"
+    " humaneval_infill: {problems: 0}}",
+    "wandb={mode: disabled}",
+]
+
+
+def test_the_config_takes_tokenizer_and_weights_from_one_folder():
+    written = kiln_config.read_yaml(CONFIG)
+    assert written["tokenizer"]["kind"] == "hf" and written["tokenizer"]["path"] == SOURCE
+    assert written["train"]["init_from"] == {"hf": SOURCE}
+    assert "model" not in written  # the checkpoint's config.json is the shape
+
+
+def test_continuing_a_stock_checkpoint_on_its_own_tokenizer(tmp_path):
+    source = write_hf_folder(tmp_path / SOURCE, eos="<|endoftext|>")
+    result = snakemake(tmp_path, "--configfile", str(CONFIG), "--config", *FAST, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = tmp_path / "results"
+    (stats_path,) = results.glob("data/tokenizer-*/stats.json")
+    stats = read_json(stats_path)
+    n = json.loads((source / "config.json").read_text())["vocab_size"]
+    # The source's end of text at its id; Kiln's other roles appended after its ids (it has none).
+    assert stats["special_tokens"][EOS] == "<|endoftext|>" and stats["special_token_ids"][EOS] == 1
+    assert stats["added_tokens"] == list(SPECIAL_TOKENS[1:])
+    assert stats["vocab_size"] == n + 6
+    (manifest,) = results.glob("data/shards-*/manifest.json")
+    assert read_json(manifest)["source_tokenizer_sha256"] == sha256_file(source / "tokenizer.json")
+    run = results / "smollm2-135m-stdlib"
+    log = "".join(p.read_text() for p in run.glob("**/train*.log"))
+    assert f"has {n} rows, this run {stats['padded_vocab_size']}: rows {n}.. start at the mean row" in log
+    metrics = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[0]["step"] == 0 and "val_loss" in metrics[0]  # the source's own held-out loss
+    assert metrics[-1]["step"] == 20
+    report = (run / "report.md").read_text()
+    assert "| initial weights | hf " in report
+    assert f"| source | 0 | {metrics[0]['val_loss']:.4f} | {metrics[0]['val_bpb']:.4f} |" in report
+    last = [r for r in metrics if "val_loss" in r][-1]
+    assert f"| continued | {last['step']} | {last['val_loss']:.4f} |" in report
