@@ -140,7 +140,7 @@ def test_import_errors_name_the_file_and_what_is_missing(tmp_path):
     }
     (tmp_path / "config.json").write_text(json.dumps(v4_style))
     with pytest.raises(
-        KilnError, match=r"rope_parameters.rope_type = 'yarn' is not supported \(Kiln supports default, llama3\)"
+        KilnError, match=r"rope_scaling.rope_type = 'yarn' is not supported \(Kiln supports default, llama3\)"
     ):
         hf.load(tmp_path)
     config["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}

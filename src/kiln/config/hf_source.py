@@ -134,17 +134,19 @@ def _rope(hf: dict, where: Path | str) -> tuple[float, RopeScaling | None]:
     rope_scaling (whose type key may be "type")."""
     params = {"rope_theta": hf.get("rope_theta", 10000.0)} | (hf.get("rope_scaling") or {})
     params |= hf.get("rope_parameters") or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
+    section = "rope_parameters" if "rope_parameters" in hf else "rope_scaling"  # the key the file has, for errors
+    type_key = "rope_type" if "rope_type" in params else "type"
+    rope_type = params.get(type_key, "default")
     if rope_type not in ROPE_TYPES:
-        raise _unsupported(where, "rope_parameters.rope_type", rope_type, ", ".join(ROPE_TYPES))
+        raise _unsupported(where, f"{section}.{type_key}", rope_type, ", ".join(ROPE_TYPES))
     if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise _unsupported(where, "rope_parameters.partial_rotary_factor", params["partial_rotary_factor"], "1.0")
+        raise _unsupported(where, f"{section}.partial_rotary_factor", params["partial_rotary_factor"], "1.0")
     if rope_type == "default":
         return float(params["rope_theta"]), None
     needed = ("factor", "low_freq_factor", "high_freq_factor")
     missing = [k for k in needed if k not in params]
     if missing:
-        raise KilnError(f"{where}: rope_type 'llama3' needs rope_parameters.{', '.join(missing)}")
+        raise KilnError(f"{where}: rope_type 'llama3' needs {section}.{', '.join(missing)}")
     # transformers falls back to max_position_embeddings when the original context is not given
     original = params.get("original_max_position_embeddings", hf["max_position_embeddings"])
     scaling = RopeScaling(
