@@ -127,7 +127,12 @@ def seeds_table() -> None:
     print("| run | GPU | setting | estimated GiB per GPU | fits? | what to change |")
     print("|---|---|---|---:|---|---|")
     for path in sorted((REPO / "config" / "experiments").glob("*.yaml")):
-        if kiln_config.read_yaml(path).get("sweep"):  # an overlay on a run file listed here, not a run
+        raw = kiln_config.read_yaml(path)
+        if raw.get("sweep"):  # an overlay on a run file listed here, not a run
+            continue
+        source = ((raw.get("train") or {}).get("init_from") or {}).get("hf")
+        if source and not (REPO / source / "config.json").is_file():  # its shape is the checkpoint's
+            print(f"| {path.stem} | | | | | needs the checkpoint it continues, {source} (not shipped) |")
             continue
         run = RunConfig.of(kiln_config.resolve([str(path)], {}))
         model = model_config(run.model.as_dict(), vocab_size=model_vocab(run.tokenizer), seq_len=run.shard.seq_len)
