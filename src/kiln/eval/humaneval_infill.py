@@ -29,7 +29,8 @@ import numpy as np
 
 from kiln.data.fim import MIDDLE, PREFIX, SUFFIX
 from kiln.eval.humaneval import Problem, Sampling
-from kiln.eval.infill import LAYOUTS, edit_similarity
+from kiln.eval.infill import LAYOUTS
+from kiln.eval.infill import match_scores as infill_scores
 
 RANDOM_SPAN_SEED = 42  # the seed that reproduces the released random-span file
 RANDOM_SPANS_PER_PROBLEM = 10  # Appendix E: 1640 tasks balance evaluation variance and sampling time
@@ -162,5 +163,4 @@ def fim_prompt(task: InfillTask, mode: str, tokens: FimTokens) -> list[tuple[str
 def match_scores(task: InfillTask, middle: str) -> dict[str, float | bool]:
     """Kiln's held-out infilling scores (kiln.eval.infill.run_infill) for one middle: exact match and
     edit similarity, both up to trailing whitespace; a view beside pass@1 that needs no execution."""
-    got, want = middle.rstrip(), task.middle.rstrip()
-    return {"exact_match": got == want, "edit_similarity": edit_similarity(got, want)}
+    return infill_scores(middle, task.middle)

@@ -108,6 +108,12 @@ def edit_similarity(a: str, b: str) -> float:
     return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
 
 
+def match_scores(completion: str, expected: str) -> dict[str, float | bool]:
+    """Exact match and edit similarity of a middle, both up to trailing whitespace."""
+    got, want = completion.rstrip(), expected.rstrip()
+    return {"exact_match": got == want, "edit_similarity": edit_similarity(got, want)}
+
+
 @torch.no_grad()
 def run_infill(model, tokenizer, problems: list[InfillProblem]) -> dict:
     """Scores by "<span>/<layout>" and overall, plus every completion."""
@@ -129,8 +135,7 @@ def run_infill(model, tokenizer, problems: list[InfillProblem]) -> dict:
                 "layout": layout,
                 "expected": problem.middle,
                 "completion": completion,
-                "exact_match": completion.rstrip() == problem.middle.rstrip(),
-                "edit_similarity": edit_similarity(completion.rstrip(), problem.middle.rstrip()),
+                **match_scores(completion, problem.middle),
             }
         )
     groups: dict[str, list[dict]] = defaultdict(list, {"all": []})
