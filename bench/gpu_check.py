@@ -456,7 +456,7 @@ CHECKS = (
             f"MFU >= {MFU_TARGET_TORCHTITAN:.1%} (the same target)",
             f"kiln.plan.memory within {ESTIMATE_TOLERANCE:.0%} of max_memory_allocated, eager and compiled",
         ),
-        90,
+        60,  # 27 s on the first H200 run (2026-12-04), its compile included
         check_llama_mfu,
     ),
     Check(
@@ -468,7 +468,7 @@ CHECKS = (
     ),
     Check("eval", ("eval on GPU vs CPU",), ("val loss within 1% (bf16 vs fp32)",), 20, check_eval),
     Check(
-        "pipeline", ("tiny pipeline, train.device=cuda",), ("report.md; smoke and eval on cuda",), 120, check_pipeline
+        "pipeline", ("tiny pipeline, train.device=cuda",), ("report.md; smoke and eval on cuda",), 150, check_pipeline
     ),
     Check("generate-bench", ("bench/generate.py",), (">= 5x the uncached loop",), 15, check_generate_bench),
     Check(

@@ -39,6 +39,7 @@ PRINTS = {
     "checkpoint_hash.py": ["| write | s (median of 1) | GiB/s |", "Kiln / hash as written: "],
     "code_eval.py": ["| part | Kiln | s | baseline | s | Kiln is |", "canonical solutions pass@1: 1.00 (ours)"],
     "compile_time.py": ["block, count, 2 layers: first forward and backward"],
+    "loss_chunks.py": ["| loss chunks | logits a chunk | chunks a micro-batch |", "| unchunked |"],
     "loss_compile.py": ["| loss | s per forward+backward (median) |", "eager / compiled: "],
     "cpu_allocator.py": ["| allocator | tokens/s (median) | min-max |", "ours / baseline: "],
     "dataprep.py": [

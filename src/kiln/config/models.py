@@ -16,10 +16,15 @@ from kiln.errors import KilnError
 
 FAMILIES = ("gpt2", "llama")
 SWIGLU_MULTIPLE = 256  # Llama rounds its SwiGLU width up to a multiple of this (multiple_of)
-# The training loss (kiln.model.loss) runs the head and cross-entropy this many logits at a time:
-# a chunk's fp32 logits are 128 MiB (1,024 rows at V 32,768; 2,560 at GPT-2's 50,304), few enough
-# chunks for the head matmuls to stay large on a GPU.
-LOSS_CHUNK_ELEMENTS = 2**25
+# The training loss (kiln.model.loss) runs the head and cross-entropy this many logits at a time: a
+# chunk's fp32 logits are 1 GiB (8,192 rows at V 32,768; 5,336 at GPT-2's 50,304). Each chunk costs
+# host time (a checkpointed, compiled call forward and again in backward) and a pass over the head's
+# weight (its bf16 cast, its fp32 gradient), so fewer chunks are faster, and larger ones cost memory.
+# Measured on an H200 (docs/benchmarks.md, "Loss chunks on the H200"): GPT-2 124M at batch 16 x 1024
+# ran 149k tok/s with 2**25-element chunks, 352k with 2**28, 418k unchunked; llama3.2-1b at 6 x 8192
+# 60.2k, 62.8k and (2**30) 63.2k tok/s, its peak 73.9, 74.3 and 75.8 GiB; the flagship's loss peaked
+# at 0.20x the plain loss's with 2**28.
+LOSS_CHUNK_ELEMENTS = 2**28
 
 
 def loss_chunk_rows(vocab_size: int) -> int:
