@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from train_throughput import synthetic_shards, timed_round, train_sections  # bench/ is sys.path[0]
+from train_throughput import add_shape_arguments, synthetic_shards, timed_round, train_sections  # bench/ is sys.path[0]
 
 import kiln.config.models as model_configs
 from kiln.train import device
@@ -35,10 +35,7 @@ QUICK |= dict(seq_len=64, micro_batch=4, exponents="12,14", steps=1, rounds=1, w
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--flavour", help="a registry flavour (default: the default config's 4x256 GPT)")
-    parser.add_argument("--vocab", type=int, default=8192, help="tokenizer vocabulary (padded to 64 for the model)")
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--micro-batch", type=int, default=16)
+    add_shape_arguments(parser)
     parser.add_argument("--exponents", default="25,27,28,29,30", help="chunk sizes to time, as powers of two")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed round")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per setting, taking turns")

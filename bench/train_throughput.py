@@ -142,12 +142,17 @@ def measure(loops: dict, args, dev: torch.device) -> dict[str, list[float]]:
     return seconds
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model and batch a train-step bench runs: --flavour, --vocab, --seq-len, --micro-batch."""
     parser.add_argument("--flavour", help="a registry flavour (default: the default config's 4x256 GPT)")
     parser.add_argument("--vocab", type=int, default=8192, help="tokenizer vocabulary (padded to 64 for the model)")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--micro-batch", type=int, default=16)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_shape_arguments(parser)
     parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--compile", choices=["auto", "true", "false"], default="auto", help="ours only")
     parser.add_argument("--steps", type=int, default=2, help="steps per timed round")
