@@ -79,6 +79,8 @@ def test_cleaning_is_counted_per_source(tmp_path):
         "skipped_short": 1,
         "skipped_long": 1,
         "skipped_duplicate": 2,
+        "skipped_near_duplicate": 0,  # none of these has 5 words: none is a near-duplicate candidate
+        "skipped_filter": {},  # a local source's quality defaults to none
     }
     assert manifest["sources"]["b"]["skipped_duplicate"] == 1  # "ok" was seen in source a
     assert texts_of(tmp_path / "raw") == ["keep one", "dup", "ok", "fresh"]

@@ -1,5 +1,6 @@
 rule report:
     input:
+        raw=upstream("download"),
         tokenizer=upstream("tokenizer", "stats.json"),
         tokens=upstream("pretokenize"),
         shards=upstream("shard"),
@@ -21,7 +22,7 @@ rule report:
     benchmark:
         P.benchmark("report")
     shell:
-        "python {params.script} --params {params.tracked:q} --untracked {params.untracked:q} --tokenizer-stats {input.tokenizer}"
+        "python {params.script} --params {params.tracked:q} --untracked {params.untracked:q} --raw {input.raw} --tokenizer-stats {input.tokenizer}"
         " --tokens {input.tokens} --shards {input.shards} --smoke {input.smoke} --plan {input.plan} --train {input.train}"
         " --eval {input.metrics} --samples {input.samples}"
         " --report {output.report} --plot {output.plot} > {log} 2>&1"

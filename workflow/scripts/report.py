@@ -13,6 +13,7 @@ from kiln.stage import run_main, stage_config, stage_parser
 def main() -> None:
     parser = stage_parser("report", __doc__)
     inputs = {
+        "raw": "download stage's folder (its manifest.json)",
         "tokenizer-stats": "tokenizer stage's stats.json",
         "tokens": "pretokenize stage's folder (its meta.json)",
         "shards": "shard stage's folder (its manifest.json)",
@@ -31,6 +32,7 @@ def main() -> None:
     train = args.train.parent
     data = {
         "config": run,
+        "raw": read_json(args.raw / "manifest.json"),
         "tokenizer": read_json(args.tokenizer_stats),
         "tokens": read_json(args.tokens / "meta.json"),
         "shards": read_json(args.shards / "manifest.json"),

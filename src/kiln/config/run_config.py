@@ -34,6 +34,19 @@ class Source(Section):
     repo_column: str | None = unset()
     max_rows: int | None = unset()  # every kind's budgets
     max_bytes: int | None = unset()
+    quality: str  # which quality filters (kiln.data.quality): code, prose or none
+
+
+@dataclass(frozen=True)
+class NearDupSection(Section):
+    """download.near_dup: MinHash LSH over word shingles (kiln.data.near_dup)."""
+
+    KEY: ClassVar[str] = "download.near_dup"
+    enabled: bool
+    shingle: int
+    bands: int
+    rows: int
+    seed: int
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,8 @@ class DownloadSection(Section):
     sources: tuple[Source, ...]
     rows_per_part: int
     dedup: bool
+    near_dup: NearDupSection
+    filters: Mapping[str, bool]  # kiln.data.quality's filter name -> on, read-only
     min_doc_bytes: int
     max_doc_bytes: int | None = unset()
     invalid_utf8: str

@@ -5,8 +5,10 @@ Layout: raw/<source>/part-NNNNN.parquet (id, text, metadata{path, source, repo})
 
 Cleaning, in this order, each drop counted in the manifest: records that are not UTF-8 (or a clear
 error, by `invalid_utf8`), documents without a non-space character, documents outside
-[min_doc_bytes, max_doc_bytes] (UTF-8 bytes), and exact duplicates of an earlier document of any
-source (sha256 of the text). A source's budgets (max_rows, max_bytes) count the documents it keeps.
+[min_doc_bytes, max_doc_bytes] (UTF-8 bytes), exact duplicates of an earlier document of any
+source (sha256 of the text), the source's quality filters (kiln.data.quality: each counted by name,
+with up to EXAMPLES examples), and near duplicates of an earlier kept document of any source
+(kiln.data.near_dup). A source's budgets (max_rows, max_bytes) count the documents it keeps.
 
 Resumable: parts go to a staging folder beside the output (.<name>.partial) and a progress file
 records, after each complete part, where the source's reading stands. A network failure is retried
@@ -18,6 +20,7 @@ the same repo) unless it has to, so grouping by repository can work one part at 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -33,6 +36,8 @@ import pyarrow.parquet as pq
 from kiln.config.run_config import DownloadSection, Source
 from kiln.data import faults
 from kiln.data.hub import describe, is_transient
+from kiln.data.near_dup import NearDupIndex, threshold
+from kiln.data.quality import first_failure
 from kiln.data.sources import Document, SourceReader
 from kiln.data.utf8text import BIG_TEXT_BYTES, Utf8Text, string_column, texts_of, utf8_size
 from kiln.errors import KilnError
@@ -51,7 +56,8 @@ PART_MAX_BYTES = 64 << 20  # a part is cut early when its text reaches this size
 REPO_PART_FACTOR = 8  # ... and inside a repository only past this many times rows_per_part
 ROW_GROUP_ROWS, ROW_GROUP_BYTES = 128, 8 << 20
 PROGRESS = "progress.json"
-FORMAT = 2  # staged parts of another format are never resumed
+FORMAT = 3  # staged parts of another format are never resumed
+EXAMPLES = 3  # dropped documents the manifest names per filter and source
 _HASH_CHUNK = 1 << 20
 
 
@@ -64,6 +70,19 @@ class Counts:
     skipped_short: int = 0
     skipped_long: int = 0
     skipped_duplicate: int = 0
+    skipped_near_duplicate: int = 0
+    skipped_filter: dict[str, int] = dataclasses.field(default_factory=dict)  # quality filter -> documents
+    examples: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # filter or near_duplicate -> [{id, why}]
+
+    def drop(self, reason: str, doc_id: str, why: str) -> None:
+        """Count a document a quality filter or the near-duplicate index dropped, keeping the first examples."""
+        if reason == "near_duplicate":
+            self.skipped_near_duplicate += 1
+        else:
+            self.skipped_filter[reason] = self.skipped_filter.get(reason, 0) + 1
+        shown = self.examples.setdefault(reason, [])
+        if len(shown) < EXAMPLES:
+            shown.append({"id": doc_id, "why": why})
 
 
 def digest_and_size(text: str | Utf8Text) -> tuple[int, int]:
@@ -123,8 +142,17 @@ def _write_part(docs: list[Document], path: Path) -> dict:
 class _SourceWriter:
     """Streams one source into staged parts, saving progress after each; resumes from the last one."""
 
-    def __init__(self, spec: Source, cfg: DownloadSection, staging: Path, progress: dict, seen: set[int] | None):
+    def __init__(
+        self,
+        spec: Source,
+        cfg: DownloadSection,
+        staging: Path,
+        progress: dict,
+        seen: set[int] | None,
+        near: NearDupIndex | None,
+    ):
         self.spec, self.cfg, self.staging, self.progress, self.seen = spec, cfg, staging, progress, seen
+        self.near = near
         self.entry = progress["sources"][spec.name]
         (staging / spec.name).mkdir(parents=True, exist_ok=True)
 
@@ -176,16 +204,20 @@ class _SourceWriter:
             counts.skipped_long += 1
         elif self.seen is not None and digest in self.seen:
             counts.skipped_duplicate += 1
+        elif failure := first_failure(_text(doc), self.spec.quality, dict(cfg.filters)):
+            name, why = failure
+            counts.drop(name, doc.id, why)
         else:
             return digest, size
         return None
 
     def _stream(self) -> None:
         spec, entry, rows_per_part = self.spec, self.entry, self.cfg.rows_per_part
-        counts = Counts(**entry["counts"])
-        last = (entry["position"], dataclasses.replace(counts))  # where reading stands after batch[-1]
+        counts = Counts(**copy.deepcopy(entry["counts"]))
+        last = (entry["position"], copy.deepcopy(counts))  # where reading stands after batch[-1]
         batch: list[Document] = []
         digests: list[int] = []
+        keys: list[int] = []  # the near-duplicate index's, for the documents of the unwritten part
         batch_bytes = 0
 
         def flush() -> None:
@@ -197,6 +229,7 @@ class _SourceWriter:
             log.info("source %s: part %d written (%d documents)", spec.name, len(entry["parts"]) - 1, len(batch))
             batch.clear()
             digests.clear()
+            keys.clear()
             batch_bytes = 0
 
         reader = SourceReader(spec, self.cfg.invalid_utf8)
@@ -211,6 +244,13 @@ class _SourceWriter:
                 digest, size = kept
                 if spec.max_bytes is not None and counts.rows and counts.bytes + size > spec.max_bytes:
                     break
+                if self.near is not None:
+                    match, key = self.near.admit(_text(doc), doc.id)
+                    if match is not None:
+                        counts.drop("near_duplicate", doc.id, f"near duplicate of {match or 'an earlier document'}")
+                        continue
+                    if key is not None:
+                        keys.append(key)
                 full = len(batch) >= rows_per_part or batch_bytes >= PART_MAX_BYTES
                 same_repo = batch and doc.repo is not None and doc.repo == batch[-1].repo
                 if full and (not same_repo or len(batch) >= REPO_PART_FACTOR * rows_per_part):
@@ -222,12 +262,14 @@ class _SourceWriter:
                 batch_bytes += size
                 counts.rows += 1
                 counts.bytes += size
-                last = (reader.position(), dataclasses.replace(counts))
+                last = (reader.position(), copy.deepcopy(counts))
                 if spec.max_rows is not None and counts.rows >= spec.max_rows:
                     break
         except BaseException:
             if self.seen is not None:
                 self.seen.difference_update(digests)  # they will be read again from the last part
+            if self.near is not None:
+                self.near.forget(keys)
             raise
         if batch:
             flush()
@@ -238,8 +280,9 @@ class _SourceWriter:
             raise KilnError(
                 f"download: source {spec.name!r} ({spec.kind}) produced no documents (skipped "
                 f"{counts.skipped_empty} empty, {counts.skipped_non_utf8} non-UTF-8, {counts.skipped_short} "
-                f"short, {counts.skipped_long} long, {counts.skipped_duplicate} duplicate); check its paths, "
-                "include patterns or dataset"
+                f"short, {counts.skipped_long} long, {counts.skipped_duplicate} duplicate, "
+                f"{counts.skipped_near_duplicate} near-duplicate, filtered {counts.skipped_filter}); check its "
+                "paths, include patterns or dataset, or its quality filters (download.filters)"
             )
 
 
@@ -262,14 +305,24 @@ def _start_progress(staging: Path, cfg: DownloadSection) -> dict:
     return {"fingerprint": fingerprint, "sources": {}}
 
 
-def _seen_digests(staging: Path, progress: dict) -> set[int]:
-    """Content hashes of every document already staged, for deduplication across a resume."""
-    seen: set[int] = set()
+def _text(doc: Document) -> str:
+    return doc.text.data.decode("utf-8") if isinstance(doc.text, Utf8Text) else doc.text
+
+
+def _staged_index(cfg: DownloadSection, staging: Path, progress: dict) -> tuple[set[int] | None, NearDupIndex | None]:
+    """The exact and near-duplicate indexes of every document already staged, in download order,
+    for deduplication across a resume (None for one that is off)."""
+    seen = set() if cfg.dedup else None
+    near = NearDupIndex(cfg.near_dup) if cfg.near_dup.enabled else None
     for name, entry in progress["sources"].items():
         for part in entry["parts"]:
-            column = pq.read_table(staging / name / part["file"], columns=["text"]).column("text")
-            seen.update(digest_and_size(text)[0] for text in texts_of(column, BIG_TEXT_BYTES))
-    return seen
+            table = pq.read_table(staging / name / part["file"], columns=["id", "text"])
+            for doc_id, text in zip(table.column("id").to_pylist(), texts_of(table.column("text"), BIG_TEXT_BYTES)):
+                if seen is not None:
+                    seen.add(digest_and_size(text)[0])
+                if near is not None:
+                    near.admit(text.data.decode("utf-8") if isinstance(text, Utf8Text) else text, doc_id)
+    return seen, near
 
 
 def write_raw(cfg: DownloadSection, out_dir: Path) -> dict:
@@ -277,13 +330,13 @@ def write_raw(cfg: DownloadSection, out_dir: Path) -> dict:
     out_dir = Path(out_dir)
     staging = out_dir.parent / f".{out_dir.name}.partial"
     progress = _start_progress(staging, cfg)
-    seen = _seen_digests(staging, progress) if cfg.dedup else None
+    seen, near = _staged_index(cfg, staging, progress)
     try:
         for spec in cfg.sources:
             progress["sources"].setdefault(
                 spec.name, {"parts": [], "position": None, "counts": dataclasses.asdict(Counts()), "done": False}
             )
-            _SourceWriter(spec, cfg, staging, progress, seen).run()
+            _SourceWriter(spec, cfg, staging, progress, seen, near).run()
     except BaseException:
         if not any(s["parts"] for s in progress["sources"].values()):
             shutil.rmtree(staging, ignore_errors=True)  # nothing worth resuming
@@ -297,6 +350,9 @@ def write_raw(cfg: DownloadSection, out_dir: Path) -> dict:
         "rows": sum(s["rows"] for s in sources.values()),
         "bytes": sum(s["bytes"] for s in sources.values()),
         "dedup": cfg.dedup,
+        "near_dup": {**cfg.near_dup.as_dict(), "num_perm": cfg.near_dup.bands * cfg.near_dup.rows}
+        | ({"threshold": round(threshold(cfg.near_dup), 3)} if cfg.near_dup.enabled else {}),
+        "filters": {name: on for name, on in cfg.filters.items()},
     }
     write_json(staging / "manifest.json", manifest)
     (staging / PROGRESS).unlink()

@@ -12,6 +12,7 @@ from kiln.config.sections import Budget
 from kiln.plan.steps import budget_text
 from kiln.plan.tables import checks_table, format_eta
 from kiln.plan.verdict import SmokeReport
+from kiln.report.cleaning import cleaning_section
 from kiln.report.code import code_section
 
 matplotlib.use("Agg")  # files only, no display
@@ -89,7 +90,7 @@ def _fence(text: str) -> str:
 
 def render(run: str, data: dict, png_name: str) -> str:
     """The report's markdown from the stages' outputs (`data` keys: config (the report stage's RunConfig),
-    tokenizer, tokens, shards, smoke (a SmokeReport), plan, train, train_samples, eval, samples; the others
+    raw (the download manifest; optional), tokenizer, tokens, shards, smoke (a SmokeReport), plan, train, train_samples, eval, samples; the others
     as read from JSON)."""
     ev, tok, split, train = data["eval"], data["tokenizer"], data["tokens"]["splits"], data["train"]
     lines = [
@@ -110,6 +111,7 @@ def render(run: str, data: dict, png_name: str) -> str:
         f"Shards: {data['shards']['splits']['train']['rows']:,} train and {data['shards']['splits']['val']['rows']:,} "
         f"val rows of {data['shards']['row_len']} tokens.",
         "",
+        *(cleaning_section(data["raw"]) + [""] if "raw" in data else []),
         *_smoke_section(data["smoke"], data["plan"], train),
         "",
         "## Training",
