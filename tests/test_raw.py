@@ -79,6 +79,7 @@ def test_cleaning_is_counted_per_source(tmp_path):
         "skipped_short": 1,
         "skipped_long": 1,
         "skipped_duplicate": 2,
+        "skipped_contaminated": 0,
         "skipped_near_duplicate": 0,  # none of these has 5 words: none is a near-duplicate candidate
         "skipped_filter": {},  # a local source's quality defaults to none
     }

@@ -245,7 +245,7 @@ def test_the_run_config_reads_by_attribute_and_is_read_only_throughout():
         run.pretokenize.mixture["files"] = 1.0  # type: ignore[index]
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.shard.seq_len = 8  # type: ignore[misc]
-    assert isinstance(Source.of({"name": "s", "kind": "stdlib", "include": ["*.py"]}).include, tuple)
+    assert isinstance(Source.of({"name": "s", "kind": "stdlib", "include": ["*.py"], "quality": "code"}).include, tuple)
 
 
 def test_a_config_that_is_not_validated_is_refused_naming_the_key_path():

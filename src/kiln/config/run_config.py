@@ -50,12 +50,22 @@ class NearDupSection(Section):
 
 
 @dataclass(frozen=True)
+class DecontaminateSection(Section):
+    """download.decontaminate: documents sharing a word n-gram with an eval set are dropped (kiln.data.decontaminate)."""
+
+    KEY: ClassVar[str] = "download.decontaminate"
+    humaneval: bool
+    ngram: int
+
+
+@dataclass(frozen=True)
 class DownloadSection(Section):
     KEY: ClassVar[str] = "download"
     sources: tuple[Source, ...]
     rows_per_part: int
     dedup: bool
     near_dup: NearDupSection
+    decontaminate: DecontaminateSection
     filters: Mapping[str, bool]  # kiln.data.quality's filter name -> on, read-only
     min_doc_bytes: int
     max_doc_bytes: int | None = unset()

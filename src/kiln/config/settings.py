@@ -117,6 +117,8 @@ SETTINGS: dict[str, Setting] = {
     "download.sources": _s("the report names them", download=OUTPUT, report=OUTPUT),
     "download.rows_per_part": DOWNLOAD,
     "download.dedup": DOWNLOAD,
+    "download.decontaminate.humaneval": DOWNLOAD,
+    "download.decontaminate.ngram": DOWNLOAD,
     "download.near_dup.enabled": DOWNLOAD,
     "download.near_dup.shingle": DOWNLOAD,
     "download.near_dup.bands": DOWNLOAD,

@@ -7,7 +7,8 @@ Cleaning, in this order, each drop counted in the manifest: records that are not
 error, by `invalid_utf8`), documents without a non-space character, documents outside
 [min_doc_bytes, max_doc_bytes] (UTF-8 bytes), exact duplicates of an earlier document of any
 source (sha256 of the text), the source's quality filters (kiln.data.quality: each counted by name,
-with up to EXAMPLES examples), and near duplicates of an earlier kept document of any source
+with up to EXAMPLES examples), documents sharing an n-gram with HumanEval (kiln.data.decontaminate),
+and near duplicates of an earlier kept document of any source
 (kiln.data.near_dup). A source's budgets (max_rows, max_bytes) count the documents it keeps.
 
 Resumable: parts go to a staging folder beside the output (.<name>.partial) and a progress file
@@ -35,6 +36,7 @@ import pyarrow.parquet as pq
 
 from kiln.config.run_config import DownloadSection, Source
 from kiln.data import faults
+from kiln.data.decontaminate import contamination
 from kiln.data.hub import describe, is_transient
 from kiln.data.near_dup import NearDupIndex, threshold
 from kiln.data.quality import first_failure
@@ -70,6 +72,7 @@ class Counts:
     skipped_short: int = 0
     skipped_long: int = 0
     skipped_duplicate: int = 0
+    skipped_contaminated: int = 0
     skipped_near_duplicate: int = 0
     skipped_filter: dict[str, int] = dataclasses.field(default_factory=dict)  # quality filter -> documents
     examples: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # filter or near_duplicate -> [{id, why}]
@@ -78,6 +81,8 @@ class Counts:
         """Count a document a quality filter or the near-duplicate index dropped, keeping the first examples."""
         if reason == "near_duplicate":
             self.skipped_near_duplicate += 1
+        elif reason == "contaminated":
+            self.skipped_contaminated += 1
         else:
             self.skipped_filter[reason] = self.skipped_filter.get(reason, 0) + 1
         shown = self.examples.setdefault(reason, [])
@@ -207,6 +212,8 @@ class _SourceWriter:
         elif failure := first_failure(_text(doc), self.spec.quality, dict(cfg.filters)):
             name, why = failure
             counts.drop(name, doc.id, why)
+        elif cfg.decontaminate.humaneval and (why := contamination(_text(doc), cfg.decontaminate.ngram)):
+            counts.drop("contaminated", doc.id, why)
         else:
             return digest, size
         return None
@@ -353,6 +360,7 @@ def write_raw(cfg: DownloadSection, out_dir: Path) -> dict:
         "near_dup": {**cfg.near_dup.as_dict(), "num_perm": cfg.near_dup.bands * cfg.near_dup.rows}
         | ({"threshold": round(threshold(cfg.near_dup), 3)} if cfg.near_dup.enabled else {}),
         "filters": {name: on for name, on in cfg.filters.items()},
+        "decontaminate": cfg.decontaminate.as_dict(),
     }
     write_json(staging / "manifest.json", manifest)
     (staging / PROGRESS).unlink()

@@ -4,7 +4,14 @@ documents each one dropped."""
 
 from __future__ import annotations
 
-REASONS = ("skipped_non_utf8", "skipped_empty", "skipped_short", "skipped_long", "skipped_duplicate")
+REASONS = (
+    "skipped_non_utf8",
+    "skipped_empty",
+    "skipped_short",
+    "skipped_long",
+    "skipped_duplicate",
+    "skipped_contaminated",
+)
 
 
 def cleaning_section(manifest: dict) -> list[str]:
