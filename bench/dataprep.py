@@ -35,6 +35,7 @@ from kiln import config as kiln_config
 from kiln.config.run_config import DownloadSection, RunConfig, ShardSection
 from kiln.data.encoders import tiktoken_encoding
 from kiln.data.pretokenize import SPLITS, pretokenize
+from kiln.data.quality import FILTER_NAMES
 from kiln.data.raw import write_raw
 from kiln.data.shards import shard_split
 from kiln.data.sources import read_documents
@@ -169,7 +170,7 @@ def _local_raw(jsonl: Path, out: Path) -> Path:
                 # the copies are near duplicates on purpose (the corpus made larger), and cleaned already
                 "near_dup": {"enabled": False, "shingle": 5, "bands": 25, "rows": 10, "seed": 42},
                 "decontaminate": {"humaneval": False, "ngram": 13},
-                "filters": {},
+                "filters": dict.fromkeys(FILTER_NAMES, False),
                 "min_doc_bytes": 1,
                 "invalid_utf8": "skip",
                 "retries": 0,

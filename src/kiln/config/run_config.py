@@ -50,6 +50,24 @@ class NearDupSection(Section):
 
 
 @dataclass(frozen=True)
+class FiltersSection(Section):
+    """download.filters: each quality filter of kiln.data.quality, on or off."""
+
+    KEY: ClassVar[str] = "download.filters"
+    auto_generated: bool
+    long_lines: bool
+    alphanumeric: bool
+    encoded_data: bool
+    gopher_words: bool
+    gopher_word_length: bool
+    gopher_symbols: bool
+    gopher_bullets: bool
+    gopher_ellipsis: bool
+    gopher_alpha_words: bool
+    gopher_stop_words: bool
+
+
+@dataclass(frozen=True)
 class DecontaminateSection(Section):
     """download.decontaminate: documents sharing a word n-gram with an eval set are dropped (kiln.data.decontaminate)."""
 
@@ -66,7 +84,7 @@ class DownloadSection(Section):
     dedup: bool
     near_dup: NearDupSection
     decontaminate: DecontaminateSection
-    filters: Mapping[str, bool]  # kiln.data.quality's filter name -> on, read-only
+    filters: FiltersSection
     min_doc_bytes: int
     max_doc_bytes: int | None = unset()
     invalid_utf8: str

@@ -209,7 +209,7 @@ class _SourceWriter:
             counts.skipped_long += 1
         elif self.seen is not None and digest in self.seen:
             counts.skipped_duplicate += 1
-        elif failure := first_failure(_text(doc), self.spec.quality, dict(cfg.filters)):
+        elif failure := first_failure(_text(doc), self.spec.quality, cfg.filters.as_dict()):
             name, why = failure
             counts.drop(name, doc.id, why)
         elif cfg.decontaminate.humaneval and (why := contamination(_text(doc), cfg.decontaminate.ngram)):
@@ -359,7 +359,7 @@ def write_raw(cfg: DownloadSection, out_dir: Path) -> dict:
         "dedup": cfg.dedup,
         "near_dup": {**cfg.near_dup.as_dict(), "num_perm": cfg.near_dup.bands * cfg.near_dup.rows}
         | ({"threshold": round(threshold(cfg.near_dup), 3)} if cfg.near_dup.enabled else {}),
-        "filters": {name: on for name, on in cfg.filters.items()},
+        "filters": cfg.filters.as_dict(),
         "decontaminate": cfg.decontaminate.as_dict(),
     }
     write_json(staging / "manifest.json", manifest)
