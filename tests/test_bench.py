@@ -73,6 +73,7 @@ PRINTS = {
     "shard_verify.py": ["verify pass (sha256 + ids, one read)", "| loader | open s | first batch s |"],
     "stage_times.py": ["| stage | wall s | CPU s | max RSS MiB |", "| report | not run |", "| **total** |"],
     "sweep.py": ["| job | s |", "| download (once) |", "| **sweep wall time** (snakemake start to end) |"],
+    "tokenizer_scale.py": ["| train_bytes MB | Kiln s | Kiln peak RSS MiB |", "fit: "],
     "train_throughput.py": ["| loop | tokens/s (median) | min-max | TFLOP/s | MFU |", "ours / baseline: "],
 }
 

@@ -342,3 +342,17 @@ def test_fineweb_runs_are_evaluated_as_prose_models(tmp_path, files):
         assert params["train"]["init_from"] is None  # nothing before this run's data can have brought FIM
     [pretokenize] = rule_params(result, "pretokenize")
     assert pretokenize["pretokenize"]["fim"]["rate"] == 0
+
+
+def test_the_tokenizer_job_asks_for_the_memory_its_train_bytes_need(tmp_path):
+    """A run file's tokenizer.train_bytes sizes the tokenizer job's mem_mb (the fit of
+    bench/tokenizer_scale.py, with headroom), in the dry run a cluster submission would see: 2 GB of
+    training text asks for 3,900 MB, the tiny run's default sample far less."""
+
+    def tokenizer_mem_mb(*config: str) -> int:
+        result = dry_run(tmp_path, "--configfile", str(ROOT / "tests" / "configs" / "tiny.yaml"), *config)
+        block = result.stdout.split("\nrule tokenizer:")[1].split("\nrule ", 1)[0]
+        return int(re.search(r"mem_mb=(\d+)", block)[1])
+
+    assert tokenizer_mem_mb("--config", "tokenizer={train_bytes: 2000000000}") == 3900
+    assert tokenizer_mem_mb() < 1500

@@ -117,6 +117,13 @@ def train_memory_mb(wildcards, input):
     return (measured and measured.node_memory_mb(ranks)) or UNMEASURED_TRAIN_MEM_MB
 
 
+def tokenizer_memory_mb(wildcards):
+    """mem_mb of a tokenizer job: what training on its train_bytes needs, from bench/tokenizer_scale.py's
+    fit with headroom (kiln.data.tokenizer.training_memory_mb), so a 2 GB sample is not cut off at the
+    profile's default. A profile's set-resources still wins."""
+    return training_memory_mb(RunConfig.of(DATA[("tokenizer", wildcards.key)]).tokenizer)
+
+
 def resubmit_preempted_train():
     """Let Snakemake resubmit a failed train job, up to the largest train.max_resubmits of the runs
     (each run's own bound is the launcher's), when it submits jobs to a cluster: a job cut off by its

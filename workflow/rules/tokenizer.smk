@@ -8,6 +8,8 @@ rule tokenizer:
         script=script("tokenizer"),
         **stage_params("tokenizer", of="data"),
     threads: 64
+    resources:
+        mem_mb=tokenizer_memory_mb,
     conda:
         CONDA_ENV
     log:

@@ -5,10 +5,11 @@ Writes tokenizer.json (Hugging Face tokenizers format) and stats.json (vocab siz
 size, special token ids, bytes per token on held-out documents).
 """
 
+import resource
 from pathlib import Path
 
 from kiln.config import RunConfig
-from kiln.data.tokenizer import build_tokenizer
+from kiln.data.tokenizer import build_tokenizer, training_memory_mb
 from kiln.io import atomic_file, write_json
 from kiln.stage import run_main, stage_config, stage_parser
 
@@ -25,6 +26,10 @@ def main() -> None:
         tokenizer.save(str(tmp))
     write_json(args.stats, stats)
     print(f"tokenizer: {stats['vocab_size']} tokens, {stats['heldout_bytes_per_token']:.2f} bytes/token held out")
+    # the measured peak beside what the job asked for (mem_mb on a cluster), for a corpus unlike the fit's
+    print(
+        f"tokenizer: peak host memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024:,} MiB; planned {training_memory_mb(run.tokenizer):,} MiB"
+    )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -52,6 +53,19 @@ STATS_FILE = "stats.json"  # the stage's other output, beside tokenizer.json
 # Qwen2.5-Coder's spellings of the FIM and repository roles; StarCoder2 and SantaCoder use Kiln's.
 QWEN_SPELLINGS = {t: "<|" + t.strip("<>") + "|>" for t in SPECIAL_TOKENS[1:]}
 EOS_FILES = ("tokenizer_config.json", "special_tokens_map.json")  # where a HF folder names its eos_token
+# The tokenizer stage's peak RSS against train_bytes, fitted by bench/tokenizer_scale.py on real code
+# (site-packages' .py files, vocab 32,768): 615, 677 and 879 MiB at 30, 100 and 300 MB, least squares
+# 582 MiB + 986 MiB per GB (docs/benchmarks.md, "The tokenizer at seed scale"). Rounded up here; the
+# growth is the BPE trainer's table of distinct pre-tokenized words, which grows slower than the bytes.
+TRAIN_RSS_BASE_MB, TRAIN_RSS_MB_PER_GB = 600, 1000
+MEMORY_HEADROOM = 1.5  # the fit is three points of one corpus; prose has more distinct words than code
+
+
+def training_memory_mb(cfg: TokenizerSection) -> int:
+    """The host memory (MiB) to ask for the tokenizer stage: the fit at train_bytes, with headroom; a
+    pretrained tokenizer's stage only loads it and measures bytes per token."""
+    gigabytes = (cfg.train_bytes or 0) / 1e9 if cfg.kind == "train" else 0.0
+    return math.ceil(MEMORY_HEADROOM * (TRAIN_RSS_BASE_MB + TRAIN_RSS_MB_PER_GB * gigabytes))
 
 
 def padded_vocab_size(n: int, multiple: int = VOCAB_MULTIPLE) -> int:
