@@ -149,6 +149,12 @@ def test_unreachable_hub_is_a_clear_error_leaving_nothing(tmp_path):
 # --- network failures, retries and resumption -----------------------------------------------------------
 
 
+def row_text(k: int, i: int) -> str:
+    """Row i of served file k: words enough for the near-duplicate index to see every row, none alike,
+    so a retry that forgot to take back its unwritten rows would drop them as duplicates of themselves."""
+    return f"shard {k} row {i} " + " ".join(f"w{k}x{i}x{j}" for j in range(6))
+
+
 class FlakyHandler(http.server.SimpleHTTPRequestHandler):
     """Serves a folder; range requests (the streaming reads) for a file in `refuse` get 503 while
     its count lasts."""
@@ -175,7 +181,7 @@ def flaky_server(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets.config, "STREAMING_READ_SERVER_UNAVAILABLE_RETRY_INTERVAL", 0)
     served = tmp_path / "served"
     for k in range(3):
-        write_jsonl(served / f"s{k}.jsonl", [{"text": f"shard {k} row {i}"} for i in range(30)])
+        write_jsonl(served / f"s{k}.jsonl", [{"text": row_text(k, i)} for i in range(30)])
     refuse: dict[str, int] = {}
     handler = type("Handler", (FlakyHandler,), {"refuse": refuse})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(served)))
@@ -204,7 +210,7 @@ def test_network_failures_are_retried_from_the_last_complete_part(flaky_server, 
     flaky = write_raw(download_cfg([hub_like(base)], rows_per_part=10, retries=3), tmp_path / "flaky")
     assert refuse["s1.jsonl"] == 0  # the failures did happen
     assert flaky == clean
-    assert texts_of(tmp_path / "flaky") == [f"shard {k} row {i}" for k in range(3) for i in range(30)]
+    assert texts_of(tmp_path / "flaky") == [row_text(k, i) for k in range(3) for i in range(30)]
 
 
 def test_an_interrupted_download_resumes_after_its_last_complete_part(flaky_server, tmp_path, caplog):
@@ -226,7 +232,7 @@ def test_an_interrupted_download_resumes_after_its_last_complete_part(flaky_serv
     assert {p: (tmp_path / "raw" / "web" / p).stat().st_mtime_ns for p in before} == before  # not rewritten
     assert not staging.exists()
     assert resumed == write_raw(cfg, tmp_path / "again")
-    assert texts_of(tmp_path / "raw") == [f"shard {k} row {i}" for k in range(3) for i in range(30)]
+    assert texts_of(tmp_path / "raw") == [row_text(k, i) for k in range(3) for i in range(30)]
 
 
 def test_a_changed_download_section_starts_over(flaky_server, tmp_path):

@@ -21,7 +21,6 @@ the same repo) unless it has to, so grouping by repository can work one part at 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -76,6 +75,11 @@ class Counts:
     skipped_near_duplicate: int = 0
     skipped_filter: dict[str, int] = dataclasses.field(default_factory=dict)  # quality filter -> documents
     examples: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # filter or near_duplicate -> [{id, why}]
+
+    def snapshot(self) -> Counts:
+        """A copy that later counting leaves alone (its dicts copied too)."""
+        examples = {reason: list(shown) for reason, shown in self.examples.items()}
+        return dataclasses.replace(self, skipped_filter=dict(self.skipped_filter), examples=examples)
 
     def drop(self, reason: str, doc_id: str, why: str) -> None:
         """Count a document a quality filter or the near-duplicate index dropped, keeping the first examples."""
@@ -220,8 +224,8 @@ class _SourceWriter:
 
     def _stream(self) -> None:
         spec, entry, rows_per_part = self.spec, self.entry, self.cfg.rows_per_part
-        counts = Counts(**copy.deepcopy(entry["counts"]))
-        last = (entry["position"], copy.deepcopy(counts))  # where reading stands after batch[-1]
+        counts = Counts(**entry["counts"]).snapshot()
+        last = (entry["position"], counts.snapshot())  # where reading stands after batch[-1]
         batch: list[Document] = []
         digests: list[int] = []
         keys: list[int] = []  # the near-duplicate index's, for the documents of the unwritten part
@@ -251,25 +255,26 @@ class _SourceWriter:
                 digest, size = kept
                 if spec.max_bytes is not None and counts.rows and counts.bytes + size > spec.max_bytes:
                     break
+                key = None
                 if self.near is not None:
                     match, key = self.near.admit(_text(doc), doc.id)
                     if match is not None:
                         counts.drop("near_duplicate", doc.id, f"near duplicate of {match or 'an earlier document'}")
                         continue
-                    if key is not None:
-                        keys.append(key)
                 full = len(batch) >= rows_per_part or batch_bytes >= PART_MAX_BYTES
                 same_repo = batch and doc.repo is not None and doc.repo == batch[-1].repo
                 if full and (not same_repo or len(batch) >= REPO_PART_FACTOR * rows_per_part):
                     flush()
                 batch.append(doc)
                 digests.append(digest)
+                if key is not None:  # after any flush: the key belongs to the part this document joins
+                    keys.append(key)
                 if self.seen is not None:
                     self.seen.add(digest)
                 batch_bytes += size
                 counts.rows += 1
                 counts.bytes += size
-                last = (reader.position(), copy.deepcopy(counts))
+                last = (reader.position(), counts.snapshot())
                 if spec.max_rows is not None and counts.rows >= spec.max_rows:
                     break
         except BaseException:
