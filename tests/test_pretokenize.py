@@ -240,7 +240,8 @@ def test_repository_context_groups_files_and_keeps_fim_off_the_metadata(tmp_path
         "path_column": "path",
         "repo_column": "repo",
     }
-    write_raw(download_cfg([spec], rows_per_part=8, dedup=False), tmp_path / "raw")
+    # files alike on purpose: neither duplicate removal may thin the repositories
+    write_raw(download_cfg([spec], rows_per_part=8, dedup=False, near_dup={"enabled": False}), tmp_path / "raw")
     cfg = dict(CFG, val_tokens=300, repo_context=True, fim=dict(CFG["fim"], rate=1.0, min_chars=0))
     meta = run(tmp_path / "raw", tokenizer_path, tmp_path / "out", cfg)
     val_ids = (tmp_path / "out" / "val_ids.txt").read_text().splitlines()

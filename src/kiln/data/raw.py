@@ -213,14 +213,22 @@ class _SourceWriter:
             counts.skipped_long += 1
         elif self.seen is not None and digest in self.seen:
             counts.skipped_duplicate += 1
-        elif failure := first_failure(_text(doc), self.spec.quality, cfg.filters.as_dict()):
-            name, why = failure
-            counts.drop(name, doc.id, why)
-        elif cfg.decontaminate.humaneval and (why := contamination(_text(doc), cfg.decontaminate.ngram)):
-            counts.drop("contaminated", doc.id, why)
+        elif (failure := self._failed_check(doc)) is not None:
+            counts.drop(failure[0], doc.id, failure[1])
         else:
             return digest, size
         return None
+
+    def _failed_check(self, doc: Document) -> tuple[str, str] | None:
+        """(reason, why) when the source's quality filters or decontamination drop `doc`, else None."""
+        text = _text(doc)
+        if text is None:
+            return None
+        failure = first_failure(text, self.spec.quality, self.cfg.filters.as_dict())
+        if failure is None and self.cfg.decontaminate.humaneval:
+            why = contamination(text, self.cfg.decontaminate.ngram)
+            failure = ("contaminated", why) if why else None
+        return failure
 
     def _stream(self) -> None:
         spec, entry, rows_per_part = self.spec, self.entry, self.cfg.rows_per_part
@@ -256,8 +264,8 @@ class _SourceWriter:
                 if spec.max_bytes is not None and counts.rows and counts.bytes + size > spec.max_bytes:
                     break
                 key = None
-                if self.near is not None:
-                    match, key = self.near.admit(_text(doc), doc.id)
+                if self.near is not None and (text := _text(doc)) is not None:
+                    match, key = self.near.admit(text, doc.id)
                     if match is not None:
                         counts.drop("near_duplicate", doc.id, f"near duplicate of {match or 'an earlier document'}")
                         continue
@@ -317,8 +325,11 @@ def _start_progress(staging: Path, cfg: DownloadSection) -> dict:
     return {"fingerprint": fingerprint, "sources": {}}
 
 
-def _text(doc: Document) -> str:
-    return doc.text.data.decode("utf-8") if isinstance(doc.text, Utf8Text) else doc.text
+def _text(doc: Document) -> str | None:
+    """The text the quality filters, decontamination and near-duplicate index read; None for a
+    document over BIG_TEXT_BYTES, held as bytes so that it is never copied whole as a str: those
+    pass unchecked (exact deduplication still applies; download.max_doc_bytes bounds them)."""
+    return None if isinstance(doc.text, Utf8Text) else doc.text
 
 
 def _staged_index(cfg: DownloadSection, staging: Path, progress: dict) -> tuple[set[int] | None, NearDupIndex | None]:
@@ -332,8 +343,8 @@ def _staged_index(cfg: DownloadSection, staging: Path, progress: dict) -> tuple[
             for doc_id, text in zip(table.column("id").to_pylist(), texts_of(table.column("text"), BIG_TEXT_BYTES)):
                 if seen is not None:
                     seen.add(digest_and_size(text)[0])
-                if near is not None:
-                    near.admit(text.data.decode("utf-8") if isinstance(text, Utf8Text) else text, doc_id)
+                if near is not None and isinstance(text, str):  # as _stream admitted them
+                    near.admit(text, doc_id)
     return seen, near
 
 
