@@ -5,6 +5,7 @@ library or the slicing of long texts)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -14,10 +15,10 @@ from conftest import download_cfg, write_jsonl
 from kiln.config.run_config import Fim, PretokenizeSection
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.fim import fim_pieces, restore_document
-from kiln.data.pretokenize import SPLITS, _select_val, pretokenize, token_dtype
+from kiln.data.pretokenize import SPLITS, _select_val, plan, pretokenize, token_dtype
 from kiln.data.raw import write_raw
-from kiln.data.sources import part_paths, read_documents
-from kiln.data.tokenize_parts import Settings, WorkerPool, split_hash
+from kiln.data.sources import read_documents
+from kiln.data.tokenize_parts import WorkerPool, split_hash
 from kiln.errors import KilnError
 from kiln.io import read_json
 
@@ -181,13 +182,13 @@ def test_seed_changes_train_side_only(tokens, raw_dir, tokenizer_path, tmp_path)
 
 def test_val_selection_does_not_depend_on_the_size_estimate(raw_dir, tokenizer_path, tmp_path):
     """A low estimate of the corpus means more rounds, never another validation set."""
-    manifest = read_json(raw_dir / "manifest.json")
-    parts = [(i, s, p) for i, (s, p) in enumerate(part_paths(raw_dir, manifest))]
-    settings = Settings(str(tokenizer_path), "tiktoken", "uint16", SEED, Fim.of(CFG["fim"]), False, 1 << 20)
+    made = plan(raw_dir, tokenizer_path, SEED, PretokenizeSection.of(CFG))
     quotas = {"stdlib": 20_000, "tricky": 500}
-    with WorkerPool(1, settings) as pool:
-        exact = _select_val(pool, parts, quotas, {"stdlib": 1.0, "tricky": 1.0}, tmp_path)  # rate 1 at once
-        rounds = _select_val(pool, parts, quotas, {"stdlib": 1e9, "tricky": 1e9}, tmp_path)  # starts near 0
+    at_once = dataclasses.replace(made, quotas=quotas, first_rates={"stdlib": 1.0, "tricky": 1.0})
+    from_near_zero = dataclasses.replace(made, quotas=quotas, first_rates={"stdlib": 1e-9, "tricky": 1e-9})
+    with WorkerPool(1, made.settings) as pool:
+        exact = _select_val(pool, at_once, tmp_path)
+        rounds = _select_val(pool, from_near_zero, tmp_path)
     assert [(v["part"], v["row"]) for v in rounds] == [(v["part"], v["row"]) for v in exact]
 
 

@@ -21,11 +21,22 @@ until weight_s * train_tokens tokens.
 
 Encoder (`encoder`): tiktoken carrying the vocabulary when it can and its ids equal those of
 `tokenizers` on a check sample of every source (auto), or the one named.
+
+Two ways to run, the same bytes out: one job encodes every part in its worker processes
+(`pretokenize`), or one pretokenize_part job per raw part encodes that part whole, with its first
+round of validation candidates (`pretokenize_part`), and the pretokenize job gathers them
+(`pretokenize` with `part_dirs`): it picks the validation samples across parts (running any later
+round itself), leaves them out of the parts' train ids and cuts each source at its budget. Both
+start from the same `Plan`, which is a function of the raw folder, the tokenizer and the settings.
+The scatter encodes a whole part even past a source's `train_tokens` budget, which the one job
+does not.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import logging
 import math
 from collections import Counter, deque
@@ -36,9 +47,10 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from kiln.config.run_config import PretokenizeSection
-from kiln.data import faults
+from kiln.data import faults, token_parts
 from kiln.data.encoders import MAX_CHARS, Encoder, tiktoken_encoding
 from kiln.data.sources import part_paths
+from kiln.data.token_parts import EncodedPart
 from kiln.data.tokenize_parts import COUNT_COLUMNS, Settings, WorkerPool, train_part, val_candidates
 from kiln.data.tokenizer import EOS, id_space, load_tokenizer, padded_vocab_size, role_ids, source_tokenizer_sha256
 from kiln.data.utf8text import utf8_size
@@ -101,41 +113,55 @@ def choose_encoder(tokenizer, wanted: str, texts: list[str]) -> tuple[Encoder, d
 
 
 def _select_val(
-    pool: WorkerPool, parts: list, quotas: dict[str, int], expected: dict[str, float], scratch: Path
+    pool: WorkerPool, plan: Plan, scratch: Path, first_round: dict[int, list[dict]] | None = None
 ) -> list[dict]:
     """The validation samples (smallest split hashes per source up to its quota), in stored order;
-    their ids wait in scratch files (see val_candidates)."""
-    rates = {s: min(1.0, VAL_MARGIN * q / max(expected[s], 1.0)) for s, q in quotas.items() if q > 0}
+    their ids wait in scratch files (see val_candidates). first_round: each part's candidates in the
+    plan's first round, when parts encoded them (pretokenize_part); later rounds run here."""
+    rates = dict(plan.first_rates)
     done_below = dict.fromkeys(rates, 0.0)
     found: dict[str, list[dict]] = {s: [] for s in rates}
     pending = set(rates)
     for round_ in itertools.count():
         if not pending:
             break
-        todo = [(i, s, path) for i, s, path in parts if s in pending]
-        bounds = {s: (int(done_below[s] * 2**64), 2**64 if rates[s] >= 1 else int(rates[s] * 2**64)) for s in pending}
-        tasks = [(i, str(path), *bounds[s], str(scratch / f"val-{round_}-{i:06d}.bin")) for i, s, path in todo]
-        for (_, s, _), candidates in zip(todo, pool.imap(val_candidates, tasks)):
+        todo = [(i, s, path) for i, s, path in plan.parts if s in pending]
+        if round_ == 0 and first_round is not None:
+            results = [first_round[i] for i, _, _ in todo]
+        else:
+            bounds = {s: _bounds(done_below[s], rates[s]) for s in pending}
+            tasks = [(i, str(path), *bounds[s], str(scratch / f"val-{round_}-{i:06d}.bin")) for i, s, path in todo]
+            results = pool.imap(val_candidates, tasks)
+        for (_, s, _), candidates in zip(todo, results):
             found[s].extend(candidates)
         for s in list(pending):
             got = sum(c["tokens"] for c in found[s])
-            if got >= quotas[s] or rates[s] >= 1:
+            if got >= plan.quotas[s] or rates[s] >= 1:
                 pending.discard(s)
             else:
                 log.info(
-                    "source %s: %d of %d validation tokens below rate %.3g; raising it", s, got, quotas[s], rates[s]
+                    "source %s: %d of %d validation tokens below rate %.3g; raising it",
+                    s,
+                    got,
+                    plan.quotas[s],
+                    rates[s],
                 )
                 done_below[s] = rates[s]
-                rates[s] = min(1.0, rates[s] * (max(2.0, VAL_MARGIN * quotas[s] / got) if got else 4.0))
+                rates[s] = min(1.0, rates[s] * (max(2.0, VAL_MARGIN * plan.quotas[s] / got) if got else 4.0))
     selected = []
     for s, candidates in found.items():
         total = 0
         for candidate in sorted(candidates, key=lambda c: c["hash"]):
-            if total >= quotas[s]:
+            if total >= plan.quotas[s]:
                 break
             selected.append(candidate)
             total += candidate["tokens"]
     return sorted(selected, key=lambda c: (c["part"], c["row"]))
+
+
+def _bounds(done_below: float, rate: float) -> tuple[int, int]:
+    """The split hashes [lo, hi) a validation round encodes: those above the last round's rate."""
+    return int(done_below * 2**64), 2**64 if rate >= 1 else int(rate * 2**64)
 
 
 def _copy_range(dst, src_path: Path, start: int, n_bytes: int) -> None:
@@ -149,40 +175,75 @@ def _copy_range(dst, src_path: Path, start: int, n_bytes: int) -> None:
             n_bytes -= len(block)
 
 
-def _write_train(
-    pool: WorkerPool,
-    parts: list,
-    skip: dict[int, set[int]],
-    targets: dict[str, int | None],
-    out_dir: Path,
-    scratch: Path,
-    itemsize: int,
-) -> dict[str, Counter]:
-    """Encode the train side part by part into train.bin, each source cut at its target; per-source counts."""
-    counts = {s: Counter() for s in targets}
-    done: set[str] = set()
+@dataclasses.dataclass(frozen=True)
+class _Encoded:
+    """A part's train-side samples to take, in order: their counts (COUNT_COLUMNS) and where each
+    one's ids start in `file`; `scratch`: the file is this job's, deleted once copied."""
+
+    file: Path
+    counts: np.ndarray
+    offsets: np.ndarray
+    scratch: bool
+
+
+def _encoded_here(pool: WorkerPool, parts: list, skip: dict[int, set[int]], plan: Plan, done: set[str], scratch: Path):
+    """(index, source, _Encoded) of every part whose source still wants tokens, encoded by the pool
+    without its held-out samples: one job does all the work."""
     order: deque = deque()
 
     def tasks():
         for i, s, path in parts:
-            if s not in done and targets[s] != 0:
+            if s not in done and plan.targets[s] != 0:
                 order.append((i, s))
                 yield i, str(path), frozenset(skip.get(i, ())), str(scratch / f"{i:06d}.bin")
 
+    for _, counts in pool.imap(train_part, tasks()):
+        i, s = order.popleft()
+        offsets = np.concatenate([[0], np.cumsum(counts[:, 0])[:-1]]).astype(np.int64)
+        yield i, s, _Encoded(scratch / f"{i:06d}.bin", counts, offsets, scratch=True)
+
+
+def _encoded_by_parts(encoded: dict[int, EncodedPart], skip: dict[int, set[int]], plan: Plan, done: set[str]):
+    """(index, source, _Encoded) of every part whose source still wants tokens, as pretokenize_part
+    jobs encoded them whole, the held-out samples left out."""
+    for i, s, _ in plan.parts:
+        if s in done or plan.targets[s] == 0:
+            continue
+        part = encoded[i]
+        keep = ~np.isin(part.rows, np.fromiter(skip.get(i, ()), dtype=np.int64))
+        yield i, s, _Encoded(part.train_file, part.counts[keep], part.offsets[keep], scratch=False)
+
+
+def _copy_samples(dst, part: _Encoded, n: int, itemsize: int) -> None:
+    """The ids of the part's first n samples, one copy per run of samples adjacent in its file."""
+    starts, lengths = part.offsets[:n], part.counts[:n, 0]
+    breaks = np.flatnonzero(starts[1:] != starts[:-1] + lengths[:-1]) + 1
+    for first, last in zip([0, *breaks], [*(breaks - 1), n - 1]):
+        length = int(starts[last] + lengths[last] - starts[first])
+        _copy_range(dst, part.file, int(starts[first]) * itemsize, length * itemsize)
+
+
+def _write_train(encoded, plan: Plan, done: set[str], out_dir: Path) -> dict[str, Counter]:
+    """train.bin from the encoded parts, in order, each source cut at its target (adding to `done`
+    the sources that reached it); per-source counts."""
+    counts = {s: Counter() for s in plan.targets}
+    itemsize = plan.dtype.itemsize
     with open(out_dir / "train.bin", "wb") as train:
-        for samples in pool.imap(train_part, tasks()):
-            i, s = order.popleft()
-            part_file = scratch / f"{i:06d}.bin"
+        for i, s, part in encoded:
             if s in done:  # encoded while the source's budget was being reached
-                part_file.unlink()
+                if part.scratch:
+                    part.file.unlink()
                 continue
-            if targets[s] is not None:
-                reached = np.cumsum(samples[:, 0]) >= targets[s] - counts[s]["tokens"]
+            samples = part.counts
+            if plan.targets[s] is not None:
+                reached = np.cumsum(samples[:, 0]) >= plan.targets[s] - counts[s]["tokens"]
                 if reached.any():
                     samples = samples[: int(np.argmax(reached)) + 1]
                     done.add(s)
-            _copy_range(train, part_file, 0, int(samples[:, 0].sum()) * itemsize)
-            part_file.unlink()
+            if len(samples):
+                _copy_samples(train, part, len(samples), itemsize)
+            if part.scratch:
+                part.file.unlink()
             if faults.planned():  # KILN_DATA_FAULT: killed with train.bin part written, on disk
                 train.flush()
                 faults.kill_point("pretokenize")
@@ -190,7 +251,7 @@ def _write_train(
             log.info(
                 "part %d/%d (%s) encoded: %d train tokens so far",
                 i + 1,
-                len(parts),
+                len(plan.parts),
                 s,
                 sum(c["tokens"] for c in counts.values()),
             )
@@ -257,25 +318,53 @@ def _per_source(
     return sources
 
 
-def pretokenize(
-    raw_dir: Path,
-    tokenizer_path: Path,
-    out_dir: Path,
-    seed: int,
-    cfg: PretokenizeSection,
-    workers: int = 1,
-    max_chars: int = MAX_CHARS,
-) -> dict:
-    """Write train.bin, val.bin, val_ids.txt and last meta.json to out_dir; return the meta. Texts longer than
-    max_chars characters are encoded a slice at a time (see kiln.data.encoders)."""
-    raw_dir, out_dir = Path(raw_dir), Path(out_dir)
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What every pretokenize job works from, a pure function of the raw folder, the tokenizer and the
+    settings (so the part jobs and the gather, each making it, agree): the parts, the encoder, the
+    token dtype, each source's share, validation quota and train target, and the first validation
+    round's rate per source with a quota."""
+
+    manifest: dict
+    parts: list[tuple[int, str, Path]]
+    tokenizer_sha256: str
+    vocab: int
+    eos_id: int
+    dtype: np.dtype
+    encoder_info: dict
+    settings: Settings
+    shares: dict[str, float]
+    quotas: dict[str, int]
+    targets: dict[str, int | None]
+    first_rates: dict[str, float]
+
+    def stamp(self, index: int) -> dict:
+        """Everything part `index`'s encoding depends on: the raw part's checksum, the tokenizer's, the
+        encoder, dtype and layout settings, and its first validation round's hash bounds (as JSON
+        reads them back)."""
+        _, source, path = self.parts[index]
+        part = next(p for p in self.manifest["sources"][source]["parts"] if p["file"] == path.name)
+        rate = self.first_rates.get(source)
+        layout = {k: v for k, v in dataclasses.asdict(self.settings).items() if k != "tokenizer_path"}
+        stamp = {
+            "index": index,
+            "source": source,
+            "raw_sha256": part["sha256"],
+            "tokenizer_sha256": self.tokenizer_sha256,
+            **layout,
+            "val_bounds": None if rate is None else [str(b) for b in _bounds(0.0, rate)],
+        }
+        return json.loads(json.dumps(stamp))
+
+
+def plan(raw_dir: Path, tokenizer_path: Path, seed: int, cfg: PretokenizeSection, max_chars: int = MAX_CHARS) -> Plan:
+    raw_dir = Path(raw_dir)
     manifest = read_json(raw_dir / "manifest.json")
     tokenizer = load_tokenizer(tokenizer_path)
     vocab = id_space(tokenizer)
     dtype = token_dtype(padded_vocab_size(vocab))
     check = _check_texts(raw_dir, manifest)
     local, encoder_info = choose_encoder(tokenizer, cfg.encoder, [t for texts in check.values() for t in texts])
-    log.info("encoding with %s (%d worker processes)", local.backend, workers)
     expected = {}  # tokens per source, from its size and the bytes per token of its check sample
     for s, texts in check.items():
         sample_tokens = sum(len(ids) for ids in local.encode(texts))
@@ -284,21 +373,116 @@ def pretokenize(
     quotas = {s: math.ceil(cfg.val_tokens * share) for s, share in shares.items()}
     budget = cfg.train_tokens
     targets = {s: 0 if share == 0 else None if budget is None else round(budget * share) for s, share in shares.items()}
-    parts = [(i, s, path) for i, (s, path) in enumerate(part_paths(raw_dir, manifest))]
-    settings = Settings(str(tokenizer_path), local.backend, dtype.name, seed, cfg.fim, cfg.repo_context, max_chars)
+    return Plan(
+        manifest=manifest,
+        parts=[(i, s, path) for i, (s, path) in enumerate(part_paths(raw_dir, manifest))],
+        tokenizer_sha256=sha256_file(tokenizer_path),
+        vocab=vocab,
+        eos_id=role_ids(tokenizer, tokenizer_path)[EOS],
+        dtype=dtype,
+        encoder_info=encoder_info,
+        settings=Settings(str(tokenizer_path), local.backend, dtype.name, seed, cfg.fim, cfg.repo_context, max_chars),
+        shares=shares,
+        quotas=quotas,
+        targets=targets,
+        first_rates={s: min(1.0, VAL_MARGIN * q / max(expected[s], 1.0)) for s, q in quotas.items() if q > 0},
+    )
+
+
+def pretokenize(
+    raw_dir: Path,
+    tokenizer_path: Path,
+    out_dir: Path,
+    seed: int,
+    cfg: PretokenizeSection,
+    workers: int = 1,
+    max_chars: int = MAX_CHARS,
+    part_dirs: list[Path] | None = None,
+) -> dict:
+    """Write train.bin, val.bin, val_ids.txt and last meta.json to out_dir; return the meta. Texts longer than
+    max_chars characters are encoded a slice at a time (see kiln.data.encoders). With `part_dirs`
+    (one pretokenize_part output per raw part, in order) the parts' encodings are gathered, not
+    redone: the same bytes as encoding here."""
+    raw_dir, out_dir = Path(raw_dir), Path(out_dir)
+    the_plan = plan(raw_dir, tokenizer_path, seed, cfg, max_chars)
+    encoded = None
+    if part_dirs is not None:
+        if len(part_dirs) != len(the_plan.parts):
+            raise KilnError(f"pretokenize: {len(part_dirs)} encoded parts given for {len(the_plan.parts)} raw parts")
+        encoded = {i: token_parts.read(folder, the_plan.stamp(i)) for i, folder in enumerate(part_dirs)}
+    log.info(
+        "encoding with %s (%s)",
+        the_plan.settings.backend,
+        f"gathering {len(part_dirs)} encoded parts" if encoded else f"{workers} worker processes",
+    )
     scratch = out_dir / ".scratch"
     scratch.mkdir()
-    with WorkerPool(workers, settings) as pool:
-        val = _select_val(pool, parts, quotas, expected, scratch)
-        val_sources = _write_val(val, parts, list(manifest["sources"]), out_dir, dtype.itemsize)
+    done: set[str] = set()
+    with WorkerPool(workers, the_plan.settings) as pool:
+        first_round = {i: part.candidates for i, part in encoded.items()} if encoded else None
+        val = _select_val(pool, the_plan, scratch, first_round)
+        val_sources = _write_val(
+            val, the_plan.parts, list(the_plan.manifest["sources"]), out_dir, the_plan.dtype.itemsize
+        )
         for leftover in scratch.iterdir():
             leftover.unlink()
         skip: dict[int, set[int]] = {}
         for sample in val:
             skip.setdefault(sample["part"], set()).add(sample["row"])
-        train = _write_train(pool, parts, skip, targets, out_dir, scratch, dtype.itemsize)
+        parts = (
+            _encoded_by_parts(encoded, skip, the_plan, done)
+            if encoded
+            else _encoded_here(pool, the_plan.parts, skip, the_plan, done, scratch)
+        )
+        train = _write_train(parts, the_plan, done, out_dir)
     scratch.rmdir()
-    sources = _per_source(manifest, parts, val, train, shares, quotas, targets)
+    return _write_meta(the_plan, val, train, val_sources, tokenizer_path, cfg, out_dir)
+
+
+def pretokenize_part(
+    raw_dir: Path, tokenizer_path: Path, index: int, out_dir: Path, seed: int, cfg: PretokenizeSection
+) -> EncodedPart:
+    """Encode raw part `index` whole into out_dir (kiln.data.token_parts): every sample laid out for
+    training, and its candidates for the first validation round, for the gather (pretokenize with
+    part_dirs) to take from. One pretokenize_part job per raw part is the stage's scatter."""
+    the_plan = plan(raw_dir, tokenizer_path, seed, cfg)
+    if not 0 <= index < len(the_plan.parts):
+        raise KilnError(f"pretokenize_part: part {index} asked for; {raw_dir} has parts 0 to {len(the_plan.parts) - 1}")
+    _, source, path = the_plan.parts[index]
+    out_dir = Path(out_dir)
+    with WorkerPool(1, the_plan.settings):
+        rows, counts = train_part((index, str(path), frozenset(), str(out_dir / token_parts.TRAIN)))
+        rate = the_plan.first_rates.get(source)
+        candidates = (
+            []
+            if rate is None
+            else val_candidates((index, str(path), *_bounds(0.0, rate), str(out_dir / token_parts.VAL)))
+        )
+    token_parts.write(out_dir, rows, counts, candidates, the_plan.stamp(index))
+    log.info(
+        "part %d (%s, %s): %d samples, %d train tokens, %d validation candidates",
+        index,
+        source,
+        path.name,
+        len(rows),
+        int(counts[:, 0].sum()),
+        len(candidates),
+    )
+    return token_parts.read(out_dir, the_plan.stamp(index))
+
+
+def _write_meta(
+    the_plan: Plan,
+    val: list[dict],
+    train: dict[str, Counter],
+    val_sources: dict,
+    tokenizer_path: Path,
+    cfg: PretokenizeSection,
+    out_dir: Path,
+) -> dict:
+    """meta.json, what the shard stage, eval and the report read, written last."""
+    manifest = the_plan.manifest
+    sources = _per_source(manifest, the_plan.parts, val, train, the_plan.shares, the_plan.quotas, the_plan.targets)
     splits = {
         split: {k: sum(src[split][k] for src in sources.values()) for k in ("docs", "tokens", "bytes")}
         for split in SPLITS
@@ -310,12 +494,12 @@ def pretokenize(
                 f"or change pretokenize.val_tokens (now {cfg.val_tokens})"
             )
     meta = {
-        "dtype": dtype.name,
-        "vocab_size": vocab,
-        "padded_vocab_size": padded_vocab_size(vocab),
-        "tokenizer_sha256": sha256_file(tokenizer_path),  # checkpoints compare it (kiln.train.fingerprint)
-        "eos_id": role_ids(tokenizer, tokenizer_path)[EOS],
-        "encoder": {"name": local.backend, **encoder_info},
+        "dtype": the_plan.dtype.name,
+        "vocab_size": the_plan.vocab,
+        "padded_vocab_size": padded_vocab_size(the_plan.vocab),
+        "tokenizer_sha256": the_plan.tokenizer_sha256,  # checkpoints compare it (kiln.train.fingerprint)
+        "eos_id": the_plan.eos_id,
+        "encoder": {"name": the_plan.settings.backend, **the_plan.encoder_info},
         "splits": splits,
         "sources": sources,
         "val_sources": val_sources,
@@ -324,5 +508,5 @@ def pretokenize(
     }
     if source_tokenizer_sha256(tokenizer_path):  # an hf tokenizer's source: init_from takes it as the same one
         meta["source_tokenizer_sha256"] = source_tokenizer_sha256(tokenizer_path)
-    write_json(out_dir / "meta.json", meta)  # what the shard stage, eval and the report read
+    write_json(out_dir / "meta.json", meta)
     return meta

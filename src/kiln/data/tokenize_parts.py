@@ -4,7 +4,8 @@ Two jobs, both pure functions of (part, settings), so the output never depends o
 both streaming ids to a file so that memory stays bounded whatever the size of a document:
 - `val_candidates`: the samples of a part whose split hash falls in [lo, hi), encoded plain;
 - `train_part`: every sample of a part but the held-out ones, laid out with FIM, its ids streamed to
-  a file; returns one row of counts per sample so the caller can cut at a token budget.
+  a file; returns each sample's first row and one row of counts per sample, so the caller can cut
+  at a token budget (or, for a part encoded whole, take the held-out ones out later).
 Each worker builds its encoder once (`init_worker`). `WorkerPool.imap` keeps a bounded number of
 parts in flight and yields results in task order, so memory does not grow with the corpus.
 """
@@ -168,9 +169,9 @@ def val_candidates(task: tuple[int, str, int, int, str]) -> list[dict]:
     ]
 
 
-def train_part(task: tuple[int, str, frozenset[int], str]) -> np.ndarray:
+def train_part(task: tuple[int, str, frozenset[int], str]) -> tuple[np.ndarray, np.ndarray]:
     """Write the FIM-laid-out ids of every sample of part `path` except those starting at a row in
-    `skip` to out_path; return their counts, one row per sample (COUNT_COLUMNS)."""
+    `skip` to out_path; return their first rows and their counts, one row per sample (COUNT_COLUMNS)."""
     _, path, skip, out_path = task
     settings = _worker["settings"]
     docs = read_part(Path(path), settings.max_chars)
@@ -190,7 +191,7 @@ def train_part(task: tuple[int, str, frozenset[int], str]) -> np.ndarray:
         sink.flush()
     del docs, samples
     pa.default_memory_pool().release_unused()  # hand a long document's Arrow memory back now
-    return counts
+    return np.array([g[0] for g in groups], dtype=np.int64), counts
 
 
 class WorkerPool:
