@@ -90,7 +90,7 @@ ATTENTION = {
     "llama": ({"n_head": 32, "n_kv_head": 8, "d_model": 2048}, {"n_head": 2, "n_kv_head": 1, "d_model": 128}),
 }
 LLM_C_GPT2_TOKENS_PER_S = 470_000  # llm.c GPT-2 124M on one H100 (~3.7M tok/s on 8, 140 ms per 0.5M-token step)
-RULE = re.compile(r"^(?:local)?rule (\w+):", re.MULTILINE)  # Snakemake's line as it starts a job
+RULE = re.compile(r"^(?:local)?(?:rule|checkpoint) (\w+):", re.MULTILINE)  # Snakemake's line as it starts a job
 
 
 # --- the checks: each returns its table rows' (result, figure) -------------------------------------

@@ -62,7 +62,7 @@ def snakemake(tree: Path, workdir: Path, configfiles: list[Path], *extra: str) -
     spent = time.perf_counter() - start
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{(done.stdout + done.stderr)[-4000:]}")
-    rules = set(re.findall(r"^(?:local)?rule (\w+):", done.stdout + done.stderr, flags=re.M)) - {"all"}
+    rules = set(re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):", done.stdout + done.stderr, flags=re.M)) - {"all"}
     return spent, rules
 
 

@@ -11,6 +11,8 @@ import sys
 
 from snakemake.cli import args_to_api, parse_args
 
+from kiln.layout import STAGE_OF_JOB
+
 
 def dry_run(argv: list[str]) -> dict:
     out = io.StringIO()
@@ -22,7 +24,8 @@ def dry_run(argv: list[str]) -> dict:
             print(f"{type(exc).__name__}: {exc}")
             ok = False
     text = out.getvalue()
-    rules = sorted(set(re.findall(r"^(?:local)?rule (\w+):", text, flags=re.M)) - {"all"})
+    found = re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):", text, flags=re.M)
+    rules = sorted({STAGE_OF_JOB.get(r, r) for r in found} - {"all"})  # a scattered stage's jobs count as it
     return {"ok": bool(ok), "rules": rules, "tail": "" if ok else text[-2000:]}
 
 

@@ -4,7 +4,8 @@ every stage after it, byte for byte what a clean run writes, with no temporary o
 
 The kill is the stage's own process SIGKILLing itself at a named point (KILN_DATA_FAULT,
 kiln.data.faults): a download with complete parts staged and the next one half published, a
-pretokenize with part of train.bin written, a shard stage with some shards written and no manifest.
+pretokenize_part job with its part's train.bin written and no part.json, a pretokenize (gather) job
+with part of train.bin written, a shard stage with some shards written and no manifest.
 No process of the killed stage outlives it (pretokenize's pool workers exit with their parent).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -21,7 +23,8 @@ import pytest
 import tiny
 from tiny import TINY, tiny_layout
 
-KILLED = ("download", "pretokenize", "shard")  # the stages that write a folder, in DAG order
+# the jobs that write a folder, in DAG order (pretokenize_part: the pretokenize stage's per-part jobs)
+KILLED = ("download", "pretokenize_part", "pretokenize", "shard")
 DATA = ("download", "tokenizer", "pretokenize", "shard")
 
 
@@ -78,12 +81,16 @@ def clean(tmp_path_factory) -> Path:
     return workdir
 
 
-@pytest.mark.parametrize("stage, n", [("download", 2), ("pretokenize", 1), ("shard", 1)])
+@pytest.mark.parametrize("stage, n", [("download", 2), ("pretokenize_part", 1), ("pretokenize", 1), ("shard", 1)])
 def test_a_data_stage_killed_mid_output_is_regenerated_byte_for_byte(clean, tmp_path, stage, n):
     workdir = tmp_path / "work"
     if stage == "download":
         workdir.mkdir()
         force: tuple[str, ...] = ()
+    elif stage == "pretokenize_part":  # the clean run's download and tokenizer; pretokenize yet to run
+        shutil.copytree(clean, workdir, symlinks=True)
+        shutil.rmtree(tiny_layout(workdir).folder("pretokenize"))
+        force = ()
     else:  # the clean run's upstream stages, up to date, and this stage forced to run again
         shutil.copytree(clean, workdir, symlinks=True)
         force = ("--forcerun", stage)
@@ -93,7 +100,9 @@ def test_a_data_stage_killed_mid_output_is_regenerated_byte_for_byte(clean, tmp_
     killed = snakemake(workdir, *force, fault=f"{stage}@{n}")
     assert killed.returncode != 0, killed.stdout[-2000:]
     assert f"Error in rule {stage}" in killed.stdout + killed.stderr
-    assert not paths.folder(stage).exists(), "the killed stage published its output"
+    assert not paths.folder(stage.removesuffix("_part")).exists(), "the killed stage published its output"
+    if stage == "pretokenize_part":  # nor a part folder the gather would take
+        assert not [p for p in Path(paths.part("pretokenize", 0)).parent.glob("part-*") if (p / "part.json").exists()]
     assert settled(workdir) == [], "the killed stage left processes running (pretokenize's pool workers)"
     if stage == "download":  # the complete parts stay staged for the rerun to resume from
         staged = paths.folder("download").with_name(f".{paths.folder('download').name}.partial")
@@ -102,7 +111,9 @@ def test_a_data_stage_killed_mid_output_is_regenerated_byte_for_byte(clean, tmp_
     rerun = snakemake(workdir)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     for later in KILLED[KILLED.index(stage) :]:  # the stage and every one after it ran again
-        assert f"rule {later}:" in rerun.stderr + rerun.stdout, rerun.stderr[-3000:]
+        assert re.search(rf"^(local)?(rule|checkpoint) {later}:", rerun.stderr + rerun.stdout, flags=re.M), (
+            rerun.stderr[-3000:]
+        )
     assert files(workdir) == files(clean)
     assert leftovers(run) == []
 
@@ -116,6 +127,6 @@ def test_a_malformed_data_fault_names_the_variable(monkeypatch, spec):
     with pytest.raises(
         KilnError,
         match=rf"KILN_DATA_FAULT: '{spec}' is not stage@n with stage one of download, "
-        r"pretokenize, shard and n >= 1",
+        r"pretokenize_part, pretokenize, shard and n >= 1",
     ):
         faults.planned()

@@ -11,13 +11,49 @@ import pytest
 import yaml
 from tiny import ROOT, TINY, VENV_BIN, snakemake, tiny_layout
 
+from kiln.data.sources import raw_part_count
+from kiln.layout import STAGE_OF_JOB
 from kiln.plan.steps import StageTimes, steps_within
 from kiln.train.schedule import Replanned
 
 
 def planned_rules(result: subprocess.CompletedProcess) -> set[str]:
     """The rules Snakemake planned (a dry run) or ran (it logs them on stderr then)."""
-    return set(re.findall(r"^(?:local)?rule (\w+):", result.stdout + result.stderr, flags=re.M)) - {"all"}
+    found = re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):", result.stdout + result.stderr, flags=re.M)
+    return {STAGE_OF_JOB.get(rule, rule) for rule in found} - {"all"}  # a scattered stage's jobs count as it
+
+
+def test_pretokenize_ran_one_job_per_raw_part_and_wrote_the_bytes_of_one_job(finished_run, tmp_path):
+    """Issue 31, item 5: the workflow's pretokenize is one pretokenize_part job per raw part and a
+    gather; the stage script run by hand as one job on the same inputs writes the same bytes."""
+    workdir, _, _ = finished_run
+    paths = tiny_layout(workdir)
+    parts = raw_part_count(paths.folder("download"))
+    assert parts >= 2
+    assert [Path(paths.log("pretokenize", "pretokenize_part", part=i)).is_file() for i in range(parts)] == [
+        True
+    ] * parts
+    assert not Path(paths.part("pretokenize", 0)).parent.exists()  # temporary: deleted once gathered
+    one_job = tmp_path / "tokens"
+    argv = [f"{VENV_BIN}/python", str(ROOT / "workflow" / "scripts" / "pretokenize.py"), "--config", str(TINY)]
+    argv += ["--raw", str(paths.folder("download")), "--tokenizer", paths.output("tokenizer", "tokenizer.json")]
+    result = subprocess.run(
+        [*argv, "--out", str(one_job), "--workers", "2"], cwd=workdir, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    gathered = paths.folder("pretokenize")
+    assert sorted(p.name for p in one_job.iterdir()) == sorted(p.name for p in gathered.glob("[!.]*"))
+    for name in ("train.bin", "val.bin", "val_ids.txt", "meta.json"):
+        assert (one_job / name).read_bytes() == (gathered / name).read_bytes(), name
+
+
+def test_until_a_scattered_stage_builds_it_from_an_empty_folder(tmp_path):
+    """`--until pretokenize` (README) runs the plan, the part jobs and the gather: snakemake issue 2824
+    would stop it after the plan, the checkpoint (worked around in workflow/rules/common.smk)."""
+    result = snakemake(tmp_path, "--configfile", str(TINY), "--until", "pretokenize")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (tiny_layout(tmp_path).folder("pretokenize") / "meta.json").is_file(), result.stderr[-3000:]
+    assert not tiny_layout(tmp_path).folder("shard").exists()
 
 
 def test_every_artifact_is_there(finished_run):
@@ -355,6 +391,7 @@ def test_a_three_arm_sweep_builds_the_data_once_and_overlays_the_arms(tmp_path):
     assert counts == {
         "download": 1,
         "tokenizer": 1,
+        "pretokenize_plan": 1,  # the part jobs join the DAG once this checkpoint has counted the parts
         "pretokenize": 1,
         "shard": 1,
         "eval_data": 3,
@@ -365,7 +402,7 @@ def test_a_three_arm_sweep_builds_the_data_once_and_overlays_the_arms(tmp_path):
         "report": 3,
         "sweep_report": 1,
         "all": 1,
-        "total": 24,
+        "total": 25,
     }
     arms = [f"stdlib-lr-sweep-lr-{lr}" for lr in ("0.002", "0.008", "0.02")]
     results = tmp_path / "results"

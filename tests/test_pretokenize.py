@@ -15,9 +15,10 @@ from conftest import download_cfg, write_jsonl
 from kiln.config.run_config import Fim, PretokenizeSection
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.fim import fim_pieces, restore_document
-from kiln.data.pretokenize import SPLITS, _select_val, plan, pretokenize, token_dtype
+from kiln.data.pretokenize import SPLITS, _select_val, pretokenize
 from kiln.data.raw import write_raw
 from kiln.data.sources import read_documents
+from kiln.data.token_plan import plan, token_dtype
 from kiln.data.tokenize_parts import WorkerPool, split_hash
 from kiln.errors import KilnError
 from kiln.io import read_json

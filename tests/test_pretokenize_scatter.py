@@ -12,10 +12,10 @@ from conftest import download_cfg, write_jsonl
 from test_pretokenize import CFG, SEED
 
 from kiln.config.run_config import PretokenizeSection
-from kiln.data import pretokenize as pretokenize_module
-from kiln.data.pretokenize import plan, pretokenize, pretokenize_part
+from kiln.data import token_plan
+from kiln.data.pretokenize import pretokenize, pretokenize_part
 from kiln.data.raw import write_raw
-from kiln.data.token_parts import part_name
+from kiln.data.token_plan import plan
 from kiln.errors import KilnError
 
 OUTPUTS = ("train.bin", "val.bin", "val_ids.txt", "meta.json")
@@ -32,7 +32,7 @@ def encode_parts(raw, tokenizer_path, folder, cfg, seed=SEED) -> list:
     n_parts = len(plan(raw, tokenizer_path, seed, PretokenizeSection.of(cfg)).parts)
     dirs = []
     for index in range(n_parts):
-        dirs.append(folder / part_name(index))
+        dirs.append(folder / f"part-{index:05d}")
         dirs[-1].mkdir(parents=True)
         pretokenize_part(raw, tokenizer_path, index, dirs[-1], seed, PretokenizeSection.of(cfg))
     return dirs
@@ -86,7 +86,7 @@ def test_validation_rounds_the_parts_fell_short_of_run_in_the_gather(
 ):
     """A first round that finds too few validation tokens (a low margin): the gather raises the rate
     and encodes the next rounds itself, and picks the samples one job picks."""
-    monkeypatch.setattr(pretokenize_module, "VAL_MARGIN", 0.05)
+    monkeypatch.setattr(token_plan, "VAL_MARGIN", 0.05)
     cfg = dict(CFG, val_tokens=2000)
     with caplog.at_level(logging.INFO, logger="kiln.pretokenize"):
         gathered = scattered(two_sources, tokenizer_path, tmp_path / "scatter", cfg)

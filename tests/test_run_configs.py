@@ -253,6 +253,7 @@ def test_a_sweep_builds_its_data_once_and_each_arm_gets_its_values(tmp_path, nam
     assert arms == 3 and job_counts(result) == {
         "download": 1,
         "tokenizer": 1,
+        "pretokenize_plan": 1,  # the part jobs join the DAG once this checkpoint has counted the parts
         "pretokenize": 1,
         "shard": 1,
         "eval_data": arms,
@@ -263,7 +264,7 @@ def test_a_sweep_builds_its_data_once_and_each_arm_gets_its_values(tmp_path, nam
         "plan": arms,
         "sweep_report": 1,
         "all": 1,
-        "total": 6 * arms + 6,
+        "total": 6 * arms + 7,
     }
     trains = {params["run_name"]: params for params, _ in train_jobs(result)}
     assert sorted(trains) == sorted(experiment.runs)

@@ -9,7 +9,7 @@ import pytest
 from kiln import layout
 
 SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "workflow" / "scripts").glob("*.py"))
-STAGES = [stage.name for stage in layout.STAGES] + ["sweep_report"]  # one script per rule
+STAGES = [stage.name for stage in layout.STAGES] + list(layout.STAGE_OF_JOB) + ["sweep_report"]  # one script per rule
 
 
 def test_one_script_per_stage():

@@ -70,7 +70,7 @@ def data_disk(run: RunConfig, vocab: int) -> dict[str, int | None]:
         tokens = pre.train_tokens + pre.val_tokens
     else:  # every document
         tokens = raw // TEXT_BYTES_PER_TOKEN if raw else None
-    itemsize = 2 if vocab <= 2**16 else 4  # kiln.data.pretokenize.token_dtype
+    itemsize = 2 if vocab <= 2**16 else 4  # kiln.data.token_plan.token_dtype
     ids = None if tokens is None else tokens * itemsize
     return {"raw": raw, "pretokenized": ids, "shards": ids}
 

@@ -8,7 +8,10 @@ and a key, the hash of every config section that shapes it and everything upstre
     results/data/tokenizer-<key>/           tokenizer     ... + seed, tokenizer
     results/data/tokens-<key>/              pretokenize   ... + pretokenize
     results/data/shards-<key>/              shard         ... + shard
+    results/data/tokens-<key>.plan.json           pretokenize_plan: how many raw parts, so part jobs
+    results/data/tokens-<key>.parts/part-NNNNN/   pretokenize_part, one per raw part (temporary)
     results/data/logs/<stage>-<key>.log, results/data/benchmarks/<stage>-<key>.tsv
+    (a scatter job's: <job>-<key>-NNNNN.log, .tsv)
 
 so runs (and sweep arms) with equal data sections use one copy, built once, and a run whose data
 settings differ gets its own folders: nothing built for one setting is ever handed to another.
@@ -39,6 +42,7 @@ from kiln.io import read_json, write_json
 RESULTS = "results"
 DATA = "data"  # results/data/: the shared stages; no run may be called this
 LAYOUT_FILE = "layout.json"
+PARTS = ".parts"  # <stage folder>.parts/: a scattered stage's per-part folders
 KEY_CHARS = 12  # hex digits of sha256, 48 bits: a collision would take millions of distinct data settings
 
 
@@ -76,6 +80,11 @@ STAGES = (
     Stage("report", "", ("report.md", "loss.png"), False),
 )
 BY_NAME = {stage.name: stage for stage in STAGES}
+# A scattered stage's other jobs (workflow/rules/<stage>.smk), each a rule and script of its own: a plan
+# (a Snakemake checkpoint that counts the raw parts) and one part job per raw part; the stage's own
+# job gathers the parts.
+SCATTER_JOBS = {"pretokenize": ("pretokenize_plan", "pretokenize_part")}
+STAGE_OF_JOB = {job: stage for stage, jobs in SCATTER_JOBS.items() for job in jobs}
 DATA_STAGES = tuple(stage.name for stage in STAGES if stage.shared)
 RUN_STAGES = tuple(stage.name for stage in STAGES if not stage.shared)
 assert tuple(stage.name for stage in STAGES) == settings.STAGES, "kiln.config.settings.STAGES names these, in order"
@@ -167,17 +176,30 @@ class Layout:
         spec = BY_NAME[stage]
         return [self.output(stage, name) for name in spec.outputs] or [self.output(stage)]
 
-    def log(self, stage: str, job: str | None = None) -> str:
-        """The log of `stage`'s job (or of another job, `job`, on the same folder, e.g. verify)."""
-        return str(self._aux("logs", stage, job or stage, "log"))
+    def part(self, stage: str, index: int | str) -> str:
+        """The folder of a shared stage's scatter job for raw part `index` (a wildcard such as
+        "{part}" in a pattern), beside the stage's folder: the gather (the stage's own job) reads it."""
+        name = f"part-{index:05d}" if isinstance(index, int) else f"part-{index}"
+        return str(self.folder(stage).with_name(f"{self.folder(stage).name}{PARTS}") / name)
 
-    def benchmark(self, stage: str, job: str | None = None) -> str:
-        return str(self._aux("benchmarks", stage, job or stage, "tsv"))
+    def scatter_plan(self, stage: str) -> str:
+        """What a scattered stage's plan job writes beside the stage's folder: how many part jobs
+        there are (kiln.data.token_parts.ScatterPlan). Kept: the workflow reads it on every run."""
+        return f"{self.folder(stage)}.plan.json"
 
-    def _aux(self, kind: str, stage: str, job: str, ext: str) -> Path:
+    def log(self, stage: str, job: str | None = None, part: int | str | None = None) -> str:
+        """The log of `stage`'s job (or of another job, `job`, on the same folder, e.g. verify, or a
+        scatter job's for raw part `part`)."""
+        return str(self._aux("logs", stage, job or stage, "log", part))
+
+    def benchmark(self, stage: str, job: str | None = None, part: int | str | None = None) -> str:
+        return str(self._aux("benchmarks", stage, job or stage, "tsv", part))
+
+    def _aux(self, kind: str, stage: str, job: str, ext: str, part: int | str | None = None) -> Path:
+        suffix = "" if part is None else "-" + (f"{part:05d}" if isinstance(part, int) else part)
         if BY_NAME[stage].shared and not self.legacy:
-            return self.data_dir / kind / f"{job}-{self.keys[stage]}.{ext}"
-        return self.run_dir / kind / f"{job}.{ext}"
+            return self.data_dir / kind / f"{job}-{self.keys[stage]}{suffix}.{ext}"
+        return self.run_dir / kind / f"{job}{suffix}.{ext}"
 
     def verified(self) -> str:
         """The on-demand shard check's report, beside the shard folder it checks."""

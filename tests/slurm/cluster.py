@@ -78,7 +78,7 @@ PORTS = {"slurmctld": 17817, "slurmdbd": 17819, "mariadb": 17306, "n1": 17001, "
 SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
 HOSTS_LINE = "127.0.0.1 " + " ".join(NODES) + "  # kiln tests/slurm/cluster.py"
 
-SACCT_FIELDS = ["JobID", "JobName", "State", "AllocTRES", "NNodes", "NodeList", "ExitCode"]
+SACCT_FIELDS = ["JobID", "JobName", "State", "AllocTRES", "NNodes", "NodeList", "ExitCode", "Start", "End"]
 DONE_STATES = {
     "COMPLETED",
     "FAILED",

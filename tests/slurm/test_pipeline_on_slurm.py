@@ -48,6 +48,7 @@ import pytest
 import yaml
 from tiny import tiny_layout
 
+from kiln.data.sources import raw_part_count
 from kiln.plan.verdict import SmokeReport
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -195,9 +196,32 @@ def pipeline(slurm_cluster, two_nodes_started, sweep_started, local_data, tmp_pa
 
 def test_every_rule_ran_as_a_slurm_job(pipeline):
     workdir, _, jobs, rows = pipeline
+    jobs = dict(jobs)
+    parts = jobs.pop("pretokenize_part")  # the pretokenize stage's scatter: one job per raw part
+    plan = jobs.pop("pretokenize_plan")  # the checkpoint that counts them
+    assert len(plan) == 1
+    assert len(parts) == raw_part_count(tiny_layout(workdir).folder("download")) >= 2
     assert set(jobs) == STAGES and all(len(ids) == 1 for ids in jobs.values())
     assert {rule: rows[ids[0]]["State"] for rule, ids in jobs.items()} == dict.fromkeys(STAGES, "COMPLETED")
+    assert {rows[jobid]["State"] for jobid in [*plan, *parts]} == {"COMPLETED"}
     assert (workdir / "results" / "tiny" / "report.md").is_file()
+
+
+def test_pretokenize_ran_as_one_single_cpu_slurm_job_per_part_and_gathered_the_local_bytes(pipeline):
+    """Issue 31, item 5: the scatter's jobs each hold one CPU (profiles/slurm), all of them queued at
+    once, and the gathered tokens are the local run's byte for byte."""
+    workdir, local, jobs, rows = pipeline
+    parts = jobs["pretokenize_part"]
+    assert {tres(rows[jobid])["cpu"] for jobid in parts} == {"1"}
+    assert all(tres(rows[jobid]).get("gres/gpu") is None for jobid in parts)
+    gather = rows[jobs["pretokenize"][0]]
+    assert all(rows[jobid]["End"] <= gather["Start"] for jobid in parts)  # the gather waited for every part
+    on_slurm, here = tiny_layout(workdir).folder("pretokenize"), tiny_layout(local).folder("pretokenize")
+    names = sorted(p.name for p in here.iterdir())
+    assert names == sorted(p.name for p in on_slurm.iterdir()) and "train.bin" in names
+    for name in names:
+        assert (on_slurm / name).read_bytes() == (here / name).read_bytes(), name
+    assert not Path(tiny_layout(workdir).part("pretokenize", 0)).parent.exists()  # temporary: gone once gathered
 
 
 def test_gpu_stages_hold_the_gpus_and_nodes_of_the_train_section_and_data_stages_none(pipeline):
@@ -206,7 +230,7 @@ def test_gpu_stages_hold_the_gpus_and_nodes_of_the_train_section_and_data_stages
     for rule in ("smoke", "train"):  # nproc_per_node 2 on nnodes 1
         assert held[rule]["gres/gpu"] == "2" and held[rule]["node"] == "1", (rule, held[rule])
     assert held["eval"]["gres/gpu"] == "1" and held["eval"]["node"] == "1"  # one process
-    for rule in ("download", "tokenizer", "pretokenize", "shard", "report"):
+    for rule in ("download", "tokenizer", "pretokenize_part", "pretokenize", "shard", "report"):
         assert "gres/gpu" not in held[rule], (rule, held[rule])
 
 

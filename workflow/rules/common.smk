@@ -14,6 +14,7 @@ DATA = {(stage, layout.keys[stage]): RUNS[run] for run, layout in LAYOUTS.items(
 wildcard_constraints:
     run="|".join(re.escape(run) for run in RUNS),
     key="[0-9a-f]{%d}" % kiln_layout.KEY_CHARS,
+    part="[0-9]+",
 
 
 for _run, _layout in LAYOUTS.items():  # data folders an older Kiln kept in the run folder
@@ -45,6 +46,14 @@ def upstream(stage, name=None, of="run"):
     if of == "run":
         return lambda wildcards: LAYOUTS[wildcards.run].output(stage, name)
     return lambda wildcards: kiln_layout.Layout(DATA[(of, wildcards.key)]).output(stage, name)
+
+
+def pretokenize_parts(wildcards):
+    """The pretokenize gather's inputs: one pretokenize_part folder per raw part. The plan that counts
+    them is a checkpoint: until it has run, Snakemake waits on it, then asks again."""
+    plan = ScatterPlan.load(checkpoints.pretokenize_plan.get(key=wildcards.key).output.plan)
+    layout = kiln_layout.Layout(DATA[("pretokenize", wildcards.key)])
+    return [layout.part("pretokenize", index) for index in range(plan.parts)]
 
 
 def sweep_outputs():
@@ -146,3 +155,25 @@ def request_forced_retrains():
     for job in dag.needrun_jobs():
         if job.rule.name == "train" and dag.reason(job).forced:
             kiln_layout.request_retrain(LAYOUTS[job.wildcards.run].folder("train"))
+
+
+def _until_jobs_make_their_outputs():
+    """Work around snakemake issue 2824 (open in 9.27): after a checkpoint updates the DAG, a job
+    named by --until counts as needed only for the outputs that its dependents read, and --until cut
+    those off, so `--until pretokenize` found nothing to do. Snakemake treats a job of a target rule as
+    needed when any of its outputs is missing; the jobs --until names become such targets too."""
+    import snakemake.dag
+
+    set_until_jobs = getattr(snakemake.dag.DAG, "set_until_jobs", None)
+    if set_until_jobs is None:  # another Snakemake: tests/test_pipeline.py says whether it needs this
+        return
+
+    def patched(dag):
+        set_until_jobs(dag)
+        if dag.untilrules or dag.untilfiles:
+            dag.targetrules = set(dag.targetrules) | {job.rule for job in dag.targetjobs}
+
+    snakemake.dag.DAG.set_until_jobs = patched
+
+
+_until_jobs_make_their_outputs()

@@ -1,7 +1,9 @@
 """pretokenize stage: encode every document (FIM on the train side, EOS after each), hold out a fixed
 number of validation tokens by document, share the train tokens among sources by mixture weight.
 
-Writes <out>/train.bin, <out>/val.bin (raw token ids), <out>/val_ids.txt and <out>/meta.json.
+Writes <out>/train.bin, <out>/val.bin (raw token ids), <out>/val_ids.txt and <out>/meta.json. With
+--parts (the workflow's way), it gathers the pretokenize_part jobs' encodings, one per raw part;
+without, it encodes every part itself in --workers processes. The bytes are the same.
 """
 
 from pathlib import Path
@@ -20,10 +22,13 @@ def main() -> None:
         "--out", required=True, type=Path, help="output folder, e.g. results/data/tokens-<key> (kiln.layout)"
     )
     parser.add_argument("--workers", type=int, default=1, help="worker processes (the output does not depend on it)")
+    parser.add_argument(
+        "--parts", nargs="+", type=Path, help="pretokenize_part outputs, one per raw part in manifest order, to gather"
+    )
     args = parser.parse_args()
     run = RunConfig.of(stage_config(args, "pretokenize"))
     with atomic_dir(args.out) as tmp:
-        meta = pretokenize(args.raw, args.tokenizer, tmp, run.seed, run.pretokenize, args.workers)
+        meta = pretokenize(args.raw, args.tokenizer, tmp, run.seed, run.pretokenize, args.workers, part_dirs=args.parts)
     s = meta["splits"]
     print(
         f"pretokenize: train {s['train']['docs']} docs / {s['train']['tokens']} tokens, "

@@ -8,6 +8,8 @@ are kiln.train.faults, KILN_FAULT.)
     download@n      the n-th part this process writes (across sources) is in its temporary file, not
                     yet renamed into the staging folder: complete parts staged, a dead writer's temp
                     beside them
+    pretokenize_part@n  the n-th raw part this process encodes has its train.bin written in the part
+                    folder's temporary folder, its part.json not yet
     pretokenize@n   the n-th train part's ids appended to train.bin in the output's temporary folder
     shard@n         the n-th shard file (train split first) written in the output's temporary folder,
                     the manifest not yet
@@ -26,7 +28,7 @@ from collections import Counter
 from kiln.errors import KilnError
 
 ENV = "KILN_DATA_FAULT"
-STAGES = ("download", "pretokenize", "shard")
+STAGES = ("download", "pretokenize_part", "pretokenize", "shard")
 _SPEC = re.compile(r"(?P<stage>\w+)@(?P<n>\d+)")
 _reached: Counter = Counter()
 

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from kiln.config.run_config import Source
 from kiln.data.utf8text import BIG_TEXT_BYTES, Utf8Text, first_invalid_byte, texts_of
 from kiln.errors import KilnError
+from kiln.io import read_json
 
 log = logging.getLogger("kiln.download")
 
@@ -250,6 +251,11 @@ def part_paths(raw_dir: Path, manifest: dict) -> list[tuple[str, Path]]:
         for name, source in manifest["sources"].items()
         for part in source["parts"]
     ]
+
+
+def raw_part_count(raw_dir: str | Path) -> int:
+    """How many parts a finished download folder holds (the pretokenize stage's scatter width)."""
+    return len(part_paths(Path(raw_dir), read_json(Path(raw_dir) / "manifest.json")))
 
 
 def read_part(path: Path, big_bytes: int | None = None) -> list[Document]:

@@ -1,10 +1,10 @@
 """One raw part's tokens as a pretokenize_part job leaves them for the gather (the pretokenize job):
-the one owner of that folder's layout.
+the one owner of what is inside that folder (kiln.layout.Layout.part names it).
 
-    part-NNNNN/train.bin    every sample of the part laid out for training (FIM), ids one after another
-    part-NNNNN/samples.npy  int64, one row per sample: its first row in the raw part, then COUNT_COLUMNS
-    part-NNNNN/val.bin      the first validation round's candidates of the part, encoded plain
-    part-NNNNN/part.json    what made it (EncodedPart.stamp) and the candidates (val_candidates' dicts)
+    train.bin    every sample of the part laid out for training (FIM), ids one after another
+    samples.npy  int64, one row per sample: its first row in the raw part, then COUNT_COLUMNS
+    val.bin      the first validation round's candidates of the part, encoded plain
+    part.json    what made it (kiln.data.token_plan.Plan.stamp) and the candidates (val_candidates' dicts)
 
 A part holds every sample on the train side, the validation candidates too: which of them the
 validation split takes is decided across all parts, by the gather. The gather compares part.json's
@@ -26,8 +26,25 @@ from kiln.io import read_json, write_json
 TRAIN, SAMPLES, VAL, STAMP = "train.bin", "samples.npy", "val.bin", "part.json"
 
 
-def part_name(index: int) -> str:
-    return f"part-{index:05d}"
+@dataclass(frozen=True)
+class ScatterPlan:
+    """What the pretokenize_plan job tells Snakemake and the part jobs before any part is encoded: how
+    many raw parts there are (one pretokenize_part job each) and each part's stamp
+    (kiln.data.token_plan.Plan.stamp). A Snakemake checkpoint's output: the workflow learns the
+    scatter's width from it."""
+
+    stamps: list[dict]
+
+    @property
+    def parts(self) -> int:
+        return len(self.stamps)
+
+    def save(self, path: Path) -> None:
+        write_json(path, {"parts": self.parts, "stamps": self.stamps})
+
+    @classmethod
+    def load(cls, path: Path) -> "ScatterPlan":
+        return cls(read_json(path)["stamps"])
 
 
 @dataclass(frozen=True)

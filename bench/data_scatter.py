@@ -1,0 +1,185 @@
+"""The pretokenize stage as Snakemake runs it, one pretokenize_part job per raw part and a gather, at
+1, 2 and 4 cores, against the stage as one job with as many worker processes, on the same data in
+the same run; then the time of seed 000's 10B tokens on 4 and 32 nodes, projected from the figures.
+
+    python bench/data_scatter.py                     # config/config.yaml: the stdlib
+    python bench/data_scatter.py --rows-per-part 100 # more, smaller parts
+    python bench/data_scatter.py --quick             # tests/configs/tiny.yaml, cores 1 and 2
+
+Builds the download and tokenizer once (snakemake --until tokenizer) in a scratch folder, then per
+core count, taking turns for --repeat rounds (best kept):
+- scatter: `snakemake --cores N --until pretokenize --forcerun pretokenize` (the part jobs and the
+  gather, Snakemake's own start and DAG included: what a user waits for);
+- one job: workflow/scripts/pretokenize.py without --parts, --workers N (the stage before the
+  scatter, with a pool of N processes).
+Every output is checked byte-equal to the first one job's. The part jobs' and the gather's own
+seconds come from their benchmark files (kiln.layout).
+
+Projection: the corpus of seed 000 (10B tokens, at the bytes per token measured here) cut in parts
+of this run's mean part size; each node runs --node-cores part jobs at once, each at the measured
+part-job rate (MB of raw text per second, its start-up included); then the gather: its fixed cost
+measured here plus its read and write of the token bytes at the copy rate measured on a scratch
+file of --copy-mb. Snakemake's `jobs:` (profiles/slurm) must allow that many jobs in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kiln import config as kiln_config
+from kiln.data.pretokenize import _copy_range
+from kiln.data.sources import raw_part_count
+from kiln.io import benchmark_seconds as seconds
+from kiln.io import read_json
+from kiln.layout import Layout
+
+ROOT = Path(__file__).resolve().parents[1]
+OUTPUTS = ("train.bin", "val.bin", "val_ids.txt", "meta.json")
+SEED_TOKENS = 10e9  # seed 000: ~10B tokens of code
+
+
+def snakemake(workdir: Path, configfile: Path, overrides: list[str], *args: str) -> float:
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir)]
+    cmd += ["--configfile", str(configfile), *(["--config", *overrides] if overrides else []), *args]
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # the jobs' python
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"$ {' '.join(cmd)}\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def one_job(workdir: Path, configfile: Path, layout: Layout, out: Path, workers: int) -> float:
+    cmd = [sys.executable, str(ROOT / "workflow" / "scripts" / "pretokenize.py"), "--config", str(configfile)]
+    cmd += ["--raw", str(layout.folder("download")), "--tokenizer", layout.output("tokenizer", "tokenizer.json")]
+    cmd += ["--out", str(out), "--workers", str(workers)]
+    shutil.rmtree(out, ignore_errors=True)
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"$ {' '.join(cmd)}\n{done.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def outputs(folder: Path) -> dict[str, bytes]:
+    return {name: (folder / name).read_bytes() for name in OUTPUTS}
+
+
+def copy_rate_mb_s(folder: Path, size_mb: int) -> float:
+    """MB/s of the gather's copy (kiln.data.pretokenize._copy_range) from a file not in the page
+    cache's favour: written, then copied once."""
+    src, dst = folder / "copy-src.bin", folder / "copy-dst.bin"
+    block = os.urandom(1 << 20)
+    with open(src, "wb") as f:
+        for _ in range(size_mb):
+            f.write(block)
+    start = time.perf_counter()
+    with open(dst, "wb") as out:
+        _copy_range(out, src, 0, size_mb << 20)
+        out.flush()
+        os.fsync(out.fileno())
+    rate = size_mb / (time.perf_counter() - start)
+    src.unlink()
+    dst.unlink()
+    return rate
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configfile", type=Path, default=ROOT / "config" / "config.yaml")
+    parser.add_argument("--rows-per-part", type=int, help="download.rows_per_part (default: the config's)")
+    parser.add_argument("--cores", default="1,2,4")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--node-cores", type=int, default=64, help="part jobs one node runs at once (projection)")
+    parser.add_argument("--copy-mb", type=int, default=1024)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/kiln-data-scatter-bench"))
+    parser.add_argument("--quick", action="store_true", help="tests/configs/tiny.yaml, cores 1 and 2, one round")
+    args = parser.parse_args()
+    if args.quick:
+        args.configfile, args.cores, args.repeat, args.copy_mb = ROOT / "tests" / "configs" / "tiny.yaml", "1,2", 1, 16
+        args.workdir = Path(tempfile.mkdtemp(prefix="kiln-data-scatter-"))
+    configfile = args.configfile.resolve()
+    overrides = [f"download={{rows_per_part: {args.rows_per_part}}}"] if args.rows_per_part else []
+    cfg = kiln_config.resolve([configfile], dict(text.split("=", 1) for text in overrides))
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    args.workdir.mkdir(parents=True)
+    layout = Layout(cfg, root=args.workdir / "results")
+    print(f"download and tokenizer of {configfile.name} in {args.workdir} ...", flush=True)
+    snakemake(args.workdir, configfile, overrides, "--cores", "all", "--until", "tokenizer")
+    parts = raw_part_count(layout.folder("download"))
+    raw_mb = read_json(layout.folder("download") / "manifest.json")["bytes"] / 1e6
+    cores = [int(c) for c in args.cores.split(",")]
+    best: dict[tuple[str, int], float] = {}
+    part_s: list[float] = []
+    gather_s: list[float] = []
+    reference = None
+    for _ in range(args.repeat):
+        for n in cores:
+            wall = one_job(args.workdir, configfile, layout, args.workdir / "one-job", n)
+            best[("one job", n)] = min(best.get(("one job", n), math.inf), wall)
+            reference = reference or outputs(args.workdir / "one-job")
+            assert outputs(args.workdir / "one-job") == reference, f"one job at {n} workers wrote other bytes"
+            wall = snakemake(
+                args.workdir,
+                configfile,
+                overrides,
+                "--cores",
+                str(n),
+                "--until",
+                "pretokenize",
+                "--forcerun",
+                "pretokenize",
+            )
+            best[("scatter", n)] = min(best.get(("scatter", n), math.inf), wall)
+            assert outputs(layout.folder("pretokenize")) == reference, f"the scatter at {n} cores wrote other bytes"
+            part_s += [seconds(layout.benchmark("pretokenize", "pretokenize_part", part=i)) for i in range(parts)]
+            gather_s.append(seconds(layout.benchmark("pretokenize")))
+    meta = read_json(layout.folder("pretokenize") / "meta.json")
+    train = meta["splits"]["train"]
+    print(
+        f"\n{parts} raw parts, {raw_mb:.1f} MB of text, {train['tokens']:,} train tokens; {os.cpu_count()} cores here"
+    )
+    print("every output byte-equal to the one job's: yes\n")
+    print("| cores | scatter wall s (snakemake) | one job wall s (--workers N) | scatter / one job |")
+    print("|---|---:|---:|---:|")
+    for n in cores:
+        scatter, single = best[("scatter", n)], best[("one job", n)]
+        print(f"| {n} | {scatter:.1f} | {single:.1f} | {scatter / single:.2f} |")
+    per_part = sorted(part_s)[len(part_s) // 2]
+    gather_fixed = min(gather_s)
+    part_rate = raw_mb / parts / per_part
+    copy_rate = copy_rate_mb_s(args.workdir, args.copy_mb)
+    print(
+        f"\npart job: median {per_part:.2f} s for {raw_mb / parts:.1f} MB ({part_rate:.2f} MB/s, start-up included); "
+        f"gather: {gather_fixed:.2f} s here; copy {copy_rate:.0f} MB/s"
+    )
+    bytes_per_token = train["bytes"] / train["tokens"]
+    seed_mb = SEED_TOKENS * bytes_per_token / 1e6
+    seed_parts = math.ceil(seed_mb / (raw_mb / parts))
+    token_mb = SEED_TOKENS * np.dtype(meta["dtype"]).itemsize / 1e6
+    gather = gather_fixed + 2 * token_mb / copy_rate  # read the parts' ids, write train.bin
+    print(
+        f"\nseed 000: {SEED_TOKENS / 1e9:.0f}B tokens x {bytes_per_token:.2f} bytes/token = {seed_mb / 1e3:.1f} GB in {seed_parts:,} parts"
+    )
+    print("| nodes | part jobs at once | scatter h | gather h | total h |")
+    print("|---|---:|---:|---:|---:|")
+    for nodes in (1, 4, 32):
+        slots = nodes * args.node_cores
+        scatter = math.ceil(seed_parts / slots) * per_part
+        print(f"| {nodes} | {slots} | {scatter / 3600:.2f} | {gather / 3600:.2f} | {(scatter + gather) / 3600:.2f} |")
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
