@@ -4,6 +4,7 @@ the same run; then the time of seed 000's 10B tokens on 4 and 32 nodes, projecte
 
     python bench/data_scatter.py                     # config/config.yaml: the stdlib
     python bench/data_scatter.py --rows-per-part 100 # more, smaller parts
+    python bench/data_scatter.py --site-packages     # ~300 MB of real code: site-packages' .py files
     python bench/data_scatter.py --quick             # tests/configs/tiny.yaml, cores 1 and 2
 
 Builds the download and tokenizer once (snakemake --until tokenizer) in a scratch folder, then per
@@ -25,11 +26,13 @@ file of --copy-mb. Snakemake's `jobs:` (profiles/slurm) must allow that many job
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -98,6 +101,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configfile", type=Path, default=ROOT / "config" / "config.yaml")
     parser.add_argument("--rows-per-part", type=int, help="download.rows_per_part (default: the config's)")
+    parser.add_argument(
+        "--site-packages",
+        action="store_true",
+        help="download every .py file under this interpreter's site-packages (a local source, 2000 files a part)",
+    )
     parser.add_argument("--cores", default="1,2,4")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--node-cores", type=int, default=64, help="part jobs one node runs at once (projection)")
@@ -109,7 +117,13 @@ def main() -> int:
         args.configfile, args.cores, args.repeat, args.copy_mb = ROOT / "tests" / "configs" / "tiny.yaml", "1,2", 1, 16
         args.workdir = Path(tempfile.mkdtemp(prefix="kiln-data-scatter-"))
     configfile = args.configfile.resolve()
-    overrides = [f"download={{rows_per_part: {args.rows_per_part}}}"] if args.rows_per_part else []
+    download = {}
+    if args.site_packages:
+        code = f"{sysconfig.get_paths()['purelib']}/**/*.py"
+        download = {"sources": [{"name": "code", "kind": "local", "paths": [code]}], "rows_per_part": 2000}
+    if args.rows_per_part:
+        download["rows_per_part"] = args.rows_per_part
+    overrides = [f"download={json.dumps(download)}"] if download else []
     cfg = kiln_config.resolve([configfile], dict(text.split("=", 1) for text in overrides))
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
@@ -171,12 +185,12 @@ def main() -> int:
     print(
         f"\nseed 000: {SEED_TOKENS / 1e9:.0f}B tokens x {bytes_per_token:.2f} bytes/token = {seed_mb / 1e3:.1f} GB in {seed_parts:,} parts"
     )
-    print("| nodes | part jobs at once | scatter h | gather h | total h |")
+    print("| nodes | part jobs at once | scatter min | gather min | total min |")
     print("|---|---:|---:|---:|---:|")
     for nodes in (1, 4, 32):
         slots = nodes * args.node_cores
         scatter = math.ceil(seed_parts / slots) * per_part
-        print(f"| {nodes} | {slots} | {scatter / 3600:.2f} | {gather / 3600:.2f} | {(scatter + gather) / 3600:.2f} |")
+        print(f"| {nodes} | {slots} | {scatter / 60:.1f} | {gather / 60:.1f} | {(scatter + gather) / 60:.1f} |")
     shutil.rmtree(args.workdir, ignore_errors=True)
     return 0
 

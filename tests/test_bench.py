@@ -42,7 +42,7 @@ PRINTS = {
     "loss_chunks.py": ["| loss chunks | logits a chunk | chunks a micro-batch |", "| unchunked |"],
     "loss_compile.py": ["| loss | s per forward+backward (median) |", "eager / compiled: "],
     "cpu_allocator.py": ["| allocator | tokens/s (median) | min-max |", "ours / baseline: "],
-    "data_scatter.py": ["| cores | scatter wall s (snakemake) |", "| nodes | part jobs at once |"],
+    "data_scatter.py": ["| cores | scatter wall s (snakemake) |", "| nodes | part jobs at once | scatter min |"],
     "dataprep.py": [
         "| pipeline | wall s | MiB/s | Kiln is |",
         "| Kiln pretokenize + shard |",

@@ -393,8 +393,11 @@ def test_the_data_stages_ran_once_for_all_three_arms(sweep):
     assert {stage: local.get(stage) for stage in DATA_STAGES} == dict.fromkeys(DATA_STAGES, 1), local
     assert not set(jobs) & set(DATA_STAGES), jobs  # found built: no data job on Slurm
     data = workdir / "results" / "data"
-    folders = sorted(p.name.rsplit("-", 1)[0] for p in data.iterdir() if p.name not in ("logs", "benchmarks"))
+    folders = sorted(
+        p.name.rsplit("-", 1)[0] for p in data.iterdir() if p.is_dir() and p.name not in ("logs", "benchmarks")
+    )
     assert folders == sorted(DATA_FOLDERS), sorted(p.name for p in data.iterdir())  # one shared copy
+    assert len(list(data.glob("tokens-*.plan.json"))) == 1  # and one pretokenize plan
     for arm in ARMS:  # no arm kept data stages of its own
         assert not {"raw", "tokenizer", "tokens", "shards"} & {p.name for p in (workdir / "results" / arm).iterdir()}
 
