@@ -156,6 +156,21 @@ def test_a_finished_run(workdir, capsys):
     assert "slurm" not in out  # no empty Slurm column off a cluster
 
 
+def test_a_scattered_stage_counts_its_plan_and_part_jobs(workdir):
+    """pretokenize's time is its plan's, its part jobs' and its gather's (kiln.layout.SCATTER_JOBS)."""
+    run = workdir / "results" / "tiny"
+    for stage in STAGES:
+        finish(run, stage, seconds=10.0)
+    paths = paths_of(run)
+    for path in (
+        paths.benchmark("pretokenize", "pretokenize_plan"),
+        *(paths.benchmark("pretokenize", "pretokenize_part", part=i) for i in range(3)),
+    ):
+        Path(path).write_text(BENCHMARK.format(s=2.0))
+    seconds = {s.name: s.seconds for s in status.inspect_run(workdir, run)}
+    assert seconds["pretokenize"] == 18.0 and seconds["tokenizer"] == 10.0
+
+
 def test_train_mid_way_with_a_torn_metrics_line(workdir, capsys):
     run = workdir / "results" / "tiny"
     for stage in STAGES[:6]:

@@ -195,6 +195,16 @@ class Layout:
     def benchmark(self, stage: str, job: str | None = None, part: int | str | None = None) -> str:
         return str(self._aux("benchmarks", stage, job or stage, "tsv", part))
 
+    def benchmarks(self, stage: str) -> list[Path]:
+        """The benchmark files of every job of `stage` there are: a scattered stage's plan and part
+        jobs' (SCATTER_JOBS), then its own."""
+        jobs = SCATTER_JOBS.get(stage, ())
+        found = [Path(self.benchmark(stage, job)) for job in jobs[:1]]
+        for job in jobs[1:]:
+            pattern = Path(self.benchmark(stage, job, part="*"))
+            found += sorted(pattern.parent.glob(pattern.name))
+        return [p for p in [*found, Path(self.benchmark(stage))] if p.exists()]
+
     def _aux(self, kind: str, stage: str, job: str, ext: str, part: int | str | None = None) -> Path:
         suffix = "" if part is None else "-" + (f"{part:05d}" if isinstance(part, int) else part)
         if BY_NAME[stage].shared and not self.legacy:

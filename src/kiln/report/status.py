@@ -63,6 +63,15 @@ class StageStatus:
     missing: list[str] = dataclasses.field(default_factory=list)
 
 
+def stage_seconds(paths: Layout, stage: str) -> float | None:
+    """A done stage's time: its job's benchmark, plus its plan's and part jobs' for a scattered stage
+    (their sum, the work it took: on a cluster the part jobs overlap); None without its own."""
+    own = benchmark_seconds(Path(paths.benchmark(stage)))
+    if own is None:
+        return None
+    return sum(filter(None, (benchmark_seconds(p) for p in paths.benchmarks(stage))))
+
+
 def marker_path(workdir: Path, key: str) -> Path:
     """Where Snakemake's FilePersistence puts the incomplete marker of output `key`: names longer
     than NAME_MAX (255) - 1 are split into folders, all but the last prefixed with '@'."""
@@ -172,7 +181,7 @@ def inspect_stage(
             status.note = "interrupted: no Snakemake holds the folder; rerun with --rerun-incomplete"
     elif not status.missing:
         newest_output = max(mtime(p) or 0 for p in outputs.values())
-        status.state, status.seconds = "done", benchmark_seconds(Path(paths.benchmark(name)))
+        status.state, status.seconds = "done", stage_seconds(paths, name)
         status.job = find_slurm_job(workdir, name, None, newest_output)
     elif log.exists() and upstream_done and (locked_since is None or (mtime(log) or 0) >= locked_since):
         # A log older than the running Snakemake's lock is an earlier attempt that it will redo.
