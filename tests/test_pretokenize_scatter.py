@@ -79,6 +79,10 @@ def test_budgets_and_mixtures_cut_the_gathered_parts_where_one_job_cuts(two_sour
     assert scattered(two_sources, tokenizer_path, tmp_path / "scatter", cfg) == one_job(
         two_sources, tokenizer_path, tmp_path / "one", cfg
     )
+    encoded = {p.parent.name: p.stat().st_size for p in (tmp_path / "scatter.parts").glob("*/train.bin")}
+    assert len(encoded) == 16
+    left_out = [name for name, size in encoded.items() if size == 0]  # b's 8 parts: nothing to encode
+    assert len(left_out) == (8 if change.get("mixture") == {"a": 1} else 0), encoded
 
 
 def test_validation_rounds_the_parts_fell_short_of_run_in_the_gather(

@@ -320,7 +320,11 @@ def pretokenize_part(
     _, source, path = the_plan.parts[index]
     out_dir = Path(out_dir)
     with WorkerPool(1, the_plan.settings):
-        rows, counts = train_part((index, str(path), frozenset(), str(out_dir / token_parts.TRAIN)))
+        if the_plan.targets[source] == 0:  # a source the mixture leaves out gives no train tokens
+            (out_dir / token_parts.TRAIN).touch()
+            rows, counts = np.zeros(0, np.int64), np.zeros((0, len(COUNT_COLUMNS)), np.int64)
+        else:
+            rows, counts = train_part((index, str(path), frozenset(), str(out_dir / token_parts.TRAIN)))
         if faults.planned():  # KILN_DATA_FAULT: killed with train.bin written, part.json not
             faults.kill_point("pretokenize_part")
         rate = the_plan.first_rates.get(source)
