@@ -37,6 +37,7 @@ ELSEWHERE = {"gpu_check.py": "tests/test_gpu_check.py runs its --cpu-dry-run (al
 PRINTS = {
     "budget.py": ["| arm | budget s | stage s (launcher) | of budget |", "| quiet |"],
     "checkpoint_hash.py": ["| write | s (median of 1) | GiB/s |", "Kiln / hash as written: "],
+    "cleaning.py": ["### prose (prose filters)", "| corpus | filters | documents | MB | kept |"],
     "code_eval.py": ["| part | Kiln | s | baseline | s | Kiln is |", "canonical solutions pass@1: 1.00 (ours)"],
     "compile_time.py": ["block, count, 2 layers: first forward and backward"],
     "loss_chunks.py": ["| loss chunks | logits a chunk | chunks a micro-batch |", "| unchunked |"],
