@@ -7,6 +7,8 @@ the config's."""
 from __future__ import annotations
 
 import json
+import math
+import sysconfig
 
 from hf_folder import write_hf_folder
 from tiny import ROOT, snakemake
@@ -65,3 +67,33 @@ def test_continuing_a_stock_checkpoint_on_its_own_tokenizer(tmp_path):
     assert f"| source | 0 | {metrics[0]['val_loss']:.4f} | {metrics[0]['val_bpb']:.4f} |" in report
     last = [r for r in metrics if "val_loss" in r][-1]
     assert f"| continued | {last['step']} | {last['val_loss']:.4f} |" in report
+
+
+def test_a_replay_share_is_a_second_source_weighted_in_the_mixture(tmp_path):
+    """README's replay recipe as typed: the replay data a second download source (here the English
+    docs that installed packages ship), both weighted by tokens in pretokenize.mixture with a
+    train_tokens budget. The continuation trains on 90/10 and is judged on each source apart."""
+    write_hf_folder(tmp_path / SOURCE, eos="<|endoftext|>")
+    replay = f"{sysconfig.get_paths()['purelib']}/**/*.md"
+    sources = (
+        "download={sources: [{name: stdlib, kind: stdlib, include: ['json/*.py', 'email/*.py', 'collections/*.py']},"
+        f" {{name: replay, kind: local, paths: ['{replay}'], max_rows: 150}}], rows_per_part: 20}}"
+    )
+    mixture = "pretokenize={val_tokens: 20000, train_tokens: 60000, mixture: {stdlib: 0.9, replay: 0.1}}"
+    overrides = [o for o in FAST if not o.startswith(("download=", "pretokenize="))] + [sources, mixture]
+    result = snakemake(tmp_path, "--configfile", str(CONFIG), "--config", *overrides, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = tmp_path / "results"
+    (meta_path,) = results.glob("data/tokens-*/meta.json")
+    meta = read_json(meta_path)
+    for name, share in (("stdlib", 0.9), ("replay", 0.1)):
+        src = meta["sources"][name]
+        assert src["share"] == share and src["train_target_tokens"] == round(60000 * share)
+        assert src["train"]["tokens"] >= src["train_target_tokens"]  # the first documents reaching it
+        assert src["unused_docs"] > 0  # cut at the budget, not at the end of the source
+        assert src["val"]["tokens"] >= src["val_target_tokens"] == math.ceil(20000 * share)
+    run = results / "smollm2-135m-stdlib"
+    metrics = read_json(run / "eval" / "metrics.json")
+    assert set(metrics["val_by_source"]) == {"stdlib", "replay"}
+    report = (run / "report.md").read_text()
+    assert "| replay | " in report and "| stdlib | " in report

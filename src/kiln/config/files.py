@@ -45,15 +45,17 @@ def merge(base: dict, override: Mapping) -> dict:
 
 def yaml_values(overrides: Mapping) -> dict:
     """--config overrides with their nested values read as YAML. Snakemake reads `train={max_steps: 7}`
-    with YAML's BaseLoader, which leaves every nested scalar a string ('7'); Kiln reads it as written."""
-    return {
-        key: yaml_values(value)
-        if isinstance(value, Mapping)
-        else yaml.safe_load(value)
-        if isinstance(value, str) and value
-        else value
-        for key, value in overrides.items()
-    }
+    with YAML's BaseLoader, which leaves every nested scalar a string ('7'), in lists too
+    (`download={sources: [{max_rows: 150}]}`); Kiln reads it as written."""
+    return {key: _yaml_value(value) for key, value in overrides.items()}
+
+
+def _yaml_value(value):
+    if isinstance(value, Mapping):
+        return yaml_values(value)
+    if isinstance(value, list):
+        return [_yaml_value(item) for item in value]
+    return yaml.safe_load(value) if isinstance(value, str) and value else value
 
 
 def raw_config(configfiles: Sequence[str | Path] = (), overrides: Mapping | None = None) -> dict:
