@@ -100,6 +100,14 @@ def _error(cfg: dict) -> str:
             lambda c: c["train"].update(warmup_steps=0, init_from={"run": "tiny", "warmup_from": 1e-4}),
             "train.init_from.warmup_from: needs train.warmup_steps above 0",
         ),
+        (
+            lambda c: c["train"].update(init_from={"checkpoint": "some/folder", "warmup_from": "source"}),
+            "train.init_from.warmup_from: source reads the last LR of a Kiln run",
+        ),
+        (
+            lambda c: c["train"].update(init_from={"run": "tiny", "warmup_from": "sauce"}),
+            "train.init_from.warmup_from",
+        ),
         (lambda c: c["model"].pop("n_layer"), "model: 'n_layer' is a required property"),
         (lambda c: c["model"].update(flavour="gpt5"), "model.flavour: 'gpt5' is not a known flavour"),
         (lambda c: c["train"].update(batch_tokens=1000), "train.batch_tokens: 1000 is not a multiple of 1 ranks"),

@@ -11,6 +11,8 @@ import pytest
 import yaml
 from tiny import ROOT, TINY, VENV_BIN, snakemake, tiny_layout
 
+from kiln import config as kiln_config
+from kiln.config.sections import TrainSection
 from kiln.data.sources import raw_part_count
 from kiln.layout import STAGE_OF_JOB
 from kiln.plan.steps import StageTimes, steps_within
@@ -465,7 +467,8 @@ def test_a_run_continues_from_a_finished_runs_weights(finished_run, tmp_path):
         "--config",
         "run_name=tiny-continued",
         NO_LM_EVAL,
-        "train={init_from: {run: tiny}, max_steps: 50, warmup_steps: 0, lr: 0.001, min_lr: 0.0001}",
+        "train={init_from: {run: tiny, warmup_from: source}, max_steps: 50, warmup_steps: 20, lr: 0.001,"
+        " min_lr: 0.0001}",
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert planned_rules(result) == {"eval_data", "smoke", "plan", "train", "eval", "report"}
@@ -479,6 +482,18 @@ def test_a_run_continues_from_a_finished_runs_weights(finished_run, tmp_path):
     assert continued[0]["step"] == 0 and continued[0]["val_loss"] == pytest.approx(source[-1]["val_loss"], rel=1e-6)
     assert [r["step"] for r in continued] == [0, 10, 20, 30, 40, 50]
     assert continued[1]["loss"] < source[0]["loss"] - 0.5  # it starts trained
+    # warmup_from: source ramps from the LR of the source's last logged step, not from 0
+    last_lr = [r["lr"] for r in source if "lr" in r][-1]
+    cfg = kiln_config.resolve([TINY], {"train": {"max_steps": 50, "warmup_steps": 20, "lr": 0.001, "min_lr": 0.0001}})
+    from_source, from_zero = (
+        Replanned.from_config(
+            TrainSection.of({**cfg["train"], "init_from": {"run": "tiny", "optimizer": False, "warmup_from": start}}),
+            50,
+        )
+        for start in (last_lr, 0.0)
+    )
+    logged = {r["step"]: r["lr"] for r in continued if "lr" in r}  # step s: the LR its last step (s - 1) took
+    assert logged[10] == pytest.approx(from_source(9), rel=1e-9) and logged[10] != pytest.approx(from_zero(9))
     report = (copy / "results" / "tiny-continued" / "report.md").read_text()
     assert "| initial weights | run results/tiny/train (weights) |" in report
 

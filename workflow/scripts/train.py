@@ -23,6 +23,7 @@ from kiln.model.build import load_model
 from kiln.plan.steps import TrainPlan
 from kiln.plan.verdict import SmokeReport
 from kiln.stage import run_main, stage_config, stage_parser
+from kiln.train import init_from
 from kiln.train.budget import final_summary
 from kiln.train.samples import make_sampler
 from kiln.train.trainer import run
@@ -57,6 +58,7 @@ def main() -> None:
         cfg = {**cfg, "train": plan.applied(cfg["train"])}
     elif cfg["train"]["max_steps"] is None:
         raise KilnError("train.budget: train needs the smoke stage's measurements (--smoke) to know its steps")
+    cfg = {**cfg, "train": init_from.resolved_warmup(cfg["train"], args.out.parents[1])}  # results/<run>/train
     samples = cfg["train"]["samples"]
     result = run(
         cfg,

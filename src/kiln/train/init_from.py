@@ -28,6 +28,7 @@ source that is retrained restarts the runs that continue it rather than resume t
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,6 +116,37 @@ class InitSource:
     def _newest_or_none(self) -> Path | None:
         found = checkpoint.kept(self.folder / layout.CHECKPOINTS)
         return found[-1][1] if found else None
+
+
+def source_last_lr(source: InitSource) -> float:
+    """The LR the last logged step of the source run trained at (its train/metrics.jsonl): what
+    train.init_from.warmup_from: source ramps from. A torn last line (a job killed mid-write) is skipped."""
+    path = source.folder / layout.METRICS
+    lrs = []
+    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "lr" in record:
+            lrs.append(float(record["lr"]))
+    if not lrs:
+        raise KilnError(
+            f"train.init_from.warmup_from: source: {path} has no logged LR (has {source.describe()} trained?); "
+            "give the LR as a number"
+        )
+    return lrs[-1]
+
+
+def resolved_warmup(train: dict, results: str | Path) -> dict:
+    """The train section with warmup_from: source replaced by the source run's last LR (the train stage
+    calls it before anything reads the schedule); any other section unchanged."""
+    spec = train.get("init_from")
+    if not spec or spec.get("warmup_from") != "source":
+        return train
+    lr = source_last_lr(InitSource.of(spec, results))
+    log.info("train.init_from.warmup_from: source: the warmup ramps from %.6g, the source run's last LR", lr)
+    return {**train, "init_from": {**spec, "warmup_from": lr}}
 
 
 def check_same_shape(source: InitSource, theirs: dict[str, torch.Tensor], ours: dict[str, torch.Tensor]) -> None:

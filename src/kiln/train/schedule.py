@@ -130,7 +130,7 @@ class Replanned:
             kind=train.schedule,
             decay_fraction=train.decay_fraction,
             cooldown=train.cooldown,
-            warmup_from=train.init_from.warmup_from if train.init_from else None,
+            warmup_from=_warmup_from(train),
         )
 
     @property
@@ -197,3 +197,11 @@ class Replanned:
         else:
             scale = 1.0 - progress
         return min_lr + scale * (lr - min_lr)
+
+
+def _warmup_from(train: TrainSection) -> float | None:
+    """train.init_from.warmup_from as an LR. `source` is replaced by the source run's last LR before the
+    train stage builds its schedule (kiln.train.init_from.resolved_warmup); the smoke stage, which
+    times a random init, keeps it and ramps from 0."""
+    start = train.init_from.warmup_from if train.init_from else None
+    return start if isinstance(start, (int, float)) else None
