@@ -9,7 +9,6 @@ from kiln import layout as kiln_layout
 from kiln import config as kiln_config
 from kiln.plan.verdict import SmokeReport
 from kiln.config.run_config import RunConfig
-from kiln.data.token_parts import ScatterPlan
 from kiln.data.tokenizer import training_memory_mb
 
 

@@ -171,6 +171,21 @@ def test_a_scattered_stage_counts_its_plan_and_part_jobs(workdir):
     assert seconds["pretokenize"] == 18.0 and seconds["tokenizer"] == 10.0
 
 
+def test_a_scattered_stage_runs_while_its_part_jobs_do(workdir):
+    """pretokenize's gather has not started, but a part job has: the stage is running, not pending."""
+    run = workdir / "results" / "tiny"
+    for stage in STAGES[:2]:
+        finish(run, stage)
+    paths = paths_of(run)
+    layout.ScatterPlan([{"index": 0}, {"index": 1}]).save(Path(paths.scatter_plan("pretokenize")))
+    hold_lock(workdir)
+    assert states(workdir)["pretokenize"] == "pending"
+    marker = status.marker_path(workdir, Path(paths.part("pretokenize", 1)).relative_to(workdir).as_posix())
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"external_jobid": None}))
+    assert states(workdir)["pretokenize"] == "running"
+
+
 def test_train_mid_way_with_a_torn_metrics_line(workdir, capsys):
     run = workdir / "results" / "tiny"
     for stage in STAGES[:6]:

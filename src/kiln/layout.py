@@ -118,6 +118,27 @@ SUPERSEDED = "superseded"
 LATEST = "LATEST"
 
 
+@dataclass(frozen=True)
+class ScatterPlan:
+    """What the pretokenize_plan job tells Snakemake and the part jobs before any part is encoded: how
+    many raw parts there are (one pretokenize_part job each) and each part's stamp
+    (kiln.data.token_plan.Plan.stamp). A Snakemake checkpoint's output: the workflow learns the
+    scatter's width from it."""
+
+    stamps: list[dict]
+
+    @property
+    def parts(self) -> int:
+        return len(self.stamps)
+
+    def save(self, path: Path) -> None:
+        write_json(path, {"parts": self.parts, "stamps": self.stamps})
+
+    @classmethod
+    def load(cls, path: Path) -> "ScatterPlan":
+        return cls(read_json(path)["stamps"])
+
+
 def data_key(cfg: dict, stage: str) -> str:
     return settings.data_key(cfg, stage, KEY_CHARS)
 
@@ -184,8 +205,17 @@ class Layout:
 
     def scatter_plan(self, stage: str) -> str:
         """What a scattered stage's plan job writes beside the stage's folder: how many part jobs
-        there are (kiln.data.token_parts.ScatterPlan). Kept: the workflow reads it on every run."""
+        there are (ScatterPlan). Kept: the workflow reads it on every run."""
         return f"{self.folder(stage)}.plan.json"
+
+    def scatter_outputs(self, stage: str) -> list[str]:
+        """What a scattered stage's plan and part jobs write (SCATTER_JOBS): the plan, then the part
+        folders it counts, once it exists; nothing for another stage."""
+        if stage not in SCATTER_JOBS:
+            return []
+        plan = self.scatter_plan(stage)
+        parts = ScatterPlan.load(Path(plan)).parts if Path(plan).is_file() else 0
+        return [plan, *(self.part(stage, index) for index in range(parts))]
 
     def log(self, stage: str, job: str | None = None, part: int | str | None = None) -> str:
         """The log of `stage`'s job (or of another job, `job`, on the same folder, e.g. verify, or a

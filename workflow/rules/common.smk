@@ -51,7 +51,7 @@ def upstream(stage, name=None, of="run"):
 def pretokenize_parts(wildcards):
     """The pretokenize gather's inputs: one pretokenize_part folder per raw part. The plan that counts
     them is a checkpoint: until it has run, Snakemake waits on it, then asks again."""
-    plan = ScatterPlan.load(checkpoints.pretokenize_plan.get(key=wildcards.key).output.plan)
+    plan = kiln_layout.ScatterPlan.load(checkpoints.pretokenize_plan.get(key=wildcards.key).output.plan)
     layout = kiln_layout.Layout(DATA[("pretokenize", wildcards.key)])
     return [layout.part("pretokenize", index) for index in range(plan.parts)]
 

@@ -2,7 +2,7 @@
 per raw part), and what each must be made from (the raw part's checksum, the tokenizer's, the
 encoder, the first validation round). A Snakemake checkpoint: the workflow reads the count from it.
 
-Writes <out> (kiln.data.token_parts.ScatterPlan).
+Writes <out> (kiln.layout.ScatterPlan).
 """
 
 from pathlib import Path

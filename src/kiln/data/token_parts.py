@@ -27,27 +27,6 @@ TRAIN, SAMPLES, VAL, STAMP = "train.bin", "samples.npy", "val.bin", "part.json"
 
 
 @dataclass(frozen=True)
-class ScatterPlan:
-    """What the pretokenize_plan job tells Snakemake and the part jobs before any part is encoded: how
-    many raw parts there are (one pretokenize_part job each) and each part's stamp
-    (kiln.data.token_plan.Plan.stamp). A Snakemake checkpoint's output: the workflow learns the
-    scatter's width from it."""
-
-    stamps: list[dict]
-
-    @property
-    def parts(self) -> int:
-        return len(self.stamps)
-
-    def save(self, path: Path) -> None:
-        write_json(path, {"parts": self.parts, "stamps": self.stamps})
-
-    @classmethod
-    def load(cls, path: Path) -> "ScatterPlan":
-        return cls(read_json(path)["stamps"])
-
-
-@dataclass(frozen=True)
 class EncodedPart:
     """A part folder read back: the file of its train-side ids, each sample's first raw row and
     counts (COUNT_COLUMNS), and the validation candidates of the round its stamp names."""

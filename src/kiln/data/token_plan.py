@@ -20,12 +20,12 @@ import pyarrow.parquet as pq
 from kiln.config.run_config import PretokenizeSection
 from kiln.data.encoders import MAX_CHARS, Encoder, tiktoken_encoding
 from kiln.data.sources import part_paths
-from kiln.data.token_parts import ScatterPlan
 from kiln.data.tokenize_parts import Settings
 from kiln.data.tokenizer import EOS, id_space, load_tokenizer, padded_vocab_size, role_ids
 from kiln.data.utf8text import utf8_size
 from kiln.errors import KilnError
 from kiln.io import read_json, sha256_file
+from kiln.layout import ScatterPlan
 
 log = logging.getLogger("kiln.pretokenize")
 VAL_MARGIN = 1.25  # a validation round encodes this many times the tokens it expects to need

@@ -162,7 +162,9 @@ def inspect_stage(
     the job, or a Snakemake still holds the folder); failed: the job ended without its outputs;
     pending: not started, or failed before the Snakemake now running, which will redo it."""
     outputs = {Path(p).relative_to(workdir).as_posix(): Path(p) for p in paths.outputs(name)}
-    markers = {m: t for m in (marker_path(workdir, rel) for rel in outputs) if (t := mtime(m))}
+    # a scattered stage runs while its plan or any part job does (kiln.layout.SCATTER_JOBS)
+    jobs = [*outputs, *(Path(p).relative_to(workdir).as_posix() for p in paths.scatter_outputs(name))]
+    markers = {m: t for m in (marker_path(workdir, rel) for rel in jobs) if (t := mtime(m))}
     log = Path(paths.log(name))
     status = StageStatus(
         name,
