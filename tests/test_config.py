@@ -165,17 +165,20 @@ def test_checkpoint_format_auto_is_sharded_under_fsdp_only(tiny):
 
 def test_config_overrides_read_as_the_user_typed_them_in_lists_too():
     """`--config download={sources: [{..., max_rows: 150}]}`: Snakemake's parser leaves every nested
-    scalar a string, inside lists too; Kiln reads them as YAML (an int here, not '150')."""
+    scalar a string, inside lists too; Kiln reads them as YAML (an int here, not '150'), and a glob YAML
+    would not take bare (*.md) as typed."""
     from snakemake.cli import parse_config
 
     from kiln.config.files import yaml_values
 
-    typed = "download={sources: [{name: a, kind: local, paths: ['x/**/*.md'], max_rows: 150}], rows_per_part: 20}"
+    typed = (
+        "download={sources: [{name: a, kind: local, paths: ['x/**/*.md', '*.md'], max_rows: 150}], rows_per_part: 20}"
+    )
     parsed = parse_config([typed])
     assert parsed["download"]["sources"][0]["max_rows"] == "150"  # Snakemake's reading
     assert yaml_values(parsed) == {
         "download": {
-            "sources": [{"name": "a", "kind": "local", "paths": ["x/**/*.md"], "max_rows": 150}],
+            "sources": [{"name": "a", "kind": "local", "paths": ["x/**/*.md", "*.md"], "max_rows": 150}],
             "rows_per_part": 20,
         }
     }

@@ -55,7 +55,12 @@ def _yaml_value(value):
         return yaml_values(value)
     if isinstance(value, list):
         return [_yaml_value(item) for item in value]
-    return yaml.safe_load(value) if isinstance(value, str) and value else value
+    if not isinstance(value, str) or not value:
+        return value
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:  # a string YAML would not take bare (a glob such as *.md): as typed
+        return value
 
 
 def raw_config(configfiles: Sequence[str | Path] = (), overrides: Mapping | None = None) -> dict:
