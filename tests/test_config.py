@@ -174,11 +174,13 @@ def test_config_overrides_read_as_the_user_typed_them_in_lists_too():
     typed = (
         "download={sources: [{name: a, kind: local, paths: ['x/**/*.md', '*.md'], max_rows: 150}], rows_per_part: 20}"
     )
-    parsed = parse_config([typed])
+    prompts = "train={samples: {prompts: ['def main():', 'x = 1']}}"  # strings YAML would make a mapping of
+    parsed = parse_config([typed, prompts])
     assert parsed["download"]["sources"][0]["max_rows"] == "150"  # Snakemake's reading
     assert yaml_values(parsed) == {
         "download": {
             "sources": [{"name": "a", "kind": "local", "paths": ["x/**/*.md", "*.md"], "max_rows": 150}],
             "rows_per_part": 20,
-        }
+        },
+        "train": {"samples": {"prompts": ["def main():", "x = 1"]}},
     }

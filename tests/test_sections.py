@@ -64,14 +64,17 @@ def is_mapping(prop: dict) -> bool:
 
 
 def schema_types(prop: dict, optional: bool) -> set:
-    """The Python classes a schema property's values take: its type(s), or its enum's values' types; an
+    """The Python classes a schema property's values take: its type(s), its enum's or const's values'
+    types, each anyOf branch's; an
     object is a Section (checked field by field in its own right), or a mapping when free-form."""
     kinds = prop.get("type", [])
     kinds = [kinds] if isinstance(kinds, str) else kinds
     out = {
         (collections.abc.Mapping if is_mapping(prop) else Section) if k == "object" else SCHEMA_TYPES[k] for k in kinds
     }
-    out |= {type(v) for v in prop.get("enum", [])}
+    out |= {type(v) for v in prop.get("enum", [])} | ({type(prop["const"])} if "const" in prop else set())
+    for branch in prop.get("anyOf", []):  # train.init_from.warmup_from: a number or `source`
+        out |= schema_types(branch, optional=False)
     return out | ({type(None)} if optional else set())  # an unset key reads None
 
 

@@ -58,9 +58,12 @@ def _yaml_value(value):
     if not isinstance(value, str) or not value:
         return value
     try:
-        return yaml.safe_load(value)
+        typed = yaml.safe_load(value)
     except yaml.YAMLError:  # a string YAML would not take bare (a glob such as *.md): as typed
         return value
+    # a scalar YAML types (150, 0.004, true, null); anything else the string as typed (a prompt
+    # `def main():` is not the mapping {'def main()': None})
+    return typed if typed is None or isinstance(typed, (bool, int, float)) else value
 
 
 def raw_config(configfiles: Sequence[str | Path] = (), overrides: Mapping | None = None) -> dict:
