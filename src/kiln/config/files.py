@@ -46,24 +46,25 @@ def merge(base: dict, override: Mapping) -> dict:
 def yaml_values(overrides: Mapping) -> dict:
     """--config overrides with their nested values read as YAML. Snakemake reads `train={max_steps: 7}`
     with YAML's BaseLoader, which leaves every nested scalar a string ('7'), in lists too
-    (`download={sources: [{max_rows: 150}]}`); Kiln reads it as written."""
-    return {key: _yaml_value(value) for key, value in overrides.items()}
+    (`download={sources: [{max_rows: 150}]}`); Kiln reads it as written. A value given as text
+    (`train='{lr: 0.004}'`, as a script may pass it) is read whole."""
+    return {key: _yaml_value(value, whole=True) for key, value in overrides.items()}
 
 
-def _yaml_value(value):
+def _yaml_value(value, whole: bool):
     if isinstance(value, Mapping):
         return yaml_values(value)
     if isinstance(value, list):
-        return [_yaml_value(item) for item in value]
+        return [_yaml_value(item, whole=False) for item in value]
     if not isinstance(value, str) or not value:
         return value
     try:
         typed = yaml.safe_load(value)
     except yaml.YAMLError:  # a string YAML would not take bare (a glob such as *.md): as typed
         return value
-    # a scalar YAML types (150, 0.004, true, null); anything else the string as typed (a prompt
-    # `def main():` is not the mapping {'def main()': None})
-    return typed if typed is None or isinstance(typed, (bool, int, float)) else value
+    # In a list, only a scalar YAML types (150, 0.004, true, null) is converted; any other string
+    # stays as typed (a prompt `def main():` is not the mapping {'def main()': None}).
+    return typed if whole or typed is None or isinstance(typed, (bool, int, float)) else value
 
 
 def raw_config(configfiles: Sequence[str | Path] = (), overrides: Mapping | None = None) -> dict:
