@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from kiln import config as kiln_config
-from kiln.data.pretokenize import _copy_range
+from kiln.data.pretokenize import copy_range
 from kiln.data.sources import raw_part_count
 from kiln.io import benchmark_seconds as seconds
 from kiln.io import read_json
@@ -79,7 +79,7 @@ def outputs(folder: Path) -> dict[str, bytes]:
 
 
 def copy_rate_mb_s(folder: Path, size_mb: int) -> float:
-    """MB/s of the gather's copy (kiln.data.pretokenize._copy_range) from a file not in the page
+    """MB/s of the gather's copy (kiln.data.pretokenize.copy_range) from a file not in the page
     cache's favour: written, then copied once."""
     src, dst = folder / "copy-src.bin", folder / "copy-dst.bin"
     block = os.urandom(1 << 20)
@@ -88,7 +88,7 @@ def copy_rate_mb_s(folder: Path, size_mb: int) -> float:
             f.write(block)
     start = time.perf_counter()
     with open(dst, "wb") as out:
-        _copy_range(out, src, 0, size_mb << 20)
+        copy_range(out, src, 0, size_mb << 20)
         out.flush()
         os.fsync(out.fileno())
     rate = size_mb / (time.perf_counter() - start)

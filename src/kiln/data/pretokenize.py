@@ -46,7 +46,7 @@ import numpy as np
 from kiln.config.run_config import PretokenizeSection
 from kiln.data import faults, token_parts, token_plan
 from kiln.data.encoders import MAX_CHARS
-from kiln.data.token_parts import EncodedPart
+from kiln.data.token_parts import EncodedPart, sample_offsets
 from kiln.data.token_plan import Plan, plan, val_bounds
 from kiln.data.tokenize_parts import COUNT_COLUMNS, WorkerPool, train_part, val_candidates
 from kiln.data.tokenizer import padded_vocab_size, source_tokenizer_sha256
@@ -104,7 +104,7 @@ def _select_val(
     return sorted(selected, key=lambda c: (c["part"], c["row"]))
 
 
-def _copy_range(dst, src_path: Path, start: int, n_bytes: int) -> None:
+def copy_range(dst, src_path: Path, start: int, n_bytes: int) -> None:
     with open(src_path, "rb") as src:
         src.seek(start)
         while n_bytes > 0:
@@ -139,8 +139,7 @@ def _encoded_here(pool: WorkerPool, parts: list, skip: dict[int, set[int]], plan
 
     for _, counts in pool.imap(train_part, tasks()):
         i, s = order.popleft()
-        offsets = np.concatenate([[0], np.cumsum(counts[:, 0])[:-1]]).astype(np.int64)
-        yield i, s, _Encoded(scratch / f"{i:06d}.bin", counts, offsets, scratch=True)
+        yield i, s, _Encoded(scratch / f"{i:06d}.bin", counts, sample_offsets(counts), scratch=True)
 
 
 def _encoded_by_parts(encoded: dict[int, EncodedPart], skip: dict[int, set[int]], plan: Plan, done: set[str]):
@@ -160,7 +159,7 @@ def _copy_samples(dst, part: _Encoded, n: int, itemsize: int) -> None:
     breaks = np.flatnonzero(starts[1:] != starts[:-1] + lengths[:-1]) + 1
     for first, last in zip([0, *breaks], [*(breaks - 1), n - 1]):
         length = int(starts[last] + lengths[last] - starts[first])
-        _copy_range(dst, part.file, int(starts[first]) * itemsize, length * itemsize)
+        copy_range(dst, part.file, int(starts[first]) * itemsize, length * itemsize)
 
 
 def _write_train(encoded, plan: Plan, done: set[str], out_dir: Path) -> dict[str, Counter]:
@@ -210,7 +209,7 @@ def _write_val(val: list[dict], parts: list, names: list[str], out_dir: Path, it
         for s in names:
             entry = ranges[s] = {"start": at, "end": at, "docs": 0, "tokens": 0, "bytes": 0}
             for sample in (v for v in val if source_of[v["part"]] == s):  # val is in (part, row) order
-                _copy_range(f, Path(sample["file"]), sample["offset"] * itemsize, sample["tokens"] * itemsize)
+                copy_range(f, Path(sample["file"]), sample["offset"] * itemsize, sample["tokens"] * itemsize)
                 ids.writelines(doc_id + "\n" for doc_id in sample["doc_ids"])
                 entry["docs"] += len(sample["doc_ids"])
                 entry["tokens"] += sample["tokens"]

@@ -26,6 +26,12 @@ from kiln.io import read_json, write_json
 TRAIN, SAMPLES, VAL, STAMP = "train.bin", "samples.npy", "val.bin", "part.json"
 
 
+def sample_offsets(counts: np.ndarray) -> np.ndarray:
+    """Where each sample's ids start in a file that holds them one after another (counts: COUNT_COLUMNS
+    rows, tokens first)."""
+    return np.concatenate([[0], np.cumsum(counts[:, 0])[:-1]]).astype(np.int64)
+
+
 @dataclass(frozen=True)
 class EncodedPart:
     """A part folder read back: the file of its train-side ids, each sample's first raw row and
@@ -43,7 +49,7 @@ class EncodedPart:
     @property
     def offsets(self) -> np.ndarray:
         """Each sample's first token in train.bin."""
-        return np.concatenate([[0], np.cumsum(self.counts[:, 0])[:-1]]).astype(np.int64)
+        return sample_offsets(self.counts)
 
 
 def write(folder: Path, rows: np.ndarray, counts: np.ndarray, candidates: list[dict], stamp: dict) -> None:
