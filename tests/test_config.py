@@ -101,10 +101,6 @@ def _error(cfg: dict) -> str:
             "train.init_from.warmup_from: needs train.warmup_steps above 0",
         ),
         (
-            lambda c: c["train"].update(init_from={"checkpoint": "some/folder", "warmup_from": "source"}),
-            "train.init_from.warmup_from: source reads the last LR of a Kiln run",
-        ),
-        (
             lambda c: c["train"].update(init_from={"run": "tiny", "warmup_from": "sauce"}),
             "train.init_from.warmup_from",
         ),
@@ -130,6 +126,27 @@ def _error(cfg: dict) -> str:
 def test_bad_config_names_the_key(tiny, mutate, expected):
     mutate(tiny)
     assert expected in _error(tiny)
+
+
+def test_warmup_from_source_is_refused_for_a_hf_folder(tiny, tmp_path):
+    """A Hugging Face folder records no LR: the user gives the number (the model section is the stock one's)."""
+    from hf_folder import write_hf_folder
+
+    write_hf_folder(tmp_path / "stock")
+    del tiny["model"]
+    tiny["train"]["init_from"] = {"hf": str(tmp_path / "stock"), "warmup_from": "source"}
+    message = _error(tiny)
+    assert "train.init_from.warmup_from: source reads the last LR of a Kiln run or checkpoint" in message
+    assert "a Hugging Face folder records none: give the LR as a number" in message
+    tiny["train"]["init_from"]["warmup_from"] = 1e-4  # the number the message asks for
+    assert kiln_config.validate(tiny)["train"]["init_from"]["warmup_from"] == 1e-4
+
+
+@pytest.mark.parametrize("source", [{"run": "tiny"}, {"checkpoint": "results/tiny/train/checkpoints/step-0000010"}])
+def test_warmup_from_source_is_accepted_for_a_run_or_a_checkpoint(tiny, source):
+    """Both record the LR of their last step (metrics.jsonl, the checkpoint's state); only hf does not."""
+    tiny["train"]["init_from"] = source | {"warmup_from": "source"}
+    assert kiln_config.validate(tiny)["train"]["init_from"]["warmup_from"] == "source"
 
 
 def test_every_problem_is_reported_at_once(tiny):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -17,11 +18,13 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from kiln import hf, layout
 from kiln.config import hf_source
+from kiln.config.sections import TrainSection
 from kiln.errors import ConfigError, KilnError
 from kiln.io import read_json, write_json
 from kiln.model.build import load_model
-from kiln.train import checkpoint, fingerprint
+from kiln.train import checkpoint, fingerprint, init_from
 from kiln.train.init_from import InitSource
+from kiln.train.schedule import schedule_from_config
 from kiln.train.trainer import Trainer, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -210,3 +213,47 @@ def test_a_retrained_source_is_another_trajectory():
 def test_a_missing_source_is_an_error_naming_it(shards, tmp_path):
     with pytest.raises(KilnError, match=r"train.init_from: .*results/nope/train/model.safetensors not found"):
         run(train_sections(init_from={"run": "nope"}), shards, tmp_path / "results" / "z" / "train")
+
+
+def _warmup_from_source(folder: Path, results: Path) -> float:
+    """What the train stage resolves warmup_from: source to for init_from {checkpoint: folder}."""
+    train = train_sections(init_from={"checkpoint": str(folder), "warmup_from": "source"})["train"]
+    return init_from.resolved_warmup(train, results)["init_from"]["warmup_from"]
+
+
+def test_warmup_from_source_reads_the_lr_a_checkpoints_last_step_trained_at(source):
+    """The trainer records the LR of the last step trained in its checkpoints: warmup_from: source for
+    {checkpoint: FOLDER} is exactly the schedule's LR at step 9 of the source's 10, the last LR its
+    metrics.jsonl logged (the record of step 10: the LR its last step took)."""
+    folder = source / layout.CHECKPOINTS / checkpoint.step_name(10)
+    schedule = schedule_from_config(TrainSection.of(train_sections(max_steps=10)["train"]), 10)
+    assert _warmup_from_source(folder, source.parents[1]) == schedule(9) != schedule(10)
+    logged = [r for r in records(source) if "lr" in r][-1]
+    assert logged["step"] == 10 and logged["lr"] == schedule(9)
+
+
+def test_warmup_from_source_reads_a_sharded_checkpoint_of_a_run_still_going(shards, tmp_path):
+    """The sharded format's state.pt records it too; a checkpoint mid-run has its own step's LR, not the run's last."""
+    out = tmp_path / "results" / "sharded" / "train"
+    sections = train_sections(max_steps=6, warmup_steps=1, log_every=3, checkpoint_every=3, checkpoint_format="sharded")
+    run(sections, shards, out)
+    folder = out / layout.CHECKPOINTS / checkpoint.step_name(3)
+    assert (folder / checkpoint.SHARDS).is_dir()
+    schedule = schedule_from_config(TrainSection.of(sections["train"]), 6)
+    assert _warmup_from_source(folder, out.parents[1]) == schedule(2) != schedule(5)
+    assert {r["step"]: r["lr"] for r in records(out) if "lr" in r}[3] == schedule(2)
+
+
+def test_a_checkpoint_that_records_no_lr_is_an_error_asking_for_the_number(source, tmp_path):
+    """A checkpoint written before Kiln recorded the LR (its state re-saved without it, complete.json
+    rewritten by the checkpoint writer itself) names itself and asks for the LR as a number."""
+    state = dict(checkpoint.load_full(source / layout.CHECKPOINTS / checkpoint.step_name(10)))
+    del state["lr"]
+    folder = checkpoint.save(tmp_path / "old", state, keep=1)
+    assert checkpoint.kept(tmp_path / "old") == [(10, folder)] and "lr" not in checkpoint.read_state(folder)
+    with pytest.raises(
+        KilnError,
+        match=rf"train.init_from.warmup_from: source: checkpoint {re.escape(str(folder))} records no LR \(it was written before "
+        r"Kiln recorded the LR\); give the LR as a number",
+    ):
+        _warmup_from_source(folder, tmp_path)

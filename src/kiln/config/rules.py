@@ -45,10 +45,10 @@ def _between_keys(cfg: dict) -> list[str]:
         )
     if init is not None and init.get("warmup_from") is not None and train["warmup_steps"] == 0:
         problems.append("train.init_from.warmup_from: needs train.warmup_steps above 0 (the steps that ramp from it)")
-    if init is not None and init.get("warmup_from") == "source" and "run" not in init:
+    if init is not None and init.get("warmup_from") == "source" and "hf" in init:
         problems.append(
-            "train.init_from.warmup_from: source reads the last LR of a Kiln run (init_from: {run: NAME}); "
-            "a checkpoint or hf folder records none: give the LR as a number"
+            "train.init_from.warmup_from: source reads the last LR of a Kiln run or checkpoint (init_from: "
+            "{run: NAME} or {checkpoint: FOLDER}); a Hugging Face folder records none: give the LR as a number"
         )
     if train["node_rank"] >= train["nnodes"]:
         problems.append(f"train.node_rank: {train['node_rank']} must be below train.nnodes={train['nnodes']}")

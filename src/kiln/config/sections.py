@@ -137,7 +137,7 @@ class InitFrom(Section):
     checkpoint: str | None = unset()
     hf: str | None = unset()
     optimizer: bool
-    warmup_from: float | str | None = unset()  # an LR, or "source" (kiln.train.init_from.source_last_lr)
+    warmup_from: float | str | None = unset()  # an LR, or "source": a run's or checkpoint's (init_from.source_last_lr)
 
 
 @dataclass(frozen=True)

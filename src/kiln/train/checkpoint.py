@@ -1,7 +1,8 @@
 """Checkpoints that continue a run exactly; a resume takes the newest one that is complete and reads.
 
 A checkpoint is a folder step-NNNNNNN/ holding state.pt (step, tokens seen, each rank's RNG states,
-the data loader's position, the loss-spike detector and a fingerprint of what the run trains on),
+the data loader's position, the loss-spike detector, a fingerprint of what the run trains on and the
+LR of its last step, which train.init_from.warmup_from: source ramps from),
 the model and optimizer, and, written last, complete.json: the step, the fingerprint, and each file's
 size and sha256. The model and optimizer are in one of two formats (train.checkpoint_format):
 
@@ -37,11 +38,12 @@ KILN_RESUME_FROM rollback discarded) are removed.
 
 This module owns what is inside a checkpoint (kiln.layout names the folder and its LATEST marker,
 which `kiln status` reads without torch): the eval stage lists a run's checkpoints with `kept` and reads
-one's weights with `load_weights` (a sharded one's too, whole, in one process). Every read unpickles
-with weights_only=True (tensors and plain containers only, so a checkpoint file cannot run code when
-loaded), allowing the three NumPy types that the saved NumPy RNG state is made of. DCP's own files
-are not held to that: its index (shards/.metadata) and the optimizer's hyperparameters are plain
-pickles, so a sharded checkpoint is only as safe to load as its source is trusted.
+one's weights with `load_weights` (a sharded one's too, whole, in one process), and train.init_from
+reads one's state with `read_state`. Every read unpickles with weights_only=True (tensors and plain
+containers only, so a checkpoint file cannot run code when loaded), allowing the three NumPy types
+that the saved NumPy RNG state is made of. DCP's own files are not held to that: its index
+(shards/.metadata) and the optimizer's hyperparameters are plain pickles, so a sharded checkpoint is
+only as safe to load as its source is trusted.
 """
 
 from __future__ import annotations
@@ -357,21 +359,34 @@ def load_weights(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
     process. Full format: state.pt is memory-mapped, so the optimizer state (twice the weights) is
     never read from disk (nor hashed: the sizes are checked); sharded: only the model's entries of
     the shards are read, whole whatever ranks wrote them."""
-    folder = Path(folder)
-    try:
-        state = _load(folder, verify_hash=False, mmap=True)
+    state = read_state(folder)
+    with _usable(folder):
         weights = _model_from_shards(state[SHARDS]) if SHARDS in state else state["model"]
-    except Unreadable as exc:
-        raise KilnError(f"{folder}: checkpoint unusable: {exc}") from exc
     return weights, {"step": int(state["step"]), "tokens": int(state["tokens_seen"])}
+
+
+def read_state(folder: Path) -> dict:
+    """The state of the checkpoint in `folder` as load_weights reads it (state.pt memory-mapped, the
+    files' sizes checked, not their hashes), e.g. its "lr", the LR its last step trained at, which
+    train.init_from.warmup_from: source ramps from (None at step 0; absent in a checkpoint written
+    before Kiln recorded it); an error saying why when it does not read."""
+    with _usable(folder):
+        return _load(Path(folder), verify_hash=False, mmap=True)
 
 
 def load_full(folder: Path) -> dict:
     """The whole state of the checkpoint in `folder` (hash-checked, state.pt memory-mapped: the
     ranks reading it share one copy), e.g. another run's optimizer state for train.init_from; an
     error saying why when it does not read."""
-    try:
+    with _usable(folder):
         return _load(Path(folder), mmap=True)
+
+
+@contextlib.contextmanager
+def _usable(folder: Path):
+    """A checkpoint asked for by name that does not read: a KilnError saying why."""
+    try:
+        yield
     except Unreadable as exc:
         raise KilnError(f"{folder}: checkpoint unusable: {exc}") from exc
 

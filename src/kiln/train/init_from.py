@@ -119,8 +119,19 @@ class InitSource:
 
 
 def source_last_lr(source: InitSource) -> float:
-    """The LR the last logged step of the source run trained at (its train/metrics.jsonl): what
-    train.init_from.warmup_from: source ramps from. A torn last line (a job killed mid-write) is skipped."""
+    """The LR the source's last step trained at: what train.init_from.warmup_from: source ramps from.
+    A run's is that of its last logged step (its train/metrics.jsonl; a torn last line, a job killed
+    mid-write, is skipped); a checkpoint's is in its state ("lr"). An hf source records none
+    (kiln.config.rules refuses it)."""
+    if source.kind == "checkpoint":
+        state = checkpoint.read_state(source.folder)
+        if state.get("lr") is None:
+            why = "it was saved at step 0" if "lr" in state else "it was written before Kiln recorded the LR"
+            raise KilnError(
+                f"train.init_from.warmup_from: source: checkpoint {source.folder} records no LR ({why}); "
+                "give the LR as a number"
+            )
+        return float(state["lr"])
     path = source.folder / layout.METRICS
     lrs = []
     for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
@@ -139,13 +150,14 @@ def source_last_lr(source: InitSource) -> float:
 
 
 def resolved_warmup(train: dict, results: str | Path) -> dict:
-    """The train section with warmup_from: source replaced by the source run's last LR (the train stage
-    calls it before anything reads the schedule); any other section unchanged."""
+    """The train section with warmup_from: source replaced by the source's last LR (source_last_lr: a
+    run's or a checkpoint's; the train stage calls it before anything reads the schedule); any other
+    section unchanged."""
     spec = train.get("init_from")
     if not spec or spec.get("warmup_from") != "source":
         return train
     lr = source_last_lr(InitSource.of(spec, results))
-    log.info("train.init_from.warmup_from: source: the warmup ramps from %.6g, the source run's last LR", lr)
+    log.info("train.init_from.warmup_from: source: the warmup ramps from %.6g, the source's last LR", lr)
     return {**train, "init_from": {**spec, "warmup_from": lr}}
 
 

@@ -200,8 +200,9 @@ class Replanned:
 
 
 def _warmup_from(train: TrainSection) -> float | None:
-    """train.init_from.warmup_from as an LR. `source` is replaced by the source run's last LR before the
-    train stage builds its schedule (kiln.train.init_from.resolved_warmup); the smoke stage, which
-    times a random init, keeps it and ramps from 0."""
+    """train.init_from.warmup_from as an LR. `source` is replaced by the source's (a run's or a
+    checkpoint's) last LR before the train stage builds its schedule
+    (kiln.train.init_from.resolved_warmup); the smoke stage, which times a random init, keeps it
+    and ramps from 0."""
     start = train.init_from.warmup_from if train.init_from else None
     return start if isinstance(start, (int, float)) else None

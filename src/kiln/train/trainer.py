@@ -203,6 +203,7 @@ class Trainer:
             "spikes": self.spikes.state_dict(),
             "elapsed_s": self.elapsed_s + self._since_start(),
             "budget": self.budget.state_dict() if self.budget is not None else None,
+            "lr": self.lr_at(self.step - 1) if self.step else None,  # the last step's (init_from.warmup_from)
         }
 
     def save_checkpoint(self, saver: checkpoint.Saver) -> None:
@@ -230,8 +231,7 @@ class Trainer:
         ranks = state["rng"]
         checkpoint.set_rng_state(ranks[self.dist.rank] if len(ranks) == self.dist.world else ranks[0])
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
-        self.reader.skipped = state.get("skipped", 0)
-        self.elapsed_s = state.get("elapsed_s", 0.0)
+        self.reader.skipped, self.elapsed_s = state.get("skipped", 0), state.get("elapsed_s", 0.0)
         if "spikes" in state:
             self.spikes.load_state_dict(state["spikes"])
         if self.budget is not None and state.get("budget"):  # the decisions made up to this step, replayed
