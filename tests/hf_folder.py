@@ -1,12 +1,13 @@
 """A stock-style Hugging Face model folder made offline: a byte-level BPE trained with `tokenizers`
 (not by Kiln), saved through transformers' PreTrainedTokenizerFast.save_pretrained beside a small
-random Llama model, as a downloaded checkpoint would lie on disk."""
+random Llama model, as a downloaded checkpoint would lie on disk. With bos, the tokenizer starts every
+sequence with <s> as Llama 2's does (a TemplateProcessing post-processor, single = "<s> $A")."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 # The FIM tokens of the families that have them (kiln.data.tokenizer reads either spelling).
 FIM_STYLES = {
@@ -38,14 +39,25 @@ def source_tokenizer(vocab_size: int, eos: str, fim: str | None) -> Tokenizer:
 
 
 def write_hf_folder(
-    folder: Path, *, eos: str = "</s>", fim: str | None = None, vocab_size: int = 320, model: bool = True
+    folder: Path,
+    *,
+    eos: str = "</s>",
+    fim: str | None = None,
+    vocab_size: int = 320,
+    model: bool = True,
+    bos: bool = False,
 ) -> Path:
     """folder with tokenizer.json, tokenizer_config.json and special_tokens_map.json (eos_token: eos),
-    and, with model, a 2-layer Llama whose embedding has exactly the tokenizer's rows."""
+    and, with model, a 2-layer Llama whose embedding has exactly the tokenizer's rows. bos: the
+    tokenizer's post-processor puts <s> before every sequence (Llama 2, TinyLlama)."""
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     folder = Path(folder)
     tokenizer = source_tokenizer(vocab_size, eos, fim)
+    if bos:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tokenizer.token_to_id("<s>"))]
+        )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token="<s>",

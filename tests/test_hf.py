@@ -148,5 +148,7 @@ def test_import_errors_name_the_file_and_what_is_missing(tmp_path):
     with pytest.raises(KilnError, match="model.safetensors: not found"):
         hf.load(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(KilnError, match=r"model_type 'bert' is not one Kiln imports \(supported: gpt2, llama, qwen2\)"):
+    with pytest.raises(
+        KilnError, match=r"model_type 'bert' is not one Kiln imports \(supported: gpt2, llama, qwen2, starcoder2\)"
+    ):
         hf.load(tmp_path)

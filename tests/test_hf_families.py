@@ -16,6 +16,8 @@ from transformers import (
     LlamaForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Starcoder2Config,
+    Starcoder2ForCausalLM,
 )
 from transformers.modeling_rope_utils import _compute_llama3_parameters
 
@@ -29,6 +31,7 @@ from kiln.model.llama import rope_frequencies
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
 
 VOCAB = 320
+WINDOW = 48  # StarCoder2's sliding window here, and the length of the test batch's rows (_ids)
 # Llama 3.1's scaling shrunk to a 16-wide head: wavelengths 6 (kept), 32 (blended) and >= 164
 # positions (divided by factor), so all three of its regimes are in the logits.
 LLAMA3_ROPE = {
@@ -54,6 +57,18 @@ FAMILIES = {
         )
     ),
     "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, max_position_embeddings=256, **LLAMA_DIMS)),
+    # bigcode's shape: untied (as starcoder2-15b), a sliding window shorter than the positions. The
+    # window is the test batch's length: Kiln's full attention must equal it there, at its edge.
+    "starcoder2": lambda: Starcoder2ForCausalLM(
+        Starcoder2Config(
+            vocab_size=VOCAB,
+            max_position_embeddings=256,
+            sliding_window=WINDOW,
+            rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+            tie_word_embeddings=False,
+            **LLAMA_DIMS,
+        )
+    ),
 }
 EXPECTED = {  # what Kiln reads from each config.json
     "gpt2": dict(family="gpt2", vocab_size=50257, seq_len=128, max_positions=128, bias=True, tie_embeddings=True),
@@ -68,6 +83,17 @@ EXPECTED = {  # what Kiln reads from each config.json
         norm_eps=1e-6,
     ),
     "qwen2": dict(family="llama", n_kv_head=2, d_ff=96, rope_scaling=None, qkv_bias=True, tie_embeddings=False),
+    "starcoder2": dict(
+        family="starcoder2",
+        n_kv_head=2,
+        d_ff=96,
+        seq_len=WINDOW,  # the positions Kiln computes exactly: the window, not max_position_embeddings
+        sliding_window=WINDOW,
+        rope_theta=100000.0,
+        bias=True,
+        tie_embeddings=False,
+        norm_eps=1e-5,
+    ),
 }
 
 
@@ -84,7 +110,7 @@ def _stock(family: str, folder):
 
 
 def _ids(vocab: int) -> torch.Tensor:
-    return torch.randint(0, vocab, (2, 48), generator=torch.Generator().manual_seed(1))
+    return torch.randint(0, vocab, (2, WINDOW), generator=torch.Generator().manual_seed(1))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -171,10 +197,17 @@ def test_a_model_section_may_restate_the_source_but_not_contradict_it(tmp_path):
             r"activation_function = 'relu' is not supported \(Kiln supports gelu_new",
         ),
         ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx = True is not supported"),
+        ("starcoder2", {"hidden_act": "gelu"}, r"hidden_act = 'gelu' is not supported \(Kiln supports gelu_new or"),
+        (
+            "starcoder2",
+            {"norm_type": "rms_norm"},
+            r"norm_type = 'rms_norm' is not supported \(Kiln supports 'layer_norm'",
+        ),
+        ("starcoder2", {"rope_parameters": LLAMA3_ROPE}, r"rope_scaling = 'llama3' is not supported"),
         (
             "gpt2",
             {"model_type": "mistral"},
-            r"model_type 'mistral' is not one Kiln imports \(supported: gpt2, llama, qwen2\)",
+            r"model_type 'mistral' is not one Kiln imports \(supported: gpt2, llama, qwen2, starcoder2\)",
         ),
     ],
 )
@@ -184,3 +217,19 @@ def test_what_kiln_does_not_implement_is_an_error_naming_the_field(family, chang
     path.write_text(json.dumps(json.loads(path.read_text()) | change))
     with pytest.raises(KilnError, match=message):
         hf_source.source_config(tmp_path)
+
+
+def test_a_starcoder2_context_past_its_window_is_refused_and_within_it_equals_transformers(tmp_path):
+    """Kiln's full attention is StarCoder2's windowed attention only up to the window: one position
+    more and transformers' logits differ, so a run whose context exceeds the window is an error."""
+    theirs = _stock("starcoder2", tmp_path)
+    section = hf_source.model_section(tmp_path)
+    assert section["sliding_window"] == WINDOW and section["bias"] is True
+    with pytest.raises(ModelConfigError, match=rf"model.sliding_window: .* last {WINDOW} positions .*seq_len=49"):
+        ModelConfig(vocab_size=VOCAB, seq_len=WINDOW + 1, **section)
+    ours = build_model(ModelConfig(vocab_size=VOCAB, seq_len=WINDOW + 1, **{**section, "sliding_window": None}))
+    ours.load_state_dict(hf.load(tmp_path).state_dict())
+    idx = torch.randint(0, VOCAB, (1, WINDOW + 1), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        diff = (ours.eval()(idx)[0] - theirs(idx).logits).abs()
+    assert diff[:, :WINDOW].max() < 1e-4 and diff[:, WINDOW].max() > 1e-3  # only the last row sees past it

@@ -103,12 +103,30 @@ ACCEPTED = {
         seq_len=32768,
         norm_eps=1e-6,
     ),
+    "bigcode--starcoder2-15b": dict(
+        family="starcoder2",
+        n_layer=40,
+        n_head=48,
+        n_kv_head=4,
+        d_model=6144,
+        d_ff=24576,
+        tie_embeddings=False,
+        bias=True,  # use_bias: every Linear but the head
+        qkv_bias=False,
+        rope_theta=100000.0,
+        rope_scaling=None,
+        vocab_size=49152,
+        seq_len=4096,  # max_position_embeddings is 16384; Kiln's full attention is exact up to the window
+        sliding_window=4096,
+        norm_eps=1e-5,
+    ),
 }
 
 # name -> (regex the error must match: the field, its value, and what Kiln supports)
 REFUSED = {
-    "bigcode--starcoder2-15b": r"model_type 'starcoder2' is not one Kiln imports \(supported: gpt2, llama, qwen2\)",
-    "EleutherAI--pythia-1b": r"model_type 'gpt_neox' is not one Kiln imports \(supported: gpt2, llama, qwen2\)",
+    "EleutherAI--pythia-1b": (
+        r"model_type 'gpt_neox' is not one Kiln imports \(supported: gpt2, llama, qwen2, starcoder2\)"
+    ),
 }
 
 
@@ -127,20 +145,26 @@ def test_accepted(name):
 def test_accepted_numbers_are_the_files(name):
     """The expectations above restate the JSON, not what the loader happens to return."""
     hf, cfg = read(name), model_config_from_hf(read(name), name)
+    rope_decoder = {
+        "n_layer": "num_hidden_layers",
+        "n_head": "num_attention_heads",
+        "n_kv_head": "num_key_value_heads",
+        "d_model": "hidden_size",
+        "d_ff": "intermediate_size",
+        "tie_embeddings": "tie_word_embeddings",
+        "rope_theta": "rope_theta",
+    }
     if hf["model_type"] == "gpt2":
         stated = {"n_layer": "n_layer", "n_head": "n_head", "d_model": "n_embd", "seq_len": "n_positions"}
-    else:
-        stated = {
-            "n_layer": "num_hidden_layers",
-            "n_head": "num_attention_heads",
-            "n_kv_head": "num_key_value_heads",
-            "d_model": "hidden_size",
-            "d_ff": "intermediate_size",
-            "seq_len": "max_position_embeddings",
-            "tie_embeddings": "tie_word_embeddings",
-            "rope_theta": "rope_theta",
-            "norm_eps": "rms_norm_eps",
+    elif hf["model_type"] == "starcoder2":  # the context Kiln computes exactly is the sliding window
+        stated = rope_decoder | {
+            "seq_len": "sliding_window",
+            "sliding_window": "sliding_window",
+            "bias": "use_bias",
+            "norm_eps": "norm_epsilon",
         }
+    else:
+        stated = rope_decoder | {"seq_len": "max_position_embeddings", "norm_eps": "rms_norm_eps"}
     stated["vocab_size"] = "vocab_size"
     for field, key in stated.items():
         assert getattr(cfg, field) == hf[key], (field, key)

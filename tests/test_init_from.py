@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 from synthetic import PADDED_VOCAB, SEQ_LEN, TINY_MODEL, VOCAB, train_sections, write_shards
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Starcoder2Config,
+    Starcoder2ForCausalLM,
+)
 
 from kiln import hf, layout
 from kiln.config import hf_source
@@ -113,7 +120,7 @@ def test_a_model_section_that_contradicts_a_hf_source_is_a_config_error(source, 
         train_sections(model={}, init_from={"hf": str(tmp_path / "nope")})
 
 
-STOCK = {  # transformers' own models, tiny: Llama 3.1's RoPE scaling, and Qwen2's q/k/v biases
+STOCK = {  # transformers' own models, tiny: Llama 3.1's RoPE scaling, Qwen2's q/k/v biases, StarCoder2
     "llama3": lambda: LlamaForCausalLM(
         LlamaConfig(
             rope_parameters={
@@ -128,6 +135,8 @@ STOCK = {  # transformers' own models, tiny: Llama 3.1's RoPE scaling, and Qwen2
         )
     ),
     "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**STOCK_DIMS)),
+    # a window as long as the run's rows: the longest context Kiln computes exactly for it
+    "starcoder2": lambda: Starcoder2ForCausalLM(Starcoder2Config(sliding_window=SEQ_LEN, **STOCK_DIMS)),
 }
 
 

@@ -188,20 +188,24 @@ def test_fsdp_accumulation_keeps_every_gradient_whole_until_the_last_micro_batch
     )
 
 
+@pytest.mark.parametrize("family", ["llama", "starcoder2"])
 @pytest.mark.parametrize("bf16,compiled", [(True, False), (True, True), (False, False)])
-def test_the_per_layer_count_is_what_autograd_saves_for_kilns_block(bf16, compiled):
-    """kiln.plan.memory's activations and weight copies of one Llama block, against the storages
+def test_the_per_layer_count_is_what_autograd_saves_for_kilns_block(bf16, compiled, family):
+    """kiln.plan.memory's activations and weight copies of one Llama (or StarCoder2) block, against the storages
     autograd keeps for its backward (saved-tensor hooks; bench/saved_tensors.py prints the same
     beside transformers' LlamaDecoderLayer, which keeps the same bytes). Compiled is
     aot_eager_decomp_partition: inductor's partitioner, which keeps what inductor keeps (the bench
     shows both)."""
     import torch
 
-    from kiln.model.llama import Block, rope_tables
+    from kiln.model import llama, starcoder2
+    from kiln.model.llama import rope_tables
     from kiln.plan.memory import layer_activation_bytes, layer_params
     from kiln.train.cpu_memory import saved_for_backward
 
-    cfg = model_config({"family": "llama", "n_layer": 1, "n_head": 4, "n_kv_head": 2, "d_model": 128}, 512, 128)
+    Block = {"llama": llama.Block, "starcoder2": starcoder2.Block}[family]
+    shape = {"n_layer": 1, "n_head": 4, "n_kv_head": 2, "d_model": 128, "bias": family == "starcoder2"}
+    cfg = model_config({"family": family, **shape}, 512, 128)
     batch, tokens = 3, 3 * cfg.seq_len  # 384 tokens: no activation has a weight's shape (C 128, K 64, F 512)
     torch.manual_seed(0)
     block = Block(cfg)

@@ -1,4 +1,4 @@
-"""Both model families: shapes, initial loss, causality, weight tying, parameter counts,
+"""Every model family: shapes, initial loss, causality, weight tying, parameter counts,
 determinism, save/load (activation checkpointing: tests/test_activation_checkpointing.py)."""
 
 import math
@@ -10,10 +10,14 @@ from kiln.config.models import ModelConfig
 from kiln.model.build import build_model, load_model, save_model
 from kiln.model.gpt import GPT
 from kiln.model.llama import Llama, apply_rope, rope_tables
+from kiln.model.starcoder2 import StarCoder2
 
 GPT_CFG = ModelConfig(family="gpt2", vocab_size=128, seq_len=16, n_layer=2, n_head=2, d_model=32)
 LLAMA_CFG = ModelConfig(family="llama", vocab_size=128, seq_len=16, n_layer=2, n_head=4, n_kv_head=2, d_model=32)
-CONFIGS = pytest.mark.parametrize("cfg", [GPT_CFG, LLAMA_CFG], ids=["gpt2", "llama"])
+STARCODER2_CFG = ModelConfig(
+    family="starcoder2", vocab_size=128, seq_len=16, n_layer=2, n_head=4, n_kv_head=2, d_model=32, bias=True
+)
+CONFIGS = pytest.mark.parametrize("cfg", [GPT_CFG, LLAMA_CFG, STARCODER2_CFG], ids=["gpt2", "llama", "starcoder2"])
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
@@ -31,6 +35,7 @@ def _ids(B: int, T: int, vocab: int = 128, seed: int = 1) -> torch.Tensor:
 
 def test_build_model_picks_the_family():
     assert type(build_model(GPT_CFG)) is GPT and type(build_model(LLAMA_CFG)) is Llama
+    assert type(build_model(STARCODER2_CFG)) is StarCoder2
 
 
 @CONFIGS

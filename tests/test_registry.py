@@ -86,6 +86,16 @@ def test_saved_config_round_trips_with_every_field_concrete():
             "model.n_head: RoPE needs an even head dim",
         ),
         ({"n_layer": 1, "n_head": 2, "d_model": 8, "n_kv_head": 1}, 64, "model.n_kv_head: gpt2 has one key/value head"),
+        (
+            {"family": "starcoder2", "n_layer": 1, "n_head": 2, "d_model": 8, "sliding_window": 32},
+            64,
+            "model.sliding_window: the source attends over the last 32 positions",
+        ),
+        (
+            {"family": "starcoder2", "n_layer": 1, "n_head": 2, "d_model": 8, "qkv_bias": True},
+            64,
+            "model.qkv_bias: llama only (starcoder2's biases",
+        ),
     ],
 )
 def test_bad_shapes_name_the_key(section, seq_len, message):
@@ -114,6 +124,8 @@ def test_config_validation_reports_model_problems_and_accepts_flavours():
         {"flavour": "gpt2-124m", "tie_embeddings": False, "max_positions": 2048},
         {"family": "gpt2", "n_layer": 2, "n_head": 2, "d_model": 64, "bias": True, "tie_embeddings": False},
         {"family": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "d_model": 64, "tie_embeddings": False},
+        {"family": "starcoder2", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "d_model": 64, "bias": True},
+        {"family": "starcoder2", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "d_model": 64, "tie_embeddings": False},
     ],
 )
 def test_parameter_count_from_the_shape_equals_the_built_model(section):

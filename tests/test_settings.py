@@ -61,6 +61,7 @@ SPECIAL: dict[str, dict] = {
     "model.norm_eps": {"model.norm_eps": 1e-6},
     "model.d_ff": {"model.d_ff": 128},
     "model.qkv_bias": {"model.family": "llama", "model.qkv_bias": True},
+    "model.sliding_window": {"model.family": "starcoder2", "model.sliding_window": 4096},
     "model.rope_scaling": {
         "model.family": "llama",
         "model.rope_scaling": {

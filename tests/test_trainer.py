@@ -94,6 +94,7 @@ def test_short_run_lowers_loss_and_writes_outputs(shards, tmp_path):
         "tie_embeddings": True,
         "qkv_bias": False,
         "rope_scaling": None,
+        "sliding_window": None,
     }
     model = load_model(out)
     assert not model.training

@@ -1,6 +1,6 @@
 """Hugging Face transformers interop: export to GPT2LMHeadModel / LlamaForCausalLM /
-Qwen2ForCausalLM folders that `AutoModelForCausalLM.from_pretrained(dir)` loads, and import such
-folders back, stock checkpoints too (their shape read by kiln.config.hf_source). A llama-family model
+Qwen2ForCausalLM / Starcoder2ForCausalLM folders that `AutoModelForCausalLM.from_pretrained(dir)`
+loads, and import such folders back, stock checkpoints too (their shape read by kiln.config.hf_source). A llama-family model
 with q/k/v biases (model.qkv_bias) is Qwen2's architecture and exports as one; Llama 3.1's RoPE
 scaling (model.rope_scaling) exports as rope_type "llama3".
 
@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from kiln.config.hf_source import model_config_from_hf, read_config
 from kiln.config.models import ModelConfig
 from kiln.config.special_tokens import SPECIAL_TOKENS
-from kiln.data.tokenizer import EOS, load_tokenizer, role_id, token_roles
+from kiln.data.tokenizer import EOS, bos_id, bos_token, load_tokenizer, role_id, token_roles
 from kiln.errors import KilnError
 from kiln.io import atomic_dir
 from kiln.model.build import build_model
@@ -78,6 +78,19 @@ LLAMA_TOP = {
     "norm.weight": "model.norm.weight",
     "lm_head.weight": "lm_head.weight",
 }
+# StarCoder2: Llama's names for the norms and attention, each with a bias, and GPT-2's MLP names
+STARCODER2_BLOCK = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_norm.bias": "input_layernorm.bias",
+    "mlp_norm.weight": "post_attention_layernorm.weight",
+    "mlp_norm.bias": "post_attention_layernorm.bias",
+    **{f"attn.{p}.{kind}": f"self_attn.{p}_proj.{kind}" for p in "qkvo" for kind in ("weight", "bias")},
+    "mlp.up.weight": "mlp.c_fc.weight",
+    "mlp.up.bias": "mlp.c_fc.bias",
+    "mlp.down.weight": "mlp.c_proj.weight",
+    "mlp.down.bias": "mlp.c_proj.bias",
+}
+STARCODER2_TOP = LLAMA_TOP | {"norm.bias": "model.norm.bias"}
 
 
 def _name_map(cfg: ModelConfig) -> dict[str, tuple[str, bool]]:
@@ -85,20 +98,24 @@ def _name_map(cfg: ModelConfig) -> dict[str, tuple[str, bool]]:
     if cfg.family == "gpt2":
         top, block, prefix = GPT2_TOP, GPT2_BLOCK, "transformer.h"
     else:
-        own = LLAMA_BLOCK | (QKV_BIAS if cfg.qkv_bias else {})
-        top, block, prefix = LLAMA_TOP, {k: (v, False) for k, v in own.items()}, "model.layers"
+        if cfg.family == "starcoder2":  # biases only where config.bias puts them; norms always have one
+            top = STARCODER2_TOP
+            own = {k: v for k, v in STARCODER2_BLOCK.items() if cfg.bias or "norm" in k or k.endswith(".weight")}
+        else:
+            top, own = LLAMA_TOP, LLAMA_BLOCK | (QKV_BIAS if cfg.qkv_bias else {})
+        block, prefix = {k: (v, False) for k, v in own.items()}, "model.layers"
     names = {ours: (theirs, False) for ours, theirs in top.items()}
     for i in range(cfg.n_layer):
         names.update({f"blocks.{i}.{ours}": (f"{prefix}.{i}.{theirs}", t) for ours, (theirs, t) in block.items()})
     return names
 
 
-def hf_config(cfg: ModelConfig, eos_id: int = 0) -> dict:
+def hf_config(cfg: ModelConfig, eos_id: int = 0, bos_id: int | None = None) -> dict:
     """config.json for a Kiln model."""
     common = {
         "vocab_size": cfg.vocab_size,
         "tie_word_embeddings": cfg.tie_embeddings,
-        "bos_token_id": eos_id,
+        "bos_token_id": eos_id if bos_id is None else bos_id,  # a source's BOS, which starts every sample
         "eos_token_id": eos_id,
         "dtype": "float32",
     }
@@ -120,18 +137,28 @@ def hf_config(cfg: ModelConfig, eos_id: int = 0) -> dict:
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if cfg.rope_scaling is not None:
         rope = {"rope_type": "llama3", "rope_theta": cfg.rope_theta, **dataclasses.asdict(cfg.rope_scaling)}
-    llama = common | {
+    rope_decoder = common | {  # the fields Llama, Qwen2 and StarCoder2 share
         "hidden_size": cfg.d_model,
         "intermediate_size": cfg.d_ff,
         "num_hidden_layers": cfg.n_layer,
         "num_attention_heads": cfg.n_head,
         "num_key_value_heads": cfg.n_kv_head,
         "max_position_embeddings": cfg.seq_len,
-        "rms_norm_eps": cfg.norm_eps,
-        "hidden_act": "silu",
         "rope_parameters": rope,
         "attention_dropout": cfg.dropout,
     }
+    if cfg.family == "starcoder2":
+        return rope_decoder | {
+            "architectures": ["Starcoder2ForCausalLM"],
+            "model_type": "starcoder2",
+            "norm_epsilon": cfg.norm_eps,
+            "hidden_act": "gelu_pytorch_tanh",
+            "use_bias": cfg.bias,
+            "sliding_window": cfg.sliding_window,
+            "residual_dropout": cfg.dropout,
+            "embedding_dropout": 0.0,  # Kiln's models drop nothing at the embedding
+        }
+    llama = rope_decoder | {"rms_norm_eps": cfg.norm_eps, "hidden_act": "silu"}
     if cfg.qkv_bias:  # Qwen2: q, k and v always have biases, nothing else does
         return llama | {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "use_sliding_window": False}
     return llama | {
@@ -160,9 +187,11 @@ def export(model: GPT | Llama, out_dir: Path, tokenizer_json: Path | None = None
             hf_state[theirs] = torch.zeros(rows)
     if ours:
         raise KilnError(f"export: no Hugging Face name for {sorted(ours)}")
-    eos_id = 0 if tokenizer_json is None else role_id(load_tokenizer(tokenizer_json), EOS)
+    tokenizer = None if tokenizer_json is None else load_tokenizer(tokenizer_json)
+    eos_id = 0 if tokenizer is None else role_id(tokenizer, EOS)
+    bos = None if tokenizer is None else bos_id(tokenizer)
     with atomic_dir(out_dir) as tmp:
-        (tmp / "config.json").write_text(json.dumps(hf_config(cfg, eos_id), indent=2) + "\n", encoding="utf-8")
+        (tmp / "config.json").write_text(json.dumps(hf_config(cfg, eos_id, bos), indent=2) + "\n", encoding="utf-8")
         save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tokenizer_json is not None:
             hf_tokenizer(tokenizer_json).save_pretrained(str(tmp))
@@ -171,13 +200,15 @@ def export(model: GPT | Llama, out_dir: Path, tokenizer_json: Path | None = None
 def hf_tokenizer(tokenizer_json: Path):
     """Kiln's tokenizer as a PreTrainedTokenizerFast. split_special_tokens: text that spells a
     special token encodes as ordinary text, as in Kiln (kiln.data.tokenizer). Each role is the
-    run's token for it: a source's own (tokenizer kind hf, e.g. </s>) or Kiln's spelling."""
+    run's token for it: a source's own (tokenizer kind hf, e.g. </s>) or Kiln's spelling. The BOS is
+    the source's when it starts every document with one (kiln.data.tokenizer.bos_token: the tokenizer.json
+    keeps the source's post-processor, which adds it), else the end-of-text token, as before."""
     from transformers import PreTrainedTokenizerFast
 
     roles = token_roles(tokenizer_json)
     return PreTrainedTokenizerFast(
         tokenizer_file=str(tokenizer_json),
-        bos_token=roles[EOS],
+        bos_token=bos_token(tokenizer_json) or roles[EOS],
         eos_token=roles[EOS],
         unk_token=roles[EOS],
         pad_token=roles[EOS],
@@ -202,8 +233,8 @@ def _read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def load(model_dir: Path) -> GPT | Llama:
-    """A Kiln model from a transformers folder (an export of ours, or a GPT-2, Llama or Qwen2
-    checkpoint: kiln.config.hf_source.MODEL_TYPES), its shape read from config.json."""
+    """A Kiln model from a transformers folder (an export of ours, or a GPT-2, Llama, Qwen2 or
+    StarCoder2 checkpoint: kiln.config.hf_source.MODEL_TYPES), its shape read from config.json."""
     model_dir = Path(model_dir)
     cfg = model_config_from_hf(read_config(model_dir), model_dir / "config.json")
     theirs = _read_hf_weights(model_dir)

@@ -11,6 +11,9 @@ Families (config.json's model_type):
             becomes model.rope_scaling
     qwen2   Qwen2ForCausalLM (Qwen2, Qwen2.5): Llama's shape with biases on the query, key and value
             projections (model.qkv_bias)
+    starcoder2  Starcoder2ForCausalLM: Kiln's starcoder2 family; use_bias is model.bias, and the
+            sliding window (4096 in bigcode's checkpoints) is model.sliding_window: a run's context may
+            not exceed it, since Kiln computes full attention (the same up to that length)
 Anything Kiln does not implement (another activation, sliding-window attention, another RoPE type,
 biases elsewhere) is an error naming the config.json field and what Kiln supports, never a model
 that silently computes something else.
@@ -18,7 +21,7 @@ that silently computes something else.
 The vocabulary is the source's as it is (GPT-2's 50,257 rows, not padded): the weights fit it.
 A run continuing the source trains with its own tokenizer's padded vocabulary; kiln.train.init_from
 copies the source's rows into it (see there). The context is the source's max_position_embeddings
-(GPT-2: n_positions); a run replaces it with its shards' seq_len. Dropout is a training choice, not
+(GPT-2: n_positions; at most its sliding window); a run replaces it with its shards' seq_len. Dropout is a training choice, not
 a shape: the config's model.dropout (default 0), whatever the source's config says.
 """
 
@@ -32,7 +35,7 @@ from typing import Any
 from kiln.config.models import ModelConfig, ModelConfigError, RopeScaling, _section_fields
 from kiln.errors import KilnError
 
-MODEL_TYPES = ("gpt2", "llama", "qwen2")
+MODEL_TYPES = ("gpt2", "llama", "qwen2", "starcoder2")
 ROPE_TYPES = ("default", "llama3")
 GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")  # both are the tanh GELU Kiln's GPT computes
 NOT_SHAPE = ("dropout",)  # model keys a run sets for itself: never compared with the source
@@ -76,8 +79,10 @@ def model_section(folder: Path, section: dict | None = None) -> dict:
     shards give them, as for any run."""
     cfg = source_config(folder, section)
     keys = ["family", "n_layer", "n_head", "d_model", "n_kv_head", "d_ff", "norm_eps", "tie_embeddings"]
-    keys += ["max_positions", "bias"] if cfg.family == "gpt2" else ["rope_theta"]
+    keys += {"gpt2": ["max_positions", "bias"], "llama": ["rope_theta"]}.get(cfg.family, ["rope_theta", "bias"])
     out = {key: getattr(cfg, key) for key in keys}
+    if cfg.sliding_window is not None:
+        out["sliding_window"] = cfg.sliding_window
     if cfg.rope_scaling is not None:
         out["rope_scaling"] = dataclasses.asdict(cfg.rope_scaling)
     if cfg.qkv_bias:
@@ -95,7 +100,8 @@ def from_hf(hf: dict, where: Path | str) -> tuple[ModelConfig, dict[str, str]]:
     kind = hf.get("model_type")
     if kind not in MODEL_TYPES:
         raise KilnError(f"{where}: model_type {kind!r} is not one Kiln imports (supported: {', '.join(MODEL_TYPES)})")
-    fields = _gpt2(hf, where) if kind == "gpt2" else _llama(hf, where, kind)
+    read = {"gpt2": _gpt2, "starcoder2": _starcoder2}.get(kind, _llama)
+    fields = read(hf, where, kind)
     return ModelConfig(**{k: v for k, (v, _) in fields.items()}), {k: name for k, (_, name) in fields.items()}
 
 
@@ -103,7 +109,7 @@ def _unsupported(where: Path | str, field: str, value: Any, supported: str) -> K
     return KilnError(f"{where}: {field} = {value!r} is not supported (Kiln supports {supported})")
 
 
-def _gpt2(hf: dict, where: Path | str) -> dict[str, tuple[Any, str]]:
+def _gpt2(hf: dict, where: Path | str, kind: str) -> dict[str, tuple[Any, str]]:
     activation = hf.get("activation_function", "gelu_new")
     if activation not in GPT2_ACTIVATIONS:
         raise _unsupported(where, "activation_function", activation, " or ".join(GPT2_ACTIVATIONS))
@@ -158,6 +164,26 @@ def _rope(hf: dict, where: Path | str) -> tuple[float, RopeScaling | None]:
     return float(params["rope_theta"]), scaling
 
 
+def _rope_decoder(hf: dict, where: Path | str) -> tuple[dict[str, tuple[Any, str]], RopeScaling | None]:
+    """The fields Llama, Qwen2 and StarCoder2 configs spell alike, and the RoPE scaling (_rope)."""
+    d_model, n_head = hf["hidden_size"], hf["num_attention_heads"]
+    if hf.get("head_dim") not in (None, d_model // n_head):
+        raise _unsupported(
+            where, "head_dim", hf["head_dim"], f"hidden_size / num_attention_heads = {d_model // n_head}"
+        )
+    theta, scaling = _rope(hf, where)
+    fields = {
+        "vocab_size": (hf["vocab_size"], "vocab_size"),
+        "n_layer": (hf["num_hidden_layers"], "num_hidden_layers"),
+        "n_head": (n_head, "num_attention_heads"),
+        "n_kv_head": (hf.get("num_key_value_heads") or n_head, "num_key_value_heads"),
+        "d_model": (d_model, "hidden_size"),
+        "d_ff": (hf["intermediate_size"], "intermediate_size"),
+        "rope_theta": (theta, "rope_parameters.rope_theta" if "rope_parameters" in hf else "rope_theta"),
+    }
+    return fields, scaling
+
+
 def _llama(hf: dict, where: Path | str, kind: str) -> dict[str, tuple[Any, str]]:
     if hf.get("hidden_act", "silu") != "silu":
         raise _unsupported(where, "hidden_act", hf["hidden_act"], "silu")
@@ -167,26 +193,37 @@ def _llama(hf: dict, where: Path | str, kind: str) -> dict[str, tuple[Any, str]]
                 raise _unsupported(where, field, True, "False (qkv biases: model_type qwen2)")
     if kind == "qwen2" and hf.get("use_sliding_window"):
         raise _unsupported(where, "use_sliding_window", True, "full attention in every layer: False")
-    d_model, n_head = hf["hidden_size"], hf["num_attention_heads"]
-    if hf.get("head_dim") not in (None, d_model // n_head):
-        raise _unsupported(
-            where, "head_dim", hf["head_dim"], f"hidden_size / num_attention_heads = {d_model // n_head}"
-        )
-    theta, scaling = _rope(hf, where)
+    fields, scaling = _rope_decoder(hf, where)
     rope_key = "rope_parameters" if "rope_parameters" in hf else "rope_scaling"
-    return {
+    return fields | {
         "family": ("llama", f"model_type {kind!r}, Kiln family"),
-        "vocab_size": (hf["vocab_size"], "vocab_size"),
         "seq_len": (hf["max_position_embeddings"], "max_position_embeddings"),
-        "n_layer": (hf["num_hidden_layers"], "num_hidden_layers"),
-        "n_head": (n_head, "num_attention_heads"),
-        "n_kv_head": (hf.get("num_key_value_heads") or n_head, "num_key_value_heads"),
-        "d_model": (d_model, "hidden_size"),
-        "d_ff": (hf["intermediate_size"], "intermediate_size"),
-        "rope_theta": (theta, "rope_parameters.rope_theta" if "rope_parameters" in hf else "rope_theta"),
         "rope_scaling": (scaling, rope_key),
         "norm_eps": (hf.get("rms_norm_eps", 1e-6), "rms_norm_eps"),
         "tie_embeddings": (hf.get("tie_word_embeddings", False), "tie_word_embeddings"),
         # Qwen2's q, k, v always have biases; Llama's attention_bias (refused above) has one on o too
         "qkv_bias": (kind == "qwen2", "model_type 'qwen2', q/k/v biases" if kind == "qwen2" else "attention_bias"),
+    }
+
+
+def _starcoder2(hf: dict, where: Path | str, kind: str) -> dict[str, tuple[Any, str]]:
+    activation = hf.get("hidden_act", "gelu_pytorch_tanh")
+    if activation not in GPT2_ACTIVATIONS:
+        raise _unsupported(where, "hidden_act", activation, " or ".join(GPT2_ACTIVATIONS))
+    # bigcode's own training code's switches, which transformers ignores: refuse any it would misread
+    for field, plain in (("norm_type", "layer_norm"), ("mlp_type", "default")):
+        if hf.get(field, plain) != plain:
+            raise _unsupported(where, field, hf[field], repr(plain))
+    fields, scaling = _rope_decoder(hf, where)
+    if scaling is not None:
+        raise _unsupported(where, "rope_scaling", "llama3", "plain RoPE for starcoder2")
+    window = hf.get("sliding_window")
+    context = hf["max_position_embeddings"] if window is None else min(window, hf["max_position_embeddings"])
+    return fields | {
+        "family": ("starcoder2", "model_type 'starcoder2', Kiln family"),
+        "seq_len": (context, "max_position_embeddings, at most sliding_window"),
+        "norm_eps": (hf.get("norm_epsilon", 1e-5), "norm_epsilon"),
+        "bias": (hf.get("use_bias", True), "use_bias"),
+        "tie_embeddings": (hf.get("tie_word_embeddings", True), "tie_word_embeddings"),
+        "sliding_window": (window, "sliding_window"),
     }

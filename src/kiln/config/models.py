@@ -1,5 +1,5 @@
-"""Named model flavours, each with the URL of the config it copies, and the one ModelConfig that both
-families (kiln.model.gpt, kiln.model.llama) build from.
+"""Named model flavours, each with the URL of the config it copies, and the one ModelConfig that every
+family (kiln.model.gpt, kiln.model.llama, kiln.model.starcoder2) builds from.
 
 The config's `model` section names a flavour and may override any of its fields, or gives the fields
 itself (then `family` says which architecture, default gpt2). The vocabulary never comes from here:
@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from kiln.errors import KilnError
 
-FAMILIES = ("gpt2", "llama")
+FAMILIES = ("gpt2", "llama", "starcoder2")
 SWIGLU_MULTIPLE = 256  # Llama rounds its SwiGLU width up to a multiple of this (multiple_of)
 # The training loss (kiln.model.loss) runs the head and cross-entropy this many logits at a time: a
 # chunk's fp32 logits are 1 GiB (8,192 rows at V 32,768; 5,336 at GPT-2's 50,304). Each chunk costs
@@ -74,20 +74,27 @@ class ModelConfig:
     """One decoder's shape. Fields left None are derived in __post_init__, the only place that
     derives anything, so a saved config (to_dict) always holds concrete values."""
 
-    family: str  # "gpt2": LayerNorm, GELU MLP, learned positions; "llama": RMSNorm, SwiGLU, RoPE, GQA
+    # "gpt2": LayerNorm, GELU MLP, learned positions; "llama": RMSNorm, SwiGLU, RoPE, GQA;
+    # "starcoder2": LayerNorm, GELU MLP, RoPE, GQA (StarCoder2's block: Llama's attention, GPT-2's MLP)
+    family: str
     vocab_size: int  # embedding rows: the tokenizer's vocabulary padded (kiln.data.tokenizer)
     seq_len: int  # training context (the shards' seq_len)
     n_layer: int
     n_head: int
     d_model: int
     n_kv_head: int | None = None  # key/value heads (grouped-query attention); None: n_head
-    d_ff: int | None = None  # MLP width; None: 4*d_model (gpt2) or Llama's 8/3*d_model rounded up
+    d_ff: int | None = None  # MLP width; None: 4*d_model (gpt2, starcoder2) or Llama's 8/3*d_model rounded up
     max_positions: int | None = None  # gpt2's learned position rows (GPT-2: 1024); None: seq_len
-    rope_theta: float = 10000.0  # llama only
+    rope_theta: float = 10000.0  # llama and starcoder2
     rope_scaling: RopeScaling | None = None  # llama only: Llama 3.1's frequency scaling; None: plain RoPE
     norm_eps: float = 1e-5
-    bias: bool = False  # gpt2 only: biases in every Linear and LayerNorm (GPT-2 has them)
+    # gpt2: biases in every Linear and LayerNorm (GPT-2 has them); starcoder2: in every Linear but the
+    # head (StarCoder2's use_bias; its LayerNorms always have one); llama: none
+    bias: bool = False
     qkv_bias: bool = False  # llama only: biases on the query, key and value projections (Qwen2's)
+    # A source's sliding-window span (StarCoder2: 4096). Kiln computes full causal attention, which is
+    # the same only while a row fits in the window: seq_len may not exceed it. None: no window.
+    sliding_window: int | None = None
     dropout: float = 0.0
     tie_embeddings: bool = True  # output head shares the token embedding's weight
 
@@ -118,12 +125,18 @@ class ModelConfig:
         non_embedding leaves out the tables only looked up, never multiplied (positions, and the
         token table unless it is the head): the N of the 6N FLOPs-per-token estimate."""
         d, f, hd, V = self.d_model, self.d_ff, self.head_dim, self.vocab_size
+        b = int(self.bias)
         if self.family == "gpt2":
-            b = int(self.bias)
             attn = d * 3 * d + 3 * d * b + d * d + d * b  # qkv, proj
             mlp = d * f + f * b + f * d + d * b  # up, down
             norm = d + d * b  # LayerNorm gain (and bias)
             positions = self.max_positions * d
+        elif self.family == "starcoder2":
+            attn = d * self.n_head * hd + 2 * d * self.n_kv_head * hd + self.n_head * hd * d  # q, k, v, o
+            attn += ((self.n_head + 2 * self.n_kv_head) * hd + d) * b  # their biases
+            mlp = 2 * d * f + (f + d) * b  # up, down
+            norm = 2 * d  # LayerNorm gain and bias
+            positions = 0
         else:
             attn = d * self.n_head * hd + 2 * d * self.n_kv_head * hd + self.n_head * hd * d  # q, k, v, o
             attn += (self.n_head + 2 * self.n_kv_head) * hd * int(self.qkv_bias)  # q, k, v biases
@@ -152,7 +165,7 @@ class ModelConfig:
 
 
 def _default_d_ff(family: str, d_model: int) -> int:
-    if family == "gpt2":
+    if family in ("gpt2", "starcoder2"):
         return 4 * d_model
     # SwiGLU has three matrices instead of two: 2/3 of 4*d keeps the parameter count of a 4*d MLP.
     hidden = int(2 * 4 * d_model / 3)
@@ -169,6 +182,12 @@ def _problems(cfg: ModelConfig) -> list[str]:
             out.append(f"model.{name}: must be at least 1, got {getattr(cfg, name)}")
     if out:
         return out
+    if cfg.sliding_window is not None and cfg.seq_len > cfg.sliding_window:
+        out.append(
+            f"model.sliding_window: the source attends over the last {cfg.sliding_window} positions and Kiln "
+            f"computes full causal attention, the same only up to that length: shard.seq_len={cfg.seq_len} "
+            "is longer"
+        )
     if cfg.d_model % cfg.n_head:
         out.append(f"model.d_model: {cfg.d_model} is not divisible by model.n_head={cfg.n_head}")
     if cfg.n_head % cfg.n_kv_head:
@@ -187,11 +206,16 @@ def _problems(cfg: ModelConfig) -> list[str]:
     else:
         if cfg.head_dim % 2:
             out.append(f"model.n_head: RoPE needs an even head dim, d_model/n_head = {cfg.head_dim}")
-        if cfg.bias:
-            out.append("model.bias: llama has no biases")
+        if cfg.bias and cfg.family == "llama":
+            out.append("model.bias: llama has no biases (q/k/v biases: model.qkv_bias)")
         if cfg.max_positions is not None:
-            out.append("model.max_positions: llama has no learned positions (RoPE covers any seq_len)")
-        if cfg.rope_scaling is not None:
+            out.append(f"model.max_positions: {cfg.family} has no learned positions (RoPE covers any seq_len)")
+        if cfg.family == "starcoder2":
+            if cfg.qkv_bias:
+                out.append("model.qkv_bias: llama only (starcoder2's biases, on every Linear, are model.bias)")
+            if cfg.rope_scaling is not None:
+                out.append("model.rope_scaling: llama only (starcoder2 computes plain RoPE)")
+        elif cfg.rope_scaling is not None:
             out.extend(cfg.rope_scaling.problems())
     return out
 

@@ -167,6 +167,7 @@ class ModelSection(Section):
     tie_embeddings: bool | None = unset()
     qkv_bias: bool | None = unset()
     rope_scaling: RopeScalingSection | None = unset()
+    sliding_window: int | None = unset()
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,7 @@ SETTINGS: dict[str, Setting] = {
     "model.tie_embeddings": MODEL,
     "model.qkv_bias": MODEL,
     "model.rope_scaling": MODEL,
+    "model.sliding_window": MODEL,
     "smoke.steps": GATE,
     "smoke.warmup_steps": GATE,
     "smoke.min_loss_drop": GATE,

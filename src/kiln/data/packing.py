@@ -6,6 +6,12 @@ consecutive files of one repository, laid out as pieces the encoder turns into i
                (StarCoder2; FIM, on the train side, is applied to each file's code on its own and
                never to the repository name or the paths)
 
+A run whose tokenizer comes from a source that starts every document with a beginning-of-sequence
+token (a Llama's <s> or <|begin_of_text|>: kiln.data.tokenizer.bos_token) puts it first in every
+sample, train side (FIM or not) and validation side, before <repo_name> with repository context:
+`<bos> text <|endoftext|>`, the layout the source was pretrained on. The piece `BOS` names that
+role; the run's token for it comes with the other roles' ids.
+
 A piece is a special token's spelling, or a span (string, start, end) of text: a document's text is
 never copied to be laid out. A sample's id is its first document's id, which is what the train/val
 split hashes, so a repository lands whole on one side.
@@ -21,6 +27,7 @@ from kiln.data.fim import fim_pieces
 from kiln.data.sources import Document
 
 EOS, REPO_NAME, FILE_SEP = SPECIAL_TOKENS[0], "<repo_name>", "<file_sep>"
+BOS = "<bos>"  # the piece of a source's beginning-of-sequence role (only ever an id, never text)
 
 Span = tuple[str, int, int]
 Piece = str | Span
@@ -42,11 +49,15 @@ def _whole(text: str) -> list[Piece]:
     return [(text, 0, len(text))] if text else []
 
 
-def sample_pieces(docs: list[Document], repo_context: bool, fim: Fim | None, seed: int, modes: Counter) -> list[Piece]:
-    """The pieces of one sample, EOS last; fim None lays it out plain (the validation side). Each
-    document's FIM mode is counted in `modes`."""
+def sample_pieces(
+    docs: list[Document], repo_context: bool, fim: Fim | None, seed: int, modes: Counter, bos: bool = False
+) -> list[Piece]:
+    """The pieces of one sample, BOS first when `bos` (the run's tokenizer has one), EOS last; fim None
+    lays it out plain (the validation side). Each document's FIM mode is counted in `modes`."""
     as_repo = repo_context and docs[0].repo is not None
-    pieces: list[Piece] = [REPO_NAME, *_whole(docs[0].repo)] if as_repo else []
+    pieces: list[Piece] = [BOS] if bos else []
+    if as_repo:
+        pieces += [REPO_NAME, *_whole(docs[0].repo)]
     for doc in docs:
         if as_repo:
             pieces += [FILE_SEP, *_whole(doc.path + "\n")]

@@ -3,7 +3,8 @@ train side, an optional token budget shared among sources by mixture weights; in
 processes, at tiktoken speed, in memory that does not grow with the corpus.
 
 Output (one directory): train.bin and val.bin, the concatenated ids of each split as raw uint16
-(uint32 when the padded vocabulary exceeds 65,536), with <|endoftext|> after every sample;
+(uint32 when the padded vocabulary exceeds 65,536), with <|endoftext|> after every sample (and the
+source's BOS before it, for a tokenizer whose source adds one: kiln.data.packing);
 val_ids.txt (the documents held out) and meta.json (counts per split and source, dtype, encoder,
 FIM modes). The validation side is never FIM-transformed, so its loss, perplexity and bits per byte
 measure plain language modelling. val.bin holds the sources one after another (in manifest order,
@@ -373,6 +374,7 @@ def _write_meta(
         "padded_vocab_size": padded_vocab_size(the_plan.vocab),
         "tokenizer_sha256": the_plan.tokenizer_sha256,  # checkpoints compare it (kiln.train.fingerprint)
         "eos_id": the_plan.eos_id,
+        "bos_id": the_plan.bos_id,  # first in every sample; None when the tokenizer has no BOS
         "encoder": {"name": the_plan.settings.backend, **the_plan.encoder_info},
         "splits": splits,
         "sources": sources,

@@ -21,7 +21,7 @@ from kiln.config.run_config import PretokenizeSection
 from kiln.data.encoders import MAX_CHARS, Encoder, tiktoken_encoding
 from kiln.data.sources import part_paths
 from kiln.data.tokenize_parts import Settings
-from kiln.data.tokenizer import EOS, id_space, load_tokenizer, padded_vocab_size, role_ids
+from kiln.data.tokenizer import EOS, bos_id, id_space, load_tokenizer, padded_vocab_size, role_ids
 from kiln.data.utf8text import utf8_size
 from kiln.errors import KilnError
 from kiln.io import read_json, sha256_file
@@ -98,6 +98,7 @@ class Plan:
     tokenizer_sha256: str
     vocab: int
     eos_id: int
+    bos_id: int | None  # the id every sample starts with, when the tokenizer has a BOS
     dtype: np.dtype
     encoder_info: dict
     settings: Settings
@@ -114,6 +115,8 @@ class Plan:
         part = next(p for p in self.manifest["sources"][source]["parts"] if p["file"] == path.name)
         rate = self.first_rates.get(source)
         layout = {k: v for k, v in dataclasses.asdict(self.settings).items() if k != "tokenizer_path"}
+        if not layout["bos"]:  # named only when set: a part encoded before the BOS layout still matches
+            del layout["bos"]
         stamp = {
             "index": index,
             "source": source,
@@ -136,6 +139,7 @@ def plan(raw_dir: Path, tokenizer_path: Path, seed: int, cfg: PretokenizeSection
     manifest = read_json(raw_dir / "manifest.json")
     tokenizer = load_tokenizer(tokenizer_path)
     vocab = id_space(tokenizer)
+    bos = bos_id(tokenizer)
     dtype = token_dtype(padded_vocab_size(vocab))
     check = _check_texts(raw_dir, manifest)
     local, encoder_info = choose_encoder(tokenizer, cfg.encoder, [t for texts in check.values() for t in texts])
@@ -153,9 +157,12 @@ def plan(raw_dir: Path, tokenizer_path: Path, seed: int, cfg: PretokenizeSection
         tokenizer_sha256=sha256_file(tokenizer_path),
         vocab=vocab,
         eos_id=role_ids(tokenizer, tokenizer_path)[EOS],
+        bos_id=bos,
         dtype=dtype,
         encoder_info=encoder_info,
-        settings=Settings(str(tokenizer_path), local.backend, dtype.name, seed, cfg.fim, cfg.repo_context, max_chars),
+        settings=Settings(
+            str(tokenizer_path), local.backend, dtype.name, seed, cfg.fim, cfg.repo_context, max_chars, bos is not None
+        ),
         shares=shares,
         quotas=quotas,
         targets=targets,

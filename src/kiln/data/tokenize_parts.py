@@ -29,9 +29,9 @@ import pyarrow.parquet as pq
 from kiln.config.run_config import Fim
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.encoders import Encoder
-from kiln.data.packing import group_samples, metadata_bytes, sample_pieces
+from kiln.data.packing import BOS, group_samples, metadata_bytes, sample_pieces
 from kiln.data.sources import read_part, read_rows
-from kiln.data.tokenizer import load_tokenizer, role_ids
+from kiln.data.tokenizer import bos_id, load_tokenizer, role_ids
 from kiln.data.utf8text import utf8_size
 from kiln.io import stable_hash
 
@@ -52,6 +52,7 @@ class Settings:
     fim: Fim
     repo_context: bool
     max_chars: int
+    bos: bool = False  # every sample starts with the tokenizer's BOS (kiln.data.tokenizer.bos_token)
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -77,6 +78,8 @@ def init_worker(settings: Settings) -> None:
     # Pieces name roles by Kiln's spellings; an hf tokenizer may spell them its own way (token_roles).
     roles = role_ids(tokenizer, settings.tokenizer_path)
     _worker["ids"] = {t: np.array([roles[t]], dtype=settings.dtype) for t in SPECIAL_TOKENS}
+    if settings.bos:
+        _worker["ids"][BOS] = np.array([bos_id(tokenizer)], dtype=settings.dtype)
 
 
 def split_hash(sample_id: str) -> int:
@@ -150,7 +153,8 @@ def val_candidates(task: tuple[int, str, int, int, str]) -> list[dict]:
     with open(out_path, "wb") as f:
         sink = _Sink(f)
         tokens = _encode_samples(
-            [sample_pieces(m, settings.repo_context, None, settings.seed, Counter()) for m in samples], sink
+            [sample_pieces(m, settings.repo_context, None, settings.seed, Counter(), settings.bos) for m in samples],
+            sink,
         )
         sink.flush()
     offsets = np.cumsum([0, *tokens[:-1]]).tolist()
@@ -181,7 +185,7 @@ def train_part(task: tuple[int, str, frozenset[int], str]) -> tuple[np.ndarray, 
     for row, group in enumerate(groups):
         members = [docs[i] for i in group]
         modes: Counter = Counter()
-        samples.append(sample_pieces(members, settings.repo_context, settings.fim, settings.seed, modes))
+        samples.append(sample_pieces(members, settings.repo_context, settings.fim, settings.seed, modes, settings.bos))
         counts[row, 1] = len(members)
         counts[row, 2] = sum(utf8_size(d.text) for d in members) + metadata_bytes(members, settings.repo_context)
         counts[row, 3:] = [modes[m] for m in COUNT_COLUMNS[3:]]

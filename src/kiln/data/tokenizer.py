@@ -18,7 +18,15 @@ gets Kiln's spelling appended, which grows the vocabulary (init_from starts thos
 row). Which token plays which role is recorded in stats.json beside tokenizer.json ("special_tokens"),
 and every stage that lays out ids reads it there (`token_roles`). Text that merely *contains* a special
 token's spelling is encoded as ordinary text (`encode_special_tokens`), so a document quoting
-"<|endoftext|>" cannot end itself early; special ids enter a sequence only where Kiln puts them. The
+"<|endoftext|>" cannot end itself early; special ids enter a sequence only where Kiln puts them.
+
+A source that starts every document with a beginning-of-sequence token (Llama 2 / TinyLlama <s>,
+Llama 3 <|begin_of_text|>) keeps that layout: its BOS is recorded beside tokenizer.json ("bos_token",
+read back by `bos_token`; null for every other source and route), and Kiln then lays out every sample
+as `<bos> text <eos>` and starts every text the model reads from its start with it (`with_bos`). The
+source adds one when its tokenizer_config.json says add_bos_token: true (what transformers obeys for
+Llama tokenizers), or, without that key, when its tokenizer.json's post-processor puts a token before
+a single sequence; add_bos_token: false means none. The
 vocabulary is padded to a multiple of 64 for the model, and bytes per token are measured on held-out
 documents (the smallest hashes of seed and id: never trained on).
 """
@@ -53,6 +61,7 @@ STATS_FILE = "stats.json"  # the stage's other output, beside tokenizer.json
 # Qwen2.5-Coder's spellings of the FIM and repository roles; StarCoder2 and SantaCoder use Kiln's.
 QWEN_SPELLINGS = {t: "<|" + t.strip("<>") + "|>" for t in SPECIAL_TOKENS[1:]}
 EOS_FILES = ("tokenizer_config.json", "special_tokens_map.json")  # where a HF folder names its eos_token
+BOS_PROBE = "a"  # a text whose encoding with and without the post-processor's tokens shows a BOS
 # The tokenizer stage's peak RSS against train_bytes, fitted by bench/tokenizer_scale.py on real code
 # (site-packages' .py files, vocab 32,768): 615, 677 and 879 MiB at 30, 100 and 300 MB, least squares
 # 582 MiB + 986 MiB per GB (docs/benchmarks.md, "The tokenizer at seed scale"). Rounded up here; the
@@ -93,6 +102,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     # Not stored in tokenizer.json by every tokenizers release; set it on every load.
     tokenizer.encode_special_tokens = True
     tokenizer.kiln_roles = token_roles(path)  # which token plays each role (role_id)
+    tokenizer.kiln_bos = bos_token(path)  # the source's BOS, when it starts every document with one (bos_id)
     return tokenizer
 
 
@@ -120,6 +130,42 @@ def token_roles(tokenizer_path: str | Path) -> dict[str, str]:
     stats = Path(tokenizer_path).with_name(STATS_FILE)
     recorded = read_json(stats).get("special_tokens") if stats.is_file() else None
     return dict(recorded) if recorded else dict(KILN_ROLES)
+
+
+def bos_token(tokenizer_path: str | Path) -> str | None:
+    """The beginning-of-sequence token every sample starts with under the tokenizer.json at
+    tokenizer_path, as the tokenizer stage recorded it in the stats.json beside it: an hf source's
+    that adds one (source_bos), else None (every other route, or no stats.json: a tokenizer.json that
+    did not come from the stage). An hf stage output from before the BOS was recorded is an error,
+    not a silent layout without it."""
+    stats_path = Path(tokenizer_path).with_name(STATS_FILE)
+    stats = read_json(stats_path) if stats_path.is_file() else {}
+    if stats.get("kind") == "hf" and "bos_token" not in stats:
+        raise KilnError(
+            f"tokenizer: {stats_path} predates Kiln's record of the source's BOS (bos_token); rerun the "
+            "tokenizer stage (snakemake --forcerun tokenizer) so that every sample starts as the source's did"
+        )
+    return stats.get("bos_token")
+
+
+def bos_id(tokenizer: Tokenizer) -> int | None:
+    """The id of the BOS that load_tokenizer read beside the tokenizer's file (bos_token), else None."""
+    token = getattr(tokenizer, "kiln_bos", None)
+    if token is None:
+        return None
+    found = tokenizer.token_to_id(token)
+    if found is None:
+        raise KilnError(
+            f"tokenizer: the recorded bos_token {token!r} is not in the vocabulary; rerun the tokenizer stage"
+        )
+    return found
+
+
+def with_bos(tokenizer: Tokenizer, ids: list[int]) -> list[int]:
+    """ids of a text the model reads from its start, as training laid out every sample: the BOS
+    first when the tokenizer has one (bos_id), else ids unchanged."""
+    bos = bos_id(tokenizer)
+    return list(ids) if bos is None else [bos, *ids]
 
 
 def source_tokenizer_sha256(tokenizer_path: str | Path) -> str | None:
@@ -214,9 +260,45 @@ def source_eos(folder: Path, tokenizer: Tokenizer) -> str:
     )
 
 
+def _named_token(path: Path, key: str) -> str | None:
+    """The token a HF tokenizer file names under key: a string, or an AddedToken's fields."""
+    token = read_json(path).get(key) if path.is_file() else None
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def source_bos(folder: Path, tokenizer: Tokenizer) -> str | None:
+    """The BOS a HF folder's tokenizer starts every document with, or None: by tokenizer_config.json's
+    add_bos_token when it has the key (its bos_token, else special_tokens_map.json's, then must be in
+    the vocabulary), else by the tokenizer.json's post-processor (one token put before a single
+    sequence: Llama 3's tokenizer.json, whose config has no add_bos_token, says it only there)."""
+    config_path = folder / EOS_FILES[0]
+    config = read_json(config_path) if config_path.is_file() else {}
+    if "add_bos_token" in config:
+        if not config["add_bos_token"]:
+            return None
+        token = next(filter(None, (_named_token(folder / name, "bos_token") for name in EOS_FILES)), None)
+        if token is None:
+            raise KilnError(
+                f"tokenizer.path: {config_path} says add_bos_token: true and names no bos_token (nor does "
+                f"{folder / EOS_FILES[1]})"
+            )
+        if tokenizer.token_to_id(token) is None:
+            raise KilnError(
+                f"tokenizer.path: {config_path} says add_bos_token: true with bos_token {token!r}, which "
+                f"{folder / 'tokenizer.json'} lacks"
+            )
+        return token
+    plain = tokenizer.encode(BOS_PROBE, add_special_tokens=False).ids
+    added = tokenizer.encode(BOS_PROBE, add_special_tokens=True).ids
+    if len(added) > len(plain) and added[1 : 1 + len(plain)] == plain:
+        return tokenizer.id_to_token(added[0])
+    return None
+
+
 def hf_tokenizer(folder: str | Path) -> tuple[Tokenizer, dict[str, str]]:
     """A Hugging Face folder's tokenizer.json as it is and each role's spelling in it; Kiln's spelling
-    appended (as a special token, after the source's ids) for a role the source has no token for."""
+    appended (as a special token, after the source's ids) for a role the source has no token for. Its
+    BOS, when it starts every document with one (source_bos), is the tokenizer's `kiln_bos`."""
     folder = Path(folder)
     path = folder / "tokenizer.json"
     if not path.is_file():
@@ -229,6 +311,11 @@ def hf_tokenizer(folder: str | Path) -> tuple[Tokenizer, dict[str, str]]:
     except Exception as exc:  # tokenizers raises a bare Exception for unreadable files
         raise KilnError(f"tokenizer.path: cannot load {path} as a tokenizer.json: {exc}") from None
     roles = {EOS: source_eos(folder, tokenizer)}
+    bos = source_bos(folder, tokenizer)
+    if bos is None:
+        log.info("%s adds no beginning-of-sequence token: samples are laid out text %s", folder, roles[EOS])
+    else:
+        log.info("the source starts every document with %s: so does every sample (%s text %s)", bos, bos, roles[EOS])
     for role in SPECIAL_TOKENS[1:]:
         roles[role] = next((t for t in (role, QWEN_SPELLINGS[role]) if tokenizer.token_to_id(t) is not None), role)
     missing = [t for t in roles.values() if tokenizer.token_to_id(t) is None]
@@ -243,6 +330,7 @@ def hf_tokenizer(folder: str | Path) -> tuple[Tokenizer, dict[str, str]]:
         tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
     tokenizer.encode_special_tokens = True
     tokenizer.kiln_roles = roles
+    tokenizer.kiln_bos = bos
     return tokenizer, roles
 
 
@@ -277,6 +365,7 @@ def build_tokenizer(raw_dir: Path, cfg: TokenizerSection, seed: int) -> tuple[To
     manifest = read_json(raw_dir / "manifest.json")
     heldout = _heldout_ids(raw_dir, manifest, cfg.heldout_docs, seed)
     used = {"docs": 0, "bytes": 0, "by_source": {}}
+    bos = None  # only an hf source may start every document with a BOS
     if cfg.kind == "train":
         started = time.perf_counter()
         log.info("training a %d-token BPE on up to %d bytes", cfg.vocab_size, cfg.train_bytes)
@@ -287,6 +376,7 @@ def build_tokenizer(raw_dir: Path, cfg: TokenizerSection, seed: int) -> tuple[To
         roles = dict(KILN_ROLES)
     elif cfg.kind == "hf":
         tokenizer, roles = hf_tokenizer(cfg.path)
+        bos = tokenizer.kiln_bos
         source_vocab = id_space(load_tokenizer(Path(cfg.path) / "tokenizer.json"))
     else:
         tokenizer, roles = with_special_tokens(_pretrained(cfg)), dict(KILN_ROLES)
@@ -301,6 +391,8 @@ def build_tokenizer(raw_dir: Path, cfg: TokenizerSection, seed: int) -> tuple[To
         "padded_vocab_size": padded_vocab_size(id_space(tokenizer)),
         "special_tokens": roles,  # each role's spelling (token_roles reads it)
         "special_token_ids": special_ids(tokenizer, roles),
+        "bos_token": bos,  # every sample starts with it when set (bos_token reads it)
+        "bos_token_id": None if bos is None else tokenizer.token_to_id(bos),
         "train_docs": used["docs"],
         "train_bytes": used["bytes"],
         "train_bytes_by_source": used["by_source"],

@@ -13,6 +13,9 @@
 Every program goes through kiln.eval.sandbox.run_programs, in other processes under resource limits;
 none is run in this one. `score_humaneval` and `score_infill` take completions, so the scoring is
 checked without a model (tests/test_code_eval.py feeds the canonical solutions).
+
+Every prompt is read from its start, so it starts with the tokenizer's BOS when it has one (a Llama
+source's: kiln.data.tokenizer.with_bos), as every training sample did, FIM prompts too.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Sequence
 import torch
 
 from kiln.data.fim import MIDDLE, PREFIX, SUFFIX
-from kiln.data.tokenizer import role_id
+from kiln.data.tokenizer import role_id, with_bos
 from kiln.errors import KilnError
 from kiln.eval import sandbox
 from kiln.eval.humaneval import GREEDY, Problem, Sampling, load_problems, pass_at_k, program, truncate
@@ -137,7 +140,7 @@ def _stop_ids(tokenizer) -> frozenset[int]:
 
 def _complete(model, tokenizer, prompts: list[str], max_new: int, sampling: Sampling, generator) -> list[str]:
     """Each prompt's completion (token healing, as kiln.generate.healing.complete), BATCH at a time."""
-    healed = [heal(tokenizer, tokenizer.encode(p, add_special_tokens=False).ids) for p in prompts]
+    healed = [heal(tokenizer, with_bos(tokenizer, tokenizer.encode(p, add_special_tokens=False).ids)) for p in prompts]
     rows = generate(
         model,
         [ids for ids, _, _ in healed],
@@ -190,19 +193,21 @@ def run_humaneval(model, tokenizer, cfg, seed: int) -> tuple[dict, list[dict]]:
 
 
 def fim_ids(tokenizer, task: InfillTask, mode: str, budget: int) -> list[int]:
-    """The prompt ids: each sentinel as its special id, each text encoded on its own; when longer than
-    budget, the prefix keeps its end and the suffix its start (as kiln.eval.infill)."""
+    """The prompt ids: the BOS when the tokenizer has one, then each sentinel as its special id, each
+    text encoded on its own; when longer than budget, the prefix keeps its end and the suffix its
+    start (as kiln.eval.infill)."""
     tid = lambda role: role_id(tokenizer, role)  # noqa: E731  the run's token for each sentinel's role
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
     pre, suf = encode(task.prefix), encode(task.suffix)
-    room = max(budget - 3, 2)
+    room = max(budget - 3 - len(with_bos(tokenizer, [])), 2)
     keep_suf = min(len(suf), room // 2)
     keep_pre = min(len(pre), room - keep_suf)
     keep_suf = min(len(suf), room - keep_pre)
     text = {KILN_FIM_TOKENS.prefix: pre[len(pre) - keep_pre :], KILN_FIM_TOKENS.suffix: suf[:keep_suf]}
-    return [
+    ids = [
         i for sentinel, _ in fim_prompt(task, mode, KILN_FIM_TOKENS) for i in [tid(sentinel), *text.get(sentinel, [])]
     ]
+    return with_bos(tokenizer, ids)
 
 
 @torch.no_grad()

@@ -7,6 +7,16 @@
 `TemplateLM` turns loglikelihood requests into token pairs; this class scores them in batches
 (right-padded, one forward per batch; causal attention means padding after a sequence cannot change
 its logits). Rolling loglikelihood uses lm-eval's own disjoint windows of the model's context length.
+
+A run whose tokenizer has a BOS (a Llama source's, kiln.data.tokenizer.bos_token: every training
+sample starts with it) reads every text from its start as training did, as lm-eval's HFLM does by
+default for a Llama tokenizer (add_bos_token unset: the tokenizer's own, which prepends its BOS):
+`tok_encode` puts the BOS before a context (lm-eval splits the continuation off the end, so the BOS
+is never scored), `prefix_token_id` is the BOS (the context of an empty-context request), and rolling
+loglikelihood gives the BOS as the first window's prefix only: it is the context of the text's first
+token, never a predicted token, so bits per byte count the text's tokens alone (HFLM's default would
+also put a second BOS into the scored tokens). Without a BOS, nothing is prepended and the prefix is
+EOS (lm-eval's default), as before.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
-from kiln.data.tokenizer import EOS, load_tokenizer, role_id
+from kiln.data.tokenizer import EOS, bos_id, load_tokenizer, role_id
 from kiln.generate.decode import generate
 from kiln.train.device import eval_autocast
 
@@ -56,6 +66,13 @@ class KilnLM(TemplateLM):
         return role_id(self.tokenizer, EOS)
 
     @property
+    def prefix_token_id(self) -> int:
+        """What an empty context is (lm-eval) and the rolling windows start from: the BOS when the
+        tokenizer has one, else EOS, as HFLM's default."""
+        bos = bos_id(self.tokenizer)
+        return self.eot_token_id if bos is None else bos
+
+    @property
     def max_length(self) -> int:
         return self.model.config.seq_len
 
@@ -64,7 +81,12 @@ class KilnLM(TemplateLM):
         return self._device
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-        return self.tokenizer.encode(string, add_special_tokens=False).ids
+        """The string's ids, after the BOS (when the tokenizer has one) unless add_special_tokens is
+        False: lm-eval encodes contexts (and context + continuation) with None, continuations alone
+        with False. A special token's spelling in the string stays text, as in training."""
+        ids = self.tokenizer.encode(string, add_special_tokens=False).ids
+        bos = None if add_special_tokens is False else bos_id(self.tokenizer)
+        return ids if bos is None else [bos, *ids]
 
     def tok_decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -104,7 +126,7 @@ class KilnLM(TemplateLM):
             windows = [
                 lm_utils.make_disjoint_window(w)
                 for w in lm_utils.get_rolling_token_windows(
-                    token_list=self.tok_encode(text),
+                    token_list=self.tok_encode(text, add_special_tokens=False),  # the BOS is the prefix
                     prefix_token=self.prefix_token_id,
                     max_seq_len=self.max_length,
                     context_len=1,

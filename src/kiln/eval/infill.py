@@ -8,7 +8,8 @@ training layouts:
 and decoded greedily until <|endoftext|> or a limit, BATCH prompts at a time. Scores: exact match
 (up to trailing whitespace) and edit similarity (difflib's ratio, 1.0 = identical), reported per
 span kind and layout. Problems are drawn from (seed, document id), so every eval of a run sees the
-same ones.
+same ones. A prompt starts with the tokenizer's BOS when it has one (a Llama source's), as every
+training sample did.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from kiln.config.sections import InitFrom
 from kiln.data.fim import MIDDLE, MODES, PREFIX, SUFFIX
 from kiln.data.sources import Document
-from kiln.data.tokenizer import EOS, role_id
+from kiln.data.tokenizer import EOS, role_id, with_bos
 from kiln.generate.decode import generate
 from kiln.io import stable_hash
 
@@ -90,18 +91,19 @@ def make_problems(docs: list[Document], n_docs: int, seed: int) -> list[InfillPr
 
 
 def _prompt(problem: InfillProblem, tokenizer, layout: str, budget: int) -> list[int]:
-    """Prompt ids, keeping the prefix's end and the suffix's start when the budget is short."""
+    """Prompt ids (after the BOS, when the tokenizer has one), keeping the prefix's end and the
+    suffix's start when the budget is short."""
     tid = lambda role: role_id(tokenizer, role)  # noqa: E731  the run's token for each sentinel's role
     pre = tokenizer.encode(problem.prefix, add_special_tokens=False).ids
     suf = tokenizer.encode(problem.suffix, add_special_tokens=False).ids
-    room = budget - 3
+    room = budget - 3 - len(with_bos(tokenizer, []))
     keep_suf = min(len(suf), room // 2)
     keep_pre = min(len(pre), room - keep_suf)
     keep_suf = min(len(suf), room - keep_pre)
     pre_part = [tid(PREFIX)] + pre[len(pre) - keep_pre :]
     suf_part = [tid(SUFFIX)] + suf[:keep_suf]
     body = pre_part + suf_part if layout == "psm" else suf_part + pre_part
-    return body + [tid(MIDDLE)]
+    return with_bos(tokenizer, body + [tid(MIDDLE)])
 
 
 def edit_similarity(a: str, b: str) -> float:

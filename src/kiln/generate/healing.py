@@ -6,6 +6,9 @@ one token ("\n   "), so after the lone token the model has mostly seen blank lin
 newlines. Token healing (Guidance; transformers' `token_healing`) drops the prompt's last token and
 lets the first new token be any token that starts with its text, so the model picks the boundary
 it learnt. The healed text is taken off the front of the completion again.
+
+A prompt is read from its start, so it starts with the tokenizer's BOS when it has one (a Llama
+source's: kiln.data.tokenizer.with_bos), as every training sample did; healing leaves it alone.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import torch
 from tokenizers import Tokenizer
 
-from kiln.data.tokenizer import EOS, role_id
+from kiln.data.tokenizer import EOS, role_id, with_bos
 from kiln.generate.decode import Agree, generate
 
 
@@ -42,7 +45,7 @@ def complete(
 ) -> list[str]:
     """The text each prompt continues with (up to <|endoftext|> or max_new_tokens, the healed token
     counting as one), decoded in one batch."""
-    healed = [heal(tokenizer, tokenizer.encode(p, add_special_tokens=False).ids) for p in prompts]
+    healed = [heal(tokenizer, with_bos(tokenizer, tokenizer.encode(p, add_special_tokens=False).ids)) for p in prompts]
     new = generate(
         model,
         [ids for ids, _, _ in healed],

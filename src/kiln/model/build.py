@@ -17,8 +17,9 @@ from kiln.errors import KilnError
 from kiln.io import atomic_file, write_json
 from kiln.model.gpt import GPT
 from kiln.model.llama import Llama
+from kiln.model.starcoder2 import StarCoder2
 
-ARCHITECTURES: dict[str, type[torch.nn.Module]] = {"gpt2": GPT, "llama": Llama}
+ARCHITECTURES: dict[str, type[torch.nn.Module]] = {"gpt2": GPT, "llama": Llama, "starcoder2": StarCoder2}
 CONFIG_FILE, WEIGHTS_FILE = "model_config.json", "model.safetensors"
 
 

@@ -11,7 +11,8 @@ the key is cached.
 
 Two options exist for continuing stock checkpoints (kiln.config.hf_source), both off by default: Llama 3.1's
 RoPE frequency scaling (config.rope_scaling) and biases on the query, key and value projections
-(config.qkv_bias: Qwen2 and Qwen2.5, otherwise Llama's shape).
+(config.qkv_bias: Qwen2 and Qwen2.5, otherwise Llama's shape). StarCoder2 (kiln.model.starcoder2) is
+this model with another block and final norm; its biases (config.bias) reach the output projection too.
 """
 
 from __future__ import annotations
@@ -67,10 +68,11 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        self.q = nn.Linear(cfg.d_model, cfg.n_head * cfg.head_dim, bias=cfg.qkv_bias)
-        self.k = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=cfg.qkv_bias)
-        self.v = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=cfg.qkv_bias)
-        self.o = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=False)
+        qkv_bias = cfg.qkv_bias or cfg.bias  # Qwen2: q, k, v only; StarCoder2 (model.bias): o too
+        self.q = nn.Linear(cfg.d_model, cfg.n_head * cfg.head_dim, bias=qkv_bias)
+        self.k = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=qkv_bias)
+        self.v = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=qkv_bias)
+        self.o = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=cfg.bias)
         self.dropout = cfg.dropout
 
     def forward(
@@ -122,14 +124,18 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
+    family = "llama"
+    block = Block  # a subclass with another block (kiln.model.starcoder2) changes these two
+    final_norm = nn.RMSNorm
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if cfg.family != "llama":
-            raise ValueError(f"Llama builds the llama family, not {cfg.family}")
+        if cfg.family != self.family:
+            raise ValueError(f"{type(self).__name__} builds the {self.family} family, not {cfg.family}")
         self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.blocks = nn.ModuleList(self.block(cfg) for _ in range(cfg.n_layer))
+        self.norm = self.final_norm(cfg.d_model, eps=cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.chunk_loss = chunk_loss_sum  # compiled by kiln.train.parallel.compile_blocks on a compiled run
         if cfg.tie_embeddings:
@@ -141,7 +147,7 @@ class Llama(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """GPT-2's scheme (normal 0.02; residual projections 0.02/sqrt(2L)); RMSNorm gains 1, biases 0."""
+        """GPT-2's scheme (normal 0.02; residual projections 0.02/sqrt(2L)); norm gains 1, biases 0."""
         for name, p in self.named_parameters():
             if name.endswith(".bias"):
                 nn.init.zeros_(p)

@@ -118,10 +118,13 @@ class Estimate:
 def layer_params(cfg: ModelConfig) -> tuple[int, int]:
     """(matmul weights, all parameters) of one block."""
     d, f, k = cfg.d_model, cfg.d_ff, cfg.n_kv_head * cfg.head_dim
+    b = int(cfg.bias)
     if cfg.family == "gpt2":
-        b = int(cfg.bias)
         mat = 4 * d * d + 2 * d * f
         return mat, mat + b * (3 * d + d + f + d) + 2 * d * (1 + b)
+    if cfg.family == "starcoder2":
+        mat = 2 * d * d + 2 * d * k + 2 * d * f
+        return mat, mat + b * (d + 2 * k + d + f + d) + 4 * d  # LayerNorms: gain and bias
     mat = 2 * d * d + 2 * d * k + 3 * d * f
     return mat, mat + 2 * d
 
@@ -151,6 +154,10 @@ def layer_activation_bytes(cfg: ModelConfig, tokens: int, bf16: bool, compiled: 
             # weights, their mask and the dropped weights (measured: ~13 bytes an entry eager, ~8
             # compiled); flash on a GPU draws the mask inside the kernel and keeps none of it.
             per_token += (8 if compiled else 13) * H * cfg.seq_len
+    elif cfg.family == "starcoder2":  # measured as tests/test_memory.py does for Llama's block
+        casts = 6 if bf16 else 4
+        per_token = 4 * C + a * (5 * C + 2 * K + 2 * F) if compiled else 8 * C + a * (casts * C + 2 * K + 2 * F)
+        per_token += 16 + 4 * H  # two LayerNorms' mean and rstd; log-sum-exp
     else:
         casts = 5 if bf16 else 2
         per_token = (
@@ -173,9 +180,9 @@ def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
     casts = 2 * mat if s.bf16 and not fsdp else 0  # a block's bf16 weight copies, kept by its matmuls
     kept_casts = [0 if i in ckpt else casts for i in range(L)]
     head = V * C
-    # Outside the blocks: the ids (int64), the final norm (gpt2: its input; llama: input and normalised
-    # input) and its output, which the chunked loss keeps; dropout masks of the embedding (gpt2).
-    outside = tokens * (8 + (8 if cfg.family == "gpt2" else 12) * C)
+    # Outside the blocks: the ids (int64), the final norm (LayerNorm: its input; RMSNorm: input and
+    # normalised input) and its output, which the chunked loss keeps; dropout masks of the embedding (gpt2).
+    outside = tokens * (8 + (12 if cfg.family == "llama" else 8) * C)
     if cfg.dropout > 0 and not s.compiled:
         outside += tokens * C
     rows = min(tokens, loss_chunk_rows(V))
