@@ -6,6 +6,8 @@ the same run; then the time of seed 000's 10B tokens on 4 and 32 nodes, projecte
     python bench/data_scatter.py --rows-per-part 100 # more, smaller parts
     python bench/data_scatter.py --site-packages     # ~300 MB of real code: site-packages' .py files
     python bench/data_scatter.py --quick             # tests/configs/tiny.yaml, cores 1 and 2
+    python bench/data_scatter.py --train-tokens 1000000  # under a budget: the part jobs encode the
+                                                     # train side only of the parts it is expected to reach
 
 Builds the download and tokenizer once (snakemake --until tokenizer) in a scratch folder, then per
 core count, taking turns for --repeat rounds (best kept):
@@ -38,13 +40,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from kiln import config as kiln_config
 from kiln.data.pretokenize import copy_range
 from kiln.data.sources import raw_part_count
 from kiln.io import benchmark_seconds as seconds
 from kiln.io import read_json
-from kiln.layout import Layout
+from kiln.layout import Layout, ScatterPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUTS = ("train.bin", "val.bin", "val_ids.txt", "meta.json")
@@ -106,6 +109,7 @@ def main() -> int:
         action="store_true",
         help="download every .py file under this interpreter's site-packages (a local source, 2000 files a part)",
     )
+    parser.add_argument("--train-tokens", type=int, help="pretokenize.train_tokens, a budget (default: the config's)")
     parser.add_argument("--cores", default="1,2,4")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--node-cores", type=int, default=64, help="part jobs one node runs at once (projection)")
@@ -124,9 +128,14 @@ def main() -> int:
     if args.rows_per_part:
         download["rows_per_part"] = args.rows_per_part
     overrides = [f"download={json.dumps(download)}"] if download else []
-    cfg = kiln_config.resolve([configfile], dict(text.split("=", 1) for text in overrides))
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
+    if args.train_tokens:  # a config file with the budget, which the one job reads too
+        budgeted = yaml.safe_load(configfile.read_text(encoding="utf-8"))
+        budgeted.setdefault("pretokenize", {})["train_tokens"] = args.train_tokens
+        configfile = args.workdir / "config.yaml"
+        configfile.write_text(yaml.safe_dump(budgeted), encoding="utf-8")
+    cfg = kiln_config.resolve([configfile], dict(text.split("=", 1) for text in overrides))
     layout = Layout(cfg, root=args.workdir / "results")
     print(f"download and tokenizer of {configfile.name} in {args.workdir} ...", flush=True)
     snakemake(args.workdir, configfile, overrides, "--cores", "all", "--until", "tokenizer")
@@ -157,13 +166,18 @@ def main() -> int:
             best[("scatter", n)] = min(best.get(("scatter", n), math.inf), wall)
             assert outputs(layout.folder("pretokenize")) == reference, f"the scatter at {n} cores wrote other bytes"
             part_s += [seconds(layout.benchmark("pretokenize", "pretokenize_part", part=i)) for i in range(parts)]
+            reached = sum(stamp["train_side"] for stamp in ScatterPlan.load(layout.scatter_plan("pretokenize")).stamps)
             gather_s.append(seconds(layout.benchmark("pretokenize")))
     meta = read_json(layout.folder("pretokenize") / "meta.json")
     train = meta["splits"]["train"]
     print(
         f"\n{parts} raw parts, {raw_mb:.1f} MB of text, {train['tokens']:,} train tokens; {os.cpu_count()} cores here"
     )
-    print("every output byte-equal to the one job's: yes\n")
+    print("every output byte-equal to the one job's: yes")
+    print(
+        f"part jobs that encoded their part's train side: {reached} of {parts} (the rest: validation candidates); "
+        f"part jobs' seconds, summed: {sum(part_s) / len(gather_s):.1f} a run\n"
+    )
     print("| cores | scatter wall s (snakemake) | one job wall s (--workers N) | scatter / one job |")
     print("|---|---:|---:|---:|")
     for n in cores:

@@ -81,8 +81,30 @@ def test_budgets_and_mixtures_cut_the_gathered_parts_where_one_job_cuts(two_sour
     )
     encoded = {p.parent.name: p.stat().st_size for p in (tmp_path / "scatter.parts").glob("*/train.bin")}
     assert len(encoded) == 16
-    left_out = [name for name, size in encoded.items() if size == 0]  # b's 8 parts: nothing to encode
-    assert len(left_out) == (8 if change.get("mixture") == {"a": 1} else 0), encoded
+    # The part jobs encoded the train side of exactly the parts the plan expected the budget to reach:
+    # all 16 without a budget, fewer under one (b's 8 parts none when the mixture leaves b out)
+    reached = plan(two_sources, tokenizer_path, SEED, PretokenizeSection.of(cfg)).train_parts
+    assert {name for name, size in encoded.items() if size} == {f"part-{i:05d}" for i in reached}
+    if "train_tokens" not in change:
+        assert len(reached) == 16
+    else:  # of the parts of the sources with a weight (8 each), fewer than all
+        assert len(reached) < 8 * len(cfg["mixture"])
+
+
+def test_parts_the_plan_expected_the_budget_not_to_reach_are_encoded_by_the_gather(
+    two_sources, tokenizer_path, tmp_path, monkeypatch, caplog
+):
+    """An estimate that falls short (a low margin): the part jobs leave most train sides unencoded, the
+    gather encodes those the budget reaches, and the bytes are one job's."""
+    monkeypatch.setattr(token_plan, "TRAIN_MARGIN", 0.05)
+    cfg = dict(CFG, val_tokens=400, train_tokens=6000, mixture={"a": 3, "b": 1})
+    assert (
+        len(plan(two_sources, tokenizer_path, SEED, PretokenizeSection.of(cfg)).train_parts) == 2
+    )  # a's and b's first
+    with caplog.at_level(logging.INFO, logger="kiln.pretokenize"):
+        gathered = scattered(two_sources, tokenizer_path, tmp_path / "scatter", cfg)
+    assert "past the plan's estimate of the budget's reach, encoded here" in caplog.text
+    assert gathered == one_job(two_sources, tokenizer_path, tmp_path / "one", cfg)
 
 
 def test_validation_rounds_the_parts_fell_short_of_run_in_the_gather(

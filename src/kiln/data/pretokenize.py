@@ -30,8 +30,9 @@ round of validation candidates (`pretokenize_part`), and the pretokenize job gat
 round itself), leaves them out of the parts' train ids and cuts each source at its budget. Both
 start from the same kiln.data.token_plan.Plan, a function of the raw folder, the tokenizer and the
 settings.
-The scatter encodes a whole part even past a source's `train_tokens` budget, which the one job
-does not.
+Under a `train_tokens` budget the part jobs encode the train side of the parts the budget is
+expected to reach (kiln.data.token_plan.TRAIN_MARGIN over the source's bytes per token), the others
+only their validation candidates; the gather encodes any further part the budget does reach.
 """
 
 from __future__ import annotations
@@ -143,11 +144,18 @@ def _encoded_here(pool: WorkerPool, parts: list, skip: dict[int, set[int]], plan
         yield i, s, _Encoded(scratch / f"{i:06d}.bin", counts, sample_offsets(counts), scratch=True)
 
 
-def _encoded_by_parts(encoded: dict[int, EncodedPart], skip: dict[int, set[int]], plan: Plan, done: set[str]):
+def _encoded_by_parts(
+    encoded: dict[int, EncodedPart], skip: dict[int, set[int]], plan: Plan, done: set[str], pool: WorkerPool, scratch
+):
     """(index, source, _Encoded) of every part whose source still wants tokens, as pretokenize_part
-    jobs encoded them whole, the held-out samples left out."""
-    for i, s, _ in plan.parts:
+    jobs encoded them whole, the held-out samples left out; a part the plan expected the budget not to
+    reach, which its job left unencoded, is encoded here."""
+    for i, s, path in plan.parts:
         if s in done or plan.targets[s] == 0:
+            continue
+        if i not in plan.train_parts:
+            log.info("part %d (%s): past the plan's estimate of the budget's reach, encoded here", i, s)
+            yield from _encoded_here(pool, [(i, s, path)], skip, plan, done, scratch)
             continue
         part = encoded[i]
         keep = ~np.isin(part.rows, np.fromiter(skip.get(i, ()), dtype=np.int64))
@@ -299,7 +307,7 @@ def pretokenize(
         for sample in val:
             skip.setdefault(sample["part"], set()).add(sample["row"])
         parts = (
-            _encoded_by_parts(encoded, skip, the_plan, done)
+            _encoded_by_parts(encoded, skip, the_plan, done, pool, scratch)
             if encoded
             else _encoded_here(pool, the_plan.parts, skip, the_plan, done, scratch)
         )
@@ -320,7 +328,7 @@ def pretokenize_part(
     _, source, path = the_plan.parts[index]
     out_dir = Path(out_dir)
     with WorkerPool(1, the_plan.settings):
-        if the_plan.targets[source] == 0:  # a source the mixture leaves out gives no train tokens
+        if index not in the_plan.train_parts:  # left out by the mixture, or past the budget's reach
             (out_dir / token_parts.TRAIN).touch()
             rows, counts = np.zeros(0, np.int64), np.zeros((0, len(COUNT_COLUMNS)), np.int64)
         else:

@@ -1,8 +1,10 @@
 """What every pretokenize job starts from: the Plan, a pure function of the raw folder, the tokenizer
 and the settings, so the plan job, the part jobs and the gather (kiln.data.pretokenize), each making
 it, agree. It picks the encoder (tiktoken where it reproduces tokenizers on a check sample of every
-source), the token dtype, each source's share of the tokens, validation quota and train target, and
-the first validation round's rate per source; each part's stamp is what its encoding depends on.
+source), the token dtype, each source's share of the tokens, validation quota and train target, the
+first validation round's rate per source, and which parts' train sides the part jobs encode (under a
+`train_tokens` budget, those the budget is expected to reach); each part's stamp is what its encoding
+depends on.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ from kiln.layout import ScatterPlan
 
 log = logging.getLogger("kiln.pretokenize")
 VAL_MARGIN = 1.25  # a validation round encodes this many times the tokens it expects to need
+# A source's part jobs encode its train side while the parts before them are expected to hold fewer
+# than this many times its train target plus validation quota; the gather encodes any part past
+# that which the budget still reaches (the estimate fell short), so the bytes never depend on it.
+TRAIN_MARGIN = 1.25
 CHECK_BYTES = 64 << 10  # per source: the sample on which tiktoken must reproduce tokenizers
 
 
@@ -106,6 +112,7 @@ class Plan:
     quotas: dict[str, int]
     targets: dict[str, int | None]
     first_rates: dict[str, float]
+    train_parts: frozenset[int]  # the parts whose train side a pretokenize_part job encodes
 
     def stamp(self, index: int) -> dict:
         """Everything part `index`'s encoding depends on: the raw part's checksum, the tokenizer's, the
@@ -124,6 +131,7 @@ class Plan:
             "tokenizer_sha256": self.tokenizer_sha256,
             **layout,
             "val_bounds": None if rate is None else [str(b) for b in val_bounds(0.0, rate)],
+            "train_side": index in self.train_parts,
         }
         return json.loads(json.dumps(stamp))
 
@@ -151,9 +159,10 @@ def plan(raw_dir: Path, tokenizer_path: Path, seed: int, cfg: PretokenizeSection
     quotas = {s: math.ceil(cfg.val_tokens * share) for s, share in shares.items()}
     budget = cfg.train_tokens
     targets = {s: 0 if share == 0 else None if budget is None else round(budget * share) for s, share in shares.items()}
+    parts = [(i, s, path) for i, (s, path) in enumerate(part_paths(raw_dir, manifest))]
     return Plan(
         manifest=manifest,
-        parts=[(i, s, path) for i, (s, path) in enumerate(part_paths(raw_dir, manifest))],
+        parts=parts,
         tokenizer_sha256=sha256_file(tokenizer_path),
         vocab=vocab,
         eos_id=role_ids(tokenizer, tokenizer_path)[EOS],
@@ -167,4 +176,19 @@ def plan(raw_dir: Path, tokenizer_path: Path, seed: int, cfg: PretokenizeSection
         quotas=quotas,
         targets=targets,
         first_rates={s: min(1.0, VAL_MARGIN * q / max(expected[s], 1.0)) for s, q in quotas.items() if q > 0},
+        train_parts=_train_parts(manifest, parts, expected, targets, quotas),
     )
+
+
+def _train_parts(manifest: dict, parts: list, expected: dict, targets: dict, quotas: dict) -> frozenset[int]:
+    """The parts whose train side the part jobs encode: every part of a source without a budget; none
+    of one the mixture leaves out; of a budgeted source, its parts in order while those before hold
+    fewer than TRAIN_MARGIN x (target + quota) tokens by the source's bytes per token (`expected`)."""
+    chosen, before = set(), dict.fromkeys(targets, 0.0)
+    sizes = {(s, p["file"]): p["bytes"] for s, src in manifest["sources"].items() for p in src["parts"]}
+    for i, s, path in parts:
+        target = targets[s]
+        if target is None or (target and before[s] < TRAIN_MARGIN * (target + quotas[s])):
+            chosen.add(i)
+        before[s] += sizes[s, path.name] * expected[s] / max(manifest["sources"][s]["bytes"], 1)
+    return frozenset(chosen)
