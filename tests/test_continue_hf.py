@@ -10,6 +10,7 @@ import json
 import math
 import sysconfig
 
+import numpy as np
 from hf_folder import write_hf_folder
 from tiny import ROOT, snakemake
 
@@ -97,3 +98,28 @@ def test_a_replay_share_is_a_second_source_weighted_in_the_mixture(tmp_path):
     assert set(metrics["val_by_source"]) == {"stdlib", "replay"}
     report = (run / "report.md").read_text()
     assert "| replay | " in report and "| stdlib | " in report
+
+
+def test_a_source_that_starts_documents_with_a_bos_keeps_that_layout_end_to_end(tmp_path):
+    """The example run on a Llama-2-style stand-in (TinyLlama's layout: its tokenizer puts <s> before
+    every text): every sample in the tokens is <s> text </s>, so the shards' rows have <s> after each
+    </s>, and the run's export names <s> as its BOS."""
+    source = write_hf_folder(tmp_path / SOURCE, eos="</s>", bos=True)
+    result = snakemake(tmp_path, "--configfile", str(CONFIG), "--config", *FAST, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = tmp_path / "results"
+    (stats_path,) = results.glob("data/tokenizer-*/stats.json")
+    bos, eos = read_json(stats_path)["bos_token_id"], read_json(stats_path)["special_token_ids"][EOS]
+    assert read_json(stats_path)["bos_token"] == "<s>" and bos != eos
+    (tokens,) = [p for p in results.glob("data/tokens-*") if p.is_dir()]
+    meta = read_json(tokens / "meta.json")
+    for split in ("train", "val"):
+        ids = np.fromfile(tokens / f"{split}.bin", dtype=meta["dtype"])
+        ends = np.flatnonzero(ids == eos)
+        assert ids[0] == bos and np.array_equal(np.flatnonzero(ids == bos), np.concatenate([[0], ends[:-1] + 1]))
+        assert len(ends) == meta["splits"][split]["docs"]
+    (shard_manifest,) = results.glob("data/shards-*/manifest.json")
+    assert read_json(shard_manifest)["source_tokenizer_sha256"] == sha256_file(source / "tokenizer.json")
+    export = results / "smollm2-135m-stdlib" / "train" / "hf"
+    assert read_json(export / "config.json")["bos_token_id"] == bos
+    assert read_json(export / "tokenizer_config.json")["bos_token"] == "<s>"
