@@ -72,6 +72,15 @@ SHAPES = {
         "full",
         False,
     ),
+    "starcoder2-bf16-activations": (
+        {"family": "starcoder2", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "d_model": 256, "bias": True},
+        512,
+        8,
+        512,
+        "bf16",
+        "none",
+        False,
+    ),
     # what train runs on a GPU: compiled. aot_eager_decomp_partition runs inductor's decompositions and
     # min-cut partitioner (so it keeps the tensors inductor keeps) without generating C++.
     "llama-bf16-compiled": (
