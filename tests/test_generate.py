@@ -116,6 +116,12 @@ def test_long_prompt_is_cropped_from_the_left(cfg):
     # max_new_tokens past the context: capped at seq_len - 1, keeping the prompt's last token
     [out] = generate(model, [long], 100)
     assert out == _uncached_greedy(model, long[-1:], cfg.seq_len - 1)
+    # keep_first (a BOS): a prompt starting with it keeps it first; one that does not is cropped as before
+    room = cfg.seq_len - 10
+    bos_kept = [long[0], *long[-(room - 1) :]]
+    assert generate(model, [long], 10, keep_first=long[0]) == generate(model, [bos_kept], 10)
+    assert generate(model, [long], 10, keep_first=long[0]) != generate(model, [long], 10)
+    assert generate(model, [long], 10, keep_first=long[0] + 1) == generate(model, [long], 10)
 
 
 def test_stop_ids_end_each_row_on_its_own_and_keep_stop_keeps_them():

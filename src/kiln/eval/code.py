@@ -29,7 +29,7 @@ from typing import Sequence
 import torch
 
 from kiln.data.fim import MIDDLE, PREFIX, SUFFIX
-from kiln.data.tokenizer import role_id, with_bos
+from kiln.data.tokenizer import bos_id, role_id, with_bos
 from kiln.errors import KilnError
 from kiln.eval import sandbox
 from kiln.eval.humaneval import GREEDY, Problem, Sampling, load_problems, pass_at_k, program, truncate
@@ -152,6 +152,7 @@ def _complete(model, tokenizer, prompts: list[str], max_new: int, sampling: Samp
         generator=generator,
         batch_size=BATCH,
         first_allowed=[allowed for _, allowed, _ in healed],
+        keep_first=bos_id(tokenizer),
     )
     texts = [tokenizer.decode(row, skip_special_tokens=False) for row in rows]
     return [t[len(cut) :] if t.startswith(cut) else t for (_, _, cut), t in zip(healed, texts)]

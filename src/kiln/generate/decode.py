@@ -8,8 +8,9 @@ of one shape is simpler than removing rows from the cache, and eval batches stop
 
 The context is the model's training seq_len, which the cache never outgrows (no learned position
 or RoPE entry lies past it): a prompt is cropped from the left so that prompt + max_new_tokens
-fits, keeping its most recent tokens, and max_new_tokens is capped at seq_len - 1 so that at least
-one prompt token remains.
+fits, keeping its most recent tokens (and, with `keep_first`, its first one when it is that id: a
+BOS every training sample started with), and max_new_tokens is capped at seq_len - 1 so that at
+least one prompt token remains.
 
 With `agree`, every step's chosen ids pass through it before they are used. Ranks that decode
 together under FSDP, where every forward is a collective, pass one that hands every rank rank 0's
@@ -44,13 +45,15 @@ def generate(
     batch_size: int | None = None,
     first_allowed: list[list[int] | None] | None = None,
     agree: Agree | None = None,
+    keep_first: int | None = None,
 ) -> list[list[int]]:
     """New token ids after each prompt, each list ending before its first stop token (or with it,
     if keep_stop). temperature 0 means greedy; otherwise sampling from the temperature-scaled
     distribution cut to its top_k ids, then to the fewest ids holding top_p of the mass.
     vocab_size restricts choices to the tokenizer's real ids (the embedding is padded past them).
     first_allowed (one entry per prompt, None for no limit) restricts each row's first new token
-    to the ids listed, as token healing needs (kiln.generate.healing).
+    to the ids listed, as token healing needs (kiln.generate.healing). keep_first: an id (the
+    tokenizer's BOS) that a prompt cropped to the context keeps at its start when it began with it.
     Prompts are decoded batch_size at a time (all at once when None), grouped by length so a
     batch holds little padding; the results are in the prompts' order."""
     if max_new_tokens < 1 or any(not p for p in prompts):
@@ -73,10 +76,20 @@ def generate(
             generator=generator,
             first_allowed=allowed,
             agree=agree,
+            keep_first=keep_first,
         )
         for i, row in zip(chunk, rows):
             out[i] = _until_stop(row, stop_ids, keep_stop)
     return out
+
+
+def _crop(prompt: list[int], room: int, keep_first: int | None) -> list[int]:
+    """The prompt's last `room` ids; keep_first stays first if the prompt began with it."""
+    if len(prompt) <= room:
+        return prompt
+    if keep_first is not None and prompt[0] == keep_first and room > 1:
+        return [keep_first, *prompt[len(prompt) - room + 1 :]]
+    return prompt[-room:]
 
 
 def _decode(
@@ -92,12 +105,13 @@ def _decode(
     generator: torch.Generator | None,
     first_allowed: list[list[int] | None] | None,
     agree: Agree | None,
+    keep_first: int | None,
 ) -> list[list[int]]:
     """max_new_tokens ids per prompt, or fewer once every row has produced a stop id."""
     device = next(model.parameters()).device
     context = model.config.seq_len
     max_new = min(max_new_tokens, context - 1)
-    prompts = [p[-(context - max_new) :] for p in prompts]
+    prompts = [_crop(p, context - max_new, keep_first) for p in prompts]
     width = max(len(p) for p in prompts)
     idx = torch.zeros(len(prompts), width, dtype=torch.long)  # pad id 0: masked out, any id would do
     for b, p in enumerate(prompts):

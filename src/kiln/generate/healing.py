@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from tokenizers import Tokenizer
 
-from kiln.data.tokenizer import EOS, role_id, with_bos
+from kiln.data.tokenizer import EOS, bos_id, role_id, with_bos
 from kiln.generate.decode import Agree, generate
 
 
@@ -58,6 +58,7 @@ def complete(
         generator=generator,
         first_allowed=[allowed for _, allowed, _ in healed],
         agree=agree,
+        keep_first=bos_id(tokenizer),
     )
     out = []
     for (_, _, cut), row in zip(healed, new):
