@@ -243,10 +243,7 @@ def source_eos(folder: Path, tokenizer: Tokenizer) -> str:
     special_tokens_map.json): Kiln ends every document with it, as the source was trained to."""
     for name in EOS_FILES:
         path = folder / name
-        if not path.is_file():
-            continue
-        token = read_json(path).get("eos_token")
-        token = token.get("content") if isinstance(token, dict) else token  # an AddedToken's fields
+        token = _named_token(path, "eos_token")
         if not token:
             continue
         if tokenizer.token_to_id(token) is None:

@@ -200,7 +200,7 @@ def fim_ids(tokenizer, task: InfillTask, mode: str, budget: int) -> list[int]:
     tid = lambda role: role_id(tokenizer, role)  # noqa: E731  the run's token for each sentinel's role
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
     pre, suf = encode(task.prefix), encode(task.suffix)
-    room = max(budget - 3 - len(with_bos(tokenizer, [])), 2)
+    room = max(budget - 3 - (bos_id(tokenizer) is not None), 2)  # three sentinels, and the BOS
     keep_suf = min(len(suf), room // 2)
     keep_pre = min(len(pre), room - keep_suf)
     keep_suf = min(len(suf), room - keep_pre)

@@ -24,7 +24,7 @@ import torch
 from kiln.config.sections import InitFrom
 from kiln.data.fim import MIDDLE, MODES, PREFIX, SUFFIX
 from kiln.data.sources import Document
-from kiln.data.tokenizer import EOS, role_id, with_bos
+from kiln.data.tokenizer import EOS, bos_id, role_id, with_bos
 from kiln.generate.decode import generate
 from kiln.io import stable_hash
 
@@ -96,7 +96,7 @@ def _prompt(problem: InfillProblem, tokenizer, layout: str, budget: int) -> list
     tid = lambda role: role_id(tokenizer, role)  # noqa: E731  the run's token for each sentinel's role
     pre = tokenizer.encode(problem.prefix, add_special_tokens=False).ids
     suf = tokenizer.encode(problem.suffix, add_special_tokens=False).ids
-    room = budget - 3 - len(with_bos(tokenizer, []))
+    room = budget - 3 - (bos_id(tokenizer) is not None)  # three sentinels, and the BOS when there is one
     keep_suf = min(len(suf), room // 2)
     keep_pre = min(len(pre), room - keep_suf)
     keep_suf = min(len(suf), room - keep_pre)
