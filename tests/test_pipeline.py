@@ -14,7 +14,7 @@ from tiny import ROOT, TINY, VENV_BIN, snakemake, tiny_layout
 from kiln import config as kiln_config
 from kiln.config.sections import TrainSection
 from kiln.data.sources import raw_part_count
-from kiln.layout import STAGE_OF_JOB
+from kiln.layout import STAGE_OF_JOB, ScatterPlan
 from kiln.plan.steps import StageTimes, steps_within
 from kiln.train.schedule import Replanned
 
@@ -46,6 +46,30 @@ def test_pretokenize_ran_one_job_per_raw_part_and_wrote_the_bytes_of_one_job(fin
     gathered = paths.folder("pretokenize")
     assert sorted(p.name for p in one_job.iterdir()) == sorted(p.name for p in gathered.glob("[!.]*"))
     for name in ("train.bin", "val.bin", "val_ids.txt", "meta.json"):
+        assert (one_job / name).read_bytes() == (gathered / name).read_bytes(), name
+
+
+def test_download_ran_one_job_per_share_of_the_files_and_wrote_the_bytes_of_one_job(finished_run, tmp_path):
+    """Issue 31, item 5: the workflow's download is a plan, one download_part job per share of the
+    input files (tiny.yaml: 0.5 MB each) and a gather; the stage script run by hand as one job (no
+    --plan) writes the same bytes, manifest included."""
+    workdir, _, _ = finished_run
+    paths = tiny_layout(workdir)
+    plan = ScatterPlan.load(Path(paths.scatter_plan("download")))
+    assert plan.parts >= 2
+    assert all(Path(paths.log("download", "download_part", part=i)).is_file() for i in range(plan.parts))
+    assert not Path(paths.part("download", 0)).parent.exists()  # temporary: deleted once gathered
+    one_job = tmp_path / "raw"
+    script = ROOT / "workflow" / "scripts" / "download.py"
+    argv = [f"{VENV_BIN}/python", str(script), "--config", str(TINY), "--out", str(one_job)]
+    result = subprocess.run(argv, cwd=workdir, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    gathered = paths.folder("download")
+    mine = sorted(p.relative_to(one_job) for p in one_job.rglob("*") if p.is_file())
+    theirs = sorted(p.relative_to(gathered) for p in gathered.rglob("[!.]*") if p.is_file())  # not Snakemake's
+    assert mine == theirs
+    assert len(mine) >= 3  # the manifest and two parts at least
+    for name in mine:
         assert (one_job / name).read_bytes() == (gathered / name).read_bytes(), name
 
 
@@ -391,6 +415,7 @@ def test_a_three_arm_sweep_builds_the_data_once_and_overlays_the_arms(tmp_path):
     table = out[out.index("Job stats:") :].split("\n\n")[0].splitlines()[3:]
     counts = {rule: int(n) for rule, n in (line.split() for line in table)}
     assert counts == {
+        "download_plan": 1,  # the download's part jobs join the DAG once this checkpoint has listed the files
         "download": 1,
         "tokenizer": 1,
         "pretokenize_plan": 1,  # the part jobs join the DAG once this checkpoint has counted the parts
@@ -404,7 +429,7 @@ def test_a_three_arm_sweep_builds_the_data_once_and_overlays_the_arms(tmp_path):
         "report": 3,
         "sweep_report": 1,
         "all": 1,
-        "total": 25,
+        "total": 26,
     }
     arms = [f"stdlib-lr-sweep-lr-{lr}" for lr in ("0.002", "0.008", "0.02")]
     results = tmp_path / "results"

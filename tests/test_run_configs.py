@@ -251,6 +251,7 @@ def test_a_sweep_builds_its_data_once_and_each_arm_gets_its_values(tmp_path, nam
     experiment = kiln_config.resolve_experiment([base, sweep_file])
     arms = len(experiment.runs)
     assert arms == 3 and job_counts(result) == {
+        "download_plan": 1,  # the download's part jobs join the DAG once this checkpoint has listed the files
         "download": 1,
         "tokenizer": 1,
         "pretokenize_plan": 1,  # the part jobs join the DAG once this checkpoint has counted the parts
@@ -264,7 +265,7 @@ def test_a_sweep_builds_its_data_once_and_each_arm_gets_its_values(tmp_path, nam
         "plan": arms,
         "sweep_report": 1,
         "all": 1,
-        "total": 6 * arms + 7,
+        "total": 6 * arms + 8,
     }
     trains = {params["run_name"]: params for params, _ in train_jobs(result)}
     assert sorted(trains) == sorted(experiment.runs)

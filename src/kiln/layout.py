@@ -81,9 +81,12 @@ STAGES = (
 )
 BY_NAME = {stage.name: stage for stage in STAGES}
 # A scattered stage's other jobs (workflow/rules/<stage>.smk), each a rule and script of its own: a plan
-# (a Snakemake checkpoint that counts the raw parts) and one part job per raw part; the stage's own
-# job gathers the parts.
-SCATTER_JOBS = {"pretokenize": ("pretokenize_plan", "pretokenize_part")}
+# (a Snakemake checkpoint that counts the part jobs) and the part jobs; the stage's own job gathers
+# the parts. download: one part job per share of the input files; pretokenize: one per raw part.
+SCATTER_JOBS = {
+    "download": ("download_plan", "download_part"),
+    "pretokenize": ("pretokenize_plan", "pretokenize_part"),
+}
 STAGE_OF_JOB = {job: stage for stage, jobs in SCATTER_JOBS.items() for job in jobs}
 DATA_STAGES = tuple(stage.name for stage in STAGES if stage.shared)
 RUN_STAGES = tuple(stage.name for stage in STAGES if not stage.shared)
@@ -120,10 +123,10 @@ LATEST = "LATEST"
 
 @dataclass(frozen=True)
 class ScatterPlan:
-    """What the pretokenize_plan job tells Snakemake and the part jobs before any part is encoded: how
-    many raw parts there are (one pretokenize_part job each) and each part's stamp
-    (kiln.data.token_plan.Plan.stamp). A Snakemake checkpoint's output: the workflow learns the
-    scatter's width from it."""
+    """What a scattered stage's plan job tells Snakemake and the part jobs before any part runs: one
+    stamp per part job, what it must be made from (download: kiln.data.raw_scatter.download_plan;
+    pretokenize: one per raw part, kiln.data.token_plan.Plan.stamp). A Snakemake checkpoint's output:
+    the workflow learns the scatter's width from it, and the gather checks each part's stamp."""
 
     stamps: list[dict]
 

@@ -49,6 +49,7 @@ import yaml
 from tiny import tiny_layout
 
 from kiln.data.sources import raw_part_count
+from kiln.layout import ScatterPlan
 from kiln.plan.verdict import SmokeReport
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -201,27 +202,33 @@ def test_every_rule_ran_as_a_slurm_job(pipeline):
     plan = jobs.pop("pretokenize_plan")  # the checkpoint that counts them
     assert len(plan) == 1
     assert len(parts) == raw_part_count(tiny_layout(workdir).folder("download")) >= 2
+    download_parts = jobs.pop("download_part")  # the download's: one job per share of the files
+    download_plan = jobs.pop("download_plan")
+    assert len(download_plan) == 1
+    assert len(download_parts) == ScatterPlan.load(Path(tiny_layout(workdir).scatter_plan("download"))).parts >= 2
+    parts, plan = [*parts, *download_parts], [*plan, *download_plan]
     assert set(jobs) == STAGES and all(len(ids) == 1 for ids in jobs.values())
     assert {rule: rows[ids[0]]["State"] for rule, ids in jobs.items()} == dict.fromkeys(STAGES, "COMPLETED")
     assert {rows[jobid]["State"] for jobid in [*plan, *parts]} == {"COMPLETED"}
     assert (workdir / "results" / "tiny" / "report.md").is_file()
 
 
-def test_pretokenize_ran_as_one_single_cpu_slurm_job_per_part_and_gathered_the_local_bytes(pipeline):
+@pytest.mark.parametrize("stage", ["download", "pretokenize"])
+def test_a_data_stage_ran_as_one_single_cpu_slurm_job_per_part_and_gathered_the_local_bytes(pipeline, stage):
     """Issue 31, item 5: the scatter's jobs each hold one CPU (profiles/slurm), all of them queued at
-    once, and the gathered tokens are the local run's byte for byte."""
+    once, and the gathered folder is the local run's byte for byte."""
     workdir, local, jobs, rows = pipeline
-    parts = jobs["pretokenize_part"]
+    parts = jobs[f"{stage}_part"]
     assert {tres(rows[jobid])["cpu"] for jobid in parts} == {"1"}
     assert all(tres(rows[jobid]).get("gres/gpu") is None for jobid in parts)
-    gather = rows[jobs["pretokenize"][0]]
+    gather = rows[jobs[stage][0]]
     assert all(rows[jobid]["End"] <= gather["Start"] for jobid in parts)  # the gather waited for every part
-    on_slurm, here = tiny_layout(workdir).folder("pretokenize"), tiny_layout(local).folder("pretokenize")
-    names = sorted(p.name for p in here.iterdir())
-    assert names == sorted(p.name for p in on_slurm.iterdir()) and "train.bin" in names
+    on_slurm, here = tiny_layout(workdir).folder(stage), tiny_layout(local).folder(stage)
+    names = sorted(p.relative_to(here) for p in here.rglob("*") if p.is_file())
+    assert names == sorted(p.relative_to(on_slurm) for p in on_slurm.rglob("*") if p.is_file()) and len(names) >= 3
     for name in names:
         assert (on_slurm / name).read_bytes() == (here / name).read_bytes(), name
-    assert not Path(tiny_layout(workdir).part("pretokenize", 0)).parent.exists()  # temporary: gone once gathered
+    assert not Path(tiny_layout(workdir).part(stage, 0)).parent.exists()  # temporary: gone once gathered
 
 
 def test_gpu_stages_hold_the_gpus_and_nodes_of_the_train_section_and_data_stages_none(pipeline):
@@ -230,7 +237,7 @@ def test_gpu_stages_hold_the_gpus_and_nodes_of_the_train_section_and_data_stages
     for rule in ("smoke", "train"):  # nproc_per_node 2 on nnodes 1
         assert held[rule]["gres/gpu"] == "2" and held[rule]["node"] == "1", (rule, held[rule])
     assert held["eval"]["gres/gpu"] == "1" and held["eval"]["node"] == "1"  # one process
-    for rule in ("download", "tokenizer", "pretokenize_part", "pretokenize", "shard", "report"):
+    for rule in ("download_part", "download", "tokenizer", "pretokenize_part", "pretokenize", "shard", "report"):
         assert "gres/gpu" not in held[rule], (rule, held[rule])
 
 

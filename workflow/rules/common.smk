@@ -48,12 +48,17 @@ def upstream(stage, name=None, of="run"):
     return lambda wildcards: kiln_layout.Layout(DATA[(of, wildcards.key)]).output(stage, name)
 
 
-def pretokenize_parts(wildcards):
-    """The pretokenize gather's inputs: one pretokenize_part folder per raw part. The plan that counts
-    them is a checkpoint: until it has run, Snakemake waits on it, then asks again."""
-    plan = kiln_layout.ScatterPlan.load(checkpoints.pretokenize_plan.get(key=wildcards.key).output.plan)
-    layout = kiln_layout.Layout(DATA[("pretokenize", wildcards.key)])
-    return [layout.part("pretokenize", index) for index in range(plan.parts)]
+def scatter_parts(stage):
+    """A scattered stage's gather inputs: its part job folders, as many as its plan counts. The plan
+    is a checkpoint: until it has run, Snakemake waits on it, then asks again."""
+    plan_job = kiln_layout.SCATTER_JOBS[stage][0]
+
+    def parts(wildcards):
+        plan = kiln_layout.ScatterPlan.load(getattr(checkpoints, plan_job).get(key=wildcards.key).output.plan)
+        layout = kiln_layout.Layout(DATA[(stage, wildcards.key)])
+        return [layout.part(stage, index) for index in range(plan.parts)]
+
+    return parts
 
 
 def sweep_outputs():

@@ -51,7 +51,7 @@ rule pretokenize:
     input:
         raw=upstream("download", of="pretokenize"),
         tokenizer=upstream("tokenizer", "tokenizer.json", of="pretokenize"),
-        parts=pretokenize_parts,
+        parts=scatter_parts("pretokenize"),
     output:
         tokens=directory(P.output("pretokenize")),
     params:

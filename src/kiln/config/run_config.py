@@ -81,6 +81,7 @@ class DownloadSection(Section):
     KEY: ClassVar[str] = "download"
     sources: tuple[Source, ...]
     rows_per_part: int
+    scatter_mb: float
     dedup: bool
     near_dup: NearDupSection
     decontaminate: DecontaminateSection

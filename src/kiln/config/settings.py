@@ -116,6 +116,7 @@ SETTINGS: dict[str, Setting] = {
     ),
     "download.sources": _s("the report names them", download=OUTPUT, report=OUTPUT),
     "download.rows_per_part": DOWNLOAD,
+    "download.scatter_mb": _s("how many download_part jobs check the input; the bytes equal one job's", download=RUN),
     "download.dedup": DOWNLOAD,
     "download.decontaminate.humaneval": DOWNLOAD,
     "download.decontaminate.ngram": DOWNLOAD,

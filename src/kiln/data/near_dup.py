@@ -42,6 +42,30 @@ def threshold(cfg: NearDupSection) -> float:
     return (1 / cfg.bands) ** (1 / cfg.rows)
 
 
+def signature(text: str, cfg: NearDupSection) -> RMinHash | None:
+    """The document's MinHash, or None when it has fewer words than a shingle."""
+    grams = shingles(text, cfg.shingle)
+    if not grams:
+        return None
+    minhash = RMinHash(cfg.bands * cfg.rows, cfg.seed)
+    minhash.update(grams)
+    return minhash
+
+
+def signature_bytes(minhash: RMinHash | None) -> bytes | None:
+    """A MinHash as rensa serialises it (its digest and parameters, about 1.3 KB at 250 values)."""
+    return None if minhash is None else minhash.__getstate__()
+
+
+def signature_of_bytes(state: bytes | None, cfg: NearDupSection) -> RMinHash | None:
+    """The MinHash `signature_bytes` wrote, for the same settings."""
+    if state is None:
+        return None
+    minhash = RMinHash(cfg.bands * cfg.rows, cfg.seed)
+    minhash.__setstate__(state)
+    return minhash
+
+
 class NearDupIndex:
     """The documents kept so far, as LSH bands. `admit` answers for a new document and, when it is new,
     adds it under the next key; `forget` takes keys back (a part that was never written)."""
@@ -54,19 +78,13 @@ class NearDupIndex:
         self.next_key = 0
         self.ids: dict[int, str] = {}
 
-    def signature(self, text: str) -> RMinHash | None:
-        """The document's MinHash, or None when it has fewer words than a shingle."""
-        grams = shingles(text, self.cfg.shingle)
-        if not grams:
-            return None
-        minhash = RMinHash(self.num_perm, self.cfg.seed)
-        minhash.update(grams)
-        return minhash
-
     def admit(self, text: str, doc_id: str) -> tuple[str | None, int | None]:
         """(the id of a kept document `text` nearly duplicates, or "" when that one is not named;
         None when it is new) and the key it was added under (None when not added)."""
-        minhash = self.signature(text)
+        return self.admit_signature(signature(text, self.cfg), doc_id)
+
+    def admit_signature(self, minhash: RMinHash | None, doc_id: str) -> tuple[str | None, int | None]:
+        """`admit` for a document whose MinHash was computed elsewhere (a download_part job's)."""
         if minhash is None:
             return None, None
         matches = self.lsh.query(minhash)

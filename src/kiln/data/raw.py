@@ -35,12 +35,11 @@ import pyarrow.parquet as pq
 
 from kiln.config.run_config import DownloadSection, Source
 from kiln.data import faults
-from kiln.data.decontaminate import contamination
 from kiln.data.hub import describe, is_transient
 from kiln.data.near_dup import NearDupIndex, threshold
-from kiln.data.quality import first_failure
-from kiln.data.sources import Document, SourceReader
-from kiln.data.utf8text import BIG_TEXT_BYTES, Utf8Text, string_column, texts_of, utf8_size
+from kiln.data.sources import Document
+from kiln.data.utf8text import BIG_TEXT_BYTES, string_column, texts_of, utf8_size
+from kiln.data.verdicts import EARLY, CheckingReader, Verdict, VerdictReader, digest_and_size
 from kiln.errors import KilnError
 from kiln.io import atomic_file, read_json, remove_dead_temps, sha256_file, write_json
 
@@ -59,7 +58,6 @@ ROW_GROUP_ROWS, ROW_GROUP_BYTES = 128, 8 << 20
 PROGRESS = "progress.json"
 FORMAT = 3  # staged parts of another format are never resumed
 EXAMPLES = 3  # dropped documents the manifest names per filter and source
-_HASH_CHUNK = 1 << 20
 
 
 @dataclasses.dataclass
@@ -92,21 +90,6 @@ class Counts:
         shown = self.examples.setdefault(reason, [])
         if len(shown) < EXAMPLES:
             shown.append({"id": doc_id, "why": why})
-
-
-def digest_and_size(text: str | Utf8Text) -> tuple[int, int]:
-    """A 64-bit content hash and the UTF-8 size of a text, encoded a slice at a time (a long document
-    is not copied whole). Raises UnicodeEncodeError for lone surrogates."""
-    digest = hashlib.sha256()
-    if isinstance(text, Utf8Text):
-        digest.update(text.data)
-        return int.from_bytes(digest.digest()[:8], "little"), text.nbytes
-    size = 0
-    for start in range(0, len(text), _HASH_CHUNK):
-        data = text[start : start + _HASH_CHUNK].encode("utf-8")
-        digest.update(data)
-        size += len(data)
-    return int.from_bytes(digest.digest()[:8], "little"), size
 
 
 def _fingerprint(cfg: DownloadSection) -> str:
@@ -159,11 +142,19 @@ class _SourceWriter:
         progress: dict,
         seen: set[int] | None,
         near: NearDupIndex | None,
+        verdicts: list[Path] | None = None,
     ):
         self.spec, self.cfg, self.staging, self.progress, self.seen = spec, cfg, staging, progress, seen
-        self.near = near
+        self.near, self.verdicts = near, verdicts
         self.entry = progress["sources"][spec.name]
         (staging / spec.name).mkdir(parents=True, exist_ok=True)
+
+    def reader(self) -> CheckingReader | VerdictReader:
+        """The source's records with their verdicts: read and checked here, or replayed from the
+        download_part jobs' files when the source was scattered."""
+        if self.verdicts is None:
+            return CheckingReader(self.spec, self.cfg)
+        return VerdictReader(self.spec, self.cfg, self.verdicts)
 
     def run(self) -> None:
         attempts = 0
@@ -192,43 +183,18 @@ class _SourceWriter:
                 )
                 time.sleep(delay)
 
-    def _reject(self, doc: Document, counts: Counts) -> tuple[int, int] | None:
-        """(digest, size) of a document to keep, or None after counting why it is dropped."""
-        try:
-            digest, size = digest_and_size(doc.text)
-        except UnicodeEncodeError:  # a lone surrogate, e.g. from a JSON "\ud800" escape
-            if self.cfg.invalid_utf8 == "fail":
-                raise KilnError(
-                    f"{doc.id}: text is not valid UTF-8 (a lone surrogate); set "
-                    "download.invalid_utf8: skip to skip such records"
-                ) from None
-            counts.skipped_non_utf8 += 1
-            return None
-        cfg = self.cfg
-        if doc.text.is_blank() if isinstance(doc.text, Utf8Text) else not doc.text.strip():
-            counts.skipped_empty += 1
-        elif size < cfg.min_doc_bytes:
-            counts.skipped_short += 1
-        elif cfg.max_doc_bytes is not None and size > cfg.max_doc_bytes:
-            counts.skipped_long += 1
-        elif self.seen is not None and digest in self.seen:
+    def _reject(self, doc: Document | None, verdict: Verdict, counts: Counts) -> bool:
+        """Whether a record is dropped before the budgets (counted here): by its own checks, or as an
+        exact duplicate of an earlier document."""
+        if verdict.reason in EARLY:
+            setattr(counts, f"skipped_{verdict.reason}", getattr(counts, f"skipped_{verdict.reason}") + 1)
+        elif self.seen is not None and verdict.digest in self.seen:
             counts.skipped_duplicate += 1
-        elif (failure := self._failed_check(doc)) is not None:
-            counts.drop(failure[0], doc.id, failure[1])
+        elif verdict.reason is not None:
+            counts.drop(verdict.reason, doc.id, verdict.why)
         else:
-            return digest, size
-        return None
-
-    def _failed_check(self, doc: Document) -> tuple[str, str] | None:
-        """(reason, why) when the source's quality filters or decontamination drop `doc`, else None."""
-        text = _text(doc)
-        if text is None:
-            return None
-        failure = first_failure(text, self.spec.quality, self.cfg.filters.as_dict())
-        if failure is None and self.cfg.decontaminate.humaneval:
-            why = contamination(text, self.cfg.decontaminate.ngram)
-            failure = ("contaminated", why) if why else None
-        return failure
+            return False
+        return True
 
     def _stream(self) -> None:
         spec, entry, rows_per_part = self.spec, self.entry, self.cfg.rows_per_part
@@ -251,21 +217,17 @@ class _SourceWriter:
             keys.clear()
             batch_bytes = 0
 
-        reader = SourceReader(spec, self.cfg.invalid_utf8)
+        reader = self.reader()
         try:
-            for doc in reader.read(entry["position"]):
-                if doc is None:
-                    counts.skipped_non_utf8 += 1
+            for doc, verdict in reader.read(entry["position"]):
+                if self._reject(doc, verdict, counts):
                     continue
-                kept = self._reject(doc, counts)
-                if kept is None:
-                    continue
-                digest, size = kept
+                digest, size = verdict.digest, verdict.size
                 if spec.max_bytes is not None and counts.rows and counts.bytes + size > spec.max_bytes:
                     break
                 key = None
-                if self.near is not None and (text := _text(doc)) is not None:
-                    match, key = self.near.admit(text, doc.id)
+                if self.near is not None:
+                    match, key = self.near.admit_signature(verdict.minhash, doc.id)
                     if match is not None:
                         counts.drop("near_duplicate", doc.id, f"near duplicate of {match or 'an earlier document'}")
                         continue
@@ -325,13 +287,6 @@ def _start_progress(staging: Path, cfg: DownloadSection) -> dict:
     return {"fingerprint": fingerprint, "sources": {}}
 
 
-def _text(doc: Document) -> str | None:
-    """The text the quality filters, decontamination and near-duplicate index read; None for a
-    document over BIG_TEXT_BYTES, held as bytes so that it is never copied whole as a str: those
-    pass unchecked (exact deduplication still applies; download.max_doc_bytes bounds them)."""
-    return None if isinstance(doc.text, Utf8Text) else doc.text
-
-
 def _staged_index(cfg: DownloadSection, staging: Path, progress: dict) -> tuple[set[int] | None, NearDupIndex | None]:
     """The exact and near-duplicate indexes of every document already staged, in download order,
     for deduplication across a resume (None for one that is off)."""
@@ -343,13 +298,16 @@ def _staged_index(cfg: DownloadSection, staging: Path, progress: dict) -> tuple[
             for doc_id, text in zip(table.column("id").to_pylist(), texts_of(table.column("text"), BIG_TEXT_BYTES)):
                 if seen is not None:
                     seen.add(digest_and_size(text)[0])
-                if near is not None and isinstance(text, str):  # as _stream admitted them
+                if near is not None and isinstance(text, str):  # as check signed them
                     near.admit(text, doc_id)
     return seen, near
 
 
-def write_raw(cfg: DownloadSection, out_dir: Path) -> dict:
-    """Run the download section `cfg` into out_dir (replaced whole at the end); return the manifest."""
+def write_raw(cfg: DownloadSection, out_dir: Path, verdicts: dict[str, list[Path]] | None = None) -> dict:
+    """Run the download section `cfg` into out_dir (replaced whole at the end); return the manifest.
+    `verdicts`: per scattered source, its download_part jobs' verdict files in reading order (the
+    gather, kiln.data.raw_scatter); the other sources are read and checked here."""
+    verdicts = verdicts or {}
     out_dir = Path(out_dir)
     staging = out_dir.parent / f".{out_dir.name}.partial"
     progress = _start_progress(staging, cfg)
@@ -359,7 +317,7 @@ def write_raw(cfg: DownloadSection, out_dir: Path) -> dict:
             progress["sources"].setdefault(
                 spec.name, {"parts": [], "position": None, "counts": dataclasses.asdict(Counts()), "done": False}
             )
-            _SourceWriter(spec, cfg, staging, progress, seen, near).run()
+            _SourceWriter(spec, cfg, staging, progress, seen, near, verdicts.get(spec.name)).run()
     except BaseException:
         if not any(s["parts"] for s in progress["sources"].values()):
             shutil.rmtree(staging, ignore_errors=True)  # nothing worth resuming

@@ -67,7 +67,13 @@ class SourceReader:
             state["stream"] = self._stream.state_dict()
         return state
 
-    def read(self, position: dict | None = None) -> Iterator[Document | None]:
+    def files(self) -> list[Path]:
+        """The files a stdlib or local source reads, in reading order (its records follow them)."""
+        return FILES[self.spec.kind](self.spec)
+
+    def read(self, position: dict | None = None, files: Sequence[Path] | None = None) -> Iterator[Document | None]:
+        """The source's records from `position`; `files`: only those files' (a download_part job's
+        share of a stdlib or local source, kiln.data.raw_scatter)."""
         self.records = 0
         if self.spec.kind == "hf":
             from kiln.data.hub import open_stream  # imports datasets: slow, and only this kind needs it
@@ -80,7 +86,8 @@ class SourceReader:
         else:
             self.records = position["records"] if position else 0
             # Local files are cheap to read again: skip what was read; only a stream resumes in place.
-            items = itertools.islice(KINDS[self.spec.kind](self), self.records, None)
+            documents = KINDS[self.spec.kind](self, self.files() if files is None else files)
+            items = itertools.islice(documents, self.records, None)
         for item in items:
             self.records += 1
             yield item
@@ -132,9 +139,9 @@ class SourceReader:
             )
 
 
-def _stdlib_documents(reader: SourceReader) -> Iterator[Document | None]:
-    spec, root = reader.spec, stdlib_root()
-    files = sorted(
+def _stdlib_files(spec: Source) -> list[Path]:
+    root = stdlib_root()
+    return sorted(
         {
             p
             for pattern in spec.include
@@ -142,6 +149,10 @@ def _stdlib_documents(reader: SourceReader) -> Iterator[Document | None]:
             if p.is_file() and "site-packages" not in p.parts and "__pycache__" not in p.parts
         }
     )
+
+
+def _stdlib_documents(reader: SourceReader, files: Sequence[Path]) -> Iterator[Document | None]:
+    spec, root = reader.spec, stdlib_root()
     for path in files:
         text = reader.read_file(path)
         rel = path.relative_to(root).as_posix()
@@ -228,9 +239,9 @@ def _row_documents(path: Path, reader: SourceReader) -> Iterator[Document | None
         )
 
 
-def _local_documents(reader: SourceReader) -> Iterator[Document | None]:
+def _local_documents(reader: SourceReader, files: Sequence[Path]) -> Iterator[Document | None]:
     name = reader.spec.name
-    for path in expand_paths(reader.spec.paths):
+    for path in files:
         if path.suffix in ROW_FILE_SUFFIXES:
             yield from _row_documents(path, reader)
         else:
@@ -239,6 +250,7 @@ def _local_documents(reader: SourceReader) -> Iterator[Document | None]:
 
 
 KINDS = {"stdlib": _stdlib_documents, "local": _local_documents}
+FILES = {"stdlib": _stdlib_files, "local": lambda spec: expand_paths(spec.paths)}
 
 
 # --- the download stage's output, read back (written by kiln.data.raw) ---------------------------------
