@@ -1,6 +1,8 @@
 """The pretokenize stage as Snakemake runs it, one pretokenize_part job per raw part and a gather, at
 1, 2 and 4 cores, against the stage as one job with as many worker processes, on the same data in
 the same run; then the time of seed 000's 10B tokens on 4 and 32 nodes, projected from the figures.
+Then the download stage the same way: one download_part job per download.scatter_mb of input files
+and a gather, against the stage script as one process (download_rounds).
 
     python bench/data_scatter.py                     # config/config.yaml: the stdlib
     python bench/data_scatter.py --rows-per-part 100 # more, smaller parts
@@ -28,7 +30,6 @@ file of --copy-mb. Snakemake's `jobs:` (profiles/slurm) must allow that many job
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
@@ -54,9 +55,9 @@ OUTPUTS = ("train.bin", "val.bin", "val_ids.txt", "meta.json")
 SEED_TOKENS = 10e9  # seed 000: ~10B tokens of code
 
 
-def snakemake(workdir: Path, configfile: Path, overrides: list[str], *args: str) -> float:
+def snakemake(workdir: Path, configfile: Path, *args: str) -> float:
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir)]
-    cmd += ["--configfile", str(configfile), *(["--config", *overrides] if overrides else []), *args]
+    cmd += ["--configfile", str(configfile), *args]
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # the jobs' python
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -127,18 +128,20 @@ def main() -> int:
         download = {"sources": [{"name": "code", "kind": "local", "paths": [code]}], "rows_per_part": 2000}
     if args.rows_per_part:
         download["rows_per_part"] = args.rows_per_part
-    overrides = [f"download={json.dumps(download)}"] if download else []
+    # the settings go into a config file, which the one jobs read too
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
-    if args.train_tokens:  # a config file with the budget, which the one job reads too
-        budgeted = yaml.safe_load(configfile.read_text(encoding="utf-8"))
-        budgeted.setdefault("pretokenize", {})["train_tokens"] = args.train_tokens
+    if args.train_tokens or download:
+        changed = yaml.safe_load(configfile.read_text(encoding="utf-8"))
+        changed["download"] = changed.get("download", {}) | download
+        if args.train_tokens:
+            changed.setdefault("pretokenize", {})["train_tokens"] = args.train_tokens
         configfile = args.workdir / "config.yaml"
-        configfile.write_text(yaml.safe_dump(budgeted), encoding="utf-8")
-    cfg = kiln_config.resolve([configfile], dict(text.split("=", 1) for text in overrides))
+        configfile.write_text(yaml.safe_dump(changed), encoding="utf-8")
+    cfg = kiln_config.resolve([configfile], {})
     layout = Layout(cfg, root=args.workdir / "results")
     print(f"download and tokenizer of {configfile.name} in {args.workdir} ...", flush=True)
-    snakemake(args.workdir, configfile, overrides, "--cores", "all", "--until", "tokenizer")
+    snakemake(args.workdir, configfile, "--cores", "all", "--until", "tokenizer")
     parts = raw_part_count(layout.folder("download"))
     raw_mb = read_json(layout.folder("download") / "manifest.json")["bytes"] / 1e6
     cores = [int(c) for c in args.cores.split(",")]
@@ -155,7 +158,6 @@ def main() -> int:
             wall = snakemake(
                 args.workdir,
                 configfile,
-                overrides,
                 "--cores",
                 str(n),
                 "--until",
@@ -205,8 +207,69 @@ def main() -> int:
         slots = nodes * args.node_cores
         scatter = math.ceil(seed_parts / slots) * per_part
         print(f"| {nodes} | {slots} | {scatter / 60:.1f} | {gather / 60:.1f} | {(scatter + gather) / 60:.1f} |")
+    download_rounds(args, configfile, layout, cores, seed_mb)
     shutil.rmtree(args.workdir, ignore_errors=True)
     return 0
+
+
+def download_one_job(workdir: Path, configfile: Path, out: Path) -> float:
+    """workflow/scripts/download.py without --plan: every source read and checked in one process."""
+    cmd = [sys.executable, str(ROOT / "workflow" / "scripts" / "download.py"), "--config", str(configfile)]
+    shutil.rmtree(out, ignore_errors=True)
+    start = time.perf_counter()
+    done = subprocess.run([*cmd, "--out", str(out)], cwd=workdir, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"$ {' '.join(cmd)}\n{done.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("[!.]*")) if p.is_file()}
+
+
+def download_rounds(args, configfile: Path, layout: Layout, cores: list[int], seed_mb: float) -> None:
+    """The download stage the same way: its plan, download_part jobs and gather through Snakemake
+    (`--until download --forcerun download`) against the stage script as one process; then seed
+    000's raw text through it, projected (its serial gather measured here in MB/s)."""
+    print("\n## download: download_part jobs and a gather, against one job", flush=True)
+    reference, best, part_s, gather_s, start_s = None, {}, [], [], []
+    for _ in range(args.repeat):
+        wall = download_one_job(args.workdir, configfile, args.workdir / "one-raw")
+        best["one job"] = min(best.get("one job", math.inf), wall)
+        reference = reference or folder_bytes(args.workdir / "one-raw")
+        for n in cores:
+            wall = snakemake(
+                args.workdir, configfile, "--cores", str(n), "--until", "download", "--forcerun", "download"
+            )
+            best[n] = min(best.get(n, math.inf), wall)
+            assert folder_bytes(layout.folder("download")) == reference, f"the scatter at {n} cores wrote other bytes"
+            parts = ScatterPlan.load(layout.scatter_plan("download")).parts
+            part_s += [seconds(layout.benchmark("download", "download_part", part=i)) for i in range(parts)]
+            gather_s.append(seconds(layout.benchmark("download")))
+            start_s.append(seconds(layout.benchmark("download", "download_plan")))  # a process's start, about
+    manifest = read_json(layout.folder("download") / "manifest.json")
+    input_mb = sum(s["bytes"] for s in manifest["sources"].values()) / 1e6  # kept text; the input is a little more
+    print(f"{parts} download_part jobs over {input_mb:.1f} MB kept; every output byte-equal to the one job's: yes")
+    print(f"part jobs' seconds, summed: {sum(part_s) / len(gather_s):.1f} a run; gather: {min(gather_s):.2f} s\n")
+    print("| cores | download scatter wall s (snakemake) | one job wall s | scatter / one job |")
+    print("|---|---:|---:|---:|")
+    for n in cores:
+        print(f"| {n} | {best[n]:.1f} | {best['one job']:.1f} | {best[n] / best['one job']:.2f} |")
+    share_mb = input_mb / parts
+    per_part = sorted(part_s)[len(part_s) // 2]
+    gather_rate = input_mb / max(min(gather_s) - min(start_s), 0.05)  # the replay's rate, its start-up aside
+    seed_parts = math.ceil(seed_mb / share_mb)
+    gather = seed_mb / gather_rate
+    print(
+        f"\nseed 000's {seed_mb / 1e3:.1f} GB in {seed_parts:,} shares of {share_mb:.1f} MB, each {per_part:.2f} s "
+        f"(median part job here); the gather replays {gather_rate:.0f} MB/s past its start-up"
+    )
+    print("| nodes | download_part jobs at once | scatter min | gather min | total min |")
+    print("|---|---:|---:|---:|---:|")
+    for nodes in (1, 4, 32):
+        slots = nodes * args.node_cores
+        scatter = math.ceil(seed_parts / slots) * per_part
+        print(f"| {nodes} | {slots} | {scatter / 60:.1f} | {gather / 60:.1f} | {(scatter + gather) / 60:.1f} |")
 
 
 if __name__ == "__main__":

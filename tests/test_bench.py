@@ -43,7 +43,12 @@ PRINTS = {
     "loss_chunks.py": ["| loss chunks | logits a chunk | chunks a micro-batch |", "| unchunked |"],
     "loss_compile.py": ["| loss | s per forward+backward (median) |", "eager / compiled: "],
     "cpu_allocator.py": ["| allocator | tokens/s (median) | min-max |", "ours / baseline: "],
-    "data_scatter.py": ["| cores | scatter wall s (snakemake) |", "| nodes | part jobs at once | scatter min |"],
+    "data_scatter.py": [
+        "| cores | scatter wall s (snakemake) |",
+        "| nodes | part jobs at once | scatter min |",
+        "| cores | download scatter wall s (snakemake) |",
+        "| nodes | download_part jobs at once | scatter min |",
+    ],
     "heldout_overlap.py": ["| n-gram | train samples holding a held-out one |", "| 50 words |"],
     "dataprep.py": [
         "| pipeline | wall s | MiB/s | Kiln is |",

@@ -10,6 +10,9 @@ source (sha256 of the text), the source's quality filters (kiln.data.quality: ea
 with up to EXAMPLES examples), documents sharing an n-gram with HumanEval (kiln.data.decontaminate),
 and near duplicates of an earlier kept document of any source
 (kiln.data.near_dup). A source's budgets (max_rows, max_bytes) count the documents it keeps.
+The checks of one document alone are kiln.data.verdicts' (made here as each record is read, or
+replayed from the download_part jobs' files for a scattered source, kiln.data.raw_scatter); the
+duplicates and budgets, which depend on what came before, are decided here, in order.
 
 Resumable: parts go to a staging folder beside the output (.<name>.partial) and a progress file
 records, after each complete part, where the source's reading stands. A network failure is retried
