@@ -166,6 +166,7 @@ def uncleaned_raw(source: dict, out: Path, rows_per_part: int = 500) -> Path:
             {
                 "sources": [{"quality": "none", **source}],
                 "rows_per_part": rows_per_part,
+                "scatter_mb": 8,
                 "dedup": True,
                 "near_dup": {"enabled": False, "shingle": 5, "bands": 25, "rows": 10, "seed": 42},
                 "decontaminate": {"humaneval": False, "ngram": 13},

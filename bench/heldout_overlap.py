@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import shutil
 import subprocess
@@ -27,8 +28,9 @@ import numpy as np
 
 from kiln import config as kiln_config
 from kiln.data.decontaminate import ngrams
+from kiln.data.ngram_hash import ngram_hashes
 from kiln.data.sources import read_documents
-from kiln.eval.contamination import ngram_hashes
+from kiln.io import benchmark_seconds as seconds
 from kiln.io import read_json
 from kiln.layout import Layout
 
@@ -68,14 +70,8 @@ def main() -> int:
     if args.quick:
         args.configfile = ROOT / "tests" / "configs" / "tiny.yaml"
     configfile = args.configfile.resolve()
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(args.workdir)]
-    cmd += ["--configfile", str(configfile), "--cores", "all", "--until", "pretokenize"]
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    print(f"data stages of {configfile.name} in {args.workdir} ...", flush=True)
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise SystemExit(f"$ {' '.join(cmd)}\n{done.stderr[-3000:]}")
-    layout = Layout(kiln_config.resolve([configfile], {}), root=args.workdir / "results")
+    print(f"data stages of {configfile.name} in {args.workdir}, nothing left out of train ...", flush=True)
+    layout = build(args.workdir, configfile, {"heldout_ngram": 0})
     tokens, raw = layout.folder("pretokenize"), layout.folder("download")
     meta = read_json(tokens / "meta.json")
     dtype, eos = np.dtype(meta["dtype"]), meta["eos_id"]
@@ -106,8 +102,36 @@ def main() -> int:
             (t, v), total = found["any"], len(train)
             cells = " | ".join(f"{found[g][0]} ({found[g][0] / total:.1%}) / {found[g][1]}" for g in guards)
             print(f"| {n} {unit} | {t} of {total} ({t / total:.1%}) | {v} of {len(val)} | {cells} |")
+    removal(args.workdir, configfile, layout)
     shutil.rmtree(args.workdir, ignore_errors=True)
     return 0
+
+
+def build(workdir: Path, configfile: Path, pretokenize: dict) -> Layout:
+    """The data stages up to pretokenize, with these pretokenize settings over the config's."""
+    overrides = {"pretokenize": json.dumps(pretokenize)} if pretokenize else {}
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir)]
+    cmd += ["--configfile", str(configfile), "--cores", "all", "--until", "pretokenize"]
+    cmd += ["--config", *(f"{k}={v}" for k, v in overrides.items())] if overrides else []
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"$ {' '.join(cmd)}\n{done.stderr[-3000:]}")
+    return Layout(kiln_config.resolve([configfile], overrides), root=workdir / "results")
+
+
+def removal(workdir: Path, configfile: Path, off: Layout) -> None:
+    """The config's own pretokenize.heldout_ngram at work (kiln.data.heldout): what it left out, and
+    the stage's time against the same stage with it off, from their benchmark files."""
+    print("\npretokenize with the config's heldout_ngram ...", flush=True)
+    on = build(workdir, configfile, {})
+    overlap = read_json(on.folder("pretokenize") / "meta.json")["heldout_overlap"]
+    print("\n| heldout_ngram | guard | train documents left out | pretokenize s | with it off s |")
+    print("|---:|---:|---:|---:|---:|")
+    times = [seconds(layout.benchmark("pretokenize")) for layout in (on, off)]
+    print(f"| {overlap['ngram']} | {overlap['guard']} | {overlap['docs']} | {times[0]:.2f} | {times[1]:.2f} |")
+    for example in overlap["examples"]:
+        print(f"- {', '.join(example['doc_ids'])}: {example['why']}")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,11 @@ PRINTS = {
         "| cores | download scatter wall s (snakemake) |",
         "| nodes | download_part jobs at once | scatter min |",
     ],
-    "heldout_overlap.py": ["| n-gram | train samples holding a held-out one |", "| 50 words |"],
+    "heldout_overlap.py": [
+        "| n-gram | train samples holding a held-out one |",
+        "| 50 words |",
+        "| heldout_ngram | guard | train documents left out | pretokenize s | with it off s |",
+    ],
     "dataprep.py": [
         "| pipeline | wall s | MiB/s | Kiln is |",
         "| Kiln pretokenize + shard |",

@@ -101,6 +101,8 @@ def test_pretokenize_lays_out_the_sources_ids(built, raw_dir, tmp_path):
     cfg = {
         "val_tokens": 2_000,
         "mixture": {},
+        "heldout_ngram": 50,
+        "heldout_guard": 10,
         "repo_context": False,
         "encoder": "auto",
         "fim": {"rate": 1.0, "psm": 0.5, "spm": 0.5, "middle_only": 0.0, "min_chars": 10},

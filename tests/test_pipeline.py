@@ -127,7 +127,7 @@ def test_every_artifact_is_there(finished_run):
 
 
 def test_model_beats_the_unigram_baseline(finished_run):
-    _, run, result = finished_run
+    workdir, run, result = finished_run
     metrics = json.loads((run / "eval" / "metrics.json").read_text())
     assert metrics["val_loss"] < metrics["unigram_val_loss"] - 0.1
     smoke = json.loads((run / "smoke" / "report.json").read_text())
@@ -164,8 +164,12 @@ def test_model_beats_the_unigram_baseline(finished_run):
         "### Per source",
         "### Checkpoints kept",
         "Reference: val loss 5 (a round figure",
+        "## Cleaning (download)",
+        "## Decontamination against the held-out split (pretokenize)",
     ):
         assert section in report, section
+    tokens = json.loads((tiny_layout(workdir).folder("pretokenize") / "meta.json").read_text())
+    assert f"{tokens['heldout_overlap']['docs']:,} train documents" in report  # what was left out, named
     assert "results/tiny/report.md" in result.stdout + result.stderr
 
 

@@ -29,6 +29,8 @@ SEED = 7
 CFG = {
     "val_tokens": 30_000,
     "mixture": {},
+    "heldout_ngram": 0,  # the split whole; tests/test_heldout.py leaves overlaps out
+    "heldout_guard": 10,
     "repo_context": False,
     "encoder": "auto",
     "fim": {"rate": 0.5, "psm": 0.5, "spm": 0.25, "middle_only": 0.25, "min_chars": 100},

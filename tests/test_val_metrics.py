@@ -37,6 +37,8 @@ MAX_STEPS, CKPT_EVERY, KEEP = 30, 10, 3
 PRETOKENIZE = {  # a whole section: the mixture names this run's sources, not tiny.yaml's
     "val_tokens": 3000,
     "mixture": {"code": 1, "noise": 1},
+    "heldout_ngram": 50,
+    "heldout_guard": 10,
     "repo_context": False,
     "encoder": "auto",
     "fim": {"rate": 0.0, "psm": 0.5, "spm": 0.25, "middle_only": 0.25, "min_chars": 100},

@@ -122,6 +122,8 @@ class Fim(Section):
 class PretokenizeSection(Section):
     KEY: ClassVar[str] = "pretokenize"
     val_tokens: int
+    heldout_ngram: int
+    heldout_guard: int
     train_tokens: int | None = unset()
     mixture: Mapping[str, float]  # source name -> weight, read-only
     repo_context: bool

@@ -149,6 +149,8 @@ SETTINGS: dict[str, Setting] = {
     "tokenizer.encoding": TOKENIZER,
     "tokenizer.pattern": TOKENIZER,
     "pretokenize.val_tokens": PRETOKENIZE,
+    "pretokenize.heldout_ngram": PRETOKENIZE,
+    "pretokenize.heldout_guard": PRETOKENIZE,
     "pretokenize.train_tokens": PRETOKENIZE,
     "pretokenize.mixture": PRETOKENIZE,
     "pretokenize.repo_context": PRETOKENIZE,

@@ -48,6 +48,7 @@ import numpy as np
 from kiln.config.run_config import PretokenizeSection
 from kiln.data import faults, token_parts, token_plan
 from kiln.data.encoders import MAX_CHARS
+from kiln.data.heldout import EXAMPLES, heldout_grams, overlapping_samples, removals, save_index
 from kiln.data.token_parts import EncodedPart, sample_offsets
 from kiln.data.token_plan import Plan, plan, val_bounds
 from kiln.data.tokenize_parts import COUNT_COLUMNS, WorkerPool, train_part, val_candidates
@@ -104,6 +105,36 @@ def _select_val(
             selected.append(candidate)
             total += candidate["tokens"]
     return sorted(selected, key=lambda c: (c["part"], c["row"]))
+
+
+def _heldout_overlap(pool: WorkerPool, plan: Plan, held: dict[int, set[int]], cfg: PretokenizeSection, scratch: Path):
+    """The train samples that share a run of heldout_ngram words with a held-out document
+    (kiln.data.heldout), in (part, row) order; none when the setting is 0. `held`: the held-out
+    samples' first rows, per part."""
+    n = cfg.heldout_ngram
+    if not n:
+        return []
+    paths = {i: path for i, _, path in plan.parts}
+    tasks = [(str(paths[i]), sorted(rows), n, cfg.repo_context) for i, rows in sorted(held.items())]
+    index = scratch / "heldout-ngrams.npz"
+    grams = save_index(index, list(pool.imap(heldout_grams, tasks)))
+    tasks = [
+        (i, str(path), frozenset(held.get(i, ())), str(index), n, cfg.repo_context)
+        for i, s, path in plan.parts
+        if plan.targets[s] != 0
+    ]
+    found = [sample for part in pool.imap(overlapping_samples, tasks) for sample in part]
+    removed = removals(found, index, n, cfg.heldout_guard)
+    index.unlink()
+    log.info(
+        "held-out split: %d %d-word n-grams; %d train samples hold one, %d of them one at most %d hold: left out",
+        grams,
+        n,
+        len(found),
+        len(removed),
+        cfg.heldout_guard,
+    )
+    return removed
 
 
 def copy_range(dst, src_path: Path, start: int, n_bytes: int) -> None:
@@ -306,6 +337,9 @@ def pretokenize(
         skip: dict[int, set[int]] = {}
         for sample in val:
             skip.setdefault(sample["part"], set()).add(sample["row"])
+        removed = _heldout_overlap(pool, the_plan, skip, cfg, scratch)
+        for sample in removed:
+            skip.setdefault(sample["part"], set()).add(sample["row"])
         parts = (
             _encoded_by_parts(encoded, skip, the_plan, done, pool, scratch)
             if encoded
@@ -313,7 +347,7 @@ def pretokenize(
         )
         train = _write_train(parts, the_plan, done, out_dir)
     scratch.rmdir()
-    return _write_meta(the_plan, val, train, val_sources, tokenizer_path, cfg, out_dir)
+    return _write_meta(the_plan, val, train, val_sources, removed, tokenizer_path, cfg, out_dir)
 
 
 def pretokenize_part(
@@ -359,6 +393,7 @@ def _write_meta(
     val: list[dict],
     train: dict[str, Counter],
     val_sources: dict,
+    removed: list[dict],
     tokenizer_path: Path,
     cfg: PretokenizeSection,
     out_dir: Path,
@@ -366,6 +401,10 @@ def _write_meta(
     """meta.json, what the shard stage, eval and the report read, written last."""
     manifest = the_plan.manifest
     sources = _per_source(manifest, the_plan.parts, val, train, the_plan.shares, the_plan.quotas, the_plan.targets)
+    source_of = {i: s for i, s, _ in the_plan.parts}
+    for s, entry in sources.items():  # left out of train for sharing heldout_ngram words with the held-out split
+        entry["heldout_overlap_docs"] = sum(len(r["doc_ids"]) for r in removed if source_of[r["part"]] == s)
+        entry["unused_docs"] -= entry["heldout_overlap_docs"]
     splits = {
         split: {k: sum(src[split][k] for src in sources.values()) for k in ("docs", "tokens", "bytes")}
         for split in SPLITS
@@ -389,6 +428,14 @@ def _write_meta(
         "val_sources": val_sources,
         "fim_modes": {m: sum(train[s][m] for s in train) for m in COUNT_COLUMNS[3:]},
         "repo_context": cfg.repo_context,
+        # train samples left out for sharing heldout_ngram words with the held-out split (kiln.data.heldout)
+        "heldout_overlap": {
+            "ngram": cfg.heldout_ngram,
+            "guard": cfg.heldout_guard,
+            "samples": len(removed),
+            "docs": sum(len(r["doc_ids"]) for r in removed),
+            "examples": [{"doc_ids": r["doc_ids"], "why": r["why"]} for r in removed[:EXAMPLES]],
+        },
     }
     if source_tokenizer_sha256(tokenizer_path):  # an hf tokenizer's source: init_from takes it as the same one
         meta["source_tokenizer_sha256"] = source_tokenizer_sha256(tokenizer_path)

@@ -20,24 +20,10 @@ import math
 
 import numpy as np
 
+from kiln.data.ngram_hash import ngram_hashes
 from kiln.eval.stream import CHUNK, TokenFile
 
 N = 13
-_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit constant (golden ratio)
-
-
-def ngram_hashes(ids: np.ndarray, n: int = N) -> np.ndarray:
-    """uint64 hash of every window of n consecutive ids (len(ids) - n + 1 of them)."""
-    ids = np.asarray(ids, dtype=np.uint64)
-    if len(ids) < n:
-        return np.empty(0, dtype=np.uint64)
-    out = np.zeros(len(ids) - n + 1, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for k in range(n):  # in place: one array of hashes, not a temporary per operation
-            np.multiply(out, _BASE, out=out)
-            out += ids[k : len(ids) - n + 1 + k]
-            out += np.uint64(1)
-    return out
 
 
 def _filter_bits(n_hashes: int) -> int:
@@ -59,7 +45,7 @@ def train_hits(train: TokenFile, queries: np.ndarray, chunk: int = CHUNK) -> np.
     table = np.zeros(1 << bits, dtype=bool)
     table[queries >> shift] = True
     for piece in train.chunks(chunk, overlap=N - 1):
-        hashes = ngram_hashes(piece)
+        hashes = ngram_hashes(piece, N)
         hashes = hashes[table[hashes >> shift]]
         at = np.searchsorted(queries, hashes).clip(max=len(queries) - 1)
         seen[at[queries[at] == hashes]] = True
@@ -69,7 +55,7 @@ def train_hits(train: TokenFile, queries: np.ndarray, chunk: int = CHUNK) -> np.
 def overlaps(train: TokenFile, sets: dict[str, list[list[int]]], chunk: int = CHUNK) -> dict[str, dict]:
     """{set name: overlap figures (see _figures)} of each eval set (items as token ids) against the
     train split, every set in the same single pass over the split."""
-    hashed = {name: [ngram_hashes(np.asarray(ids)) for ids in items] for name, items in sets.items()}
+    hashed = {name: [ngram_hashes(np.asarray(ids), N) for ids in items] for name, items in sets.items()}
     every = [h for items in hashed.values() for h in items]
     queries = np.unique(np.concatenate(every)) if every else np.empty(0, dtype=np.uint64)
     seen = train_hits(train, queries, chunk)

@@ -1,6 +1,7 @@
 """The report's cleaning section: what the download stage dropped from each source, and why, from its
 manifest (kiln.data.raw): exact and near duplicates, each quality filter's count, and the first
-documents each one dropped."""
+documents each one dropped; then what pretokenize left out of the train side for sharing text with
+the held-out split (meta.json's heldout_overlap, kiln.data.heldout)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,20 @@ def cleaning_section(manifest: dict) -> list[str]:
         for ex in shown
     ]
     return lines + (["", "Examples of what was dropped:", "", *examples] if examples else [])
+
+
+def heldout_section(meta: dict) -> list[str]:
+    """Markdown lines, a blank one last: the train samples left out for overlapping the held-out split,
+    with examples; none for a tokens folder from before the setting."""
+    overlap = meta.get("heldout_overlap")
+    if overlap is None:
+        return []
+    lines = ["## Decontamination against the held-out split (pretokenize)", ""]
+    if not overlap["ngram"]:
+        return lines + ["Not run (pretokenize.heldout_ngram: 0).", ""]
+    lines.append(
+        f"{overlap['docs']:,} train documents ({overlap['samples']:,} samples) left out: each shares a run of "
+        f"{overlap['ngram']} words with a held-out document that at most {overlap['guard']} train samples share."
+    )
+    shown = [f"- `{', '.join(e['doc_ids'])}`: {e['why']}" for e in overlap["examples"]]
+    return lines + (["", *shown] if shown else []) + [""]

@@ -12,7 +12,7 @@ from kiln.config.sections import Budget
 from kiln.plan.steps import budget_text
 from kiln.plan.tables import checks_table, format_eta
 from kiln.plan.verdict import SmokeReport
-from kiln.report.cleaning import cleaning_section
+from kiln.report.cleaning import cleaning_section, heldout_section
 from kiln.report.code import code_section
 
 matplotlib.use("Agg")  # files only, no display
@@ -112,6 +112,7 @@ def render(run: str, data: dict, png_name: str) -> str:
         f"val rows of {data['shards']['row_len']} tokens.",
         "",
         *(cleaning_section(data["raw"]) + [""] if "raw" in data else []),
+        *heldout_section(data["tokens"]),
         *_smoke_section(data["smoke"], data["plan"], train),
         "",
         "## Training",
