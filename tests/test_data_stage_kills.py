@@ -3,8 +3,8 @@
 every stage after it, byte for byte what a clean run writes, with no temporary or staging file left.
 
 The kill is the stage's own process SIGKILLing itself at a named point (KILN_DATA_FAULT,
-kiln.data.faults): a download with complete parts staged and the next one half published, a
-pretokenize_part job with its part's train.bin written and no part.json, a pretokenize (gather) job
+kiln.data.faults): a download_part job with its verdicts written and no part.json, a download
+(gather) with complete parts staged and the next one half published, a pretokenize_part job with its part's train.bin written and no part.json, a pretokenize (gather) job
 with part of train.bin written, a shard stage with some shards written and no manifest.
 No process of the killed stage outlives it (pretokenize's pool workers exit with their parent).
 """
@@ -23,8 +23,8 @@ import pytest
 import tiny
 from tiny import TINY, tiny_layout
 
-# the jobs that write a folder, in DAG order (pretokenize_part: the pretokenize stage's per-part jobs)
-KILLED = ("download", "pretokenize_part", "pretokenize", "shard")
+# the jobs that write a folder, in DAG order (download_part, pretokenize_part: the scattered stages' part jobs)
+KILLED = ("download_part", "download", "pretokenize_part", "pretokenize", "shard")
 DATA = ("download", "tokenizer", "pretokenize", "shard")
 
 
@@ -81,10 +81,12 @@ def clean(tmp_path_factory) -> Path:
     return workdir
 
 
-@pytest.mark.parametrize("stage, n", [("download", 2), ("pretokenize_part", 1), ("pretokenize", 1), ("shard", 1)])
+@pytest.mark.parametrize(
+    "stage, n", [("download_part", 1), ("download", 2), ("pretokenize_part", 1), ("pretokenize", 1), ("shard", 1)]
+)
 def test_a_data_stage_killed_mid_output_is_regenerated_byte_for_byte(clean, tmp_path, stage, n):
     workdir = tmp_path / "work"
-    if stage == "download":
+    if stage in ("download_part", "download"):
         workdir.mkdir()
         force: tuple[str, ...] = ()
     elif stage == "pretokenize_part":  # the clean run's download and tokenizer; pretokenize yet to run
@@ -101,8 +103,9 @@ def test_a_data_stage_killed_mid_output_is_regenerated_byte_for_byte(clean, tmp_
     assert killed.returncode != 0, killed.stdout[-2000:]
     assert f"Error in rule {stage}" in killed.stdout + killed.stderr
     assert not paths.folder(stage.removesuffix("_part")).exists(), "the killed stage published its output"
-    if stage == "pretokenize_part":  # nor a part folder the gather would take
-        assert not [p for p in Path(paths.part("pretokenize", 0)).parent.glob("part-*") if (p / "part.json").exists()]
+    if stage.endswith("_part"):  # nor a part folder the gather would take
+        scattered = stage.removesuffix("_part")
+        assert not [p for p in Path(paths.part(scattered, 0)).parent.glob("part-*") if (p / "part.json").exists()]
     assert settled(workdir) == [], "the killed stage left processes running (pretokenize's pool workers)"
     if stage == "download":  # the complete parts stay staged for the rerun to resume from
         staged = paths.folder("download").with_name(f".{paths.folder('download').name}.partial")
@@ -127,6 +130,6 @@ def test_a_malformed_data_fault_names_the_variable(monkeypatch, spec):
     with pytest.raises(
         KilnError,
         match=rf"KILN_DATA_FAULT: '{spec}' is not stage@n with stage one of download, "
-        r"pretokenize_part, pretokenize, shard and n >= 1",
+        r"download_part, pretokenize_part, pretokenize, shard and n >= 1",
     ):
         faults.planned()

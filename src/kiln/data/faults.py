@@ -8,6 +8,8 @@ are kiln.train.faults, KILN_FAULT.)
     download@n      the n-th part this process writes (across sources) is in its temporary file, not
                     yet renamed into the staging folder: complete parts staged, a dead writer's temp
                     beside them
+    download_part@n the n-th share this process checks has its verdicts.parquet written in the part
+                    folder's temporary folder, its part.json not yet
     pretokenize_part@n  the n-th raw part this process encodes has its train.bin written in the part
                     folder's temporary folder, its part.json not yet
     pretokenize@n   the n-th train part's ids appended to train.bin in the output's temporary folder
@@ -28,7 +30,7 @@ from collections import Counter
 from kiln.errors import KilnError
 
 ENV = "KILN_DATA_FAULT"
-STAGES = ("download", "pretokenize_part", "pretokenize", "shard")
+STAGES = ("download", "download_part", "pretokenize_part", "pretokenize", "shard")
 _SPEC = re.compile(r"(?P<stage>\w+)@(?P<n>\d+)")
 _reached: Counter = Counter()
 

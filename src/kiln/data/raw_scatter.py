@@ -26,6 +26,7 @@ import logging
 from pathlib import Path
 
 from kiln.config.run_config import DownloadSection, Source
+from kiln.data import faults
 from kiln.data.sources import SourceReader
 from kiln.data.verdicts import write_verdicts
 from kiln.errors import KilnError
@@ -91,6 +92,7 @@ def write_part(cfg: DownloadSection, plan: ScatterPlan, index: int, out_dir: Pat
             f"{stamp['source']!r}); rerun download_plan"
         )
     counts = write_verdicts(spec, cfg, [Path(f) for f in stamp["files"]], Path(out_dir) / VERDICTS)
+    faults.kill_point("download_part")  # KILN_DATA_FAULT: killed with the verdicts written, part.json not
     write_json(Path(out_dir) / PART_JSON, {"stamp": stamp, **counts})
     log.info(
         "download_part %d: %d records of %d files checked, %d candidates",
