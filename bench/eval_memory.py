@@ -90,18 +90,18 @@ def _old_train_index(train_ids: np.ndarray, chunk: int = 1 << 24) -> np.ndarray:
     from kiln.eval.contamination import N, ngram_hashes
 
     parts = [
-        np.unique(ngram_hashes(train_ids[start : start + chunk + N - 1]))
+        np.unique(ngram_hashes(train_ids[start : start + chunk + N - 1], N))
         for start in range(0, max(len(train_ids) - N + 1, 1), chunk)
     ]
     return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.uint64)
 
 
 def _old_overlap(index: np.ndarray, items) -> dict:
-    from kiln.eval.contamination import ngram_hashes
+    from kiln.eval.contamination import N, ngram_hashes
 
     hit = total = found = 0
     for ids in items:
-        hashes = ngram_hashes(np.asarray(ids))
+        hashes = ngram_hashes(np.asarray(ids), N)
         at = np.searchsorted(index, hashes).clip(max=max(len(index) - 1, 0))
         present = index[at] == hashes
         total, found, hit = total + len(hashes), found + int(present.sum()), hit + bool(present.any())
