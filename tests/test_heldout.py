@@ -5,6 +5,8 @@ heldout_guard train samples share (a licence) removes nothing."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from conftest import download_cfg, write_jsonl
@@ -91,9 +93,11 @@ def test_shared_boilerplate_removes_nothing_and_zero_turns_it_off(paired, tokeni
     assert sum(passage(k) in text for k in range(PAIRS)) == PAIRS  # each pair has a member in train
 
 
-def test_the_gathered_parts_leave_out_what_one_job_does(paired, tokenizer_path, tmp_path):
+def test_the_gathered_parts_and_two_workers_leave_out_what_one_job_does(paired, tokenizer_path, tmp_path):
     raw, _ = paired
-    assert scattered(raw, tokenizer_path, tmp_path / "scatter", CONFIG) == one_job(
-        raw, tokenizer_path, tmp_path / "one", CONFIG
-    )
-    assert b'"heldout_overlap"' in (tmp_path / "one" / "meta.json").read_bytes()
+    one = one_job(raw, tokenizer_path, tmp_path / "one", CONFIG)
+    assert scattered(raw, tokenizer_path, tmp_path / "scatter", CONFIG) == one
+    assert json.loads(one["meta.json"])["heldout_overlap"]["docs"] > 0
+    (tmp_path / "two").mkdir()
+    pretokenize(raw, tokenizer_path, tmp_path / "two", SEED, PretokenizeSection.of(CONFIG), workers=2)
+    assert all((tmp_path / "two" / name).read_bytes() == one[name] for name in one)

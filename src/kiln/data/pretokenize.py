@@ -41,6 +41,8 @@ import dataclasses
 import itertools
 import logging
 from collections import Counter, deque
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -107,23 +109,26 @@ def _select_val(
     return sorted(selected, key=lambda c: (c["part"], c["row"]))
 
 
-def _heldout_overlap(pool: WorkerPool, plan: Plan, held: dict[int, set[int]], cfg: PretokenizeSection, scratch: Path):
+def _heldout_overlap(workers: int, plan: Plan, held: dict[int, set[int]], cfg: PretokenizeSection, scratch: Path):
     """The train samples that share a run of heldout_ngram words with a held-out document
     (kiln.data.heldout), in (part, row) order; none when the setting is 0. `held`: the held-out
-    samples' first rows, per part."""
+    samples' first rows, per part. In `workers` processes of its own: they need no tokenizer, so
+    they start in a fraction of the encoding pool's time, which a gather may never start."""
     n = cfg.heldout_ngram
     if not n:
         return []
     paths = {i: path for i, _, path in plan.parts}
-    tasks = [(str(paths[i]), sorted(rows), n, cfg.repo_context) for i, rows in sorted(held.items())]
     index = scratch / "heldout-ngrams.npz"
-    grams = save_index(index, list(pool.imap(heldout_grams, tasks)))
-    tasks = [
+    scans = [
         (i, str(path), frozenset(held.get(i, ())), str(index), n, cfg.repo_context)
         for i, s, path in plan.parts
         if plan.targets[s] != 0
     ]
-    found = [sample for part in pool.imap(overlapping_samples, tasks) for sample in part]
+    with ProcessPoolExecutor(min(workers, len(scans))) if workers > 1 and len(scans) > 1 else nullcontext() as pool:
+        run = pool.map if pool is not None else map
+        tasks = [(str(paths[i]), sorted(rows), n, cfg.repo_context) for i, rows in sorted(held.items())]
+        grams = save_index(index, list(run(heldout_grams, tasks)))
+        found = [sample for part in run(overlapping_samples, scans) for sample in part]
     removed = removals(found, index, n, cfg.heldout_guard)
     index.unlink()
     log.info(
@@ -337,7 +342,7 @@ def pretokenize(
         skip: dict[int, set[int]] = {}
         for sample in val:
             skip.setdefault(sample["part"], set()).add(sample["row"])
-        removed = _heldout_overlap(pool, the_plan, skip, cfg, scratch)
+        removed = _heldout_overlap(workers, the_plan, skip, cfg, scratch)
         for sample in removed:
             skip.setdefault(sample["part"], set()).add(sample["row"])
         parts = (
