@@ -6,10 +6,13 @@ Words are kiln.data.near_dup's (runs of [A-Za-z0-9_]), so formatting cannot hide
 is 50 words. bench/heldout_overlap.py measured the shorter lengths on the stdlib: GPT-3's 13 would
 drop 6% of the train documents (licence headers), and 13 tokens 64% (code's idioms), where 50 words
 find the 4 documents that hold a copied docstring (docs/benchmarks.md, "The held-out split's n-gram
-overlap"). Exact and near duplicates are already gone at download.
+overlap"). Exact and near duplicates are already gone at download. An n-gram counts only when at most
+`pretokenize.heldout_guard` train samples hold it (`removals`): text that many share is boilerplate, a
+licence header of 90 words in thousands of files, and would otherwise take every one of them with a
+held-out file that carries it.
 
 The held-out split is chosen in pretokenize (kiln.data.pretokenize), after the tokenizer, so this
-runs there: between choosing the split and cutting the train side, in the stage's worker processes.
+runs there: between choosing the split and cutting the train side, in worker processes.
 `heldout_grams` hashes the held-out documents' n-grams (one task per part holding some), and
 `overlapping_samples` scans one part's other samples against them (one task per part): a second
 pass over the text, spread like the encoding. Each n-gram is a 64-bit hash of its words' CRC-32s
