@@ -204,15 +204,21 @@ def main() -> int:
     print(
         f"\nseed 000: {SEED_TOKENS / 1e9:.0f}B tokens x {bytes_per_token:.2f} bytes/token = {seed_mb / 1e3:.1f} GB in {seed_parts:,} parts"
     )
-    print("| nodes | part jobs at once | scatter min | gather min | total min |")
-    print("|---|---:|---:|---:|---:|")
-    for nodes in (1, 4, 32):
-        slots = nodes * args.node_cores
-        scatter = math.ceil(seed_parts / slots) * per_part
-        print(f"| {nodes} | {slots} | {scatter / 60:.1f} | {gather / 60:.1f} | {(scatter + gather) / 60:.1f} |")
+    print_projection("part jobs", seed_parts, per_part, gather, args.node_cores)
     download_rounds(args, configfile, layout, cores, seed_mb)
     shutil.rmtree(args.workdir, ignore_errors=True)
     return 0
+
+
+def print_projection(jobs: str, parts: int, per_part: float, gather: float, node_cores: int) -> None:
+    """The projected table: `parts` part jobs of per_part seconds, node_cores at once per node, on 1,
+    4 and 32 nodes, then a serial gather of `gather` seconds."""
+    print(f"| nodes | {jobs} at once | scatter min | gather min | total min |")
+    print("|---|---:|---:|---:|---:|")
+    for nodes in (1, 4, 32):
+        slots = nodes * node_cores
+        scatter = math.ceil(parts / slots) * per_part
+        print(f"| {nodes} | {slots} | {scatter / 60:.1f} | {gather / 60:.1f} | {(scatter + gather) / 60:.1f} |")
 
 
 def download_one_job(workdir: Path, configfile: Path, out: Path) -> float:
@@ -281,12 +287,7 @@ def download_rounds(args, configfile: Path, layout: Layout, cores: list[int], se
         f"\nseed 000's {seed_mb / 1e3:.1f} GB in {seed_parts:,} shares of {share_mb:.1f} MB, each {per_part:.2f} s "
         f"(median part job here); the gather replays {gather_rate:.0f} MB/s (in one process, start-up aside)"
     )
-    print("| nodes | download_part jobs at once | scatter min | gather min | total min |")
-    print("|---|---:|---:|---:|---:|")
-    for nodes in (1, 4, 32):
-        slots = nodes * args.node_cores
-        scatter = math.ceil(seed_parts / slots) * per_part
-        print(f"| {nodes} | {slots} | {scatter / 60:.1f} | {gather / 60:.1f} | {(scatter + gather) / 60:.1f} |")
+    print_projection("download_part jobs", seed_parts, per_part, gather, args.node_cores)
 
 
 if __name__ == "__main__":
