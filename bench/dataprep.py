@@ -32,14 +32,16 @@ import numpy as np
 import yaml
 
 from kiln import config as kiln_config
-from kiln.config.run_config import DownloadSection, RunConfig, ShardSection
+from kiln.config.data_sections import DownloadSection, ShardSection
+from kiln.config.run_config import RunConfig
 from kiln.data.encoders import tiktoken_encoding
 from kiln.data.pretokenize import SPLITS, pretokenize
 from kiln.data.quality import FILTER_NAMES
 from kiln.data.raw import write_raw
 from kiln.data.shards import shard_split
 from kiln.data.sources import read_documents
-from kiln.data.tokenizer import EOS, build_tokenizer, load_tokenizer
+from kiln.data.tokenizer import EOS, load_tokenizer
+from kiln.data.tokenizer_build import build_tokenizer
 from kiln.io import read_json
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -68,10 +68,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from train_throughput import synthetic_shards
 
 from kiln.config.models import model_config
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 from kiln.data.loader import ShardRows
-from kiln.eval.perplexity import val_rows_loss
-from kiln.eval.suite import BATCH
+from kiln.eval.perplexity import BATCH, val_rows_loss
 from kiln.generate.decode import generate
 from kiln.layout import Layout
 from kiln.model.build import build_model, load_model, save_model

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from kiln.config.run_config import NearDupSection, Source
+from kiln.config.data_sections import NearDupSection, Source
 from kiln.data.near_dup import NearDupIndex, shingles
 from kiln.data.sources import SourceReader
 

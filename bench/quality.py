@@ -92,7 +92,7 @@ def quick_run(args) -> Layout:
     from kiln.data.pretokenize import pretokenize
     from kiln.data.raw import write_raw
     from kiln.data.shards import write_shards
-    from kiln.data.tokenizer import build_tokenizer
+    from kiln.data.tokenizer_build import build_tokenizer
     from kiln.io import write_json
     from kiln.model.build import load_model
     from kiln.train.trainer import run

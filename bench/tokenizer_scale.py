@@ -31,8 +31,9 @@ from pathlib import Path
 import numpy as np
 from dataprep import uncleaned_raw  # bench/ is sys.path[0]
 
-from kiln.data.tokenizer import SPECIAL_TOKENS, build_tokenizer
-from kiln.data.tokenizer import _sample as tokenizer_sample  # the stage's own sample, for the baseline
+from kiln.config.special_tokens import SPECIAL_TOKENS
+from kiln.data.tokenizer_build import _sample as tokenizer_sample  # the stage's own sample, for the baseline
+from kiln.data.tokenizer_build import build_tokenizer
 from kiln.io import read_json
 
 SEED = 1337
@@ -43,7 +44,7 @@ def raw_corpus(out: Path, pattern: str) -> Path:
 
 
 def tokenizer_section(train_bytes: int, vocab: int):
-    from kiln.config.run_config import TokenizerSection
+    from kiln.config.data_sections import TokenizerSection
 
     heldout = 5 if vocab <= 512 else 50  # --quick's corpus is ~60 files
     return TokenizerSection.of(

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from kiln import config as kiln_config
-from kiln.config.run_config import DownloadSection, RunConfig, Source, TokenizerSection
+from kiln.config.data_sections import DownloadSection, Source, TokenizerSection
+from kiln.config.run_config import RunConfig
 from kiln.data.raw import write_raw
-from kiln.data.tokenizer import build_tokenizer
+from kiln.data.tokenizer_build import build_tokenizer
 
 TINY = Path(__file__).parent / "configs" / "tiny.yaml"
 STDLIB_INCLUDE = ["json/*.py", "collections/*.py", "logging/*.py", "http/*.py"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-# The FIM tokens of the families that have them (kiln.data.tokenizer reads either spelling).
+# The FIM tokens of the families that have them (kiln.data.tokenizer_build takes either spelling).
 FIM_STYLES = {
     "starcoder": ["<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>"],
     "qwen": ["<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>"],

@@ -4,15 +4,13 @@ predicts; the smoke stage picks on its device, the plan carries the pick, and tr
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from synthetic import smoke_sections, train_sections
 
 from kiln import config as kiln_config
 from kiln.config.files import ROOT
 from kiln.config.models import model_config
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 from kiln.errors import KilnError
 from kiln.plan import autofit
 from kiln.plan.memory import estimate, fits, setting_of
@@ -46,7 +44,7 @@ def test_the_774m_arm_picks_a_larger_micro_batch_without_recompute_than_its_hand
     assert (picked.micro_batch, picked.activation_checkpointing) != (8, "selective")
     assert why.startswith(f"auto: micro-batch {picked.micro_batch} ") and "GiB of 80.0" in why
     # everything else as configured
-    assert replace(picked, micro_batch="auto", activation_checkpointing="auto") == train
+    assert picked.replace(micro_batch="auto", activation_checkpointing="auto") == train
 
 
 def test_less_memory_picks_smaller_micro_batches_or_recompute_and_none_fitting_names_the_keys():

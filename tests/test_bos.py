@@ -22,12 +22,13 @@ from test_pretokenize import CFG
 from test_pretokenize_scatter import encode_parts, one_job, scattered
 
 from kiln import hf
+from kiln.config.data_sections import PretokenizeSection
 from kiln.config.models import ModelConfig
-from kiln.config.run_config import PretokenizeSection
 from kiln.data import token_parts
 from kiln.data.pretokenize import pretokenize
 from kiln.data.raw import write_raw
-from kiln.data.tokenizer import bos_id, bos_token, build_tokenizer, load_tokenizer
+from kiln.data.tokenizer import bos_id, bos_token, load_tokenizer
+from kiln.data.tokenizer_build import build_tokenizer
 from kiln.errors import KilnError
 from kiln.eval import code, infill
 from kiln.eval.harness import KilnLM

@@ -3,20 +3,17 @@ budget that cannot be honoured, and the plan file train reads back."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from synthetic import train_sections
 
 from kiln import config as kiln_config
 from kiln.config import ConfigError
-from kiln.config.sections import Budget, TrainSection
+from kiln.config.train_sections import Budget, TrainSection
 from kiln.errors import KilnError
 from kiln.plan.steps import StageTimes, TrainPlan, budget_seconds, budget_steps, steps_within
 
 TIMES = StageTimes(step_s=0.5, startup_s=20.0, validation_s=3.0, checkpoint_s=1.0)
-TRAIN = replace(
-    TrainSection.of(train_sections()["train"]),
+TRAIN = TrainSection.of(train_sections()["train"]).replace(
     budget=Budget.of({"minutes": 7}),
     max_steps=None,
     warmup_steps=50,
@@ -44,13 +41,13 @@ def test_steps_fill_the_budget_and_one_more_would_not_fit():
 
 
 def test_max_steps_caps_a_budget_and_no_budget_buys_nothing_past_fixed_costs():
-    assert budget_steps(replace(TRAIN, max_steps=300), TIMES, world=1, price_per_gpu_hour=None)["max_steps"] == 300
+    assert budget_steps(TRAIN.replace(max_steps=300), TIMES, world=1, price_per_gpu_hour=None)["max_steps"] == 300
     assert steps_within(10.0, TIMES, eval_every=100, checkpoint_every=200) == 0
 
 
 def test_a_budget_too_small_for_the_warmup_names_both_keys():
     with pytest.raises(KilnError, match=r"train.budget: \{'minutes': 0.5\}.*buys \d+ steps.*train.warmup_steps=50"):
-        budget_steps(replace(TRAIN, budget=Budget.of({"minutes": 0.5})), TIMES, world=1, price_per_gpu_hour=None)
+        budget_steps(TRAIN.replace(budget=Budget.of({"minutes": 0.5})), TIMES, world=1, price_per_gpu_hour=None)
 
 
 def test_train_plan_reads_steps_precision_micro_batch_and_checkpointing_and_refuses_an_old_plan():

@@ -14,7 +14,7 @@ import pytest
 
 from kiln import config as kiln_config
 from kiln.config.batch import BatchSplit
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 from kiln.plan.steps import BudgetPlan, StageTimes, TrainPlan, build_plan
 from kiln.train.budget import AIM, BudgetController
 from kiln.train.schedule import Replanned, lr_at

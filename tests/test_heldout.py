@@ -13,7 +13,7 @@ from conftest import download_cfg, write_jsonl
 from test_pretokenize import CFG, SEED
 from test_pretokenize_scatter import one_job, scattered
 
-from kiln.config.run_config import PretokenizeSection
+from kiln.config.data_sections import PretokenizeSection
 from kiln.data.pretokenize import pretokenize
 from kiln.data.raw import write_raw
 from kiln.errors import KilnError

@@ -15,10 +15,11 @@ from conftest import typed_section
 from hf_folder import FIM_STYLES, TEXTS, write_hf_folder
 
 from kiln import hf
-from kiln.config.run_config import PretokenizeSection
+from kiln.config.data_sections import PretokenizeSection
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.pretokenize import pretokenize
-from kiln.data.tokenizer import EOS, build_tokenizer, encode_batch, load_tokenizer, role_id, role_ids, token_roles
+from kiln.data.tokenizer import EOS, load_tokenizer, role_id, role_ids, token_roles
+from kiln.data.tokenizer_build import build_tokenizer, encode_batch
 from kiln.errors import KilnError
 from kiln.forecast import model_vocab
 from kiln.io import read_json, sha256_file, write_json

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from kiln.config.run_config import Fim
+from kiln.config.data_sections import Fim
 from kiln.data.fim import MIDDLE, fim_pieces
 from kiln.eval.humaneval import (
     GREEDY,

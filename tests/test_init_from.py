@@ -25,7 +25,7 @@ from transformers import (
 
 from kiln import hf, layout
 from kiln.config import hf_source
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 from kiln.errors import ConfigError, KilnError
 from kiln.io import read_json, write_json
 from kiln.model.build import load_model

@@ -9,7 +9,7 @@ import pytest
 
 from kiln import config as kiln_config
 from kiln.config.models import model_config
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 from kiln.data.shards import shard_split
 from kiln.io import write_json
 from kiln.plan.memory import GIB, Setting, changes_to_fit, estimate, fit_report, fits, setting_of

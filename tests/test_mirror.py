@@ -14,7 +14,7 @@ import torch
 from synthetic import train_sections
 
 from kiln import layout
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 from kiln.errors import KilnError
 from kiln.train import checkpoint, faults
 from kiln.train.mirror import Mirror

@@ -21,7 +21,7 @@ from synthetic import train_sections, write_shards
 from kiln import config as kiln_config
 from kiln.config import ConfigError
 from kiln.config.models import model_config
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 from kiln.errors import KilnError
 from kiln.forecast import predict
 from kiln.model.build import build_model, load_model
@@ -255,10 +255,13 @@ def test_muon_keeps_one_moment_for_the_blocks_matrices_in_the_estimates():
 @pytest.mark.parametrize(
     "change, expected",
     [
-        ({"optimizer": "sgd"}, "train.optimizer: 'sgd' is not one of ['adamw', 'muon']"),
-        ({"muon_lr": 0}, "train.muon_lr: 0 is less than or equal to the minimum of 0"),
-        ({"muon_momentum": 1.0}, "train.muon_momentum: 1.0 is greater than or equal to the maximum of 1"),
-        ({"muon_adjust_lr": "none"}, "train.muon_adjust_lr: 'none' is not one of"),
+        ({"optimizer": "sgd"}, "train.optimizer: Input should be 'adamw' or 'muon' (got 'sgd')"),
+        ({"muon_lr": 0}, "train.muon_lr: Input should be greater than 0 (got 0)"),
+        ({"muon_momentum": 1.0}, "train.muon_momentum: Input should be less than 1 (got 1.0)"),
+        (
+            {"muon_adjust_lr": "none"},
+            "train.muon_adjust_lr: Input should be 'original' or 'match_rms_adamw' (got 'none')",
+        ),
     ],
 )
 def test_bad_optimizer_settings_name_the_key(change, expected):

@@ -12,7 +12,7 @@ import yaml
 from tiny import ROOT, TINY, VENV_BIN, snakemake, tiny_layout
 
 from kiln import config as kiln_config
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 from kiln.data.sources import raw_part_count
 from kiln.layout import STAGE_OF_JOB, ScatterPlan
 from kiln.plan.steps import StageTimes, steps_within

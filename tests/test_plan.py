@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from kiln import config as kiln_config
 from kiln.config.batch import BatchSplit
-from kiln.config.sections import SmokeSection, TrainSection
+from kiln.config.smoke_section import SmokeSection
+from kiln.config.train_sections import TrainSection
 from kiln.forecast import predict
 from kiln.plan.steps import StageTimes, kept_checkpoints
 from kiln.plan.verdict import Measurements, Probe

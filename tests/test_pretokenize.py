@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import download_cfg, write_jsonl
 
-from kiln.config.run_config import Fim, PretokenizeSection
+from kiln.config.data_sections import Fim, PretokenizeSection
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.fim import fim_pieces, restore_document
 from kiln.data.pretokenize import SPLITS, _select_val, pretokenize

@@ -11,7 +11,7 @@ import pytest
 from conftest import download_cfg, write_jsonl
 from test_pretokenize import CFG, SEED
 
-from kiln.config.run_config import PretokenizeSection
+from kiln.config.data_sections import PretokenizeSection
 from kiln.data import token_plan
 from kiln.data.pretokenize import pretokenize, pretokenize_part
 from kiln.data.raw import write_raw

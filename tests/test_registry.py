@@ -111,7 +111,7 @@ def test_config_validation_reports_model_problems_and_accepts_flavours():
     assert ok["model"] == {"flavour": "debug", "n_layer": 2}  # no defaults filled over the flavour's
     with pytest.raises(kiln_config.ConfigError, match="model.flavour: 'nope' is not a known flavour"):
         kiln_config.validate(base | {"model": {"flavour": "nope"}})
-    with pytest.raises(kiln_config.ConfigError, match="model: 'n_layer' is a required property"):
+    with pytest.raises(kiln_config.ConfigError, match="model: no flavour, so the shape itself: n_layer missing"):
         kiln_config.validate(base | {"model": {"n_head": 2, "d_model": 64}})
 
 

@@ -1,14 +1,12 @@
 """The LR schedules (warmup, then cosine, warmup-stable-decay or constant) and the AdamW parameter
 groups."""
 
-from dataclasses import replace
-
 import pytest
 import torch
 from synthetic import train_sections
 
 from kiln.config.models import ModelConfig
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 from kiln.model.gpt import GPT
 from kiln.model.llama import Llama
 from kiln.train.optim import build_adamw
@@ -92,8 +90,7 @@ def test_unknown_schedule_is_an_error():
 
 
 def test_schedule_from_config_reads_the_train_section():
-    train = replace(
-        TrainSection.of(train_sections()["train"]),
+    train = TrainSection.of(train_sections()["train"]).replace(
         lr=LR,
         min_lr=MIN_LR,
         warmup_steps=WARMUP,
@@ -118,7 +115,7 @@ def test_schedule_from_config_reads_the_train_section():
     assert lr_of(49) == LR and lr_of(51) < LR
 
 
-TRAIN = replace(TrainSection.of(train_sections()["train"]), lr=1e-3, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-6)
+TRAIN = TrainSection.of(train_sections()["train"]).replace(lr=1e-3, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-6)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -163,15 +160,15 @@ def test_adamw_on_llama_decays_projections_and_tied_embedding_not_norms():
 def test_a_continuation_warms_up_from_the_sources_lr_not_from_zero():
     """train.init_from.warmup_from: the ramp starts at the source's last LR (step -1) and reaches lr
     at the end of warmup; the rest of the schedule is the plain one, and without it nothing moves."""
-    from kiln.config.sections import InitFrom
+    from kiln.config.train_sections import InitFrom
 
-    plain = replace(TrainSection.of(train_sections()["train"]), lr=LR, min_lr=MIN_LR, warmup_steps=WARMUP)
+    plain = TrainSection.of(train_sections()["train"]).replace(lr=LR, min_lr=MIN_LR, warmup_steps=WARMUP)
     init = InitFrom.of({"hf": "source", "optimizer": False, "warmup_from": MIN_LR})
-    lr_of, base = schedule_from_config(replace(plain, init_from=init), MAX), schedule_from_config(plain, MAX)
+    lr_of, base = schedule_from_config(plain.replace(init_from=init), MAX), schedule_from_config(plain, MAX)
     assert lr_of(0) == pytest.approx(MIN_LR + (LR - MIN_LR) / WARMUP)
     assert [lr_of(s) for s in range(WARMUP)] == pytest.approx(
         [MIN_LR + (LR - MIN_LR) * (s + 1) / WARMUP for s in range(WARMUP)]
     )
     assert [lr_of(s) for s in range(WARMUP, MAX + 1)] == [base(s) for s in range(WARMUP, MAX + 1)]
-    unset = replace(plain, init_from=InitFrom.of({"hf": "source", "optimizer": False}))
+    unset = plain.replace(init_from=InitFrom.of({"hf": "source", "optimizer": False}))
     assert [schedule_from_config(unset, MAX)(s) for s in range(MAX + 1)] == [base(s) for s in range(MAX + 1)]

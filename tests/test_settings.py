@@ -9,14 +9,18 @@ import copy
 import json
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
+import pydantic
 import pytest
 import yaml
 from tiny import ROOT, TINY
 
 from kiln import config as kiln_config
-from kiln.config import settings
+from kiln.config import schema, settings
+from kiln.config.declare import Declared
+from kiln.config.schema import Leaf
 from kiln.config.settings import OUTPUT, RUN, SETTINGS, STAGES
 from kiln.errors import KilnError
 
@@ -121,21 +125,26 @@ BY_HAND = {
 }
 
 
-def _moved(path: str, value, schema: dict):
-    """Another valid value for a leaf of this schema type."""
-    if "enum" in schema:
-        return next(v for v in schema["enum"] if v != value)
+def _moved(path: str, value, leaf: Leaf):
+    """Another valid value for this leaf, from its declaration (its values, its upper bound)."""
+    values = [a for arg in (leaf.field.annotation, *typing.get_args(leaf.field.annotation)) for a in _literal(arg)]
+    if values:
+        return next(v for v in values if v != value)
+    bounds = [getattr(m, name) for m in leaf.field.metadata for name in ("le", "lt") if hasattr(m, name)]
+    top = min(bounds, default=float("inf"))
     if isinstance(value, bool):
         return not value
     if isinstance(value, int):
-        top = schema.get("maximum")
-        return value - 1 if top is not None and value >= top else value + 1
+        return value - 1 if value >= top else value + 1
     if isinstance(value, float):
-        top = min(schema.get("maximum", float("inf")), schema.get("exclusiveMaximum", float("inf")))
         return value * 1.5 if value * 1.5 < top else value / 2
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return value[:-1] if len(value) > 1 else [*value, "x"]
     raise AssertionError(f"{path}: no generic change for {value!r}; add one to SPECIAL")
+
+
+def _literal(annotation) -> tuple:
+    return typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal else ()
 
 
 def _filled(value, files: dict[str, str]):
@@ -231,16 +240,19 @@ def walk(finished_run, tmp_path_factory):
     return out, downstream
 
 
-def test_every_schema_key_has_a_tag_and_a_new_one_fails():
+def test_every_setting_is_declared_with_its_stages_and_one_without_fails():
     settings.check_table()
-    leaves = settings.schema_leaves() | {"train.new_knob": {"type": "integer"}}
-    with pytest.raises(KilnError, match=r"train.new_knob: a schema key with no entry in kiln.config.settings.SETTINGS"):
-        settings.check_table(leaves)
+    untagged = Leaf("train.new_knob", pydantic.Field(1), Declared(None))
+    with pytest.raises(KilnError, match=r"train.new_knob: a setting declared without the stages it concerns"):
+        settings.check_table(settings.schema_leaves() | {"train.new_knob": untagged})
 
 
-def test_docs_settings_is_current():
+def test_the_generated_files_are_current():
     assert (ROOT / "docs" / "settings.md").read_text(encoding="utf-8") == settings.markdown_table(), (
-        "docs/settings.md is stale: python -m kiln.config > docs/settings.md"
+        "docs/settings.md is stale: python -m kiln.config settings > docs/settings.md"
+    )
+    assert schema.JSON_SCHEMA_PATH.read_text(encoding="utf-8") == schema.json_schema_text(), (
+        "workflow/schemas/config.schema.json is stale: python -m kiln.config schema > workflow/schemas/config.schema.json"
     )
 
 
@@ -319,5 +331,5 @@ def test_the_model_seed_leaves_the_data_keys_and_the_shipped_keys_stay():
 def test_run_tags_are_only_for_stages_that_read_the_setting():
     """A RUN tag must name a stage that reads the key, not stand for 'nothing' (which is no entry)."""
     for path, setting in SETTINGS.items():
-        for stage, tag in setting.reads.items():
+        for stage, tag in setting.stages.items():
             assert tag in (OUTPUT, RUN) or isinstance(tag, settings.When), (path, stage, tag)

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import source, write_jsonl
 
-from kiln.config.run_config import Source
+from kiln.config.data_sections import Source
 from kiln.data.sources import SourceReader, stdlib_root
 from kiln.errors import KilnError
 

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from kiln.config.sections import NonFinite
+from kiln.config.train_sections import NonFinite
 from kiln.train.health import SpikeDetector
 from kiln.train.step_actions import Cadence
 from kiln.train.step_reader import StepReader, StepRecord

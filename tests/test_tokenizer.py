@@ -9,21 +9,13 @@ from conftest import TOKENIZER_CFG, TRICKY_TEXTS, download_cfg, tokenizer_cfg, t
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kiln.config.run_config import TokenizerSection
+from kiln.config.data_sections import TokenizerSection
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.encoders import tiktoken_encoding
 from kiln.data.raw import write_raw
 from kiln.data.sources import read_documents, stdlib_root
-from kiln.data.tokenizer import (
-    EOS,
-    build_tokenizer,
-    bytes_per_token,
-    encode_batch,
-    load_tokenizer,
-    padded_vocab_size,
-    special_ids,
-    train_bpe,
-)
+from kiln.data.tokenizer import EOS, load_tokenizer, padded_vocab_size, special_ids
+from kiln.data.tokenizer_build import build_tokenizer, bytes_per_token, encode_batch, train_bpe
 from kiln.errors import KilnError
 from kiln.io import read_json, stable_hash
 

@@ -20,7 +20,7 @@ import torch
 from conftest import download_cfg, write_jsonl
 from synthetic import TINY_MODEL, train_sections
 
-from kiln.config.run_config import PretokenizeSection
+from kiln.config.data_sections import PretokenizeSection
 from kiln.data.pretokenize import pretokenize
 from kiln.data.raw import write_raw
 from kiln.data.shards import shard_split
@@ -268,7 +268,7 @@ def test_eval_of_a_run_trained_without_fim_skips_infilling_and_says_so(run_dir, 
     prepare(data, cfg, SEED, None, tmp_path / "eval_data")
     paths = RunPaths(run_dir / "train", run_dir / "shards", run_dir / "tokens", tokenizer_path, tmp_path / "eval_data")
     with pytest.raises(KilnError, match=r"made for eval.max_batches 2, and this eval's is 3"):
-        evaluate(paths, dataclasses.replace(cfg, max_batches=3), SEED, tmp_path)
+        evaluate(paths, cfg.replace(max_batches=3), SEED, tmp_path)
     metrics, samples = evaluate(paths, cfg, SEED, tmp_path)
     assert EvalData.read(tmp_path / "eval_data", 2).unigram_val_loss == metrics["unigram_val_loss"]
     assert metrics["infill"] == {

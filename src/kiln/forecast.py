@@ -18,8 +18,9 @@ import json
 
 from kiln import config as kiln_config
 from kiln.config.batch import split_batch
+from kiln.config.data_sections import TokenizerSection
 from kiln.config.models import model_config
-from kiln.config.run_config import RunConfig, TokenizerSection
+from kiln.config.run_config import RunConfig
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import padded_vocab_size
 from kiln.errors import KilnError
@@ -46,11 +47,13 @@ def model_vocab(tokenizer: TokenizerSection) -> int:
     if tokenizer.kind == "tiktoken" and tokenizer.encoding in TIKTOKEN_VOCAB:
         return padded_vocab_size(TIKTOKEN_VOCAB[tokenizer.encoding] + len(SPECIAL_TOKENS))
     if tokenizer.kind == "file":
-        from kiln.data.tokenizer import id_space, load_tokenizer, with_special_tokens
+        from kiln.data.tokenizer import id_space, load_tokenizer
+        from kiln.data.tokenizer_build import with_special_tokens
 
         return padded_vocab_size(id_space(with_special_tokens(load_tokenizer(tokenizer.path))))
     if tokenizer.kind == "hf":
-        from kiln.data.tokenizer import hf_tokenizer, id_space
+        from kiln.data.tokenizer import id_space
+        from kiln.data.tokenizer_build import hf_tokenizer
 
         return padded_vocab_size(id_space(hf_tokenizer(tokenizer.path)[0]))
     raise KilnError(

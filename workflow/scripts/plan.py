@@ -11,7 +11,8 @@ output, `train` only when the budget is in dollars).
 import math
 from pathlib import Path
 
-from kiln.config.sections import SmokeSection, TrainSection
+from kiln.config.smoke_section import SmokeSection
+from kiln.config.train_sections import TrainSection
 from kiln.io import atomic_file, write_json
 from kiln.plan.tables import render_plan
 from kiln.plan.verdict import SmokeReport

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from kiln.config.sections import SmokeSection, TrainSection
+from kiln.config.smoke_section import SmokeSection
+from kiln.config.train_sections import TrainSection
 from kiln.data.shards import check_tokenizer
 from kiln.data.tokenizer import load_tokenizer, role_id
 from kiln.errors import KilnError, RanksOutOfMemory

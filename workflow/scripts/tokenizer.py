@@ -9,7 +9,7 @@ import resource
 from pathlib import Path
 
 from kiln.config import RunConfig
-from kiln.data.tokenizer import build_tokenizer, training_memory_mb
+from kiln.data.tokenizer_build import build_tokenizer, training_memory_mb
 from kiln.io import atomic_file, write_json
 from kiln.stage import run_main, stage_config, stage_parser
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from kiln import hf, layout
-from kiln.config.sections import SmokeSection, TrainSection
+from kiln.config.smoke_section import SmokeSection
+from kiln.config.train_sections import TrainSection
 from kiln.data.shards import check_tokenizer
 from kiln.errors import KilnError
 from kiln.io import read_json, write_json

@@ -1,16 +1,20 @@
 """A run's config: what the user wrote, resolved once, and what each setting means to each stage.
 
     files     which files make a run, merged as Snakemake merges them, and the --config overrides
-    schema    workflow/schemas/config.schema.yaml: every key's type, default and description
-    rules     what a schema cannot say: rules between keys, a model the registry can build, a batch
-              that splits over the ranks, a vocabulary that holds the special tokens
+    declare   how a setting is declared: once, as a field of its section's model (type, default,
+              bounds, description, the stages it reruns); the section models:
+      data_sections   download (and its sources), tokenizer, pretokenize, shard
+      smoke_section, train_sections, eval_sections
+      run_config      model, plan, wandb, and RunConfig, which holds every section
+    schema    validation against RunConfig (defaults filled in, errors by key path), every leaf, and
+              the JSON Schema generated from the models (workflow/schemas/config.schema.json)
+    rules     what a field cannot say alone: rules between sections, a model the registry can build,
+              a batch that splits over the ranks, a vocabulary that holds the special tokens
     resolve   validate = schema + rules, once; resolve (a run), resolve_experiment (a sweep's runs),
               load (one file), stage_sections (a config built in Python: benches, tests)
     sweep     one config, several runs (arms)
-    settings  every leaf's stages and whether it changes their outputs: each rule's params, the
-              train fingerprint, the data folders' keys and docs/settings.md come from it
-    sections  typed, frozen views of a section, read by attribute: the machinery, train and smoke
-    run_config  the other sections typed, and RunConfig: a run's (or a stage's) whole config, typed
+    settings  what each setting means to each stage, from the declarations: each rule's params, the
+              train fingerprint, the data folders' keys and docs/settings.md
     models    named model flavours (each with its source URL) and the ModelConfig derived from them
     hf_source the ModelConfig (and model section) of a Hugging Face checkpoint's config.json, for
               train.init_from: {hf: FOLDER}

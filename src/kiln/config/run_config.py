@@ -1,275 +1,205 @@
-"""The typed run config: the data, model, eval, plan and wandb sections (kiln.config.sections has the
-machinery and the train and smoke sections), and RunConfig, which holds every section of a run.
-
-As there, the schema owns every default and description, `of` builds a section from a validated dict
-and `as_dict` gives that dict back; a key only some variants of a section have (tokenizer.kind's
-keys, a source kind's keys) is an unset-able field, None where the variant lacks it.
-"""
+"""The model, plan and wandb sections, each setting declared once (kiln.config.declare), and RunConfig,
+which holds every section of a run: the one model a config is validated against (kiln.config.schema)
+and the typed object a stage reads."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import Any, ClassVar, Literal
 
-from kiln.config.sections import Section, SmokeSection, TrainSection, unset
+from pydantic import ValidationInfo, model_validator
+from pydantic_core import PydanticCustomError
 
-
-@dataclass(frozen=True)
-class Source(Section):
-    """One of download.sources: the union of every kind's keys (stdlib, local, hf), those of the other
-    kinds None."""
-
-    KEY: ClassVar[str] = "download.sources"
-    name: str
-    kind: str
-    include: tuple[str, ...] | None = unset()  # stdlib's
-    paths: tuple[str, ...] | None = unset()  # local's
-    dataset: str | None = unset()  # hf's, down to data_files
-    config: str | None = unset()
-    split: str | None = unset()
-    revision: str | None = unset()
-    data_files: tuple[str, ...] | None = unset()
-    text_column: str | None = unset()  # local's and hf's, down to repo_column
-    path_column: str | None = unset()
-    repo_column: str | None = unset()
-    max_rows: int | None = unset()  # every kind's budgets
-    max_bytes: int | None = unset()
-    quality: str  # which quality filters (kiln.data.quality): code, prose or none
+from kiln.config.data_sections import DownloadSection, PretokenizeSection, ShardSection, TokenizerSection
+from kiln.config.declare import MODEL, OUTPUT, RUN, TRAIN_RUN, Number, Section, optional, reads, setting
+from kiln.config.eval_sections import EvalSection
+from kiln.config.smoke_section import SmokeSection
+from kiln.config.train_sections import TrainSection
 
 
-@dataclass(frozen=True)
-class NearDupSection(Section):
-    """download.near_dup: MinHash LSH over word shingles (kiln.data.near_dup)."""
-
-    KEY: ClassVar[str] = "download.near_dup"
-    enabled: bool
-    shingle: int
-    bands: int
-    rows: int
-    seed: int
-
-
-@dataclass(frozen=True)
-class FiltersSection(Section):
-    """download.filters: each quality filter of kiln.data.quality, on or off."""
-
-    KEY: ClassVar[str] = "download.filters"
-    auto_generated: bool
-    long_lines: bool
-    alphanumeric: bool
-    encoded_data: bool
-    gopher_words: bool
-    gopher_word_length: bool
-    gopher_symbols: bool
-    gopher_bullets: bool
-    gopher_ellipsis: bool
-    gopher_alpha_words: bool
-    gopher_stop_words: bool
-
-
-@dataclass(frozen=True)
-class DecontaminateSection(Section):
-    """download.decontaminate: documents sharing a word n-gram with an eval set are dropped (kiln.data.decontaminate)."""
-
-    KEY: ClassVar[str] = "download.decontaminate"
-    humaneval: bool
-    ngram: int
-
-
-@dataclass(frozen=True)
-class DownloadSection(Section):
-    KEY: ClassVar[str] = "download"
-    sources: tuple[Source, ...]
-    rows_per_part: int
-    scatter_mb: float
-    dedup: bool
-    near_dup: NearDupSection
-    decontaminate: DecontaminateSection
-    filters: FiltersSection
-    min_doc_bytes: int
-    max_doc_bytes: int | None = unset()
-    invalid_utf8: str
-    retries: int
-    retry_backoff_s: float
-
-
-@dataclass(frozen=True)
-class TokenizerSection(Section):
-    """The `tokenizer` section: kind's keys, the others' None (kind train: vocab_size, train_bytes;
-    file: path; tiktoken: encoding, or path and pattern; hf: path, a Hugging Face model folder)."""
-
-    KEY: ClassVar[str] = "tokenizer"
-    kind: str
-    heldout_docs: int
-    vocab_size: int | None = unset()
-    train_bytes: int | None = unset()
-    path: str | None = unset()
-    encoding: str | None = unset()
-    pattern: str | None = unset()
-
-
-@dataclass(frozen=True)
-class Fim(Section):
-    KEY: ClassVar[str] = "pretokenize.fim"
-    rate: float
-    psm: float
-    spm: float
-    middle_only: float
-    min_chars: int
-
-
-@dataclass(frozen=True)
-class PretokenizeSection(Section):
-    KEY: ClassVar[str] = "pretokenize"
-    val_tokens: int
-    heldout_ngram: int
-    heldout_guard: int
-    train_tokens: int | None = unset()
-    mixture: Mapping[str, float]  # source name -> weight, read-only
-    repo_context: bool
-    encoder: str
-    fim: Fim
-
-
-@dataclass(frozen=True)
-class ShardSection(Section):
-    KEY: ClassVar[str] = "shard"
-    seq_len: int
-    rows_per_shard: int
-
-
-@dataclass(frozen=True)
 class RopeScalingSection(Section):
-    """model.rope_scaling: kiln.config.models.RopeScaling's fields, as the schema has them."""
+    """Llama 3.1's RoPE frequency scaling (Hugging Face's rope_type llama3): kiln.config.models.RopeScaling's
+    fields, as a checkpoint trained with it states them."""
 
     KEY: ClassVar[str] = "model.rope_scaling"
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
+    factor: Number = setting(
+        description="Wavelengths longer than the original context / low_freq_factor are stretched by this.", ge=1
+    )
+    low_freq_factor: Number = setting(description="Hugging Face's low_freq_factor.", gt=0)
+    high_freq_factor: Number = setting(description="Hugging Face's high_freq_factor.", gt=0)
+    original_max_position_embeddings: int = setting(description="The context the model was first trained at.", ge=1)
 
 
-@dataclass(frozen=True)
 class ModelSection(Section):
-    """The `model` section as written: a flavour and/or shape keys, every one optional (the flavour or
-    kiln.config.models.ModelConfig fills the rest: model_config(section.as_dict(), ...))."""
+    """A named flavour (kiln.config.models.FLAVOURS: debug, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b,
+    llama3.2-1b, ...) whose fields the other keys here override, or the shape itself (n_layer, n_head,
+    d_model required; family gpt2 unless given). The vocabulary is always the tokenizer's padded to a
+    multiple of 64, the context always shard.seq_len. No defaults here: what a key leaves out comes from
+    the flavour, or from kiln.config.models.ModelConfig (model_config(section.as_dict(), ...)). With
+    train.init_from.hf the section may be left out: it becomes the checkpoint's shape, read from its
+    config.json (kiln.config.hf_source), and a key given here must agree with it."""
 
     KEY: ClassVar[str] = "model"
-    flavour: str | None = unset()
-    family: str | None = unset()
-    n_layer: int | None = unset()
-    n_head: int | None = unset()
-    d_model: int | None = unset()
-    n_kv_head: int | None = unset()
-    d_ff: int | None = unset()
-    max_positions: int | None = unset()
-    rope_theta: float | None = unset()
-    norm_eps: float | None = unset()
-    dropout: float | None = unset()
-    bias: bool | None = unset()
-    tie_embeddings: bool | None = unset()
-    qkv_bias: bool | None = unset()
-    rope_scaling: RopeScalingSection | None = unset()
-    sliding_window: int | None = unset()
+    flavour: str | None = optional("A name in kiln.config.models.FLAVOURS.", MODEL)
+    family: Literal["gpt2", "llama", "starcoder2"] | None = optional(
+        """gpt2: LayerNorm, GELU, learned positions; llama: RMSNorm, SwiGLU, RoPE, grouped-query attention;
+        starcoder2: LayerNorm, GELU, RoPE, grouped-query attention.""",
+        MODEL,
+    )
+    n_layer: int | None = optional("Transformer blocks.", MODEL, ge=1)
+    n_head: int | None = optional("Attention (query) heads.", MODEL, ge=1)
+    d_model: int | None = optional("The residual stream's width.", MODEL, ge=1)
+    n_kv_head: int | None = optional("Key/value heads (llama, starcoder2; default n_head).", MODEL, ge=1)
+    d_ff: int | None = optional("MLP width (default 4*d_model; llama 8/3*d_model rounded up to 256).", MODEL, ge=1)
+    max_positions: int | None = optional("gpt2 learned position rows (default shard.seq_len).", MODEL, ge=1)
+    rope_theta: Number | None = optional("llama and starcoder2 RoPE base (default 10000).", MODEL, gt=0)
+    norm_eps: Number | None = optional("The norms' epsilon (default 1e-5).", MODEL, gt=0)
+    dropout: Number | None = optional("Dropout on attention and residual outputs (default 0).", MODEL, ge=0, le=1)
+    bias: bool | None = optional(
+        """gpt2: biases in Linear and LayerNorm; starcoder2: in every Linear but the head (its LayerNorms
+        always have one); llama: none (default false).""",
+        MODEL,
+    )
+    tie_embeddings: bool | None = optional("Output head shares the token embedding (default true).", MODEL)
+    qkv_bias: bool | None = optional(
+        "llama only: biases on the query, key and value projections (Qwen2's; default false).", MODEL
+    )
+    rope_scaling: RopeScalingSection | None = optional(
+        """llama only: Llama 3.1's RoPE frequency scaling (Hugging Face's rope_type llama3), as a
+        train.init_from.hf checkpoint trained with it has it; unset or null: plain RoPE.""",
+        MODEL,
+        nullable=True,
+    )
+    sliding_window: int | None = optional(
+        """A source's sliding-window attention span (StarCoder2's checkpoints: 4096), as a train.init_from.hf
+        checkpoint states it. Kiln computes full causal attention, the same only while shard.seq_len is at
+        most this: a longer context is an error. Unset or null: no window.""",
+        MODEL,
+        nullable=True,
+        ge=1,
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flavour_or_shape(cls, data):
+        if isinstance(data, dict) and "flavour" not in data:
+            missing = [k for k in ("n_layer", "n_head", "d_model") if k not in data]
+            if missing:
+                raise PydanticCustomError(
+                    "kiln", "no flavour, so the shape itself: {missing} missing", {"missing": ", ".join(missing)}
+                )
+        return data
 
 
-@dataclass(frozen=True)
 class PlanSection(Section):
+    """What `kiln plan` assumes to price a run before anything runs: throughput = mfu x the GPU's dense
+    bf16 peak x the ranks. The smoke stage replaces it with a measurement on the real hardware."""
+
     KEY: ClassVar[str] = "plan"
-    gpu: str
-    mfu: float
+    gpu: str = setting(
+        "H100",
+        """A GPU named in kiln.plan.peaks.GPUS (H100, H200, H200 NVL, A100, RTX 4090, RTX 3080 Ti, ...); its
+        peak prices the run, its memory is what the step must fit in.""",
+        reads("`kiln plan`'s assumed device, before any stage runs"),
+    )
+    mfu: Number = setting(
+        0.4,
+        "Expected model FLOPs utilisation under Kiln's count (kiln.train.metrics).",
+        reads("`kiln plan`'s assumed MFU, before any stage runs"),
+        gt=0,
+        le=1,
+    )
 
 
-@dataclass(frozen=True)
-class Reference(Section):
-    """eval.reference: source and exactly one of val_loss and bits_per_byte (the schema says so)."""
-
-    KEY: ClassVar[str] = "eval.reference"
-    val_loss: float | None = unset()
-    bits_per_byte: float | None = unset()
-    source: str
-
-
-@dataclass(frozen=True)
-class LmEval(Section):
-    KEY: ClassVar[str] = "eval.lm_eval"
-    tasks: tuple[str, ...]
-    limit: int
-    max_docs: int
-
-
-@dataclass(frozen=True)
-class HumanEvalSection(Section):
-    KEY: ClassVar[str] = "eval.humaneval"
-    problems: int | None  # None: all 164
-    samples: int
-    max_new_tokens: int
-
-
-@dataclass(frozen=True)
-class HumanEvalInfillSection(Section):
-    KEY: ClassVar[str] = "eval.humaneval_infill"
-    problems: int
-    kinds: tuple[str, ...]
-    modes: tuple[str, ...]
-    max_new_tokens: int
-
-
-@dataclass(frozen=True)
-class EvalSection(Section):
-    KEY: ClassVar[str] = "eval"
-    reference: Reference | None
-    max_batches: int
-    prompts: tuple[str, ...]
-    max_new_tokens: int
-    temperature: float
-    top_k: int
-    top_p: float
-    infill_docs: int
-    lm_eval: LmEval
-    humaneval: HumanEvalSection
-    humaneval_infill: HumanEvalInfillSection
-
-
-@dataclass(frozen=True)
 class WandbSection(Section):
+    """Where train's metrics are also sent (Weights & Biases)."""
+
     KEY: ClassVar[str] = "wandb"
-    mode: str
-    project: str
+    mode: Literal["online", "offline", "disabled"] = setting(
+        "offline",
+        """offline writes under results/<run>/train/wandb (upload later with `wandb sync`); online needs a
+        network.""",
+        reads("where the metrics are also sent", train=RUN),
+    )
+    project: str = setting("kiln", "The wandb project.", TRAIN_RUN)
 
 
-@dataclass(frozen=True)
+# Read by every stage that lands under results/<run_name>/.
+RUN_NAME = reads(
+    "names results/<run_name>/: another name is another run",
+    eval_data=OUTPUT,
+    smoke=OUTPUT,
+    plan=OUTPUT,
+    train=OUTPUT,
+    eval=OUTPUT,
+    report=OUTPUT,
+)
+DATA_SEED = reads(
+    "the data seed (split, FIM, tokenizer sample, eval's infilling problems and task examples); also "
+    "train.seed's default",
+    tokenizer=OUTPUT,
+    pretokenize=OUTPUT,
+    eval_data=OUTPUT,
+    report=OUTPUT,
+)
+# A whole config needs these; a stage's config (kiln.stage.stage_config) holds only the sections it reads.
+REQUIRED = ("run_name", "download", "model", "train")
+
+
 class RunConfig(Section):
-    """A run's validated config, every section typed. Built from the whole config (kiln.config.resolve)
-    or from what one stage reads (kiln.stage.stage_config: the sections kiln.config.settings names for
-    it), so a section, run_name or seed the stage does not read is None; as_dict gives back exactly the
-    dict it was built from."""
+    """A run's config, every section typed. Validated whole (kiln.config.schema, with context
+    {"whole": True}: the required keys checked and every absent section given its defaults) or built
+    from what one stage reads (kiln.stage.stage_config), where a section the stage does not read is
+    None; as_dict gives back exactly the dict it was built from."""
 
     KEY: ClassVar[str] = ""
-    run_name: str | None = unset()
-    seed: int | None = unset()
-    download: DownloadSection | None = unset()
-    tokenizer: TokenizerSection | None = unset()
-    pretokenize: PretokenizeSection | None = unset()
-    shard: ShardSection | None = unset()
-    model: ModelSection | None = unset()
-    smoke: SmokeSection | None = unset()
-    plan: PlanSection | None = unset()
-    train: TrainSection | None = unset()
-    eval: EvalSection | None = unset()
-    wandb: WandbSection | None = unset()
+    run_name: str | None = optional(
+        """This run's smoke, train, eval and report land in results/<run_name>/; its data stages in
+        results/data/<stage>-<key>/, shared with every run of the same data settings (kiln.layout). `data`
+        is reserved for that folder. A sweep's arms are <run_name>-<arm>.""",
+        RUN_NAME,
+        pattern="^[A-Za-z0-9][A-Za-z0-9._-]*$",
+    )
+    seed: int | None = optional(
+        """The data seed: the tokenizer's sample, the train/val split, FIM. Also the model seed (train.seed)
+        unless that is set, so one number seeds a whole run (default 1337).""",
+        DATA_SEED,
+        ge=0,
+    )
+    download: DownloadSection | None = optional("Where the documents come from and how they are cleaned.")
+    tokenizer: TokenizerSection | None = optional(TokenizerSection.__doc__)
+    pretokenize: PretokenizeSection | None = optional("The documents as tokens: the split, mixture and FIM.")
+    shard: ShardSection | None = optional("The tokens cut into training rows.")
+    model: ModelSection | None = optional(ModelSection.__doc__)
+    smoke: SmokeSection | None = optional(SmokeSection.__doc__)
+    plan: PlanSection | None = optional(PlanSection.__doc__)
+    train: TrainSection | None = optional("The full run: its ranks, batch, optimizer, schedule and checkpoints.")
+    eval: EvalSection | None = optional("What the eval stage measures on the final model.")
+    wandb: WandbSection | None = optional(WandbSection.__doc__)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole(cls, data: Any, info: ValidationInfo):
+        """A whole config: the seed's default, and every section it leaves out filled in with its defaults
+        (kiln.config.schema.check names a missing required key before this runs)."""
+        if not (info.context or {}).get("whole") or not isinstance(data, dict):
+            return data
+        return {"seed": DEFAULT_SEED} | {name: {} for name in SECTIONS} | data
 
 
-# Every section by its key in the config (tests/test_sections.py holds each to the schema).
+DEFAULT_SEED = 1337
+# Every section by its key in the config, in the order a config reads.
 SECTIONS: dict[str, type[Section]] = {
-    "download": DownloadSection,
-    "tokenizer": TokenizerSection,
-    "pretokenize": PretokenizeSection,
-    "shard": ShardSection,
-    "model": ModelSection,
-    "smoke": SmokeSection,
-    "plan": PlanSection,
-    "train": TrainSection,
-    "eval": EvalSection,
-    "wandb": WandbSection,
+    name: section
+    for name, section in (
+        ("download", DownloadSection),
+        ("tokenizer", TokenizerSection),
+        ("pretokenize", PretokenizeSection),
+        ("shard", ShardSection),
+        ("model", ModelSection),
+        ("smoke", SmokeSection),
+        ("plan", PlanSection),
+        ("train", TrainSection),
+        ("eval", EvalSection),
+        ("wandb", WandbSection),
+    )
 }

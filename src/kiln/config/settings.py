@@ -1,287 +1,40 @@
-"""Every setting of a run: which stages read it, and whether it changes what they make.
+"""What each setting means to each stage, derived from the settings' declarations (kiln.config.declare:
+every field of the section models names the stages that read it, each OUTPUT, RUN or a When).
 
-One table (SETTINGS) names each leaf of the schema (workflow/schemas/config.schema.yaml) by its
-dotted path, with the stages that read it and, for each, one of
-
-  OUTPUT  it changes what the stage makes: weights and trajectory, shards, eval numbers, the plan's
-          figures. It is in the rule's params, so Snakemake reruns the stage when it changes.
-  RUN     it changes only how the stage runs and shows its work: logging, cadence, placement,
-          retries, timeouts, the micro-batch at an equal global batch, ranks. The stage reads it,
-          but its rule does not rerun for it: a logging change never costs a retrain.
-  When    OUTPUT in the runs that meet a condition (say, a budget in dollars), RUN in the rest.
-
-Everything that says which setting concerns which stage is derived from this table, and nothing
-else lists keys by stage:
-
+  SETTINGS              {dotted path: Reads} for every leaf, in declaration order
   tracked / untracked   a rule's params: the OUTPUT leaves as JSON Snakemake compares, and the rest
                         of the stage's sections as a value it cannot represent and so ignores
                         (snakemake.persistence skips such params), passed to the script all the same;
   trajectory            the train leaves a checkpoint's fingerprint holds (kiln.train.fingerprint);
   data_key              the content key of a shared data folder (kiln.layout);
-  markdown_table        docs/settings.md (`python -m kiln.config`; a test keeps it current).
+  markdown_table        docs/settings.md (`python -m kiln.config settings`; a test keeps it current).
 
-tests/test_settings.py holds the table to the schema (a new key without a tag fails the suite) and
-changes every leaf on a finished tiny run: the jobs a dry run schedules must be exactly the stages
-this table names, and what depends on them.
+Nothing here lists keys by stage: a new setting is one field in its section's model.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import copy
 import hashlib
 import json
-from dataclasses import dataclass, field
-from typing import Callable, Mapping
+import types
+import typing
+from typing import Mapping
 
+from kiln.config.declare import DATA_STAGES, OUTPUT, RUN, STAGES, Reads, When
+from kiln.config.run_config import DEFAULT_SEED, REQUIRED
 from kiln.config.schema import leaves as schema_leaves
 from kiln.errors import KilnError
 
-OUTPUT, RUN = "output", "run"
-# The stages in DAG order (kiln.layout owns where each writes); `plan` prices the smoke stage's
-# measurements (smoke/plan.json, plan.md), apart from what train reads, so a price reruns no training.
-DATA_STAGES = ("download", "tokenizer", "pretokenize", "shard")
-# eval_data is eval's CPU work on the data alone (the unigram baseline, the held-out documents'
-# infilling problems and lm-eval task data, the contamination scan), run beside training.
-STAGES = (*DATA_STAGES, "smoke", "plan", "train", "eval_data", "eval", "report")
+__all__ = ["DATA_STAGES", "OUTPUT", "RUN", "STAGES", "SETTINGS", "When"]
 
 
-@dataclass(frozen=True)
-class When:
-    """OUTPUT for a stage in the runs whose config meets `test`, RUN in the others."""
-
-    what: str  # the condition in words, for docs/settings.md
-    test: Callable[[Mapping], bool]  # on the validated config (at least the sections it names)
-
-    def __repr__(self) -> str:
-        return f"output when {self.what}"
+def _table() -> dict[str, Reads]:
+    return {path: leaf.declared.reads for path, leaf in schema_leaves().items() if leaf.declared.reads is not None}
 
 
-BUDGETED = When("train.budget is set", lambda cfg: cfg["train"]["budget"] is not None)
-DOLLARS = When("train.budget is in dollars", lambda cfg: "dollars" in (cfg["train"]["budget"] or {}))
-MUON = When("train.optimizer is muon", lambda cfg: cfg["train"]["optimizer"] == "muon")
-# With train.batch_tokens null the global batch is one micro-batch per rank: the ranks and the
-# micro-batch then make the step, not only how it is spread.
-PER_RANK_BATCH = When("train.batch_tokens is null", lambda cfg: cfg["train"]["batch_tokens"] is None)
-
-
-@dataclass(frozen=True)
-class Setting:
-    reads: Mapping[str, str | When] = field(default_factory=dict)  # stage -> OUTPUT | RUN | When
-    note: str = ""  # why, where the tag is not obvious (docs/settings.md)
-
-
-def _s(note: str = "", **reads) -> Setting:
-    return Setting(reads, note)
-
-
-# Groups that recur. The smoke probe runs train's step (its optimizer, batch, precision) at a
-# constant LR, so the schedule's shape and length shape train alone.
-DOWNLOAD = _s(download=OUTPUT)
-TOKENIZER = _s(tokenizer=OUTPUT)
-PRETOKENIZE = _s(pretokenize=OUTPUT)
-MODEL = _s(smoke=OUTPUT, train=OUTPUT, report=OUTPUT)
-GATE = _s(smoke=OUTPUT)
-STEP = _s(smoke=OUTPUT, train=OUTPUT, report=OUTPUT)  # the optimizer step the probe also runs
-SCHEDULE = _s(train=OUTPUT, report=OUTPUT)
-MUON_STEP = _s(smoke=MUON, train=MUON)
-PLACEMENT = _s("where the ranks run: the data order is a function of the global row", smoke=RUN, train=RUN)
-RANKS = _s(
-    "the data order is a function of the global row; with no train.batch_tokens, the batch is per rank",
-    smoke=PER_RANK_BATCH,
-    train=PER_RANK_BATCH,
-    eval=RUN,
-    report=PER_RANK_BATCH,
-)
-TRAIN_RUN = _s(train=RUN)
-EVAL = _s(eval=OUTPUT)
-EVAL_DATA = _s("eval reads what eval_data made of it", eval_data=OUTPUT)
-
-SETTINGS: dict[str, Setting] = {
-    "run_name": _s(
-        "names results/<run_name>/: another name is another run",
-        eval_data=OUTPUT,
-        smoke=OUTPUT,
-        plan=OUTPUT,
-        train=OUTPUT,
-        eval=OUTPUT,
-        report=OUTPUT,
-    ),
-    "seed": _s(
-        "the data seed (split, FIM, tokenizer sample, eval's infilling problems and task examples); also "
-        "train.seed's default",
-        tokenizer=OUTPUT,
-        pretokenize=OUTPUT,
-        eval_data=OUTPUT,
-        report=OUTPUT,
-    ),
-    "download.sources": _s("the report names them", download=OUTPUT, report=OUTPUT),
-    "download.rows_per_part": DOWNLOAD,
-    "download.scatter_mb": _s("how many download_part jobs check the input; the bytes equal one job's", download=RUN),
-    "download.dedup": DOWNLOAD,
-    "download.decontaminate.humaneval": DOWNLOAD,
-    "download.decontaminate.ngram": DOWNLOAD,
-    "download.near_dup.enabled": DOWNLOAD,
-    "download.near_dup.shingle": DOWNLOAD,
-    "download.near_dup.bands": DOWNLOAD,
-    "download.near_dup.rows": DOWNLOAD,
-    "download.near_dup.seed": DOWNLOAD,
-    "download.filters.auto_generated": DOWNLOAD,
-    "download.filters.long_lines": DOWNLOAD,
-    "download.filters.alphanumeric": DOWNLOAD,
-    "download.filters.encoded_data": DOWNLOAD,
-    "download.filters.gopher_words": DOWNLOAD,
-    "download.filters.gopher_word_length": DOWNLOAD,
-    "download.filters.gopher_symbols": DOWNLOAD,
-    "download.filters.gopher_bullets": DOWNLOAD,
-    "download.filters.gopher_ellipsis": DOWNLOAD,
-    "download.filters.gopher_alpha_words": DOWNLOAD,
-    "download.filters.gopher_stop_words": DOWNLOAD,
-    "download.min_doc_bytes": DOWNLOAD,
-    "download.max_doc_bytes": DOWNLOAD,
-    "download.invalid_utf8": DOWNLOAD,
-    "download.retries": _s("a retry resumes from the last complete part", download=RUN),
-    "download.retry_backoff_s": _s(download=RUN),
-    "tokenizer.kind": TOKENIZER,
-    "tokenizer.heldout_docs": TOKENIZER,
-    "tokenizer.vocab_size": TOKENIZER,
-    "tokenizer.train_bytes": TOKENIZER,
-    "tokenizer.path": TOKENIZER,
-    "tokenizer.encoding": TOKENIZER,
-    "tokenizer.pattern": TOKENIZER,
-    "pretokenize.val_tokens": PRETOKENIZE,
-    "pretokenize.heldout_ngram": PRETOKENIZE,
-    "pretokenize.heldout_guard": PRETOKENIZE,
-    "pretokenize.train_tokens": PRETOKENIZE,
-    "pretokenize.mixture": PRETOKENIZE,
-    "pretokenize.repo_context": PRETOKENIZE,
-    "pretokenize.encoder": _s("meta.json records the encoder used", pretokenize=OUTPUT),
-    "pretokenize.fim.rate": PRETOKENIZE,
-    "pretokenize.fim.psm": PRETOKENIZE,
-    "pretokenize.fim.spm": PRETOKENIZE,
-    "pretokenize.fim.middle_only": PRETOKENIZE,
-    "pretokenize.fim.min_chars": PRETOKENIZE,
-    "shard.seq_len": _s("also the model's context", shard=OUTPUT, report=OUTPUT),
-    "shard.rows_per_shard": _s(shard=OUTPUT),
-    "model.flavour": MODEL,
-    "model.family": MODEL,
-    "model.n_layer": MODEL,
-    "model.n_head": MODEL,
-    "model.d_model": MODEL,
-    "model.n_kv_head": MODEL,
-    "model.d_ff": MODEL,
-    "model.max_positions": MODEL,
-    "model.rope_theta": MODEL,
-    "model.norm_eps": MODEL,
-    "model.dropout": MODEL,
-    "model.bias": MODEL,
-    "model.tie_embeddings": MODEL,
-    "model.qkv_bias": MODEL,
-    "model.rope_scaling": MODEL,
-    "model.sliding_window": MODEL,
-    "smoke.steps": GATE,
-    "smoke.warmup_steps": GATE,
-    "smoke.min_loss_drop": GATE,
-    "smoke.val_batches": GATE,
-    "smoke.min_val_drop": GATE,
-    "smoke.init_loss_tolerance": GATE,
-    "smoke.causal_tolerance": GATE,
-    "smoke.max_data_wait": GATE,
-    "smoke.min_token_entropy": GATE,
-    "smoke.gate": GATE,
-    "smoke.overfit.rows": GATE,
-    "smoke.overfit.max_steps": GATE,
-    "smoke.overfit.max_loss": GATE,
-    "smoke.precision_steps": _s("the steps that pick train.precision auto's precision", smoke=OUTPUT),
-    "smoke.price_per_gpu_hour": _s("the plan's cost; a budget in dollars buys steps at it", plan=OUTPUT, train=DOLLARS),
-    "smoke.profile_step": _s("a trace beside the report, not part of it", smoke=RUN),
-    "plan.gpu": _s("`kiln plan`'s assumed device, before any stage runs"),
-    "plan.mfu": _s("`kiln plan`'s assumed MFU, before any stage runs"),
-    "train.nproc_per_node": RANKS,
-    "train.nnodes": RANKS,
-    "train.node_rank": PLACEMENT,
-    "train.rdzv_endpoint": PLACEMENT,
-    "train.device": _s(smoke=RUN, train=RUN, eval=RUN),
-    "train.parallel": _s("DDP or FSDP, the same step", smoke=RUN, train=RUN),
-    "train.collective_timeout_s": PLACEMENT,
-    "train.first_step_timeout_s": PLACEMENT,
-    "train.micro_batch": _s(
-        "at an equal global batch (train.batch_tokens), the same rows per step",
-        smoke=PER_RANK_BATCH,
-        train=PER_RANK_BATCH,
-        report=PER_RANK_BATCH,
-    ),
-    "train.batch_tokens": STEP,
-    "train.max_steps": _s(plan=OUTPUT, train=OUTPUT, report=OUTPUT),
-    "train.budget": _s(plan=OUTPUT, train=OUTPUT, report=OUTPUT),
-    "train.init_from": _s("also whether eval tests infilling", smoke=OUTPUT, train=OUTPUT, eval_data=OUTPUT),
-    "train.seed": _s(
-        "the model seed: initial weights, data order, samples (null: seed)",
-        smoke=OUTPUT,
-        train=OUTPUT,
-        eval=OUTPUT,
-        report=OUTPUT,
-    ),
-    "train.lr": STEP,
-    "train.min_lr": SCHEDULE,
-    "train.warmup_steps": _s("the probe warms up for at most a third of its steps", smoke=OUTPUT, train=OUTPUT),
-    "train.schedule": SCHEDULE,
-    "train.decay_fraction": SCHEDULE,
-    "train.cooldown": SCHEDULE,
-    "train.weight_decay": STEP,
-    "train.beta1": STEP,
-    "train.beta2": STEP,
-    "train.eps": STEP,
-    "train.optimizer": STEP,
-    "train.muon_lr": MUON_STEP,
-    "train.muon_momentum": MUON_STEP,
-    "train.muon_weight_decay": MUON_STEP,
-    "train.muon_adjust_lr": MUON_STEP,
-    "train.grad_clip": STEP,
-    "train.precision": _s(smoke=OUTPUT, train=OUTPUT, eval=OUTPUT, report=OUTPUT),
-    "train.compile": _s("the same step, fused", smoke=RUN, train=RUN),
-    "train.activation_checkpointing": _s("the same step, recomputed", smoke=RUN, train=RUN),
-    "train.log_every": TRAIN_RUN,
-    "train.eval_every": _s("what a budget spends on validation", plan=OUTPUT, train=BUDGETED),
-    "train.eval_batches": _s(
-        "the validation loss train logs, not its step; smoke times a validation, which a budget spends",
-        smoke=BUDGETED,
-        train=RUN,
-    ),
-    "train.samples.prompts": _s("eval completes them with the final model", train=RUN, eval=OUTPUT),
-    "train.samples.max_new_tokens": _s(train=RUN, eval=OUTPUT),
-    "train.samples.temperature": _s(train=RUN, eval=OUTPUT),
-    "train.samples.top_p": _s(train=RUN, eval=OUTPUT),
-    "train.checkpoint_every": _s("what a budget spends on saving", plan=OUTPUT, train=BUDGETED),
-    "train.keep_checkpoints": _s("the plan's disk figure", plan=OUTPUT, train=RUN),
-    "train.keep_checkpoint_every": _s("the plan's disk figure", plan=OUTPUT, train=RUN),
-    "train.checkpoint_format": TRAIN_RUN,
-    "train.async_checkpoint": TRAIN_RUN,
-    "train.checkpoint_mirror": TRAIN_RUN,
-    "train.max_resubmits": TRAIN_RUN,
-    "train.nonfinite.action": _s("a step that is not finite is never applied", train=RUN),
-    "train.nonfinite.max_skips": TRAIN_RUN,
-    "train.spike_factor": _s("a spike is logged, not acted on", train=RUN),
-    "eval.reference": _s("a figure beside the run's", report=OUTPUT),
-    "eval.max_batches": _s("the unigram baseline reads the same batches", eval_data=OUTPUT, eval=OUTPUT),
-    "eval.prompts": EVAL,
-    "eval.max_new_tokens": EVAL,
-    "eval.temperature": EVAL,
-    "eval.top_k": EVAL,
-    "eval.top_p": EVAL,
-    "eval.infill_docs": EVAL_DATA,
-    "eval.lm_eval.tasks": _s("eval_data scans the local ones for contamination", eval_data=OUTPUT, eval=OUTPUT),
-    "eval.lm_eval.limit": EVAL,
-    "eval.lm_eval.max_docs": EVAL_DATA,
-    "eval.humaneval.problems": EVAL,
-    "eval.humaneval.samples": EVAL,
-    "eval.humaneval.max_new_tokens": EVAL,
-    "eval.humaneval_infill.problems": EVAL,
-    "eval.humaneval_infill.kinds": EVAL,
-    "eval.humaneval_infill.modes": EVAL,
-    "eval.humaneval_infill.max_new_tokens": EVAL,
-    "wandb.mode": _s("where the metrics are also sent", train=RUN),
-    "wandb.project": TRAIN_RUN,
-}
+SETTINGS: dict[str, Reads] = _table()
 
 
 class Untracked:
@@ -295,15 +48,15 @@ class Untracked:
         return self.text
 
 
-def check_table(leaves: Mapping[str, dict] | None = None) -> None:
-    """A KilnError naming every schema leaf (of `leaves`, by default the schema's) without a tag, and
-    every tag without a leaf."""
-    leaves, tagged = set(schema_leaves() if leaves is None else leaves), set(SETTINGS)
-    problems = [f"{p}: a schema key with no entry in kiln.config.settings.SETTINGS" for p in sorted(leaves - tagged)]
-    problems += [f"{p}: tagged in kiln.config.settings.SETTINGS but not in the schema" for p in sorted(tagged - leaves)]
-    bad = [f"{p}: unknown stage {s}" for p, v in SETTINGS.items() for s in v.reads if s not in STAGES]
-    if problems + bad:
-        raise KilnError("; ".join(problems + bad))
+def check_table(leaves: Mapping | None = None) -> None:
+    """A KilnError naming every leaf (of `leaves`, by default every setting's) declared without Reads
+    (kiln.config.declare: setting(..., tag))."""
+    leaves = schema_leaves() if leaves is None else leaves
+    untagged = [path for path, leaf in leaves.items() if leaf.declared.reads is None]
+    if untagged:
+        raise KilnError(
+            "; ".join(f"{p}: a setting declared without the stages it concerns (its Reads)" for p in untagged)
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -312,7 +65,7 @@ def check_table(leaves: Mapping[str, dict] | None = None) -> None:
 
 def effect(path: str, stage: str, cfg: Mapping) -> str | None:
     """OUTPUT, RUN, or None (the stage does not read it) for `path` in this config."""
-    tag = SETTINGS[path].reads.get(stage)
+    tag = SETTINGS[path].stages.get(stage)
     if isinstance(tag, When):
         return OUTPUT if tag.test(cfg) else RUN
     return tag
@@ -336,7 +89,7 @@ def _put(tree: dict, path: str, value) -> None:
 
 def sections(stage: str) -> tuple[str, ...]:
     """The top-level sections a stage reads (whole: a script reads a section as one typed object)."""
-    return tuple(dict.fromkeys(path.split(".")[0] for path, s in SETTINGS.items() if stage in s.reads))
+    return tuple(dict.fromkeys(path.split(".")[0] for path, s in SETTINGS.items() if stage in s.stages))
 
 
 def _split(cfg: Mapping, stage: str) -> tuple[dict, dict]:
@@ -420,8 +173,8 @@ def data_key(cfg: Mapping, stage: str, chars: int) -> str:
     leaves = schema_leaves()
     for path in SETTINGS:
         if any(effect(path, s, cfg) == RUN for s in upto) and not any(effect(path, s, cfg) == OUTPUT for s in upto):
-            if "default" in leaves[path]:
-                _put(shaped, path, leaves[path]["default"])
+            if not leaves[path].declared.unset:
+                _put(shaped, path, leaves[path].default)
     return hashlib.sha256(_canonical(shaped).encode()).hexdigest()[:chars]
 
 
@@ -430,21 +183,65 @@ def data_key(cfg: Mapping, stage: str, chars: int) -> str:
 
 
 def markdown_table() -> str:
-    """docs/settings.md: every setting with the stages it reruns and those that read it only to run."""
+    """docs/settings.md: every setting by section, with its type, default, the stages it reruns, those
+    that read it only to run, and what it does."""
     lines = [
-        "# Settings: what each one reruns",
+        "# Settings",
         "",
-        "Made by `python -m kiln.config > docs/settings.md` from `kiln.config.settings.SETTINGS` (tests/test_settings.py",
-        "checks it is current). **reruns**: the stages whose outputs the setting changes; Snakemake reruns them,",
-        "and what reads their outputs, when it changes. **read to run**: stages that read it only for how they",
-        "run or show their work (logging, cadence, placement, retries): a change there reruns nothing.",
-        "",
-        "| setting | reruns | read to run | why |",
-        "|---|---|---|---|",
+        "Made by `python -m kiln.config settings > docs/settings.md` from the section models in `kiln.config`",
+        "(each setting is one declared field; a test keeps this file current). **reruns**: the stages whose",
+        "outputs the setting changes; Snakemake reruns them, and what reads their outputs, when it changes.",
+        "**read to run**: stages that read it only for how they run or show their work (logging, cadence,",
+        "placement, retries): a change there reruns nothing. A default of `-` means unset unless given.",
     ]
-    for path, setting in SETTINGS.items():
-        reruns = [s if tag == OUTPUT else f"{s} ({tag!r})" for s, tag in setting.reads.items() if tag != RUN]
-        runs = [s for s, tag in setting.reads.items() if tag == RUN]
-        row = f"| `{path}` | {', '.join(reruns) or '-'} | {', '.join(runs) or '-'} | {setting.note} |"
-        lines.append(row)
+    section = None
+    for path, leaf in schema_leaves().items():
+        top = path.split(".")[0] if "." in path else "(top level)"
+        if top != section:
+            section = top
+            lines += ["", f"## {top}", "", "| setting | type | default | reruns | read to run | what it does |"]
+            lines.append("|---|---|---|---|---|---|")
+        tags = leaf.declared.reads
+        reruns = [s if tag == OUTPUT else f"{s} ({tag!r})" for s, tag in tags.stages.items() if tag != RUN]
+        runs = [s for s, tag in tags.stages.items() if tag == RUN]
+        about = " ".join(filter(None, [leaf.field.description, f"({tags.note})" if tags.note else ""]))
+        cells = [
+            f"`{path}`",
+            type_name(leaf.field.annotation, whole="." not in path),
+            _default_cell(path, leaf),
+            ", ".join(reruns) or "-",
+            ", ".join(runs) or "-",
+        ]
+        lines.append("| " + " | ".join(cells + [about.replace("|", "\\|")]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _default_cell(path: str, leaf) -> str:
+    """A leaf's default as docs/settings.md shows it; the top-level keys as a whole config has them."""
+    if path in REQUIRED or leaf.field.is_required():
+        return "required"
+    if path == "seed":
+        return f"`{DEFAULT_SEED}`"
+    return "-" if leaf.declared.unset else f"`{json.dumps(leaf.default)}`"
+
+
+def type_name(annotation, whole: bool = False) -> str:
+    """A field's type in words: integer, number, text, true/false, one of its values, a list, a section."""
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return " \\| ".join(f"`{json.dumps(a)}`" for a in args)
+    if origin is typing.Annotated:
+        return type_name(args[0])
+    if origin in (types.UnionType, typing.Union):
+        names = [type_name(a) for a in args if a is not type(None)]
+        if set(names) == {"integer", "number"}:  # kiln.config.declare.Number
+            names = ["number"]
+        # a top-level key (`whole`) is None only in a stage's part of the config, never in a run's
+        return " \\| ".join(dict.fromkeys(names)) + (" \\| null" if type(None) in args and not whole else "")
+    if origin is tuple:
+        return f"list of {type_name(args[0])}"
+    if origin in (dict, collections.abc.Mapping):
+        return f"mapping to {type_name(args[1])}"
+    names = {int: "integer", float: "number", str: "text", bool: "true/false"}
+    return names.get(annotation, getattr(annotation, "__name__", str(annotation)))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 
-from kiln.config.run_config import Fim
+from kiln.config.data_sections import Fim
 from kiln.io import stable_hash
 
 PREFIX, MIDDLE, SUFFIX = "<fim_prefix>", "<fim_middle>", "<fim_suffix>"

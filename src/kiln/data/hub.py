@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from kiln.config.run_config import Source
+from kiln.config.data_sections import Source
 from kiln.errors import KilnError
 
 # HTTP statuses that say "try again later" rather than "this does not exist".

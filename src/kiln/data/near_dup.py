@@ -12,7 +12,7 @@ Shingles are `shingle` consecutive words, a word being a run of [A-Za-z0-9_] (Bi
 split, without the empty strings it leaves). A document of fewer words than that is never a near
 duplicate (exact duplicates are caught before this, by sha256).
 
-Defaults (download.near_dup, workflow/schemas/config.schema.yaml): BigCode's near-deduplication of
+Defaults (download.near_dup, kiln.config.data_sections): BigCode's near-deduplication of
 The Stack, used for StarCoder: 5-word shingles, Jaccard 0.7 over 256 permutations, which
 datasketch's optimal_param turns into 25 bands of 10 rows (250 of the 256 values are ever compared,
 so Kiln computes those 250). https://github.com/bigcode-project/bigcode-dataset/blob/main/near_deduplication/minhash_deduplication.py
@@ -26,7 +26,7 @@ import re
 
 from rensa import RMinHash, RMinHashLSH
 
-from kiln.config.run_config import NearDupSection
+from kiln.config.data_sections import NearDupSection
 
 WORD = re.compile(r"[A-Za-z0-9_]+")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kiln.config.run_config import Fim
+from kiln.config.data_sections import Fim
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.fim import fim_pieces
 from kiln.data.sources import Document

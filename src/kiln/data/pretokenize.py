@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln.config.run_config import PretokenizeSection
+from kiln.config.data_sections import PretokenizeSection
 from kiln.data import faults, token_parts, token_plan
 from kiln.data.encoders import MAX_CHARS
 from kiln.data.heldout import EXAMPLES, heldout_grams, overlapping_samples, removals, save_index

@@ -36,7 +36,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kiln.config.run_config import DownloadSection, Source
+from kiln.config.data_sections import DownloadSection, Source
 from kiln.data import faults
 from kiln.data.hub import describe, is_transient
 from kiln.data.near_dup import NearDupIndex, threshold

@@ -25,7 +25,7 @@ import json
 import logging
 from pathlib import Path
 
-from kiln.config.run_config import DownloadSection, Source
+from kiln.config.data_sections import DownloadSection, Source
 from kiln.data import faults
 from kiln.data.sources import SourceReader
 from kiln.data.verdicts import write_verdicts

@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 
 from kiln.data import faults
-from kiln.data.pretokenize import SPLITS
 from kiln.errors import KilnError
 from kiln.io import read_json, sha256_file, write_json
 
@@ -116,9 +115,9 @@ def shard_split(
 
 
 def write_shards(tokens_dir: Path, out_dir: Path, seq_len: int, rows_per_shard: int) -> dict:
-    """The shard stage's output in out_dir (an existing, empty folder): every split of the pretokenize
-    folder tokens_dir cut into rows of seq_len + 1, then manifest.json (what the loader, verify_shards
-    and the train fingerprint read). Returns the manifest."""
+    """The shard stage's output in out_dir (an existing, empty folder): every split the pretokenize
+    folder tokens_dir lists in its meta.json cut into rows of seq_len + 1, then manifest.json (what
+    the loader, verify_shards and the train fingerprint read). Returns the manifest."""
     meta = read_json(tokens_dir / "meta.json")
     row_len = seq_len + 1
     splits = {
@@ -130,7 +129,9 @@ def write_shards(tokens_dir: Path, out_dir: Path, seq_len: int, rows_per_shard: 
             rows_per_shard,
             meta["padded_vocab_size"],
         )
-        for split in SPLITS
+        # meta.json's list, not pretokenize's SPLITS: training imports this module, and importing
+        # pretokenize would bring the cleaning's packages with it (tests/test_train_imports.py)
+        for split in meta["splits"]
     }
     manifest = {
         "seq_len": seq_len,

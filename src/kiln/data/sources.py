@@ -30,7 +30,7 @@ from typing import Iterator, Sequence
 
 import pyarrow.parquet as pq
 
-from kiln.config.run_config import Source
+from kiln.config.data_sections import Source
 from kiln.data.utf8text import BIG_TEXT_BYTES, Utf8Text, first_invalid_byte, texts_of
 from kiln.errors import KilnError
 from kiln.io import read_json

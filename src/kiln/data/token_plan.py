@@ -19,7 +19,7 @@ from typing import Mapping
 import numpy as np
 import pyarrow.parquet as pq
 
-from kiln.config.run_config import PretokenizeSection
+from kiln.config.data_sections import PretokenizeSection
 from kiln.data.encoders import MAX_CHARS, Encoder, tiktoken_encoding
 from kiln.data.sources import part_paths
 from kiln.data.tokenize_parts import Settings
@@ -122,6 +122,7 @@ class Plan:
         part = next(p for p in self.manifest["sources"][source]["parts"] if p["file"] == path.name)
         rate = self.first_rates.get(source)
         layout = {k: v for k, v in dataclasses.asdict(self.settings).items() if k != "tokenizer_path"}
+        layout["fim"] = self.settings.fim.as_dict()  # a config section, which asdict leaves as it is
         if not layout["bos"]:  # named only when set: a part encoded before the BOS layout still matches
             del layout["bos"]
         stamp = {

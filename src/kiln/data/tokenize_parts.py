@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kiln.config.run_config import Fim
+from kiln.config.data_sections import Fim
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.encoders import Encoder
 from kiln.data.packing import BOS, group_samples, metadata_bytes, sample_pieces

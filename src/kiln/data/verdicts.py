@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from rensa import RMinHash
 
-from kiln.config.run_config import DownloadSection, Source
+from kiln.config.data_sections import DownloadSection, Source
 from kiln.data.decontaminate import contamination
 from kiln.data.near_dup import signature, signature_bytes, signature_of_bytes
 from kiln.data.quality import first_failure

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kiln.config.sections import InitFrom
+from kiln.config.train_sections import InitFrom
 from kiln.data.fim import MIDDLE, MODES, PREFIX, SUFFIX
 from kiln.data.sources import Document
 from kiln.data.tokenizer import EOS, bos_id, role_id, with_bos

@@ -22,8 +22,8 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kiln.config.run_config import EvalSection
-from kiln.config.sections import InitFrom
+from kiln.config.eval_sections import EvalSection
+from kiln.config.train_sections import InitFrom
 from kiln.data.loader import ShardRows
 from kiln.data.sources import read_documents
 from kiln.data.tokenizer import load_tokenizer

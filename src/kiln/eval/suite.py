@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kiln.config.eval_sections import EvalSection, LmEval
 from kiln.config.models import ModelConfig
-from kiln.config.run_config import EvalSection, LmEval
 from kiln.data.loader import ShardRows
 from kiln.data.tokenizer import load_tokenizer
 from kiln.eval.code import run_code_evals

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kiln.config.models import ModelConfig
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 from kiln.errors import KilnError
 from kiln.plan.memory import AC_MODES, FIT_FRACTION, Estimate, estimate, fits, setting_of
 
@@ -59,7 +59,7 @@ def resolve(
     micros = [m for m in range(rows, 0, -1) if rows % m == 0] if micro_auto else [train.micro_batch]
     modes = list(AC_MODES) if ac_auto else [train.activation_checkpointing]
     base = setting_of(
-        replace(train, micro_batch=1, activation_checkpointing="none"),
+        train.replace(micro_batch=1, activation_checkpointing="none"),
         cuda=cuda,
         world=world,
         bf16=bf16,
@@ -80,7 +80,7 @@ def resolve(
             "shorter shard.seq_len (`kiln plan` shows the estimate)"
         )
     _, neg_micro, mode, est = min(fitting, key=lambda f: (f[0], f[1]))
-    picked = replace(train, micro_batch=-neg_micro, activation_checkpointing=mode)
+    picked = train.replace(micro_batch=-neg_micro, activation_checkpointing=mode)
     why = (
         f"auto: micro-batch {picked.micro_batch} ({rows // picked.micro_batch} a step), activation checkpointing "
         f"{mode}: estimated {est.gib:.1f} GiB of {memory_gib:.1f} per rank, the fastest of {len(fitting)} that fit"

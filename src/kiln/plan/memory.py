@@ -60,7 +60,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kiln.config.models import ModelConfig, loss_chunk_rows
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 
 GIB = 2**30
 AC_MODES = ("none", "full", "selective")  # train.activation_checkpointing

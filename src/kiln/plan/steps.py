@@ -9,7 +9,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from kiln.config.batch import BatchSplit
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 from kiln.errors import KilnError
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal at ~20 tokens per parameter

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from kiln.config.batch import BatchSplit
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 from kiln.errors import KilnError
 from kiln.io import read_json, write_json
 from kiln.plan.steps import StageTimes, build_plan

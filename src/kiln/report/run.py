@@ -7,8 +7,9 @@ from pathlib import Path
 
 import matplotlib
 
-from kiln.config.run_config import Reference, RunConfig
-from kiln.config.sections import Budget
+from kiln.config.eval_sections import Reference
+from kiln.config.run_config import RunConfig
+from kiln.config.train_sections import Budget
 from kiln.plan.steps import budget_text
 from kiln.plan.tables import checks_table, format_eta
 from kiln.plan.verdict import SmokeReport

@@ -74,7 +74,7 @@ from typing import Callable
 
 import torch
 
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 from kiln.io import atomic_file
 from kiln.plan.steps import BudgetPlan
 from kiln.train.distributed import max_across_ranks

@@ -17,7 +17,7 @@ import os
 import torch
 
 from kiln.config.models import ModelConfig
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 from kiln.errors import KilnError
 from kiln.plan import autofit
 from kiln.plan.memory import GIB

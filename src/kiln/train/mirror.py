@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 
 from kiln import layout
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 from kiln.errors import KilnError
 from kiln.io import atomic_dir, atomic_file, remove_dead_temps
 from kiln.train import checkpoint

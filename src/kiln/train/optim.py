@@ -36,7 +36,7 @@ from typing import Iterable
 
 import torch
 
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 from kiln.train.muon import Muon
 
 OPTIMIZERS = ("adamw", "muon")  # train.optimizer

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 
 KINDS = ("cosine", "wsd", "constant")
 COOLDOWNS = ("linear", "1-sqrt")

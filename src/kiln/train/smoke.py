@@ -36,7 +36,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +44,8 @@ import torch
 
 from kiln.config import checkpoint_format
 from kiln.config.models import model_config
-from kiln.config.sections import Overfit, SmokeSection, TrainSection
+from kiln.config.smoke_section import Overfit, SmokeSection
+from kiln.config.train_sections import TrainSection
 from kiln.io import read_json
 from kiln.plan.memory import Estimate, estimate, setting_of
 from kiln.plan.steps import StageTimes
@@ -140,8 +141,7 @@ def overfit(
     until its loss is below cfg.max_loss or cfg.max_steps run out. Returns (loss at the start,
     steps taken, final loss). `sections` gives the rest of the stage's sections (seed, model)."""
     # A correctness check, not a speed one: eager, one micro-batch of the chosen rows per step.
-    train = replace(
-        train,
+    train = train.replace(
         micro_batch=cfg.rows,
         batch_tokens=None,
         schedule="constant",
@@ -223,12 +223,12 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
     try:
         # The probe reaches the full run's peak lr (warmup at most a third of the probe) and holds
         # it: an lr that diverges is caught here, not hours into the run.
-        probe_train = replace(train, schedule="constant", warmup_steps=min(train.warmup_steps, smoke.steps // 3))
+        probe_train = train.replace(schedule="constant", warmup_steps=min(train.warmup_steps, smoke.steps // 3))
         started = time.perf_counter()
         precision, candidates = pick_precision(sections, probe_train, shard_dir, smoke)
         extra_s += time.perf_counter() - started
-        probe_train = replace(probe_train, precision=precision)
-        train = replace(train, precision=precision)  # the overfit check's too
+        probe_train = probe_train.replace(precision=precision)
+        train = train.replace(precision=precision)  # the overfit check's too
         # KILN_FAULT's oom, which the probe's steps raise (no train_step runs before the probe)
         trainer = Trainer(
             dict(sections, train=probe_train.as_dict()),
@@ -401,7 +401,7 @@ def pick_precision(
     rates = {}
     for candidate in ("bf16", "fp32"):
         steps = smoke.warmup_steps + smoke.precision_steps
-        candidate_train = replace(probe_train, precision=candidate).as_dict()
+        candidate_train = probe_train.replace(precision=candidate).as_dict()
         trainer = Trainer(dict(sections, train=candidate_train), shard_dir, max_steps=steps)
         _, _, measured = probe(trainer, steps, smoke.warmup_steps)
         rates[candidate] = mean_across_ranks(torch.tensor(measured.tokens_per_s), trainer.dist.world).item()

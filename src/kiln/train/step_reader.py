@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from kiln.config.sections import NonFinite
+from kiln.config.train_sections import NonFinite
 from kiln.errors import ExitCode, RunStopped
 from kiln.train.distributed import mean_across_ranks
 from kiln.train.health import SpikeDetector

@@ -38,7 +38,7 @@ from kiln import layout
 from kiln.config import checkpoint_format
 from kiln.config.batch import split_batch
 from kiln.config.models import model_config
-from kiln.config.sections import TrainSection
+from kiln.config.train_sections import TrainSection
 from kiln.data.loader import ShardRows, TrainBatches, eval_batches
 from kiln.data.shards import tokens_per_byte
 from kiln.errors import RunStopped
