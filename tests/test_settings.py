@@ -127,7 +127,10 @@ BY_HAND = {
 
 def _moved(path: str, value, leaf: Leaf):
     """Another valid value for this leaf, from its declaration (its values, its upper bound)."""
-    values = [a for arg in (leaf.field.annotation, *typing.get_args(leaf.field.annotation)) for a in _literal(arg)]
+    args = (leaf.field.annotation, *typing.get_args(leaf.field.annotation))
+    values = [a for arg in args for a in _literal(arg)]
+    if values and bool in args:  # "auto", true or false (train.compile)
+        values += [True, False]
     if values:
         return next(v for v in values if v != value)
     bounds = [getattr(m, name) for m in leaf.field.metadata for name in ("le", "lt") if hasattr(m, name)]
