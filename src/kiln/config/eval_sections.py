@@ -7,7 +7,19 @@ from typing import Any, ClassVar, Literal
 from pydantic import field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from kiln.config.declare import EVAL, EVAL_DATA, OUTPUT, Number, Prompts, Section, Strings, optional, reads, setting
+from kiln.config.declare import (
+    EVAL,
+    EVAL_DATA,
+    OUTPUT,
+    Number,
+    Prompts,
+    Section,
+    Strings,
+    group,
+    optional,
+    reads,
+    setting,
+)
 
 InfillKind = Literal["single_line", "multi_line", "random_span"]
 FimMode = Literal["psm", "spm"]  # as kiln.data.fim lays a FIM example out
@@ -39,9 +51,6 @@ class Reference(Section):
                     "give exactly one of val_loss and bits_per_byte (given: {given})",
                     {"given": ", ".join(given) or "neither"},
                 )
-            # The field takes None as unset; a figure written as null is a missing figure.
-            if data[given[0]] is None:
-                raise PydanticCustomError("kiln", "{key} is null: give a number above 0", {"key": given[0]})
         return data
 
 
@@ -154,6 +163,6 @@ class EvalSection(Section):
         EVAL_DATA,
         ge=0,
     )
-    lm_eval: LmEval = setting(LmEval, LmEval.__doc__)
-    humaneval: HumanEvalSection = setting(HumanEvalSection, HumanEvalSection.__doc__)
-    humaneval_infill: HumanEvalInfillSection = setting(HumanEvalInfillSection, HumanEvalInfillSection.__doc__)
+    lm_eval: LmEval = group(LmEval)
+    humaneval: HumanEvalSection = group(HumanEvalSection)
+    humaneval_infill: HumanEvalInfillSection = group(HumanEvalInfillSection)

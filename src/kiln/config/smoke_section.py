@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from kiln.config.declare import DOLLARS, GATE, OUTPUT, RUN, Number, Section, reads, setting
+from kiln.config.declare import DOLLARS, GATE, OUTPUT, RUN, Number, Section, group, reads, setting
 
 
 class Overfit(Section):
-    """A fresh model trained on a few fixed rows (FIM rows first) must memorise them."""
+    """overfit: a fresh model trained on a few fixed rows (FIM rows first) must memorise them."""
 
     KEY: ClassVar[str] = "smoke.overfit"
     rows: int = setting(4, "Fixed rows the fresh model trains on.", GATE, ge=1)
@@ -52,9 +52,7 @@ class SmokeSection(Section):
         GATE,
         ge=0,
     )
-    overfit: Overfit = setting(
-        Overfit, "overfit: a fresh model trained on a few fixed rows (FIM rows first) must memorise them."
-    )  # group smoke.overfit
+    overfit: Overfit = group(Overfit)
     gate: bool = setting(
         True,
         (

@@ -21,6 +21,7 @@ from kiln.config.declare import (
     Number,
     Prompts,
     Section,
+    group,
     optional,
     reads,
     setting,
@@ -71,7 +72,10 @@ class InitFrom(Section):
 
 
 class Samples(Section):
-    """Completions logged at every validation (train.samples)."""
+    """Completions logged at every validation (console, train/samples.jsonl, wandb), each row labelled
+    with how it was decoded. Sampled from a generator seeded with the run's seed at every validation
+    (the same run gives the same samples; training's random stream is not touched); temperature 0
+    decodes greedily."""
 
     KEY: ClassVar[str] = "train.samples"
     prompts: Prompts = setting(
@@ -96,7 +100,10 @@ class Samples(Section):
 
 
 class NonFinite(Section):
-    """What a step whose loss or gradient norm is not finite does (train.nonfinite)."""
+    """A step whose loss or gradient norm is not finite (NaN, inf) on any rank is never applied and never
+    saved: every rank skips its optimizer update on the device. stop ends the run at the next log or
+    checkpoint step with exit code 76 (kiln.errors.ExitCode), naming the last good checkpoint; skip drops
+    the batch and goes on, up to max_skips skipped batches in the run."""
 
     KEY: ClassVar[str] = "train.nonfinite"
     action: Literal["stop", "skip"] = setting(
@@ -359,10 +366,7 @@ class TrainSection(Section):
         ),
         ge=1,
     )
-    samples: Samples = setting(
-        Samples,
-        "Completions logged at every validation (console, train/samples.jsonl, wandb), each row labelled with how it was decoded. Sampled from a generator seeded with the run's seed at every validation (the same run gives the same samples; training's random stream is not touched); temperature 0 decodes greedily.",
-    )  # group train.samples
+    samples: Samples = group(Samples)
     checkpoint_every: int = setting(
         200, "Steps between checkpoints.", reads("what a budget spends on saving", plan=OUTPUT, train=BUDGETED), ge=1
     )
@@ -432,10 +436,7 @@ class TrainSection(Section):
         TRAIN_RUN,
         ge=0,
     )
-    nonfinite: NonFinite = setting(
-        NonFinite,
-        "A step whose loss or gradient norm is not finite (NaN, inf) on any rank is never applied and never saved: every rank skips its optimizer update on the device. stop ends the run at the next log or checkpoint step with exit code 76 (kiln.errors.ExitCode), naming the last good checkpoint; skip drops the batch and goes on, up to max_skips skipped batches in the run.",
-    )  # group train.nonfinite
+    nonfinite: NonFinite = group(NonFinite)
     spike_factor: Number = setting(
         2.0,
         (
