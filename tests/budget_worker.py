@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from synthetic import train_sections
 
+from kiln.config.run_config import RunConfig
 from kiln.plan.steps import BudgetPlan, StageTimes
 from kiln.train.trainer import run
 
@@ -36,7 +37,7 @@ def main() -> None:
         checkpoint_every=10,
         keep_checkpoints=2,
     )
-    run(sections, shards, out, max_steps=PLANNED, budget=BudgetPlan(BUDGET_S, TIMES, final_s=0.02))
+    run(RunConfig.of(sections), shards, out, max_steps=PLANNED, budget=BudgetPlan(BUDGET_S, TIMES, final_s=0.02))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from kiln.config.models import model_config
+from kiln.config.run_config import RunConfig
 from kiln.data.loader import ShardRows, TrainBatches
 from kiln.model.build import build_model
 from kiln.train import checkpoint
@@ -149,7 +150,7 @@ def check_sampling_agrees(sections: dict, shards: Path, d) -> dict:
     other never joins. With it each rank decodes rank 0's tokens: the same rows, the same stops."""
     from kiln.generate.decode import generate
 
-    trainer = Trainer(sections, shards)
+    trainer = Trainer(RunConfig.of(sections), shards)
     generator = torch.Generator().manual_seed(1000 + d.rank)
 
     def sampler(model, agree=None) -> list[dict]:
@@ -182,7 +183,7 @@ def main() -> None:
             shutil.copytree(source, out / "checkpoints" / source.name)
             (out / "checkpoints" / checkpoint.MARKER).write_text(source.name + "\n")
         dist.barrier()
-        trainer = Trainer(spec["sections"], Path(plan["shards"]))
+        trainer = Trainer(RunConfig.of(spec["sections"]), Path(plan["shards"]))
         HASHED.clear(), RESUMED.clear(), RESUMING.clear()
         if spec.get("resume_from"):
             RESUMING["state"] = out / "checkpoints" / Path(spec["resume_from"]).name / checkpoint.STATE
@@ -210,14 +211,16 @@ def main() -> None:
     if plan.get("sampling"):
         checks |= check_sampling_agrees(plan["sampling"], Path(plan["shards"]), d)
         compiled = Trainer(
-            dict(plan["sampling"], train=plan["sampling"]["train"] | {"parallel": "ddp", "compile": True}),
+            RunConfig.of(
+                dict(plan["sampling"], train=plan["sampling"]["train"] | {"parallel": "ddp", "compile": True})
+            ),
             Path(plan["shards"]),
         )
         checks["ddp_compiled_blocks_unsplit"] = torch._dynamo.config.optimize_ddp is False and all(
             block._compiled_call_impl is not None for block in compiled.model.blocks
         )
     for spec in plan.get("smoke", []):
-        report = run_checks(spec["sections"], Path(plan["shards"]), Path(spec["out"]))
+        report = run_checks(RunConfig.of(spec["sections"]), Path(plan["shards"]), Path(spec["out"]))
         if d.is_main:
             report["checks"] = [dataclasses.asdict(c) for c in report["checks"]]
             Path(spec["out"]).mkdir(parents=True, exist_ok=True)

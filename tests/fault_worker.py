@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from synthetic import train_sections
 
+from kiln.config.run_config import RunConfig
 from kiln.train.distributed import shutdown
 from kiln.train.trainer import Trainer
 
@@ -37,7 +38,7 @@ def main() -> None:
             checkpoint_every=6,
             nonfinite={"action": "skip", "max_skips": 2},
         )
-        trainer = Trainer(sections, base / "shards")
+        trainer = Trainer(RunConfig.of(sections), base / "shards")
         result = trainer.fit(base / strategy)
         params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in trainer.model.parameters()]
         total = float(sum(p.detach().double().sum() for p in params))

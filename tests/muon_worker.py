@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from kiln.config.models import model_config
+from kiln.config.run_config import RunConfig
 from kiln.model.build import build_model
 from kiln.train import checkpoint, muon
 from kiln.train.distributed import init_distributed, shutdown
@@ -133,7 +134,7 @@ def main() -> None:
             shutil.copytree(source, out / "checkpoints" / source.name)
             (out / "checkpoints" / checkpoint.MARKER).write_text(source.name + "\n")
         dist.barrier()
-        result = Trainer(spec["sections"], Path(plan["shards"])).fit(out)
+        result = Trainer(RunConfig.of(spec["sections"]), Path(plan["shards"])).fit(out)
         if d.is_main:
             (out / "result.json").write_text(json.dumps({"losses": result.losses}))
     if d.is_main:

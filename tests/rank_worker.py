@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from kiln.config.run_config import RunConfig
 from kiln.errors import KilnError
 from kiln.stage import run_main
 from kiln.train.trainer import Trainer, run
@@ -31,11 +32,11 @@ def main() -> None:
     sections, shards = plan["sections"], Path(plan["shards"])
     rank = int(os.environ["RANK"])
     if rank == 1 and plan.get("stuck_s"):
-        Trainer(sections, shards)
+        Trainer(RunConfig.of(sections), shards)
         time.sleep(plan["stuck_s"])  # never reaches the first step's all-reduce
         return
     try:
-        result = run(sections, shards, Path(plan["out"]))
+        result = run(RunConfig.of(sections), shards, Path(plan["out"]))
     except KilnError as exc:
         if rank == 0:
             Path(plan["error_out"]).write_text(str(exc))

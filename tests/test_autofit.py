@@ -10,6 +10,7 @@ from synthetic import smoke_sections, train_sections
 from kiln import config as kiln_config
 from kiln.config.files import ROOT
 from kiln.config.models import model_config
+from kiln.config.run_config import RunConfig
 from kiln.config.train_sections import TrainSection
 from kiln.errors import KilnError
 from kiln.plan import autofit
@@ -82,14 +83,15 @@ def test_the_smoke_stage_picks_on_its_device_and_train_runs_the_pick(shards, tmp
     no recompute; the probe ran that, the plan carries it, and a Trainer given the plan runs it."""
     auto = {"micro_batch": "auto", "activation_checkpointing": "auto", "batch_tokens": 1024}
     sections = smoke_sections(train=auto)
-    report = run_checks(sections, shards, tmp_path / "smoke")
+    report = run_checks(RunConfig.of(sections), shards, tmp_path / "smoke")
     assert all(c.passed for c in report["checks"]), [(c.name, c.detail) for c in report["checks"]]
     assert report["batch"]["micro_batch"] == 64 and report["batch"]["grad_accum"] == 1
     assert report["activation_checkpointing"] == "none"
     train = TrainSection.of(sections["train"])
     plan = TrainPlan.of(Measurements.from_dict({k: v for k, v in report.items() if k != "checks"}).plan(train, None))
     assert (plan.micro_batch, plan.activation_checkpointing) == (64, "none")
-    ran = Trainer(train_sections(**plan.applied(train_sections(**auto)["train"])), shards, max_steps=1)
+    config = RunConfig.of(train_sections(**auto))
+    ran = Trainer(RunConfig.of(config.replace(train=plan.applied(config.train))), shards, max_steps=1)
     assert ran.batch_split.micro_batch == 64 and ran.train.activation_checkpointing == "none"
-    unplanned = Trainer(train_sections(**auto), shards, max_steps=1)  # no smoke: the Trainer picks, alike
+    unplanned = Trainer(RunConfig.of(train_sections(**auto)), shards, max_steps=1)  # no smoke: the Trainer picks, alike
     assert (unplanned.batch_split.micro_batch, unplanned.train.activation_checkpointing) == (64, "none")

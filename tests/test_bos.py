@@ -300,10 +300,10 @@ def test_code_and_infill_prompts_and_completions_start_with_the_bos(llama, no_bo
     # HumanEval's completions and the eval's/train's samples: the model's first input starts with it.
     ids = tokenizer.encode(TEXT, add_special_tokens=False).ids
     healed = [[BOS, *ids[:-1]]]  # token healing takes the last token off
-    assert first_inputs(model, lambda: code._complete(model, tokenizer, [TEXT], 4, GREEDY, None)) == healed
+    assert first_inputs(model, lambda: code.complete(model, tokenizer, [TEXT], 4, GREEDY, None)) == healed
     assert first_inputs(model, lambda: complete(model, tokenizer, [TEXT], 4)) == healed
     plain = load_tokenizer(no_bos)  # no BOS: the prompt alone, as before
-    assert first_inputs(model, lambda: code._complete(model, plain, [TEXT], 4, GREEDY, None)) == [ids[:-1]]
+    assert first_inputs(model, lambda: code.complete(model, plain, [TEXT], 4, GREEDY, None)) == [ids[:-1]]
     assert code.fim_ids(plain, task, "psm", 99)[0] != BOS
 
 

@@ -55,20 +55,11 @@ def test_train_plan_reads_steps_precision_micro_batch_and_checkpointing_and_refu
     plan = TrainPlan.of(probe | {"eta_s": 1.0})
     assert plan == TrainPlan(738, "fp32", 4, "selective")
     # what train runs: auto's picks made concrete, every other setting as configured
-    assert plan.applied(
-        {"precision": "auto", "micro_batch": "auto", "activation_checkpointing": "auto", "lr": 0.1}
-    ) == {
-        "precision": "fp32",
-        "micro_batch": 4,
-        "activation_checkpointing": "selective",
-        "lr": 0.1,
-    }
+    auto = TRAIN.replace(precision="auto", micro_batch="auto", activation_checkpointing="auto", lr=0.1)
+    assert plan.applied(auto) == auto.replace(precision="fp32", micro_batch=4, activation_checkpointing="selective")
     # a concrete micro-batch or checkpointing is the config's, not a plan made before it changed
-    assert plan.applied({"precision": "auto", "micro_batch": 8, "activation_checkpointing": "none"}) == {
-        "precision": "fp32",
-        "micro_batch": 8,
-        "activation_checkpointing": "none",
-    }
+    concrete = TRAIN.replace(precision="auto", micro_batch=8, activation_checkpointing="none")
+    assert plan.applied(concrete) == concrete.replace(precision="fp32")
     assert TrainPlan.of({"unavailable": "the probe did not run"}) is None
     with pytest.raises(KilnError, match=r"report.json: no micro_batch or activation_checkpointing.*rerun the smoke"):
         TrainPlan.of({"max_steps": 738, "precision": "fp32"}, "report.json")

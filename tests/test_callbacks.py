@@ -9,6 +9,7 @@ import pytest
 from synthetic import train_sections
 
 from kiln import layout
+from kiln.config.run_config import RunConfig
 from kiln.train import checkpoint
 from kiln.train.callbacks import Callback, StepEnd
 from kiln.train.result import RunResult
@@ -39,7 +40,7 @@ def test_a_callers_callback_sees_each_step_validated_logged_and_saved(shards, tm
     out = tmp_path / "run"
     recorder = Recorder(out / layout.CHECKPOINTS)
     sections = train_sections(max_steps=8, log_every=2, eval_every=4, checkpoint_every=3)
-    result = Trainer(sections, shards).fit(out, callbacks=[recorder])
+    result = Trainer(RunConfig.of(sections), shards).fit(out, callbacks=[recorder])
 
     assert [(due, step) for due, step, _, _ in recorder.seen] == [(s, s) for s in range(1, 9)]
     records = {due: record for due, _, record, _ in recorder.seen if record is not None}
@@ -63,7 +64,7 @@ class StopEarly(Callback):
 
 def test_a_callback_that_shortens_the_run_gets_the_last_steps_log_and_checkpoint(shards, tmp_path):
     out = tmp_path / "run"
-    result = Trainer(train_sections(max_steps=20, log_every=2), shards).fit(out, callbacks=[StopEarly()])
+    result = Trainer(RunConfig.of(train_sections(max_steps=20, log_every=2)), shards).fit(out, callbacks=[StopEarly()])
     assert result.steps == 5 and result.tokens_seen == 5 * result.tokens_per_step
     assert [json.loads(line)["step"] for line in (out / layout.METRICS).read_text().splitlines()] == [2, 4, 5]
     assert checkpoint.kept(out / layout.CHECKPOINTS)[-1][0] == 5

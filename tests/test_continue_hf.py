@@ -71,7 +71,7 @@ def test_continuing_a_stock_checkpoint_on_its_own_tokenizer(tmp_path):
 
 
 def test_a_replay_share_is_a_second_source_weighted_in_the_mixture(tmp_path):
-    """README's replay recipe as typed: the replay data a second download source (here the English
+    """docs/experiments.md's replay recipe as typed: the replay data a second download source (here the English
     docs that installed packages ship), both weighted by tokens in pretokenize.mixture with a
     train_tokens budget. The continuation trains on 90/10 and is judged on each source apart."""
     write_hf_folder(tmp_path / SOURCE, eos="<|endoftext|>")

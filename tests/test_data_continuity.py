@@ -17,6 +17,7 @@ import pytest
 import torch
 from synthetic import SEQ_LEN, TRAIN_ROWS, VOCAB, train_sections, write_shards
 
+from kiln.config.run_config import RunConfig
 from kiln.data.loader import ShardRows, TrainBatches
 from kiln.data.shards import HEADER_BYTES
 from kiln.errors import KilnError
@@ -86,7 +87,7 @@ def test_a_corrupt_shard_stops_the_run_before_a_step_uses_it(shards, tmp_path, f
         expected = "manifest says"
     out = tmp_path / "run"
     with pytest.raises(KilnError) as info:
-        run(train_sections(max_steps=4, log_every=1, checkpoint_every=1), corrupt, out)
+        run(RunConfig.of(train_sections(max_steps=4, log_every=1, checkpoint_every=1)), corrupt, out)
     assert str(path) in str(info.value) and expected in str(info.value)
     assert not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text().strip()
     assert not list(out.glob("checkpoints/step-*")), "a step ran on the corrupt shard"
@@ -100,7 +101,7 @@ def test_a_corrupt_shard_stops_the_run_before_a_step_uses_it(shards, tmp_path, f
 def reference(shards, tmp_path_factory) -> Path:
     """12 steps of 1 rank x 1 micro-batch of 8 rows, a checkpoint at step 6."""
     out = tmp_path_factory.mktemp("reference")
-    run(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **LONG), shards, out)
+    run(RunConfig.of(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **LONG)), shards, out)
     return out
 
 
@@ -110,7 +111,7 @@ def test_resume_with_more_accumulation_trains_on_the_same_rows(shards, reference
     assert len({r["batch_hash"] for r in ref}) == STEPS  # one hash per step, all different
     assert TRAIN_ROWS // 8 == 8  # so steps 9-12 are the second epoch
     out = _resume_from(reference / "checkpoints" / "step-0000006", tmp_path / "resumed")
-    result = run(train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, **LONG), shards, out)
+    result = run(RunConfig.of(train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, **LONG)), shards, out)
     assert result.grad_accum == 2
     resumed = _records(out)[-6:]
     assert [r["step"] for r in resumed] == list(range(7, STEPS + 1))
@@ -125,7 +126,7 @@ def test_the_batch_hash_follows_the_rows(shards, reference, tmp_path):
     """Another seed (another data order) gives other hashes from the first step on."""
     sections = train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **LONG | {"max_steps": 3})
     sections["train"]["seed"] += 1
-    run(sections, shards, tmp_path / "other")
+    run(RunConfig.of(sections), shards, tmp_path / "other")
     other = [r["batch_hash"] for r in _records(tmp_path / "other")]
     assert not set(other) & {r["batch_hash"] for r in _records(reference)}
 
@@ -173,11 +174,13 @@ def test_a_checkpoint_of_another_run_is_refused_naming_what_changed(
     if seed is not None:
         config["train"]["seed"] = seed
     with pytest.raises(KilnError, match=message) as info:
-        run(config, data, out)
+        run(RunConfig.of(config), data, out)
     assert "step-0000012/state.pt: checkpoint fingerprint does not match this run's" in str(info.value)
 
 
 def test_another_micro_batch_with_the_same_global_batch_is_the_same_run(shards, reference, tmp_path):
     out = _resume_from(reference / "checkpoints" / "step-0000012", tmp_path / "run")
-    result = run(train_sections(micro_batch=2, batch_tokens=GLOBAL_BATCH, **LONG | {"max_steps": 13}), shards, out)
+    result = run(
+        RunConfig.of(train_sections(micro_batch=2, batch_tokens=GLOBAL_BATCH, **LONG | {"max_steps": 13})), shards, out
+    )
     assert result.grad_accum == 4 and [r["step"] for r in _records(out)][-1] == 13

@@ -29,6 +29,7 @@ import pytest
 import torch
 from synthetic import TRAIN_ROWS, greedy_sampler, smoke_sections, train_sections, write_shards
 
+from kiln.config.run_config import RunConfig
 from kiln.model.build import load_model
 from kiln.train import checkpoint, launch
 from kiln.train.trainer import Trainer
@@ -91,11 +92,14 @@ def launched(tmp_path_factory):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     # One rank x 2 micro-batches of 4 rows, before the launch: two ranks resume from its step 6.
-    Trainer(train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, **COMMON | LONG), shards).fit(
+    Trainer(RunConfig.of(train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, **COMMON | LONG)), shards).fit(
         base / "one-rank-long"
     )
     Trainer(
-        train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, checkpoint_format="sharded", **COMMON | LONG), shards
+        RunConfig.of(
+            train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, checkpoint_format="sharded", **COMMON | LONG)
+        ),
+        shards,
     ).fit(base / "one-rank-long-sharded")
     runs = []
     for name, (strategy, micro, extra) in RUNS.items():
@@ -138,7 +142,7 @@ def launched(tmp_path_factory):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 
     reference = base / "reference"
-    Trainer(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **COMMON), shards).fit(
+    Trainer(RunConfig.of(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **COMMON)), shards).fit(
         reference, sampler=greedy_sampler
     )
     # The node with rank 1 is lost after step 6: the run resumes on one rank with twice the accumulation.
@@ -146,7 +150,9 @@ def launched(tmp_path_factory):
         step = 6 if name == "ddp-long" else STEPS // 2
         out = _resume_from(base / name / "checkpoints" / f"step-{step:07d}", base / f"one-rank-from-{name}")
         extra = LONG if name == "ddp-long" else {}
-        Trainer(train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, **COMMON | extra), shards).fit(out)
+        Trainer(RunConfig.of(train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, **COMMON | extra)), shards).fit(
+            out
+        )
     torch.set_num_threads(before)
     return base, json.loads((base / "checks.json").read_text()), reference
 
@@ -350,7 +356,7 @@ def hsdp(launched):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     resumed = _resume_from(out / "checkpoints" / f"step-{STEPS // 2:07d}", base / "one-rank-from-hsdp")
-    Trainer(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **COMMON), shards).fit(resumed)
+    Trainer(RunConfig.of(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **COMMON)), shards).fit(resumed)
     torch.set_num_threads(before)
     return out, resumed
 

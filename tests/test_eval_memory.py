@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from synthetic import PADDED_VOCAB, TINY_MODEL, train_sections, write_shards
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kiln.config.run_config import RunConfig
 from kiln.data.loader import eval_batches
 from kiln.errors import KilnError
 from kiln.eval import contamination
@@ -148,7 +149,9 @@ def chunk_of_16_rows(monkeypatch):
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_validation_loss_is_chunked_and_equals_the_full_logit_loss(tmp_path, chunk_of_16_rows, family):
     shards = write_shards(tmp_path / "shards")
-    trainer = Trainer(train_sections({**TINY_MODEL, "family": family}, micro_batch=8, eval_batches=2), shards)
+    trainer = Trainer(
+        RunConfig.of(train_sections({**TINY_MODEL, "family": family}, micro_batch=8, eval_batches=2)), shards
+    )
     batches = list(eval_batches(trainer.val_rows, 8, 2))
     watch = _LogitWatch(PADDED_VOCAB)
     with watch:

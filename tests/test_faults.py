@@ -23,6 +23,7 @@ import pytest
 import torch
 from synthetic import TINY_MODEL, train_sections, write_shards
 
+from kiln.config.run_config import RunConfig
 from kiln.errors import ExitCode, KilnError, RunStopped
 from kiln.model.build import load_model
 from kiln.train import checkpoint, faults, launch
@@ -59,14 +60,14 @@ def test_a_nan_loss_is_never_applied_nor_saved_and_stops_naming_the_last_good_ch
         match=r"step 3: loss nan, .*not finite, so not applied.*"
         r"Last good checkpoint: .*step-0000002, where a rerun resumes",
     ) as stopped:
-        run(train_sections(max_steps=10, log_every=5, checkpoint_every=2), shards, out)
+        run(RunConfig.of(train_sections(max_steps=10, log_every=5, checkpoint_every=2)), shards, out)
     assert stopped.value.exit_code == ExitCode.NONFINITE == 76
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [checkpoint.MARKER, "step-0000002"]
     saved = _state(out, 2)
     assert _all_finite(saved["model"]) and _adam_steps(saved) == {2}
     # The rerun (the fault gone) resumes from the last good checkpoint and finishes.
     monkeypatch.delenv("KILN_FAULT")
-    run(train_sections(max_steps=10, log_every=5, checkpoint_every=2), shards, out)
+    run(RunConfig.of(train_sections(max_steps=10, log_every=5, checkpoint_every=2)), shards, out)
     assert [r["step"] for r in _records(out)] == [5, 10] and _all_finite(load_model(out).state_dict())
 
 
@@ -78,7 +79,7 @@ def test_skip_mode_drops_non_finite_steps_and_applies_the_rest(shards, tmp_path,
     sections = train_sections(
         max_steps=10, log_every=5, checkpoint_every=10, nonfinite={"action": "skip", "max_skips": 2}
     )
-    result = run(sections, shards, out)
+    result = run(RunConfig.of(sections), shards, out)
     records = _records(out)
     assert [(r["step"], r.get("skipped_steps")) for r in records] == [(5, [3]), (10, [6])]
     assert all(math.isfinite(r["loss"]) for r in records) and result.losses == [r["loss"] for r in records]
@@ -95,23 +96,23 @@ def test_skip_mode_stops_past_max_skips(shards, tmp_path, monkeypatch):
     with pytest.raises(
         RunStopped, match=r"step 4: .*2 batches skipped, more than train.nonfinite.max_skips 1.*step-0000002"
     ):
-        run(sections, shards, tmp_path / "run")
+        run(RunConfig.of(sections), shards, tmp_path / "run")
 
 
 def test_a_loss_spike_is_logged_and_its_detector_survives_a_resume(shards, tmp_path, monkeypatch, caplog):
     sections = train_sections(max_steps=20, log_every=5, checkpoint_every=10)
-    run(sections, shards, tmp_path / "plain")
+    run(RunConfig.of(sections), shards, tmp_path / "plain")
     assert not any("spike_steps" in r for r in _records(tmp_path / "plain"))  # no false alarm
     monkeypatch.setenv("KILN_FAULT", "spike@12")
     full = tmp_path / "full"
-    run(sections, shards, full)
+    run(RunConfig.of(sections), shards, full)
     assert [r["step"] for r in _records(full) if r.get("spike_steps") == [12]] == [15]
     assert "step 12: loss spike:" in caplog.text and "the running average" in caplog.text
     # Resumed from step 10, the detector has its running average (a fresh one would still be
     # warming up at step 12 and miss the spike), and ends where the uninterrupted run's did.
     resumed = tmp_path / "resumed"
     shutil.copytree(full / "checkpoints" / "step-0000010", resumed / "checkpoints" / "step-0000010")
-    run(sections, shards, resumed)
+    run(RunConfig.of(sections), shards, resumed)
     assert [(r["step"], r.get("spike_steps")) for r in _records(resumed)] == [(15, [12]), (20, None)]
     assert _state(resumed, 20)["spikes"] == _state(full, 20)["spikes"]
     assert _state(full, 10)["spikes"]["seen"] == 10
@@ -120,17 +121,17 @@ def test_a_loss_spike_is_logged_and_its_detector_survives_a_resume(shards, tmp_p
 @pytest.mark.parametrize("signal", ["sigterm", "sigusr1"])
 def test_a_preemption_signal_saves_that_step_and_the_rerun_continues_exactly(shards, tmp_path, monkeypatch, signal):
     sections = train_sections(model=DROPOUT_MODEL, max_steps=12, log_every=1, checkpoint_every=10)
-    run(sections, shards, tmp_path / "full")
+    run(RunConfig.of(sections), shards, tmp_path / "full")
     out = tmp_path / "preempted"
     monkeypatch.setenv("KILN_FAULT", f"{signal}@7")
     with pytest.raises(
         RunStopped, match=rf"{signal.upper()}: every rank saved step 7 .*step-0000007.*from step 8"
     ) as stopped:
-        run(sections, shards, out)
+        run(RunConfig.of(sections), shards, out)
     assert stopped.value.exit_code == ExitCode.PREEMPTED == 75
     assert [r["step"] for r in _records(out)] == list(range(1, 8))
     monkeypatch.delenv("KILN_FAULT")
-    result = run(sections, shards, out)
+    result = run(RunConfig.of(sections), shards, out)
     assert len(result.losses) == 5  # steps 8-12 only
     assert [r["loss"] for r in _records(out)] == [r["loss"] for r in _records(tmp_path / "full")]
     for key, value in load_model(tmp_path / "full").state_dict().items():
@@ -171,13 +172,13 @@ def test_a_held_run_waits_for_the_signal_then_saves_that_step(shards, tmp_path, 
     sender.start()
     out = tmp_path / "run"
     with pytest.raises(RunStopped, match=r"SIGUSR1: every rank saved step 4 .*step-0000004.*from step 5") as stopped:
-        run(train_sections(max_steps=12, log_every=1, checkpoint_every=10), shards, out)
+        run(RunConfig.of(train_sections(max_steps=12, log_every=1, checkpoint_every=10)), shards, out)
     sender.join(timeout=10)
     assert stopped.value.exit_code == ExitCode.PREEMPTED
     assert [r["step"] for r in _records(out)] == [1, 2, 3, 4]
     # The rerun starts at step 5, after the held step: the same KILN_FAULT does not hold it again.
     monkeypatch.setattr(faults, "time", time)
-    run(train_sections(max_steps=12, log_every=1, checkpoint_every=10), shards, out)
+    run(RunConfig.of(train_sections(max_steps=12, log_every=1, checkpoint_every=10)), shards, out)
     assert [r["step"] for r in _records(out)] == list(range(1, 13))
 
 
@@ -187,7 +188,7 @@ def test_a_full_disk_while_checkpointing_is_a_clear_error_and_the_previous_check
     monkeypatch.setenv("KILN_FAULT", "enospc@4")
     out = tmp_path / "run"
     with pytest.raises(KilnError, match=r"step-0000004: no space left on the device") as failed:
-        run(train_sections(max_steps=6, log_every=2, checkpoint_every=2), shards, out)
+        run(RunConfig.of(train_sections(max_steps=6, log_every=2, checkpoint_every=2)), shards, out)
     assert failed.value.exit_code == ExitCode.ERROR
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [checkpoint.MARKER, "step-0000002"]
     assert checkpoint.load_latest(out / "checkpoints", _state(out, 2)["fingerprint"])["step"] == 2
@@ -196,7 +197,7 @@ def test_a_full_disk_while_checkpointing_is_a_clear_error_and_the_previous_check
 def test_a_malformed_fault_spec_names_the_variable(shards, tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_FAULT", "nan@3")
     with pytest.raises(KilnError, match=r"KILN_FAULT: 'nan@3' is not kind@step\[:rank\] with kind one of nan_loss"):
-        run(train_sections(max_steps=3), shards, tmp_path / "run")
+        run(RunConfig.of(train_sections(max_steps=3)), shards, tmp_path / "run")
     with pytest.raises(KilnError, match=r"kind one of nan_loss, .*, enospc, hold, oom, stall$"):
         faults.parse("hold@3,wait@4", 0)
 

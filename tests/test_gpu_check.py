@@ -1,4 +1,4 @@
-"""bench/gpu_check.py, the GPU check no CPU machine can pass, does not rot: its --cpu-dry-run runs
+"""bench/gpu_check, the GPU check no CPU machine can pass, does not rot: its --cpu-dry-run runs
 every check's CPU-capable part at tiny shapes (CUDA hidden) and prints the table a GPU run prints,
 each row skipped for want of CUDA, none failed. Its process handling holds on the CPU as on the GPU
 machine: a check over budget is ended with everything it started, a torchrun-style rank in a session
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+GPU_CHECK = [sys.executable, str(REPO / "bench" / "gpu_check")]  # `python bench/gpu_check`: the folder's __main__
 ROWS = [
     "flash SDPA",
     "fused AdamW",
@@ -46,7 +47,7 @@ def _table(stdout: str) -> list[list[str]]:
 
 
 def test_cpu_dry_run_prints_every_row_and_fails_none(tmp_path):
-    command = [sys.executable, str(REPO / "bench" / "gpu_check.py"), "--cpu-dry-run", "--out", str(tmp_path)]
+    command = [*GPU_CHECK, "--cpu-dry-run", "--out", str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = _table(done.stdout)
@@ -73,15 +74,7 @@ def test_cpu_dry_run_prints_every_row_and_fails_none(tmp_path):
 def test_a_deadline_already_spent_still_gives_every_row_a_reason(tmp_path):
     """With no time left nothing starts, not even the environment probe, and the table still has
     every check's rows, each a FAIL saying why, and the run exits 1."""
-    command = [
-        sys.executable,
-        str(REPO / "bench" / "gpu_check.py"),
-        "--cpu-dry-run",
-        "--out",
-        str(tmp_path),
-        "--deadline-s",
-        "0",
-    ]
+    command = [*GPU_CHECK, "--cpu-dry-run", "--out", str(tmp_path), "--deadline-s", "0"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stdout + done.stderr
     rows = _table(done.stdout)
@@ -91,13 +84,13 @@ def test_a_deadline_already_spent_still_gives_every_row_a_reason(tmp_path):
 
 # A check that does what torchrun does to a rank: a launcher in the check's own session starts the
 # rank in a session of its own (torch elastic's start_new_session=True), so the check's process group
-# and session both miss it. Run in a separate interpreter: gpu_check_procs makes its caller a child
+# and session both miss it. Run in a separate interpreter: gpu_check.procs makes its caller a child
 # subreaper, which pytest's process should not become.
 DRIVER = textwrap.dedent("""
     import json, subprocess, sys, time
     from pathlib import Path
     sys.path.insert(0, sys.argv[1])
-    from gpu_check_procs import run_isolated
+    from gpu_check.procs import run_isolated
 
     work, hang = Path(sys.argv[2]), sys.argv[3] == "hang"
     RANK = "import os, sys, time; open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); " \\
@@ -157,13 +150,13 @@ def test_the_budgets_sum_well_under_the_deadline_and_eight_minutes(monkeypatch):
     """The GPU run must end within a device session's 8 minutes with numbers in every row: the
     per-check budgets (the environment probe's included) fit inside the enforced deadline, with and
     without the two-rank check, and the deadline leaves the interpreter's start-up its margin."""
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    import gpu_check
+    monkeypatch.syspath_prepend(str(REPO / "bench"))  # as `python bench/gpu_check` has it
+    from gpu_check import checks
 
-    one_gpu = gpu_check.ENVIRONMENT_S + sum(c.budget_s for c in gpu_check.CHECKS if c.gpus == 1)
-    every = one_gpu + sum(c.budget_s for c in gpu_check.CHECKS if c.gpus > 1)
-    assert one_gpu <= 400 and every <= gpu_check.DEADLINE_S <= 450
-    assert [row for c in gpu_check.CHECKS for row in c.rows] == ROWS
+    one_gpu = checks.ENVIRONMENT_S + sum(c.budget_s for c in checks.CHECKS if c.gpus == 1)
+    every = one_gpu + sum(c.budget_s for c in checks.CHECKS if c.gpus > 1)
+    assert one_gpu <= 400 and every <= checks.DEADLINE_S <= 450
+    assert [row for c in checks.CHECKS for row in c.rows] == ROWS
 
 
 def _processes_naming(text: str) -> list[int]:
@@ -184,15 +177,7 @@ def test_a_run_stopped_while_torchrun_ranks_train_ends_them_and_still_prints_the
     """SIGTERM (a device session ending) once the two-rank check's ranks have joined their group:
     the run still prints the check's rows, each saying why it has no figures, exits 1, and leaves no
     rank behind, though torchrun started each in a session of its own."""
-    command = [
-        sys.executable,
-        str(REPO / "bench" / "gpu_check.py"),
-        "--cpu-dry-run",
-        "--out",
-        str(tmp_path),
-        "--only",
-        "two-ranks",
-    ]
+    command = [*GPU_CHECK, "--cpu-dry-run", "--out", str(tmp_path), "--only", "two-ranks"]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     progress, give_up = tmp_path / "two-ranks" / "progress.tsv", time.monotonic() + 120
     while "ranks joined" not in (progress.read_text() if progress.exists() else "") and run.poll() is None:

@@ -25,6 +25,7 @@ from transformers import (
 
 from kiln import hf, layout
 from kiln.config import hf_source
+from kiln.config.run_config import RunConfig
 from kiln.config.train_sections import TrainSection
 from kiln.errors import ConfigError, KilnError
 from kiln.io import read_json, write_json
@@ -52,7 +53,7 @@ def source(shards, tmp_path_factory) -> Path:
     """results/source/train: a finished 10-step run (validated at its last step) and its HF export."""
     results = tmp_path_factory.mktemp("results")
     out = results / "source" / "train"
-    run(train_sections(max_steps=10, eval_every=10, checkpoint_every=10), shards, out)
+    run(RunConfig.of(train_sections(max_steps=10, eval_every=10, checkpoint_every=10)), shards, out)
     hf.export(load_model(out), out / "hf")
     return out
 
@@ -76,20 +77,22 @@ def test_the_first_validation_is_the_sources_last(shards, source, spec):
         for k, v in spec.items()
     }
     out = source.parents[1] / f"continued-{next(iter(spec))}" / "train"
-    result = run(train_sections(max_steps=6, warmup_steps=1, init_from=spec), shards, out)
+    result = run(RunConfig.of(train_sections(max_steps=6, warmup_steps=1, init_from=spec)), shards, out)
     first = records(out)[0]
     assert first["step"] == 0 and first["tokens"] == 0 and "loss" not in first
     assert first["val_loss"] == pytest.approx(last_val(source), rel=1e-6, abs=1e-7)
     assert result.init_from == first["init_from"] and next(iter(spec)) in result.init_from
     fresh = run(
-        train_sections(max_steps=6, warmup_steps=1), shards, out.parent.parent / f"fresh-{next(iter(spec))}" / "train"
+        RunConfig.of(train_sections(max_steps=6, warmup_steps=1)),
+        shards,
+        out.parent.parent / f"fresh-{next(iter(spec))}" / "train",
     )
     assert result.losses[0] < fresh.losses[0] - 0.5  # it starts where the source was, not at ln(vocab)
 
 
 def test_the_optimizer_state_comes_too_when_asked_and_the_settings_stay_this_runs(shards, source):
     sections = train_sections(max_steps=6, weight_decay=0.0, init_from={"run": "source", "optimizer": True})
-    trainer = Trainer(sections, shards)
+    trainer = Trainer(RunConfig.of(sections), shards)
     trainer.init_source = InitSource.of(sections["train"]["init_from"], source.parents[1])
     trainer._start_from(trainer.init_source)
     saved = checkpoint.load_full(source / "checkpoints" / "step-0000010")["optimizer"]
@@ -108,7 +111,7 @@ def test_another_model_shape_is_an_error_naming_the_weight(shards, source):
         match=r"train.init_from: run .*/source/train \(weights\): weight \S+ is \(\d+, 32\), this run's "
         r"model has \(\d+, 16\); set model: to the source's shape",
     ):
-        run(sections, shards, source.parents[1] / "x" / "train")
+        run(RunConfig.of(sections), shards, source.parents[1] / "x" / "train")
 
 
 def test_a_model_section_that_contradicts_a_hf_source_is_a_config_error(source, tmp_path):
@@ -151,14 +154,14 @@ def test_a_stock_checkpoint_is_the_model_when_the_config_gives_none(shards, tmp_
     assert sections["model"] == hf_source.model_section(tmp_path / "stock")
     expected = hf_source.source_config(tmp_path / "stock")
     assert (expected.qkv_bias, expected.rope_scaling is not None) == (family == "qwen2", family == "llama3")
-    trainer = Trainer(sections, shards)
+    trainer = Trainer(RunConfig.of(sections), shards)
     assert trainer.model_config == dataclasses.replace(expected, vocab_size=PADDED_VOCAB, seq_len=SEQ_LEN)
     trainer.init_source = InitSource.of(sections["train"]["init_from"], tmp_path)
     trainer._start_from(trainer.init_source)
     ours, theirs = trainer.model.state_dict(), hf.load(tmp_path / "stock").state_dict()
     assert all(torch.equal(ours[k], v) for k, v in theirs.items() if k not in ("wte.weight", "lm_head.weight"))
     assert torch.equal(ours["wte.weight"][:VOCAB], theirs["wte.weight"])
-    result = run(sections, shards, tmp_path / "results" / family / "train")
+    result = run(RunConfig.of(sections), shards, tmp_path / "results" / family / "train")
     assert result.val_losses[-1][0] == 4 and all(math.isfinite(v) for _, v in result.val_losses)
     assert load_model(tmp_path / "results" / family / "train").config == trainer.model_config
 
@@ -180,7 +183,7 @@ def test_a_stock_gpt2s_unpadded_rows_fill_the_runs_padded_vocabulary(shards, tmp
     weight is the source's."""
     source = _stock_gpt2(tmp_path / "gpt2", VOCAB)
     sections = train_sections(model=TINY_MODEL | {"bias": True}, init_from={"hf": str(tmp_path / "gpt2")})
-    trainer = Trainer(sections, shards)
+    trainer = Trainer(RunConfig.of(sections), shards)
     trainer.init_source = InitSource.of(sections["train"]["init_from"], tmp_path)
     trainer._start_from(trainer.init_source)
     ours = trainer.model.state_dict()
@@ -196,7 +199,7 @@ def test_a_source_with_more_rows_than_the_run_is_an_error(shards, tmp_path):
     _stock_gpt2(tmp_path / "gpt2", PADDED_VOCAB + 6)
     sections = train_sections(model=TINY_MODEL | {"bias": True}, init_from={"hf": str(tmp_path / "gpt2")})
     with pytest.raises(KilnError, match=r"weight wte.weight is \(70, 32\), this run's model has \(64, 32\)"):
-        run(sections, shards, tmp_path / "results" / "w" / "train")
+        run(RunConfig.of(sections), shards, tmp_path / "results" / "w" / "train")
 
 
 def test_another_tokenizer_is_an_error(shards, source, tmp_path):
@@ -206,7 +209,7 @@ def test_another_tokenizer_is_an_error(shards, source, tmp_path):
     hf.export(load_model(source), hf_dir)
     (hf_dir / "tokenizer.json").write_text("{}")  # the export's tokenizer: another one than the shards'
     with pytest.raises(KilnError, match="was trained with another tokenizer"):
-        run(train_sections(init_from={"hf": str(hf_dir)}), other, tmp_path / "results" / "y" / "train")
+        run(RunConfig.of(train_sections(init_from={"hf": str(hf_dir)})), other, tmp_path / "results" / "y" / "train")
 
 
 def test_a_retrained_source_is_another_trajectory():
@@ -221,13 +224,13 @@ def test_a_retrained_source_is_another_trajectory():
 
 def test_a_missing_source_is_an_error_naming_it(shards, tmp_path):
     with pytest.raises(KilnError, match=r"train.init_from: .*results/nope/train/model.safetensors not found"):
-        run(train_sections(init_from={"run": "nope"}), shards, tmp_path / "results" / "z" / "train")
+        run(RunConfig.of(train_sections(init_from={"run": "nope"})), shards, tmp_path / "results" / "z" / "train")
 
 
 def _warmup_from_source(folder: Path, results: Path) -> float:
     """What the train stage resolves warmup_from: source to for init_from {checkpoint: folder}."""
-    train = train_sections(init_from={"checkpoint": str(folder), "warmup_from": "source"})["train"]
-    return init_from.resolved_warmup(train, results)["init_from"]["warmup_from"]
+    train = RunConfig.of(train_sections(init_from={"checkpoint": str(folder), "warmup_from": "source"})).train
+    return init_from.resolved_warmup(train, results).init_from.warmup_from
 
 
 def test_warmup_from_source_reads_the_lr_a_checkpoints_last_step_trained_at(source):
@@ -245,7 +248,7 @@ def test_warmup_from_source_reads_a_sharded_checkpoint_of_a_run_still_going(shar
     """The sharded format's state.pt records it too; a checkpoint mid-run has its own step's LR, not the run's last."""
     out = tmp_path / "results" / "sharded" / "train"
     sections = train_sections(max_steps=6, warmup_steps=1, log_every=3, checkpoint_every=3, checkpoint_format="sharded")
-    run(sections, shards, out)
+    run(RunConfig.of(sections), shards, out)
     folder = out / layout.CHECKPOINTS / checkpoint.step_name(3)
     assert (folder / checkpoint.SHARDS).is_dir()
     schedule = schedule_from_config(TrainSection.of(sections["train"]), 6)

@@ -9,6 +9,7 @@ import pytest
 
 from kiln import config as kiln_config
 from kiln.config.models import model_config
+from kiln.config.run_config import RunConfig
 from kiln.config.train_sections import TrainSection
 from kiln.data.shards import shard_split
 from kiln.io import write_json
@@ -99,7 +100,7 @@ SHAPES = {
 def test_estimate_is_within_15_percent_of_real_cpu_train_steps(name, tmp_path):
     model, seq_len, micro, vocab, precision, ac, compiled = SHAPES[name]
     trainer = Trainer(
-        _sections(model, seq_len, micro, precision, ac, compile_model=False),
+        RunConfig.of(_sections(model, seq_len, micro, precision, ac, compile_model=False)),
         _shards(tmp_path, vocab, seq_len, 4 * micro),
     )
     if compiled:

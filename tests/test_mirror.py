@@ -14,6 +14,7 @@ import torch
 from synthetic import train_sections
 
 from kiln import layout
+from kiln.config.run_config import RunConfig
 from kiln.config.train_sections import TrainSection
 from kiln.errors import KilnError
 from kiln.train import checkpoint, faults
@@ -47,7 +48,9 @@ def test_every_complete_checkpoint_is_mirrored_whole_and_loads(shards, tmp_path,
     extra = {"checkpoint_format": "sharded", "async_checkpoint": True} if fmt == "sharded-async" else {}
     out = tmp_path / "my-run" / "train"
     result = run(
-        train_sections(checkpoint_every=5, keep_checkpoints=1, checkpoint_mirror=str(tmp_path / "mirror"), **extra),
+        RunConfig.of(
+            train_sections(checkpoint_every=5, keep_checkpoints=1, checkpoint_mirror=str(tmp_path / "mirror"), **extra)
+        ),
         shards,
         out,
     )
@@ -71,7 +74,7 @@ def test_a_mirror_command_gets_each_checkpoint_folder(shards, tmp_path):
     dest.mkdir()
     command = f"cp -R {{src}} '{dest}'/{{run}}-{{name}}"
     out = tmp_path / "cmd-run" / "train"
-    result = run(train_sections(checkpoint_every=10, checkpoint_mirror=command), shards, out)
+    result = run(RunConfig.of(train_sections(checkpoint_every=10, checkpoint_mirror=command)), shards, out)
     assert result.mirror_failures == 0
     final = dest / f"cmd-run-{checkpoint.step_name(20)}"
     _same_weights(final, out / layout.CHECKPOINTS / checkpoint.step_name(20))
@@ -87,7 +90,7 @@ def test_a_failing_mirror_leaves_training_finished_and_reports_it(shards, tmp_pa
     )
     out = tmp_path / "run" / "train"
     with caplog.at_level(logging.WARNING, logger="kiln.train"):
-        result = run(train_sections(checkpoint_every=10, checkpoint_mirror=setting), shards, out)
+        result = run(RunConfig.of(train_sections(checkpoint_every=10, checkpoint_mirror=setting)), shards, out)
     assert result.steps == 20 and (out / "model.safetensors").is_file()
     assert checkpoint.kept(out / layout.CHECKPOINTS)[-1][0] == 20  # the node's checkpoints are intact
     failed = [e for e in _entries(out) if not e["ok"] and not e.get("skipped")]

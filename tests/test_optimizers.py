@@ -21,6 +21,7 @@ from synthetic import train_sections, write_shards
 from kiln import config as kiln_config
 from kiln.config import ConfigError
 from kiln.config.models import model_config
+from kiln.config.run_config import RunConfig
 from kiln.config.train_sections import TrainSection
 from kiln.errors import KilnError
 from kiln.forecast import predict
@@ -141,7 +142,7 @@ def test_a_flagged_step_leaves_muon_and_adamw_state_and_weights_bitwise_unchange
 
 def test_the_schedule_scales_each_optimizer_from_its_own_base_lr(shards):
     train = {"lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 2, "max_steps": 6, **MUON}
-    trainer = Trainer(train_sections(**train), shards)
+    trainer = Trainer(RunConfig.of(train_sections(**train)), shards)
     muon, adamw = trainer.optimizer.parts
     for step in range(5):
         _, _, lr = trainer.train_step()
@@ -172,12 +173,14 @@ def test_the_optimizers_state_dict_is_torchs_form_and_round_trips():
 
 def test_taking_another_optimizers_state_is_an_error_naming_both(shards, tmp_path):
     results = tmp_path / "results"
-    run(train_sections(max_steps=3, checkpoint_every=3, log_every=3), shards, results / "source" / "train")
+    run(
+        RunConfig.of(train_sections(max_steps=3, checkpoint_every=3, log_every=3)), shards, results / "source" / "train"
+    )
     sections = train_sections(max_steps=4, init_from={"run": "source", "optimizer": True}, **MUON)
     with pytest.raises(
         KilnError, match=r"train.init_from.optimizer: run .* holds adamw state, and this run's train.optimizer is muon"
     ):
-        run(sections, shards, results / "x" / "train")
+        run(RunConfig.of(sections), shards, results / "x" / "train")
 
 
 def _momenta(state: dict) -> dict:
@@ -190,12 +193,12 @@ def test_a_muon_run_resumes_bitwise_from_its_checkpoint(shards, tmp_path, fmt):
         max_steps=N, log_every=2, eval_every=4, checkpoint_every=N // 2, checkpoint_format=fmt, **MUON
     )
     full = tmp_path / "full"
-    losses = run(copy.deepcopy(sections), shards, full).losses
+    losses = run(RunConfig.of(copy.deepcopy(sections)), shards, full).losses
     out = tmp_path / "resumed"
     mid = f"step-{N // 2:07d}"
     shutil.copytree(full / "checkpoints" / mid, out / "checkpoints" / mid)
     (out / "checkpoints" / checkpoint.MARKER).write_text(mid + "\n")
-    resumed = run(copy.deepcopy(sections), shards, out).losses
+    resumed = run(RunConfig.of(copy.deepcopy(sections)), shards, out).losses
     assert resumed == losses[len(losses) // 2 :]
     ours, theirs = load_model(out).state_dict(), load_model(full).state_dict()
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
@@ -213,7 +216,7 @@ def test_a_skipped_step_in_a_muon_run_applies_nothing(shards, tmp_path, monkeypa
         max_steps=4, log_every=1, checkpoint_every=1, keep_checkpoints=4, nonfinite={"action": "skip"}, **MUON
     )
     out = tmp_path / "run"
-    run(sections, shards, out)
+    run(RunConfig.of(sections), shards, out)
     two, three = (checkpoint.load_full(out / "checkpoints" / f"step-{s:07d}") for s in (2, 3))
     assert three["skipped"] == 1
     assert all(torch.equal(three["model"][k], two["model"][k]) for k in two["model"])
@@ -227,8 +230,8 @@ def test_the_optimizer_is_part_of_the_fingerprint_and_muons_settings_only_under_
     assert fingerprint.trajectory(muon, 10) != fingerprint.trajectory(_train(**MUON | {"muon_lr": 0.5}), 10)
     # An AdamW run's checkpoints are not continued by a Muon run: it starts over, naming why.
     out = tmp_path / "run"
-    run(train_sections(max_steps=4, checkpoint_every=2, log_every=2), shards, out)
-    result = run(train_sections(max_steps=4, checkpoint_every=2, log_every=2, **MUON), shards, out)
+    run(RunConfig.of(train_sections(max_steps=4, checkpoint_every=2, log_every=2)), shards, out)
+    result = run(RunConfig.of(train_sections(max_steps=4, checkpoint_every=2, log_every=2, **MUON)), shards, out)
     assert len(result.losses) == 2 and "train.optimizer: 'adamw' in the checkpoint, 'muon' now" in caplog.text
 
 
@@ -303,7 +306,7 @@ def launched(tmp_path_factory):
     result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     reference = base / "one-rank"
-    run(train_sections(micro_batch=8, **common), shards, reference)
+    run(RunConfig.of(train_sections(micro_batch=8, **common)), shards, reference)
     return base, json.loads((base / "checks.json").read_text()), reference
 
 

@@ -371,7 +371,7 @@ def test_a_changed_lr_trains_the_changed_lr_and_another_run_shares_the_data(fini
 
 
 def test_forcerun_train_on_a_finished_run_trains_it_again(finished_run, tmp_path):
-    """README's "redo a stage": --forcerun train on a finished run trains from step 0 (the same
+    """docs/operations.md's "redo a stage": --forcerun train on a finished run trains from step 0 (the same
     weights, deterministic on CPU) and keeps the finished run's checkpoints under superseded/."""
     workdir, run, _ = finished_run
     copy = tmp_path / "copy"
@@ -395,7 +395,7 @@ NO_LM_EVAL = "eval={lm_eval: {tasks: []}}"
 
 
 def test_a_three_arm_sweep_builds_the_data_once_and_overlays_the_arms(tmp_path):
-    """The shipped CPU sweep over the tiny run's data (README: how to sweep): Snakemake's own job list
+    """The shipped CPU sweep over the tiny run's data (docs/experiments.md: how to sweep): Snakemake's own job list
     has each data stage once and smoke, train, eval and report once per arm; the overlay report marks
     the arm with the lowest held-out loss; kiln status lists the arms. Then a fourth value added to
     the sweep runs that arm alone."""
@@ -483,7 +483,7 @@ def test_a_three_arm_sweep_builds_the_data_once_and_overlays_the_arms(tmp_path):
 
 
 def test_a_run_continues_from_a_finished_runs_weights(finished_run, tmp_path):
-    """README's "how to continue": a second run with train.init_from {run: tiny} on the same data builds
+    """docs/experiments.md's "how to continue": a second run with train.init_from {run: tiny} on the same data builds
     no data, validates before its first step at exactly the source's last validation, trains its own
     50 steps, and its report names where the weights came from."""
     workdir, _, _ = finished_run
@@ -545,7 +545,7 @@ def test_an_older_run_folder_is_told_how_to_move_its_data(finished_run, tmp_path
 
 
 def test_kiln_export_writes_the_runs_hf_folder_again_without_training(finished_run, tmp_path):
-    """README's "export again": `kiln export` rebuilds train/hf from the final weights; the same
+    """docs/operations.md's "export again": `kiln export` rebuilds train/hf from the final weights; the same
     config, tokenizer and weights as the train job's own export."""
     workdir, run, _ = finished_run
     out = tmp_path / "hf"

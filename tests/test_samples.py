@@ -15,6 +15,7 @@ from conftest import typed_section
 from synthetic import SEQ_LEN, TINY_MODEL, _stream, train_sections
 
 from kiln.config.models import ModelConfig
+from kiln.config.run_config import RunConfig
 from kiln.data.shards import shard_split
 from kiln.data.tokenizer import load_tokenizer
 from kiln.eval.suite import decoding
@@ -94,8 +95,8 @@ def test_sampling_during_training_leaves_the_global_rng_and_the_run_unchanged(sh
         return rows
 
     sections = train_sections(max_steps=20, eval_every=10, log_every=5)
-    run(sections, shards, tmp_path / "plain")
-    run(copy.deepcopy(sections), shards, tmp_path / "sampled", sampler=watched)
+    run(RunConfig.of(sections), shards, tmp_path / "plain")
+    run(RunConfig.of(copy.deepcopy(sections)), shards, tmp_path / "sampled", sampler=watched)
     assert unchanged == [True, True]  # steps 10 and 20
     losses = [
         [json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]

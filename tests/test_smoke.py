@@ -20,6 +20,7 @@ from synthetic import REPO, SEQ_LEN, smoke_sections, write_shards
 
 import kiln.train.trainer as trainer_module
 from kiln.config.batch import BatchSplit
+from kiln.config.run_config import RunConfig
 from kiln.errors import KilnError
 from kiln.plan.steps import full_run_plan
 from kiln.plan.tables import render_plan
@@ -41,7 +42,7 @@ def failed(report: dict) -> set[str]:
 
 
 def test_healthy_tiny_run_passes_every_check(shards, tmp_path):
-    report = run_checks(smoke_sections(), shards, tmp_path)
+    report = run_checks(RunConfig.of(smoke_sections()), shards, tmp_path)
     checks = by_name(report)
     assert list(checks) == [
         "preflight",
@@ -80,7 +81,7 @@ def test_the_checkpoint_timed_is_the_one_train_writes(shards, tmp_path, train):
     Saver and format, with the weights and AdamW's two moments (the probe's steps allocated them),
     so at least three times the fp32 weights on disk. Smoke used to time a state.pt without model
     or optimizer, a few KB whatever the model size (issue 18)."""
-    report = run_checks(smoke_sections(train=train), shards, tmp_path)
+    report = run_checks(RunConfig.of(smoke_sections(train=train)), shards, tmp_path)
     assert report["checkpoint_written_bytes"] >= 3 * report["model_bytes"]
     assert report["checkpoint_written_bytes"] >= report["checkpoint_bytes"]
     assert report["times"]["checkpoint_s"] > 0
@@ -92,7 +93,7 @@ def test_the_checkpoint_timed_is_the_one_train_writes(shards, tmp_path, train):
 def test_lr_zero_fails_health_and_overfit(shards, tmp_path, monkeypatch):
     # A schedule bug that never leaves 0 (the "warmup never ends" kind).
     monkeypatch.setattr(trainer_module, "schedule_from_config", lambda train, max_steps: lambda step: 0.0)
-    checks = by_name(run_checks(smoke_sections(), shards, tmp_path))
+    checks = by_name(run_checks(RunConfig.of(smoke_sections()), shards, tmp_path))
     assert {"health", "overfit", "generalisation"} <= {n for n, c in checks.items() if not c.passed}
     assert "did not fall" in checks["health"].detail
     assert "memorise" in checks["overfit"].detail
@@ -102,7 +103,7 @@ def test_lr_zero_fails_health_and_overfit(shards, tmp_path, monkeypatch):
 def test_labels_equal_to_inputs_fail_generalisation(shards, tmp_path, monkeypatch):
     # The classic shift bug: the model is taught to copy its input, which it learns at once.
     monkeypatch.setattr(trainer_module, "_split", lambda batch: (batch[:, :-1], batch[:, :-1]))
-    report = run_checks(smoke_sections(), shards, tmp_path)
+    report = run_checks(RunConfig.of(smoke_sections()), shards, tmp_path)
     checks = by_name(report)
     assert not checks["generalisation"].passed
     assert "shifted by one" in checks["generalisation"].detail
@@ -117,7 +118,7 @@ def test_attention_that_sees_the_future_fails_causality(shards, tmp_path, monkey
         return sdpa(q, k, v, dropout_p=dropout_p, is_causal=False, **kw)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", unmasked)
-    checks = by_name(run_checks(smoke_sections(), shards, tmp_path))
+    checks = by_name(run_checks(RunConfig.of(smoke_sections()), shards, tmp_path))
     assert not checks["causality"].passed
     assert "later tokens" in checks["causality"].detail
 
@@ -127,7 +128,7 @@ def test_degenerate_tokens_fail_the_tokens_check(tmp_path):
     stream = np.full(64 * (SEQ_LEN + 1), 3, dtype=np.uint16)
     stream[::50] = 0
     shards = write_shards(tmp_path / "shards", train_tokens=stream)
-    checks = by_name(run_checks(smoke_sections(), shards, tmp_path / "smoke"))
+    checks = by_name(run_checks(RunConfig.of(smoke_sections()), shards, tmp_path / "smoke"))
     assert not checks["tokens"].passed and "nearly constant" in checks["tokens"].detail
     assert checks["overfit"].passed  # constant rows are trivially memorised: only the tokens check sees it
 
@@ -135,7 +136,7 @@ def test_degenerate_tokens_fail_the_tokens_check(tmp_path):
 def test_model_too_big_for_memory_fails_preflight_with_advice(shards, tmp_path):
     # ~200 GB of attention weights: the allocator refuses at once (no swap to thrash).
     huge = {"n_layer": 1, "n_head": 1, "d_model": 2**17}
-    report = run_checks(smoke_sections(model=huge), shards, tmp_path)
+    report = run_checks(RunConfig.of(smoke_sections(model=huge)), shards, tmp_path)
     assert [(c.name, c.passed) for c in report["checks"]] == [("preflight", False)]
     assert "estimated" in report["checks"][0].figure  # what the step would need, from the shapes
     detail = report["checks"][0].detail
@@ -144,7 +145,7 @@ def test_model_too_big_for_memory_fails_preflight_with_advice(shards, tmp_path):
 
 
 def test_profile_step_writes_a_chrome_trace(shards, tmp_path):
-    report = run_checks(smoke_sections(profile_step=4), shards, tmp_path)
+    report = run_checks(RunConfig.of(smoke_sections(profile_step=4)), shards, tmp_path)
     trace = json.loads((tmp_path / "trace.json").read_text(encoding="utf-8"))
     assert any(e.get("name") == "aten::mm" for e in trace["traceEvents"])
     # 10 timed steps in spans of 2: the traced step's span (steps 3-4) is not timed
@@ -285,12 +286,12 @@ def test_the_probe_compiles_the_graph_train_compiles(shards, tmp_path, monkeypat
     first; through the compiled model they would come first and make dynamo mark batch and length
     dynamic."""
     graphs = _recording_compile(monkeypatch)
-    report = run_checks(smoke_sections(train={"compile": True}), shards, tmp_path / "smoke")
+    report = run_checks(RunConfig.of(smoke_sections(train={"compile": True})), shards, tmp_path / "smoke")
     assert not failed(report)
     smoke_graphs = list(graphs)
     graphs.clear()
     torch._dynamo.reset()
-    trainer = trainer_module.Trainer(smoke_sections(train={"compile": True}), shards, max_steps=3)
+    trainer = trainer_module.Trainer(RunConfig.of(smoke_sections(train={"compile": True})), shards, max_steps=3)
     for _ in range(3):
         trainer.train_step()
     assert graphs and all(g["grad"] and not g["dynamic"] for g in graphs), graphs
@@ -313,7 +314,7 @@ def test_a_compiled_step_that_recompiles_in_the_timed_steps_fails_the_gate(shard
         return batch[:-1] if len(calls) > 4 else batch
 
     monkeypatch.setattr(TrainBatches, "next", shrinking)
-    checks = by_name(run_checks(smoke_sections(train={"compile": True}), shards, tmp_path / "smoke"))
+    checks = by_name(run_checks(RunConfig.of(smoke_sections(train={"compile": True})), shards, tmp_path / "smoke"))
     assert not checks["recompiles"].passed and "TORCH_LOGS=recompiles" in checks["recompiles"].detail
 
 
@@ -332,7 +333,7 @@ def test_a_burst_of_load_in_one_span_does_not_move_the_probes_figure(shards, mon
         clock["now"] += 50.0 if clock["steps"] == 6 else 1.0  # the sixth: inside the second span
         return out
 
-    trainer = smoke.Trainer(smoke_sections(), shards, max_steps=12)
+    trainer = smoke.Trainer(RunConfig.of(smoke_sections()), shards, max_steps=12)
     monkeypatch.setattr(smoke.Trainer, "train_step", train_step)
     monkeypatch.setattr(probe.time, "perf_counter", lambda: clock["now"])
     _, _, measured = probe.probe(trainer, steps=12, warmup=2)

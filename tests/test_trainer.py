@@ -20,6 +20,7 @@ import torch
 from synthetic import PADDED_VOCAB, SEQ_LEN, TRAIN_ROWS, train_sections
 
 from kiln import layout
+from kiln.config.run_config import RunConfig
 from kiln.data.loader import ShardRows, TrainBatches
 from kiln.errors import KilnError
 from kiln.generate.decode import generate
@@ -57,7 +58,7 @@ def _assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
 def test_short_run_lowers_loss_and_writes_outputs(shards, tmp_path):
     sections = train_sections()
     out = tmp_path / "run"
-    result = run(sections, shards, out)
+    result = run(RunConfig.of(sections), shards, out)
 
     records = _records(out)
     assert [r["step"] for r in records] == [5, 10, 15, 20]
@@ -110,8 +111,8 @@ def test_short_run_lowers_loss_and_writes_outputs(shards, tmp_path):
 
 def test_identical_runs_give_identical_losses_and_weights(shards, tmp_path):
     sections = train_sections(max_steps=10, log_every=2)
-    run(sections, shards, tmp_path / "a")
-    run(copy.deepcopy(sections), shards, tmp_path / "b")
+    run(RunConfig.of(sections), shards, tmp_path / "a")
+    run(RunConfig.of(copy.deepcopy(sections)), shards, tmp_path / "b")
     a, b = _records(tmp_path / "a"), _records(tmp_path / "b")
     assert len(a) == 5
     assert [r["loss"] for r in a] == [r["loss"] for r in b]
@@ -120,10 +121,10 @@ def test_identical_runs_give_identical_losses_and_weights(shards, tmp_path):
 
 
 def test_different_seed_gives_different_run(shards, tmp_path):
-    run(train_sections(max_steps=4, log_every=1), shards, tmp_path / "a")
+    run(RunConfig.of(train_sections(max_steps=4, log_every=1)), shards, tmp_path / "a")
     other = train_sections(max_steps=4, log_every=1)
     other["train"]["seed"] += 1
-    run(other, shards, tmp_path / "b")
+    run(RunConfig.of(other), shards, tmp_path / "b")
     assert [r["loss"] for r in _records(tmp_path / "a")] != [r["loss"] for r in _records(tmp_path / "b")]
 
 
@@ -136,8 +137,8 @@ def test_samples_at_each_validation_leave_the_run_unchanged(shards, tmp_path):
         return [{"prompt": str(p), "completion": str(n)} for p, n in zip(([1, 2, 3], [4, 5]), new)]
 
     sections = train_sections(max_steps=20)
-    run(sections, shards, tmp_path / "plain")
-    run(copy.deepcopy(sections), shards, tmp_path / "sampled", sampler=sampler)
+    run(RunConfig.of(sections), shards, tmp_path / "plain")
+    run(RunConfig.of(copy.deepcopy(sections)), shards, tmp_path / "sampled", sampler=sampler)
     assert modes == [False, False]  # sampled in eval mode, at steps 10 and 20
     assert [r["loss"] for r in _records(tmp_path / "plain")] == [r["loss"] for r in _records(tmp_path / "sampled")]
     rows = [json.loads(line) for line in (tmp_path / "sampled" / "samples.jsonl").read_text().splitlines()]
@@ -168,7 +169,7 @@ def uninterrupted(shards, tmp_path_factory) -> tuple[dict, Path]:
     """A run to N steps with a checkpoint at N/2 and at N, both kept."""
     sections = train_sections(max_steps=N, log_every=2, eval_every=4, checkpoint_every=N // 2, keep_checkpoints=2)
     out = tmp_path_factory.mktemp("uninterrupted")
-    run(sections, shards, out)
+    run(RunConfig.of(sections), shards, out)
     return sections, out
 
 
@@ -200,7 +201,7 @@ def test_resume_from_copied_mid_checkpoint_matches_uninterrupted(shards, tmp_pat
     (out / "checkpoints" / checkpoint.MARKER).write_text(mid + "\n")
     # A run killed after its last checkpoint has logged steps that the resumed run redoes.
     shutil.copy(full / "metrics.jsonl", out / "metrics.jsonl")
-    result = run(copy.deepcopy(sections), shards, out)
+    result = run(RunConfig.of(copy.deepcopy(sections)), shards, out)
     _assert_resume_matches(full, out, result)
 
 
@@ -211,7 +212,7 @@ def test_resume_in_place_after_losing_the_final_checkpoint(shards, tmp_path, uni
     shutil.rmtree(out / "checkpoints" / f"step-{N:07d}")
     (out / "model.safetensors").unlink()
     (out / "checkpoints" / checkpoint.MARKER).write_text(f"step-{N // 2:07d}\n")
-    result = run(copy.deepcopy(sections), shards, out)
+    result = run(RunConfig.of(copy.deepcopy(sections)), shards, out)
     _assert_resume_matches(full, out, result)
 
 
@@ -223,7 +224,7 @@ def test_resume_when_a_newer_checkpoint_was_written_but_latest_not_moved(shards,
     out = tmp_path / "stale-marker"
     shutil.copytree(full, out)
     (out / "checkpoints" / checkpoint.MARKER).write_text(f"step-{N // 2:07d}\n")
-    result = run(copy.deepcopy(sections), shards, out)
+    result = run(RunConfig.of(copy.deepcopy(sections)), shards, out)
     assert result.losses == [] and _records(out) == _records(full)
     assert not (out / layout.SUPERSEDED).exists()
     _assert_same_weights(load_model(out).state_dict(), load_model(full).state_dict())
@@ -237,7 +238,7 @@ def test_a_rerun_of_a_finished_run_trains_nothing_and_writes_the_same_weights(sh
     out = tmp_path / "kept"
     shutil.copytree(full, out)
     (out / "model.safetensors").unlink()  # Snakemake deletes a job's outputs before it runs it
-    result = run(copy.deepcopy(sections), shards, out)
+    result = run(RunConfig.of(copy.deepcopy(sections)), shards, out)
     assert result.losses == [] and result.start_step == result.steps == N
     assert (out / "model.safetensors").read_bytes() == (full / "model.safetensors").read_bytes()
     assert _records(out) == _records(full) and not (out / layout.SUPERSEDED).exists()
@@ -252,7 +253,7 @@ def test_a_retrain_asked_for_trains_a_finished_run_again_from_the_start(shards, 
     shutil.copytree(full, out)
     layout.request_retrain(out)
     with caplog.at_level(logging.WARNING, logger="kiln.train"):
-        result = run(copy.deepcopy(sections), shards, out)
+        result = run(RunConfig.of(copy.deepcopy(sections)), shards, out)
     assert len(result.losses) == N // 2  # every log step of the run, not zero
     assert _comparable(_records(out)) == _comparable(_records(full))
     _assert_same_weights(load_model(out).state_dict(), load_model(full).state_dict())
@@ -263,7 +264,9 @@ def test_a_retrain_asked_for_trains_a_finished_run_again_from_the_start(shards, 
     [line] = [r.getMessage() for r in caplog.records if "starting from step 0" in r.getMessage()]
     assert "a retrain was asked for" in line and str(aside) in line
     assert not (out / layout.RETRAIN).exists()
-    assert run(copy.deepcopy(sections), shards, out).losses == []  # the next job keeps what this one trained
+    assert (
+        run(RunConfig.of(copy.deepcopy(sections)), shards, out).losses == []
+    )  # the next job keeps what this one trained
 
 
 def test_a_changed_training_setting_starts_over_naming_it(shards, tmp_path, uninterrupted, caplog):
@@ -276,9 +279,9 @@ def test_a_changed_training_setting_starts_over_naming_it(shards, tmp_path, unin
     changed = copy.deepcopy(sections)
     changed["train"]["lr"] = sections["train"]["lr"] / 2
     with caplog.at_level(logging.WARNING, logger="kiln.train"):
-        run(copy.deepcopy(changed), shards, out)
+        run(RunConfig.of(copy.deepcopy(changed)), shards, out)
     fresh = tmp_path / "fresh"
-    run(copy.deepcopy(changed), shards, fresh)
+    run(RunConfig.of(copy.deepcopy(changed)), shards, fresh)
     _assert_same_weights(load_model(out).state_dict(), load_model(fresh).state_dict())
     assert _comparable(_records(out)) == _comparable(_records(fresh))
     message = " ".join(r.getMessage() for r in caplog.records)
@@ -294,7 +297,7 @@ def test_a_changed_training_setting_starts_over_naming_it(shards, tmp_path, unin
 
 def test_keep_checkpoints_prunes_old_ones(shards, tmp_path):
     out = tmp_path / "run"
-    run(train_sections(max_steps=8, log_every=2, checkpoint_every=2, keep_checkpoints=2), shards, out)
+    run(RunConfig.of(train_sections(max_steps=8, log_every=2, checkpoint_every=2, keep_checkpoints=2)), shards, out)
     root = out / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == [
         checkpoint.MARKER,
@@ -308,7 +311,7 @@ def test_a_checkpoint_asked_for_by_name_must_be_this_runs(shards, tmp_path, monk
     """KILN_RESUME_FROM resumes on purpose: a checkpoint of another model, seed or training setting
     is then an error naming what differs, never a silent fresh start."""
     out = tmp_path / "run"
-    run(train_sections(max_steps=4, log_every=2, checkpoint_every=2, keep_checkpoints=1), shards, out)
+    run(RunConfig.of(train_sections(max_steps=4, log_every=2, checkpoint_every=2, keep_checkpoints=1)), shards, out)
     root = out / "checkpoints"
     fingerprint = _state(out, 4)["fingerprint"]
     assert checkpoint.load_latest(root, fingerprint)["step"] == 4
@@ -316,21 +319,21 @@ def test_a_checkpoint_asked_for_by_name_must_be_this_runs(shards, tmp_path, monk
         checkpoint.load_latest(root, "0" * 64)
     monkeypatch.setenv(checkpoint.RESUME_ENV, "step-0000004")
     with pytest.raises(KilnError, match="model.d_model: 32 in the checkpoint, 16 now"):
-        run(train_sections(model={"n_layer": 1, "n_head": 2, "d_model": 16}, max_steps=4), shards, out)
+        run(RunConfig.of(train_sections(model={"n_layer": 1, "n_head": 2, "d_model": 16}, max_steps=4)), shards, out)
     other_seed = train_sections(max_steps=4)
     other_seed["train"]["seed"] += 1
     with pytest.raises(KilnError, match="seed: 7 in the checkpoint, 8 now"):
-        run(other_seed, shards, out)
+        run(RunConfig.of(other_seed), shards, out)
     with pytest.raises(KilnError, match=r"train.lr: 0.01 in the checkpoint, 0.005 now"):
-        run(train_sections(max_steps=4, lr=5e-3), shards, out)
+        run(RunConfig.of(train_sections(max_steps=4, lr=5e-3)), shards, out)
     with pytest.raises(KilnError, match=r"steps trained: 4 in the checkpoint, 6 now"):
-        run(train_sections(max_steps=6), shards, out)
+        run(RunConfig.of(train_sections(max_steps=6)), shards, out)
     assert checkpoint.kept(root)[-1][0] == 4 and not (out / layout.SUPERSEDED).exists()
 
 
 def test_load_latest_ignores_half_written_checkpoint(shards, tmp_path):
     out = tmp_path / "run"
-    run(train_sections(max_steps=4, log_every=2, checkpoint_every=2, keep_checkpoints=2), shards, out)
+    run(RunConfig.of(train_sections(max_steps=4, log_every=2, checkpoint_every=2, keep_checkpoints=2)), shards, out)
     root = out / "checkpoints"
     fingerprint = _state(out, 4)["fingerprint"]
     # What a crash mid-save leaves: a temp folder, or a complete-looking folder LATEST never named.
@@ -399,8 +402,8 @@ def test_loader_two_micro_batches_of_4_are_one_batch_of_8(shards):
 def test_grad_accum_matches_larger_micro_batch(shards, tmp_path):
     common = dict(max_steps=10, log_every=1, eval_every=100, checkpoint_every=100)
     # The same global batch of 8 rows x 16 tokens: one micro-batch of 8, or two of 4 accumulated.
-    run(train_sections(micro_batch=8, batch_tokens=128, **common), shards, tmp_path / "big")
-    run(train_sections(micro_batch=4, batch_tokens=128, **common), shards, tmp_path / "accum")
+    run(RunConfig.of(train_sections(micro_batch=8, batch_tokens=128, **common)), shards, tmp_path / "big")
+    run(RunConfig.of(train_sections(micro_batch=4, batch_tokens=128, **common)), shards, tmp_path / "accum")
     big, accum = _records(tmp_path / "big"), _records(tmp_path / "accum")
     assert [r["tokens"] for r in big] == [r["tokens"] for r in accum]
     big_loss, accum_loss = [r["loss"] for r in big], [r["loss"] for r in accum]
@@ -421,7 +424,7 @@ def test_llama_in_bf16_with_wsd_schedule_lowers_loss(shards, tmp_path):
     sections = train_sections(
         model=model, precision="bf16", schedule="wsd", decay_fraction=0.5, cooldown="1-sqrt", max_steps=20, log_every=2
     )
-    result = run(sections, shards, tmp_path / "run")
+    result = run(RunConfig.of(sections), shards, tmp_path / "run")
     records = _records(tmp_path / "run")
     assert records[-1]["loss"] < records[0]["loss"] - 0.5
     assert [r["lr"] for r in records] == pytest.approx(
@@ -445,7 +448,7 @@ def test_llama_in_bf16_with_wsd_schedule_lowers_loss(shards, tmp_path):
 
 
 def test_log_steps_record_throughput_memory_and_no_mfu_on_cpu(shards, tmp_path):
-    result = run(train_sections(max_steps=4, log_every=2), shards, tmp_path / "run")
+    result = run(RunConfig.of(train_sections(max_steps=4, log_every=2)), shards, tmp_path / "run")
     for r in _records(tmp_path / "run"):
         assert r["tokens_per_s"] > 0 and r["tflops"] > 0 and r["memory_mb"] > 0
         assert r["mfu"] is None and r["mfu_torchtitan"] is None  # no peak FLOP/s is known for a CPU
@@ -473,14 +476,20 @@ def test_checkpoint_and_validation_time_is_left_out_of_tokens_per_s(shards, tmp_
     monkeypatch.setattr(trainer_module.Trainer, "evaluate", advancing(trainer_module.Trainer.evaluate, 500.0))
     monkeypatch.setattr(checkpoint, "save", advancing(checkpoint.save, 1000.0))
     # checkpoints at 3 and 6 fall inside the log windows (2-4, 6-8); validation at 4 and 8
-    result = run(train_sections(max_steps=8, log_every=2, checkpoint_every=3, eval_every=4), shards, tmp_path / "run")
+    result = run(
+        RunConfig.of(train_sections(max_steps=8, log_every=2, checkpoint_every=3, eval_every=4)),
+        shards,
+        tmp_path / "run",
+    )
     per_step = result.tokens_per_step
     assert [r["tokens_per_s"] for r in _records(tmp_path / "run")] == [per_step] * 4
     assert result.tokens_per_s == per_step
 
 
 def test_batch_tokens_set_accumulation_and_must_divide(shards, tmp_path):
-    result = run(train_sections(micro_batch=2, batch_tokens=8 * SEQ_LEN, max_steps=3), shards, tmp_path / "run")
+    result = run(
+        RunConfig.of(train_sections(micro_batch=2, batch_tokens=8 * SEQ_LEN, max_steps=3)), shards, tmp_path / "run"
+    )
     assert (result.grad_accum, result.tokens_per_step) == (4, 8 * SEQ_LEN)
     with pytest.raises(
         KilnError,
@@ -494,7 +503,7 @@ def test_wandb_offline_writes_under_the_run_folder(shards, tmp_path, monkeypatch
     monkeypatch.delenv("WANDB_MODE", raising=False)  # the config alone decides
     sections = train_sections(max_steps=3, log_every=1)
     sections["wandb"] = {"mode": "offline", "project": "kiln-test"}
-    run(sections, shards, tmp_path / "run")
+    run(RunConfig.of(sections), shards, tmp_path / "run")
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
 
@@ -503,8 +512,8 @@ def test_wandb_offline_writes_under_the_run_folder(shards, tmp_path, monkeypatch
 def test_compiled_run_matches_eager_and_saves_plain_names(shards, tmp_path):
     """torch.compile (compiled in place) changes neither the losses nor the saved parameter names
     (no "_orig_mod." prefix: nanoGPT #325)."""
-    run(train_sections(max_steps=4, log_every=1, compile=True), shards, tmp_path / "compiled")
-    run(train_sections(max_steps=4, log_every=1, compile=False), shards, tmp_path / "eager")
+    run(RunConfig.of(train_sections(max_steps=4, log_every=1, compile=True)), shards, tmp_path / "compiled")
+    run(RunConfig.of(train_sections(max_steps=4, log_every=1, compile=False)), shards, tmp_path / "eager")
     compiled, eager = _records(tmp_path / "compiled"), _records(tmp_path / "eager")
     assert [r["loss"] for r in compiled] == pytest.approx([r["loss"] for r in eager], abs=1e-5, rel=0)
     _assert_same_weights(

@@ -21,6 +21,7 @@ from conftest import download_cfg, write_jsonl
 from synthetic import TINY_MODEL, train_sections
 
 from kiln.config.data_sections import PretokenizeSection
+from kiln.config.run_config import RunConfig
 from kiln.data.pretokenize import pretokenize
 from kiln.data.raw import write_raw
 from kiln.data.shards import shard_split
@@ -103,7 +104,7 @@ def run_dir(tmp_path_factory, tokenizer_path):
         eval_every=MAX_STEPS,
         log_every=10,
     )
-    result = run(sections, shards, base / "train")
+    result = run(RunConfig.of(sections), shards, base / "train")
     write_json(base / "train" / "summary.json", dataclasses.asdict(result))
     return base
 

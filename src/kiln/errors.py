@@ -1,5 +1,5 @@
 """The one exception type for bad input: a message a user can act on, naming the key, file or column;
-and the exit codes a stage ends with (README, "When a run dies", lists them)."""
+and the exit codes a stage ends with (docs/operations.md, "When a run dies", lists them)."""
 
 from __future__ import annotations
 

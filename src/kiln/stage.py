@@ -18,6 +18,7 @@ from typing import Callable
 
 from kiln import config as kiln_config
 from kiln.config import settings
+from kiln.config.run_config import RunConfig
 from kiln.errors import EXIT_FILE_ENV, GroupBroken, KilnError
 from kiln.io import write_json
 
@@ -35,11 +36,12 @@ def stage_parser(stage: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def stage_config(args: argparse.Namespace, stage: str) -> dict:
-    """The sections this stage reads (kiln.config.settings.sections), whole."""
+def stage_config(args: argparse.Namespace, stage: str) -> RunConfig:
+    """The sections this stage reads (kiln.config.settings.sections), whole and typed: parsed once here,
+    and passed down as they are."""
     if args.config:
-        return settings.stage_config(kiln_config.load(args.config), stage)
-    return settings.join(json.loads(args.params), json.loads(args.untracked))
+        return RunConfig.of(settings.stage_config(kiln_config.load(args.config), stage))
+    return RunConfig.of(settings.join(json.loads(args.params), json.loads(args.untracked)))
 
 
 def run_main(main: Callable[[], None]) -> None:

@@ -9,7 +9,6 @@ rerun after an interruption resumes after the last complete part.
 
 from pathlib import Path
 
-from kiln.config import RunConfig
 from kiln.data.raw import write_raw
 from kiln.data.raw_scatter import part_verdicts
 from kiln.layout import ScatterPlan
@@ -24,7 +23,7 @@ def main() -> None:
         "--out", required=True, type=Path, help="output folder, e.g. results/data/raw-<key> (kiln.layout)"
     )
     args = parser.parse_args()
-    download = RunConfig.of(stage_config(args, "download")).download
+    download = stage_config(args, "download").download
     verdicts = part_verdicts(download, ScatterPlan.load(args.plan), args.parts) if args.plan else None
     manifest = write_raw(download, args.out, verdicts)
     print(f"download: {manifest['rows']} documents, {manifest['bytes']} bytes -> {args.out}")

@@ -7,7 +7,6 @@ Writes <out>/verdicts.parquet and part.json.
 
 from pathlib import Path
 
-from kiln.config import RunConfig
 from kiln.data.raw_scatter import write_part
 from kiln.io import atomic_dir
 from kiln.layout import ScatterPlan
@@ -22,7 +21,7 @@ def main() -> None:
         "--out", required=True, type=Path, help="output folder, e.g. results/data/raw-<key>.parts/part-00000"
     )
     args = parser.parse_args()
-    download = RunConfig.of(stage_config(args, "download")).download
+    download = stage_config(args, "download").download
     with atomic_dir(args.out) as tmp:
         counts = write_part(download, ScatterPlan.load(args.plan), args.part, tmp)
     print(f"download_part {args.part}: {counts['records']} records, {counts['candidates']} candidates -> {args.out}")

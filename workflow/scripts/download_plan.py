@@ -7,7 +7,6 @@ Writes <out> (kiln.layout.ScatterPlan).
 
 from pathlib import Path
 
-from kiln.config import RunConfig
 from kiln.data.raw_scatter import download_plan
 from kiln.stage import run_main, stage_config, stage_parser
 
@@ -16,7 +15,7 @@ def main() -> None:
     parser = stage_parser("download", __doc__)
     parser.add_argument("--out", required=True, type=Path, help="e.g. results/data/raw-<key>.plan.json (kiln.layout)")
     args = parser.parse_args()
-    download = RunConfig.of(stage_config(args, "download")).download
+    download = stage_config(args, "download").download
     planned = download_plan(download)
     planned.save(args.out)
     files = sum(len(stamp["files"]) for stamp in planned.stamps)

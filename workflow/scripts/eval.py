@@ -12,7 +12,6 @@ in fp32.
 import logging
 from pathlib import Path
 
-from kiln.config import RunConfig
 from kiln.eval.suite import RunPaths, evaluate
 from kiln.io import write_json
 from kiln.stage import run_main, stage_config, stage_parser
@@ -29,7 +28,7 @@ def main() -> None:
     parser.add_argument("--eval-data", required=True, type=Path, help="eval_data stage output folder")
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/eval")
     args = parser.parse_args()
-    run = RunConfig.of(stage_config(args, "eval"))
+    run = stage_config(args, "eval")
     train = run.train
     device = select_device(train.device)
     configure(device)  # TF32 for fp32 matmuls on a GPU; on the CPU, the allocator that keeps freed memory

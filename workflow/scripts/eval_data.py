@@ -7,7 +7,6 @@ Writes <out>/eval_data.json and <out>/lm_eval_tasks/ (kiln.layout).
 
 from pathlib import Path
 
-from kiln.config import RunConfig
 from kiln.eval.prepared import DataPaths, prepare
 from kiln.stage import run_main, stage_config, stage_parser
 
@@ -20,7 +19,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", required=True, type=Path, help="the tokenizer stage's tokenizer.json")
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/eval_data")
     args = parser.parse_args()
-    run = RunConfig.of(stage_config(args, "eval_data"))
+    run = stage_config(args, "eval_data")
     paths = DataPaths(args.shards, args.tokens, args.raw, args.tokenizer)
     data = prepare(paths, run.eval, run.seed, run.train.init_from, args.out)
     hits = ", ".join(f"{name} {c['contaminated_items']}/{c['items']}" for name, c in data.contamination.items())

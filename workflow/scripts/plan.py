@@ -11,8 +11,6 @@ output, `train` only when the budget is in dollars).
 import math
 from pathlib import Path
 
-from kiln.config.smoke_section import SmokeSection
-from kiln.config.train_sections import TrainSection
 from kiln.io import atomic_file, write_json
 from kiln.plan.tables import render_plan
 from kiln.plan.verdict import SmokeReport
@@ -27,11 +25,11 @@ def main() -> None:
     parser.add_argument("--plan", required=True, type=Path, help="output plan.json, e.g. results/<run>/smoke/plan.json")
     parser.add_argument("--markdown", required=True, type=Path, help="output plan.md")
     args = parser.parse_args()
-    cfg = stage_config(args, "plan")
+    config = stage_config(args, "plan")
     measured = SmokeReport.load(args.smoke).measurements
     plan = None
     if measured is not None:
-        plan = measured.plan(TrainSection.of(cfg["train"]), SmokeSection.of(cfg["smoke"]).price_per_gpu_hour)
+        plan = measured.plan(config.train, config.smoke.price_per_gpu_hour)
     if plan is not None and math.isfinite(plan["eta_s"]):
         write_json(args.plan, plan)
         markdown = render_plan(plan)

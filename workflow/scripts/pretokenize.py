@@ -8,7 +8,6 @@ without, it encodes every part itself in --workers processes. The bytes are the 
 
 from pathlib import Path
 
-from kiln.config import RunConfig
 from kiln.data.pretokenize import pretokenize
 from kiln.io import atomic_dir
 from kiln.stage import run_main, stage_config, stage_parser
@@ -26,7 +25,7 @@ def main() -> None:
         "--parts", nargs="+", type=Path, help="pretokenize_part outputs, one per raw part in manifest order, to gather"
     )
     args = parser.parse_args()
-    run = RunConfig.of(stage_config(args, "pretokenize"))
+    run = stage_config(args, "pretokenize")
     with atomic_dir(args.out) as tmp:
         meta = pretokenize(args.raw, args.tokenizer, tmp, run.seed, run.pretokenize, args.workers, part_dirs=args.parts)
     s = meta["splits"]

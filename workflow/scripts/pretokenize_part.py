@@ -7,7 +7,6 @@ Writes <out>/train.bin, samples.npy, val.bin and part.json (kiln.data.token_part
 
 from pathlib import Path
 
-from kiln.config import RunConfig
 from kiln.data.pretokenize import pretokenize_part
 from kiln.io import atomic_dir
 from kiln.stage import run_main, stage_config, stage_parser
@@ -22,7 +21,7 @@ def main() -> None:
         "--out", required=True, type=Path, help="output folder, e.g. results/data/tokens-<key>.parts/part-00000"
     )
     args = parser.parse_args()
-    run = RunConfig.of(stage_config(args, "pretokenize"))
+    run = stage_config(args, "pretokenize")
     with atomic_dir(args.out) as tmp:
         part = pretokenize_part(args.raw, args.tokenizer, args.part, tmp, run.seed, run.pretokenize)
     print(

@@ -7,7 +7,6 @@ Writes <out> (kiln.layout.ScatterPlan).
 
 from pathlib import Path
 
-from kiln.config import RunConfig
 from kiln.data.token_plan import scatter_plan
 from kiln.stage import run_main, stage_config, stage_parser
 
@@ -20,7 +19,7 @@ def main() -> None:
         "--out", required=True, type=Path, help="e.g. results/data/tokens-<key>.plan.json (kiln.layout)"
     )
     args = parser.parse_args()
-    run = RunConfig.of(stage_config(args, "pretokenize"))
+    run = stage_config(args, "pretokenize")
     planned = scatter_plan(args.raw, args.tokenizer, run.seed, run.pretokenize)
     planned.save(args.out)
     print(f"pretokenize_plan: {planned.parts} raw parts, {planned.parts} pretokenize_part jobs -> {args.out}")

@@ -2,7 +2,6 @@
 
 from pathlib import Path
 
-from kiln.config import RunConfig
 from kiln.io import atomic_file, read_json
 from kiln.layout import METRICS, SAMPLES
 from kiln.plan.verdict import SmokeReport
@@ -28,7 +27,7 @@ def main() -> None:
     parser.add_argument("--report", required=True, type=Path, help="output report.md")
     parser.add_argument("--plot", required=True, type=Path, help="output loss-curve PNG")
     args = parser.parse_args()
-    run = RunConfig.of(stage_config(args, "report"))
+    run = stage_config(args, "report")
     train = args.train.parent
     data = {
         "config": run,

@@ -7,7 +7,6 @@ vocabulary size, checksums; --report then records the result.
 
 from pathlib import Path
 
-from kiln.config import RunConfig
 from kiln.data.shards import verify_shards, write_shards
 from kiln.io import atomic_dir, read_json, write_json
 from kiln.stage import run_main, stage_config, stage_parser
@@ -31,7 +30,7 @@ def main() -> None:
         return
     if args.tokens is None:
         parser.error("--tokens is required unless --verify")
-    shard = RunConfig.of(stage_config(args, "shard")).shard
+    shard = stage_config(args, "shard").shard
     with atomic_dir(args.out) as tmp:
         manifest = write_shards(args.tokens, tmp, shard.seq_len, shard.rows_per_shard)
     splits, row_len = manifest["splits"], manifest["row_len"]

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import torch
 
-from kiln.config.smoke_section import SmokeSection
-from kiln.config.train_sections import TrainSection
 from kiln.data.shards import check_tokenizer
 from kiln.data.tokenizer import load_tokenizer, role_id
 from kiln.errors import KilnError, RanksOutOfMemory
@@ -35,7 +33,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/smoke")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: torch default)")
     args = parser.parse_args()
-    cfg = stage_config(args, "smoke")
+    config = stage_config(args, "smoke")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.tokenizer:
@@ -43,12 +41,12 @@ def main() -> None:
     marker = role_id(load_tokenizer(args.tokenizer), "<fim_middle>") if args.tokenizer else None
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
-        report = run_checks(cfg, args.shards, args.out, marker_id=marker)
+        report = run_checks(config, args.shards, args.out, marker_id=marker)
     except BaseException:
         shutdown(world)
         raise
     checks = report.pop("checks")
-    train, smoke = TrainSection.of(cfg["train"]), SmokeSection.of(cfg["smoke"])
+    train, smoke = config.train, config.smoke
     rank0 = int(os.environ.get("RANK", "0")) == 0  # rank 0 reports for all
     preflight = checks[0]
     if not preflight.passed and (smoke.gate or world > 1):

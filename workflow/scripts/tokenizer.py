@@ -8,7 +8,6 @@ size, special token ids, bytes per token on held-out documents).
 import resource
 from pathlib import Path
 
-from kiln.config import RunConfig
 from kiln.data.tokenizer_build import build_tokenizer, training_memory_mb
 from kiln.io import atomic_file, write_json
 from kiln.stage import run_main, stage_config, stage_parser
@@ -20,7 +19,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", required=True, type=Path, help="output tokenizer.json")
     parser.add_argument("--stats", required=True, type=Path, help="output stats.json")
     args = parser.parse_args()
-    run = RunConfig.of(stage_config(args, "tokenizer"))
+    run = stage_config(args, "tokenizer")
     tokenizer, stats = build_tokenizer(args.raw, run.tokenizer, run.seed)
     with atomic_file(args.tokenizer) as tmp:
         tokenizer.save(str(tmp))

@@ -15,8 +15,6 @@ from pathlib import Path
 import torch
 
 from kiln import hf, layout
-from kiln.config.smoke_section import SmokeSection
-from kiln.config.train_sections import TrainSection
 from kiln.data.shards import check_tokenizer
 from kiln.errors import KilnError
 from kiln.io import read_json, write_json
@@ -43,7 +41,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/train")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: torch default)")
     args = parser.parse_args()
-    cfg = stage_config(args, "train")
+    config = stage_config(args, "train")
     smoke = SmokeReport.load(args.smoke) if args.smoke is not None else None
     if smoke is not None:  # first: a failed gate says so before anything else is read
         smoke.require_passed()
@@ -53,27 +51,28 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     plan = None
     if smoke is not None and smoke.measurements is not None:  # the plan stage's figures, less its prints
-        price = SmokeSection.of(cfg["smoke"]).price_per_gpu_hour
-        plan = TrainPlan.of(smoke.measurements.plan(TrainSection.of(cfg["train"]), price), str(args.smoke))
+        price = config.smoke.price_per_gpu_hour
+        plan = TrainPlan.of(smoke.measurements.plan(config.train, price), str(args.smoke))
+    train = config.train
     if plan is not None:  # the probe's precision, micro-batch and checkpointing (auto's picks)
-        cfg = {**cfg, "train": plan.applied(cfg["train"])}
-    elif cfg["train"]["max_steps"] is None:
+        train = plan.applied(train)
+    elif train.max_steps is None:
         raise KilnError("train.budget: train needs the smoke stage's measurements (--smoke) to know its steps")
-    cfg = {**cfg, "train": init_from.resolved_warmup(cfg["train"], args.out.parents[1])}  # results/<run>/train
-    samples = cfg["train"]["samples"]
+    train = init_from.resolved_warmup(train, args.out.parents[1])  # results/<run>/train
+    samples = train.samples
     result = run(
-        cfg,
+        config.replace(train=train),
         args.shards,
         args.out,
         max_steps=plan.max_steps if plan else None,
         budget=plan.budget if plan else None,  # re-planned as the run goes (kiln.train.budget)
         sampler=make_sampler(
             args.tokenizer,
-            samples["prompts"],
-            samples["max_new_tokens"],
-            temperature=samples["temperature"],
-            top_p=samples["top_p"],
-            seed=cfg["train"]["seed"],
+            samples.prompts,
+            samples.max_new_tokens,
+            temperature=samples.temperature,
+            top_p=samples.top_p,
+            seed=train.seed,
         ),
     )
     if result.is_main:

@@ -63,7 +63,8 @@ def new_tokens(model, wanted: int) -> int:
     return max(1, min(wanted, model.config.seq_len // 2))
 
 
-def _workers() -> int:
+def workers() -> int:
+    """Sandbox processes at once: one CPU left to the eval itself, at most 4."""
     return max(1, min(4, (os.cpu_count() or 1) - 1))
 
 
@@ -83,7 +84,7 @@ def _reason(outcome) -> str:
 
 def _run(programs: list[str]) -> list:
     """Outcomes of the programs, all through the sandbox."""
-    outcomes = sandbox.run_programs(programs, limits(), workers=_workers())
+    outcomes = sandbox.run_programs(programs, limits(), workers=workers())
     if len(outcomes) != len(programs):
         raise RuntimeError(f"the sandbox gave {len(outcomes)} outcomes for {len(programs)} programs")
     return outcomes
@@ -138,7 +139,7 @@ def _stop_ids(tokenizer) -> frozenset[int]:
     return frozenset(tokenizer.get_added_tokens_decoder())
 
 
-def _complete(model, tokenizer, prompts: list[str], max_new: int, sampling: Sampling, generator) -> list[str]:
+def complete(model, tokenizer, prompts: list[str], max_new: int, sampling: Sampling, generator) -> list[str]:
     """Each prompt's completion (token healing, as kiln.generate.healing.complete), BATCH at a time."""
     healed = [heal(tokenizer, with_bos(tokenizer, tokenizer.encode(p, add_special_tokens=False).ids)) for p in prompts]
     rows = generate(
@@ -180,7 +181,7 @@ def run_humaneval(model, tokenizer, cfg, seed: int) -> tuple[dict, list[dict]]:
     for sampling in samplings(cfg.samples):
         log.info("HumanEval: %d problems, %s", len(problems), describe(sampling))
         prompts = [p.prompt for p in problems for _ in range(sampling.samples)]
-        texts = [truncate(t) for t in _complete(model, tokenizer, prompts, max_new, sampling, generator)]
+        texts = [truncate(t) for t in complete(model, tokenizer, prompts, max_new, sampling, generator)]
         completions = [texts[i * sampling.samples : (i + 1) * sampling.samples] for i in range(len(problems))]
         runs.append((score_humaneval(problems, completions, sampling), completions))
     (greedy, greedy_texts), *sampled = runs

@@ -245,10 +245,12 @@ class TrainPlan:
             BudgetPlan.of(data),
         )
 
-    def applied(self, train: dict) -> dict:
-        """The validated train section `train` running this plan: the probe's precision, and its
-        micro-batch and activation checkpointing where `train` says auto. A concrete value is the
-        config's: those two only place the step (untracked), so a change to them reruns no smoke stage,
-        and the plan on disk may hold the value before it."""
+    def applied(self, train: TrainSection) -> TrainSection:
+        """The train section `train` running this plan: the probe's precision, and its micro-batch and
+        activation checkpointing where `train` says auto. A concrete value is the config's: those two
+        only place the step (untracked), so a change to them reruns no smoke stage, and the plan on disk
+        may hold the value before it."""
         picks = {"micro_batch": self.micro_batch, "activation_checkpointing": self.activation_checkpointing}
-        return train | {"precision": self.precision} | {k: v for k, v in picks.items() if train[k] == "auto"}
+        return train.replace(
+            precision=self.precision, **{k: v for k, v in picks.items() if getattr(train, k) == "auto"}
+        )

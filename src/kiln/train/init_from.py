@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from kiln import hf, layout
+from kiln.config.train_sections import TrainSection
 from kiln.errors import KilnError
 from kiln.io import read_json, sha256_file
 from kiln.model.build import WEIGHTS_FILE, load_model
@@ -149,16 +150,16 @@ def source_last_lr(source: InitSource) -> float:
     return lrs[-1]
 
 
-def resolved_warmup(train: dict, results: str | Path) -> dict:
+def resolved_warmup(train: TrainSection, results: str | Path) -> TrainSection:
     """The train section with warmup_from: source replaced by the source's last LR (source_last_lr: a
     run's or a checkpoint's; the train stage calls it before anything reads the schedule); any other
     section unchanged."""
-    spec = train.get("init_from")
-    if not spec or spec.get("warmup_from") != "source":
+    spec = train.init_from
+    if spec is None or spec.warmup_from != "source":
         return train
-    lr = source_last_lr(InitSource.of(spec, results))
+    lr = source_last_lr(InitSource.of(spec.as_dict(), results))
     log.info("train.init_from.warmup_from: source: the warmup ramps from %.6g, the source's last LR", lr)
-    return {**train, "init_from": {**spec, "warmup_from": lr}}
+    return train.replace(init_from=spec.replace(warmup_from=lr))
 
 
 def check_same_shape(source: InitSource, theirs: dict[str, torch.Tensor], ours: dict[str, torch.Tensor]) -> None:

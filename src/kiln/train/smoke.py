@@ -44,6 +44,7 @@ import torch
 
 from kiln.config import checkpoint_format
 from kiln.config.models import model_config
+from kiln.config.run_config import RunConfig
 from kiln.config.smoke_section import Overfit, SmokeSection
 from kiln.config.train_sections import TrainSection
 from kiln.io import read_json
@@ -135,11 +136,11 @@ class FixedRows:
 
 
 def overfit(
-    sections: dict, train: TrainSection, shard_dir: Path, cfg: Overfit, marker_id: int | None
+    config: RunConfig, train: TrainSection, shard_dir: Path, cfg: Overfit, marker_id: int | None
 ) -> tuple[float, int, float]:
     """Train a fresh model on cfg.rows fixed rows, at train.lr held constant after a short warmup,
     until its loss is below cfg.max_loss or cfg.max_steps run out. Returns (loss at the start,
-    steps taken, final loss). `sections` gives the rest of the stage's sections (seed, model)."""
+    steps taken, final loss). `config` gives the rest of the stage's sections (seed, model)."""
     # A correctness check, not a speed one: eager, one micro-batch of the chosen rows per step.
     train = train.replace(
         micro_batch=cfg.rows,
@@ -148,7 +149,7 @@ def overfit(
         warmup_steps=max(1, cfg.max_steps // 10),
         compile=False,
     )
-    trainer = Trainer(dict(sections, train=train.as_dict()), shard_dir, max_steps=cfg.max_steps)
+    trainer = Trainer(config.replace(train=train), shard_dir, max_steps=cfg.max_steps)
     trainer.train_on(FixedRows(pick_overfit_rows(trainer, cfg.rows, marker_id)))
     first = last = float("nan")
     for step in range(1, cfg.max_steps + 1):
@@ -197,12 +198,12 @@ def _health(losses: list[float], norms: list[float], min_drop: float) -> Check:
     )
 
 
-def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | None = None) -> dict:
+def run_checks(config: RunConfig, shard_dir: Path, out_dir: Path, marker_id: int | None = None) -> dict:
     """Every check and measurement, in the order that fails fastest. Returns, on every rank,
     {"checks": [Check, ...]} plus the measurements in the plain form of
-    kiln.plan.verdict.Measurements (absent when the probe did not run). `sections` is the stage's
-    (seed, model, train, smoke), as validated dicts."""
-    smoke, train = SmokeSection.of(sections["smoke"]), TrainSection.of(sections["train"])
+    kiln.plan.verdict.Measurements (absent when the probe did not run). `config` is the stage's
+    (seed, model, train, smoke), typed."""
+    smoke, train = config.smoke, config.train
     checks: list[Check] = []
     report: dict = {"checks": checks}
     trainer = None
@@ -213,10 +214,10 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
     oom.watch(out_dir, world)  # another rank's OOM ends this one with the same check (kiln.train.oom)
     # train.micro_batch / activation_checkpointing auto: picked here for this GPU, so the probe times the
     # pick, and the plan hands it to train (kiln.plan.autofit)
-    model = model_config(sections["model"], manifest["padded_vocab_size"], manifest["seq_len"])
+    model = model_config(config.model.as_dict(), manifest["padded_vocab_size"], manifest["seq_len"])
     train = device.fit_auto(train, model, world, device.select_device(train.device))
     memory = _estimate_note(
-        estimate_for(sections["model"], train, manifest, world),
+        estimate_for(config.model.as_dict(), train, manifest, world),
         device.select_device(train.device).type == "cuda",
     )
     extra_s = 0.0  # time spent here on what train does not do (precision timing, the checks)
@@ -225,13 +226,13 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
         # it: an lr that diverges is caught here, not hours into the run.
         probe_train = train.replace(schedule="constant", warmup_steps=min(train.warmup_steps, smoke.steps // 3))
         started = time.perf_counter()
-        precision, candidates = pick_precision(sections, probe_train, shard_dir, smoke)
+        precision, candidates = pick_precision(config, probe_train, shard_dir, smoke)
         extra_s += time.perf_counter() - started
         probe_train = probe_train.replace(precision=precision)
         train = train.replace(precision=precision)  # the overfit check's too
         # KILN_FAULT's oom, which the probe's steps raise (no train_step runs before the probe)
         trainer = Trainer(
-            dict(sections, train=probe_train.as_dict()),
+            config.replace(train=probe_train),
             shard_dir,
             max_steps=smoke.steps,
             injected_faults=faults.from_env(rank),
@@ -368,7 +369,7 @@ def run_checks(sections: dict, shard_dir: Path, out_dir: Path, marker_id: int | 
     )
     del trainer
     _free_memory()
-    start, steps, final = overfit(sections, train, shard_dir, smoke.overfit, marker_id)
+    start, steps, final = overfit(config, train, shard_dir, smoke.overfit, marker_id)
     ok = final < smoke.overfit.max_loss
     checks.append(
         Check(
@@ -388,7 +389,7 @@ def launch_start() -> float:
 
 
 def pick_precision(
-    sections: dict, probe_train: TrainSection, shard_dir: Path, smoke: SmokeSection
+    config: RunConfig, probe_train: TrainSection, shard_dir: Path, smoke: SmokeSection
 ) -> tuple[str, dict[str, float]]:
     """train.precision, or for auto: bf16 on a GPU that has it, and on a CPU the faster of bf16 and
     fp32 over smoke.precision_steps timed steps each (after smoke.warmup_steps), with the tokens/s
@@ -401,8 +402,7 @@ def pick_precision(
     rates = {}
     for candidate in ("bf16", "fp32"):
         steps = smoke.warmup_steps + smoke.precision_steps
-        candidate_train = probe_train.replace(precision=candidate).as_dict()
-        trainer = Trainer(dict(sections, train=candidate_train), shard_dir, max_steps=steps)
+        trainer = Trainer(config.replace(train=probe_train.replace(precision=candidate)), shard_dir, max_steps=steps)
         _, _, measured = probe(trainer, steps, smoke.warmup_steps)
         rates[candidate] = mean_across_ranks(torch.tensor(measured.tokens_per_s), trainer.dist.world).item()
         del trainer

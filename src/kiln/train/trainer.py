@@ -15,7 +15,7 @@ at log and checkpoint steps (kiln.train.step_reader): losses and gradient norms 
 in between, so on a GPU the host runs ahead queueing work; between them it reads one step-old stop
 flag (one step of run-ahead kept) to learn of a preemption signal.
 
-Faults (README, "When a run dies"): a step whose loss or gradient norm is not finite on any rank is
+Faults (docs/operations.md, "When a run dies"): a step whose loss or gradient norm is not finite on any rank is
 never applied (every rank hands the optimizer the same found_inf flag, agreed on the device) and is
 read before any save (train.nonfinite: stop or skip); loss spikes are logged (kiln.train.health); a
 preemption signal makes every rank save at the same step and exit 75 (kiln.train.preemption).
@@ -38,7 +38,7 @@ from kiln import layout
 from kiln.config import checkpoint_format
 from kiln.config.batch import split_batch
 from kiln.config.models import model_config
-from kiln.config.train_sections import TrainSection
+from kiln.config.run_config import RunConfig
 from kiln.data.loader import ShardRows, TrainBatches, eval_batches
 from kiln.data.shards import tokens_per_byte
 from kiln.errors import RunStopped
@@ -98,20 +98,21 @@ class BatchSource(Protocol):
 
 
 class Trainer:
-    """One run's parts, built from the stage sections (model, train) and a shard folder."""
+    """One run's parts, built from the stage's typed config (its model, train and, when it logs there,
+    wandb sections) and a shard folder."""
 
     def __init__(
         self,
-        sections: dict,
+        config: RunConfig,
         shard_dir: Path,
         *,
         max_steps: int | None = None,
         budget: BudgetPlan | None = None,
         injected_faults: faults.Faults = faults.NONE,
     ):
-        train = TrainSection.of(sections["train"])
+        train = config.train
         self.seed = train.seed  # the model seed: initial weights, data order, dropout
-        self.sections, self.train = sections, train  # the stage's sections as given (checkpoints, wandb); typed
+        self.config, self.train = config, train  # the config as given (checkpoints, wandb); train as it runs
         self.max_steps = max_steps or train.max_steps
         # Until this Trainer's first step is done, the first step's allowance (compilation, shard
         # checks, a resume's hash); then train.collective_timeout_s (train_step).
@@ -123,7 +124,7 @@ class Trainer:
         seed_everything(self.seed)
         self.rows, self.val_rows = ShardRows(shard_dir, "train"), ShardRows(shard_dir, "val")
         manifest = self.rows.manifest
-        self.model_config = model_config(sections["model"], manifest["padded_vocab_size"], manifest["seq_len"])
+        self.model_config = model_config(config.model.as_dict(), manifest["padded_vocab_size"], manifest["seq_len"])
         # train.micro_batch / activation_checkpointing auto: picked for this device (the smoke stage
         # picked them already, and train runs its pick: kiln.plan.steps.TrainPlan)
         self.train = train = device.fit_auto(train, self.model_config, self.dist.world, self.dist.device)
@@ -198,7 +199,7 @@ class Trainer:
             "data": self.batches.state_dict(),
             "rng": gather_objects(checkpoint.rng_state(), self.dist.world),  # every rank's, by rank (collective)
             "fingerprint": self.fingerprint,
-            "config": self.sections,
+            "config": self.config.as_dict(),
             "skipped": self.skipped,
             "spikes": self.spikes.state_dict(),
             "elapsed_s": self.elapsed_s + self._since_start(),
@@ -322,8 +323,8 @@ class Trainer:
             progress.log_model(self.model_config, result.n_params, d.world, train.parallel, self.batch_split)
         sink = MetricsSink(
             out_dir / layout.METRICS,
-            self.sections.get("wandb", {"mode": "disabled"}),
-            self.sections,
+            self.config.wandb.as_dict() if self.config.wandb else {"mode": "disabled"},
+            self.config.as_dict(),
             enabled=d.is_main,
             resume_step=self.step,
         )
@@ -490,7 +491,7 @@ def _split(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def run(
-    sections: dict,
+    config: RunConfig,
     shard_dir: Path,
     out_dir: Path,
     *,
@@ -498,9 +499,9 @@ def run(
     sampler: Sampler | None = None,
     budget: BudgetPlan | None = None,
 ) -> RunResult:
-    """Train per `sections` (seed, model, train[, wandb]) on shard_dir, writing into out_dir (see
+    """Train per `config` (its seed, model, train[, wandb]) on shard_dir, writing into out_dir (see
     Trainer.fit); the process group, if any, is shut down at the end."""
-    trainer = Trainer(sections, shard_dir, max_steps=max_steps, budget=budget)
+    trainer = Trainer(config, shard_dir, max_steps=max_steps, budget=budget)
     synced = False  # every rank finished, or stopped itself at the same step
     try:
         with collective_deadline(trainer.train.collective_timeout_s, trainer.train.first_step_timeout_s):
