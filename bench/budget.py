@@ -24,7 +24,6 @@ from before torchrun starts to after every rank has exited), the figure the budg
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import os
@@ -33,6 +32,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import common  # bench/ is sys.path[0]
 
 from kiln import config as kiln_config
 from kiln.layout import TRAIN_JOBS, Layout
@@ -125,10 +126,7 @@ def train_arm(args, paths: Layout, hog: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--quick", action="store_true", help="a slice of the stdlib, a tiny model, a 30-s budget, the quiet arm only"
-    )
+    parser = common.parser(__doc__, quick="a slice of the stdlib, a tiny model, a 30-s budget, the quiet arm only")
     parser.add_argument("--configfile", type=Path, default=ROOT / "config" / "config.yaml")
     parser.add_argument("--config", nargs="*", default=[], help="--config overrides (after --quick's)")
     parser.add_argument("--run-name", default=None)

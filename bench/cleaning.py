@@ -17,12 +17,13 @@ HumanEval decontamination), and with all of them off (exact duplicates kept too)
 
 from __future__ import annotations
 
-import argparse
 import os
 import sysconfig
 import tempfile
 import time
 from pathlib import Path
+
+import common  # bench/ is sys.path[0]
 
 from kiln import config as kiln_config
 from kiln.config.run_config import RunConfig
@@ -53,9 +54,7 @@ def download(source: dict, out: Path, cleaned: bool) -> tuple[float, dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="two stdlib packages and 20 prose files")
-    args = parser.parse_args()
+    args = common.parser(__doc__, quick="two stdlib packages and 20 prose files").parse_args()
     os.chdir(SITE)  # relative patterns: the prose documents' ids are their paths inside site-packages
     prose = list(PROSE)
     corpora = {

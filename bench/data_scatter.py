@@ -12,7 +12,7 @@ and a gather, against the stage script as one process (download_rounds).
                                                      # train side only of the parts it is expected to reach
 
 Builds the download and tokenizer once (snakemake --until tokenizer) in a scratch folder, then per
-core count, taking turns for --repeat rounds (best kept):
+core count, taking turns for --rounds rounds (best kept):
 - scatter: `snakemake --cores N --until pretokenize --forcerun pretokenize` (the part jobs and the
   gather, Snakemake's own start and DAG included: what a user waits for);
 - one job: workflow/scripts/pretokenize.py without --parts, --workers N (the stage before the
@@ -29,7 +29,6 @@ file of --copy-mb. Snakemake's `jobs:` (profiles/slurm) must allow that many job
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import shutil
@@ -40,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import common  # bench/ is sys.path[0]
 import numpy as np
 import yaml
 
@@ -105,7 +105,9 @@ def copy_rate_mb_s(folder: Path, size_mb: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(
+        __doc__, quick="tests/configs/tiny.yaml, 2 cores, one round", rounds=2, rounds_help="rounds; the best is shown"
+    )
     parser.add_argument("--configfile", type=Path, default=ROOT / "config" / "config.yaml")
     parser.add_argument("--rows-per-part", type=int, help="download.rows_per_part (default: the config's)")
     parser.add_argument(
@@ -115,14 +117,12 @@ def main() -> int:
     )
     parser.add_argument("--train-tokens", type=int, help="pretokenize.train_tokens, a budget (default: the config's)")
     parser.add_argument("--cores", default="1,2,4")
-    parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--node-cores", type=int, default=64, help="part jobs one node runs at once (projection)")
     parser.add_argument("--copy-mb", type=int, default=1024)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kiln-data-scatter-bench"))
-    parser.add_argument("--quick", action="store_true", help="tests/configs/tiny.yaml, 2 cores, one round")
     args = parser.parse_args()
     if args.quick:
-        args.configfile, args.cores, args.repeat, args.copy_mb = ROOT / "tests" / "configs" / "tiny.yaml", "2", 1, 16
+        args.configfile, args.cores, args.rounds, args.copy_mb = ROOT / "tests" / "configs" / "tiny.yaml", "2", 1, 16
         args.workdir = Path(tempfile.mkdtemp(prefix="kiln-data-scatter-"))
     configfile = args.configfile.resolve()
     download = {}
@@ -152,7 +152,7 @@ def main() -> int:
     part_s: list[float] = []
     gather_s: list[float] = []
     reference = None
-    for _ in range(args.repeat):
+    for _ in range(args.rounds):
         for n in cores:
             wall = one_job(args.workdir, configfile, layout, args.workdir / "one-job", n)
             best[("one job", n)] = min(best.get(("one job", n), math.inf), wall)
@@ -257,7 +257,7 @@ def download_rounds(args, configfile: Path, layout: Layout, cores: list[int], se
     000's raw text through it, projected (its serial gather measured here in MB/s)."""
     print("\n## download: download_part jobs and a gather, against one job", flush=True)
     reference, best, part_s, gather_s = None, {}, [], []
-    for _ in range(args.repeat):
+    for _ in range(args.rounds):
         wall = download_one_job(args.workdir, configfile, args.workdir / "one-raw")
         best["one job"] = min(best.get("one job", math.inf), wall)
         reference = reference or folder_bytes(args.workdir / "one-raw")

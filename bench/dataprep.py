@@ -5,7 +5,7 @@ and against the raw batch-encode speed of the encoders, on the same corpus and m
     python bench/dataprep.py --quick   # QUICK_CONFIG (json and http of the stdlib), a 1 MiB big document
     python bench/dataprep.py --raw results/data/raw-<key> --tokenizer results/data/tokenizer-<key>/tokenizer.json   # kiln status shows the keys
 
-Measured, each as corpus bytes per second of wall time (best of --repeat rounds, taken in turns):
+Measured, each as corpus bytes per second of wall time (best of --rounds rounds, taken in turns):
 - seeds' recipe (seed 003): `datasets.map` with a per-row encode, save/load, then a Python list
   buffer cut into fixed chunks (shard.seq_len + 1) written to parquet; once with `tokenizers` (the
   library our vocabulary is trained with) and once with tiktoken carrying it;
@@ -18,7 +18,6 @@ means no growth), and on a corpus holding one --big-doc-mb document.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -28,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import common  # bench/ is sys.path[0]
 import numpy as np
 import yaml
 
@@ -162,7 +162,7 @@ def peak_rss_mb(raw: Path, tokenizer: Path, config: Path, workers: int, scratch:
 def uncleaned_raw(source: dict, out: Path, rows_per_part: int = 500) -> Path:
     """A download stage output of one source with exact deduplication only: no quality filters, no
     decontamination, no near-duplicate removal (the benches' corpora are cleaned already, or made of
-    copies on purpose). bench/tokenizer_scale.py calls it too."""
+    copies on purpose)."""
     write_raw(
         DownloadSection.of(
             {
@@ -215,18 +215,12 @@ def big_doc_corpus(raw: Path, megabytes: int, out: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, rounds=1, rounds_help="rounds; the best time of each is reported")
     parser.add_argument("--config", type=Path, default=ROOT / "config" / "config.yaml")
     parser.add_argument("--raw", type=Path, help="a download stage output (default: made from --config)")
     parser.add_argument("--tokenizer", type=Path, help="a tokenizer.json (default: trained per --config)")
     parser.add_argument("--workers", type=int, default=os.cpu_count())
-    parser.add_argument("--repeat", type=int, default=1, help="rounds; the best time of each is reported")
     parser.add_argument("--big-doc-mb", type=int, default=200)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
-    )
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="kiln-dataprep-"))
     if args.quick:
@@ -280,7 +274,7 @@ def main() -> None:
             "Kiln pretokenize + shard": run_kiln,
         }
         best = {name: float("inf") for name in cases}
-        for _ in range(args.repeat):
+        for _ in range(args.rounds):
             for name, fn in cases.items():
                 best[name] = min(best[name], timed(fn))
         identical = ids["tiktoken"] == ids["tokenizers"]

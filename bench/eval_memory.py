@@ -35,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import common  # bench/ is sys.path[0]
 import numpy as np
 
 VOCAB = 50_304  # GPT-2's 50,257 ids padded to 64, the FineWeb runs' vocabulary
@@ -156,17 +157,12 @@ def run_child(folder: Path, impl: str, part: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__)
     parser.add_argument("--gib", type=float, default=1.0, help="the 1x split's size in GiB of uint16 ids")
     parser.add_argument("--old-gib", type=float, default=None, help="1x size for the old code (default gib/8; 0: skip)")
     parser.add_argument("--scales", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--dir", type=Path, default=Path("/tmp/kiln-eval-memory"))
     parser.add_argument("--keep", action="store_true", help="leave the synthetic splits on disk")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
-    )
     parser.add_argument("--child", nargs=3, metavar=("FOLDER", "IMPL", "PART"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:  # every implementation and part once, on one split of 128 KiB

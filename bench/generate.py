@@ -18,10 +18,10 @@ Rows whose greedy output equals the baseline's are counted as a check.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
+import common  # bench/ is sys.path[0]
 import torch
 
 from kiln.config.models import ModelConfig
@@ -55,22 +55,16 @@ LOOPS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, rounds=1, rounds_help="timed rounds per loop, alternating")
     parser.add_argument("--family", choices=["gpt2", "llama"], default="gpt2")
     parser.add_argument("--vocab", type=int, default=8192, help="tokenizer vocabulary (padded to 64 for the model)")
     parser.add_argument("--seq-len", type=int, default=256, help="the model's context")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=128, help="longest prompt; the shortest is half")
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=1, help="timed rounds per loop, alternating")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
-    )
     args = parser.parse_args()
     if args.quick:
         vars(args).update(vocab=512, seq_len=32, prompts=2, prompt_len=8, new_tokens=4, rounds=1)

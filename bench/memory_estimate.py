@@ -15,11 +15,12 @@ each activation checkpointing mode on one GPU.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+
+import common  # bench/ is sys.path[0]
 
 from kiln import config as kiln_config
 from kiln.config.models import model_config
@@ -94,7 +95,9 @@ def cpu_table(rows: list[tuple] = CPU_ROWS) -> None:
         }
         with tempfile.TemporaryDirectory() as tmp:
             trainer = Trainer(
-                kiln_config.stage_sections("train", seed=1, shard={"seq_len": seq}, model=model, train=train),
+                RunConfig.of(
+                    kiln_config.stage_sections("train", seed=1, shard={"seq_len": seq}, model=model, train=train)
+                ),
                 synthetic_shards(Path(tmp), vocab, seq, rows=4 * micro, seed=1),
             )
             if compiled:
@@ -165,13 +168,8 @@ def _row(run: str, report: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__)
     parser.add_argument("--seeds-only", action="store_true")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
-    )
     args = parser.parse_args()
     if not args.seeds_only:
         cpu_table(QUICK_ROWS if args.quick else CPU_ROWS)

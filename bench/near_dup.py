@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+import common  # bench/ is sys.path[0]
+
 from kiln.config.data_sections import NearDupSection, Source
 from kiln.data.near_dup import NearDupIndex, shingles
 from kiln.data.sources import SourceReader
@@ -74,10 +76,9 @@ def child(arm: str, limit: int | None, copies: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, quick="100 documents (tests/test_bench.py)")
     parser.add_argument("--limit", type=int, help="the first N documents only")
     parser.add_argument("--copies", type=int, default=1, help="each document this many times, one word changed")
-    parser.add_argument("--quick", action="store_true", help="100 documents (tests/test_bench.py)")
     parser.add_argument("--child", choices=["kiln", "datasketch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     limit = 100 if args.quick else args.limit

@@ -21,7 +21,6 @@ The figures are for one machine and one seed; the table says which.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import math
 import platform
@@ -31,10 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import common  # bench/ is sys.path[0]
 import numpy as np
 import torch
 
 from kiln import config as kiln_config
+from kiln.config.run_config import RunConfig
 from kiln.data.shards import shard_split, tokens_per_byte
 from kiln.io import write_json
 from kiln.layout import Layout
@@ -72,7 +73,7 @@ def sections_for(raw: dict, optimizer: str, muon_lr: float | None, precision: st
 
 def step_seconds(sections: dict, shards: Path) -> float:
     """Mean seconds of one optimizer step after PROBE["warmup"] untimed ones, on a fresh Trainer."""
-    trainer = Trainer(copy.deepcopy(sections), shards, max_steps=10**6)
+    trainer = Trainer(RunConfig.of(sections), shards, max_steps=10**6)
     for _ in range(PROBE["warmup"]):
         trainer.train_step()[0].item()
     start = time.perf_counter()
@@ -97,7 +98,7 @@ def train_arm(sections: dict, shards: Path, seconds: float, out: Path, max_steps
     step_s = step_seconds(sections, shards)
     steps = max(sections["train"]["warmup_steps"] + 1, math.floor(seconds / step_s))
     steps = min(steps, max_steps or steps)
-    trainer, last = Trainer(copy.deepcopy(sections), shards, max_steps=steps), LastRecord()
+    trainer, last = Trainer(RunConfig.of(sections), shards, max_steps=steps), LastRecord()
     trainer.fit(out, callbacks=[last])
     micro = sections["train"]["micro_batch"]
     loss = trainer.evaluate(n_batches=max(1, len(trainer.val_rows) // micro))  # the whole split
@@ -154,12 +155,11 @@ def pick_precision(raw: dict, shards: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, quick="tiny model, seconds a run (tests/test_bench.py)")
     parser.add_argument("--minutes", type=float, help="training loop time per arm (default: train.budget.minutes)")
     parser.add_argument("--muon-lrs", type=float, nargs="+", help="one muon arm per LR (default: train.muon_lr)")
     parser.add_argument("--no-adamw", action="store_true", help="muon arms only (an LR search)")
     parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
-    parser.add_argument("--quick", action="store_true", help="tiny model, seconds a run (tests/test_bench.py)")
     args = parser.parse_args()
 
     raw = kiln_config.read_yaml(kiln_config.EMBEDDED_DEFAULT)

@@ -33,7 +33,6 @@ split (tokens/val_ids.txt, the same files Kiln's eval reports on) and pip's own 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import json
@@ -45,6 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import common  # bench/ is sys.path[0]
 import numpy as np
 import pyarrow.parquet as pq
 import torch
@@ -52,6 +52,7 @@ import yaml
 
 from kiln import config as kiln_config
 from kiln.config import settings
+from kiln.config.run_config import RunConfig
 from kiln.data.encoders import Encoder
 from kiln.data.tokenizer import EOS, load_tokenizer, special_ids
 from kiln.eval.perplexity import bits_per_byte
@@ -112,7 +113,7 @@ def quick_run(args) -> Layout:
     shards.mkdir()
     write_shards(tokens, shards, typed.shard.seq_len, typed.shard.rows_per_shard)
     start = time.perf_counter()
-    result = run(settings.stage_config(cfg, "train"), shards, train)
+    result = run(RunConfig.of(settings.stage_config(cfg, "train")), shards, train)
     hf.export(load_model(train), train / "hf", tokenizer)
     write_json(train / "summary.json", dataclasses.asdict(result))
     benchmark = Path(paths.benchmark("train"))
@@ -308,7 +309,7 @@ def _scores_text(scores: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, quick="a tiny run and plain loop (quick_run): tests/test_bench.py")
     parser.add_argument("--configfile", type=Path, default=ROOT / "config" / "config.yaml")
     parser.add_argument("--config", nargs="*", default=[], help="Snakemake --config overrides for Kiln's arm")
     parser.add_argument("--run-name", default="quality-bench")
@@ -328,9 +329,6 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
-    parser.add_argument(
-        "--quick", action="store_true", help="a tiny run and plain loop (quick_run): tests/test_bench.py"
-    )
     args = parser.parse_args()
     args.results = ROOT / "results"
 

@@ -17,7 +17,6 @@ rerun's seconds and its share of the first full run's.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -27,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import common  # bench/ is sys.path[0]
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,11 +67,10 @@ def snakemake(tree: Path, workdir: Path, configfiles: list[Path], *extra: str) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, quick="the tiny run, two cheap cases (tests/test_bench.py)")
     parser.add_argument("--configfile", type=Path, default=ROOT / "config" / "config.yaml")
     parser.add_argument("--tree", type=Path, default=ROOT, help="the Kiln checkout to run (default: this one)")
     parser.add_argument("--workdir", type=Path, help="where the runs go (default: a new temporary folder)")
-    parser.add_argument("--quick", action="store_true", help="the tiny run, two cheap cases (tests/test_bench.py)")
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kiln-rerun-cost-"))
     configfiles = [args.configfile.resolve()]

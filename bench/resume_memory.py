@@ -27,15 +27,15 @@ import tempfile
 import threading
 from pathlib import Path
 
+import common  # bench/ is sys.path[0] (the ranks' too: torchrun runs this file)
 import torch
+from train_throughput import synthetic_shards
 
 from kiln import config as kiln_config
+from kiln.config.run_config import RunConfig
 from kiln.train import checkpoint
 from kiln.train.distributed import shutdown
 from kiln.train.trainer import Trainer
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_throughput import synthetic_shards  # noqa: E402
 
 FIELDS = ("VmRSS", "RssAnon", "RssFile", "VmHWM")
 
@@ -89,7 +89,7 @@ def sections(args) -> dict:
 
 def child(plan: dict) -> None:
     torch.set_num_threads(1)
-    trainer = Trainer(plan["sections"], Path(plan["shards"]))
+    trainer = Trainer(RunConfig.of(plan["sections"]), Path(plan["shards"]))
     before = status()
     peaks = Peaks()
     peaks.start()
@@ -107,17 +107,12 @@ def child(plan: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--d-model", type=int, default=1024)
     parser.add_argument("--n-layer", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
-    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
@@ -130,7 +125,7 @@ def main() -> None:
         out = Path(tmp) / "train"
         plan = {"sections": sections(args), "shards": str(shards), "out": str(out)}
         torch.set_num_threads(1)
-        writer = Trainer(plan["sections"], shards)
+        writer = Trainer(RunConfig.of(plan["sections"]), shards)
         saver = checkpoint.Saver(out / "checkpoints", "full", 1, rank=0, world=1)
         writer.train_step()
         writer.save_checkpoint(saver)

@@ -5,7 +5,7 @@
     python bench/shard_verify.py --quick          # 4 shards of 64 rows, 4 batches: what tests/test_bench.py runs
 
 Writes a synthetic shard folder (uint16 ids, the shard stage's layout) in a temporary folder, reads it
-once untimed so that every figure below comes from the page cache, then, best of --repeat rounds:
+once untimed so that every figure below comes from the page cache, then, best of --rounds rounds:
 - verify pass: kiln.data.shards.verify_shards over the folder (sha256 + id check in one read), GB/s;
 - baseline: ShardRows(verify=False) + TrainBatches: time to open, to the first batch, and to serve
   --batches batches of --micro-batch rows (random rows across every shard, as training reads them);
@@ -17,11 +17,11 @@ The overhead is the checked figure minus the baseline's.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
 
+import common  # bench/ is sys.path[0]
 import numpy as np
 
 from kiln.data.loader import ShardRows, TrainBatches, forget_checked
@@ -66,23 +66,17 @@ def serve(shards: Path, verify: bool, batches: int, micro: int, settle: bool = F
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, rounds=3, rounds_help="rounds, the variants in turns; the best is shown")
     parser.add_argument("--tokens", type=float, default=256e6)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--rows-per-shard", type=int, default=16384)
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--batches", type=int, default=100)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
-    )
     args = parser.parse_args()
     if args.quick:
         vars(args).update(
-            tokens=4 * 64 * 65, seq_len=64, rows_per_shard=64, vocab=512, micro_batch=2, batches=4, repeat=1
+            tokens=4 * 64 * 65, seq_len=64, rows_per_shard=64, vocab=512, micro_batch=2, batches=4, rounds=1
         )
     with tempfile.TemporaryDirectory(prefix="kiln-shard-verify-") as tmp:
         shards = Path(tmp)
@@ -92,7 +86,7 @@ def main() -> None:
         for path in shards.glob("*.bin"):  # into the page cache: every figure below reads from memory
             path.read_bytes()
         passes, runs = [], {"baseline": [], "checked": [], "checked, settled": []}
-        for _ in range(args.repeat):  # in turns, so a slow spell of the machine hits every variant
+        for _ in range(args.rounds):  # in turns, so a slow spell of the machine hits every variant
             t0 = time.perf_counter()
             verify_shards(shards, manifest)
             passes.append(time.perf_counter() - t0)
@@ -102,7 +96,7 @@ def main() -> None:
         best = min(passes)
         print(
             f"{n_shards} shards, {size / 1e6:.0f} MB, {int(args.tokens):,} tokens; "
-            f"{args.batches} batches of {args.micro_batch} rows of {args.seq_len + 1}; best of {args.repeat}"
+            f"{args.batches} batches of {args.micro_batch} rows of {args.seq_len + 1}; best of {args.rounds}"
         )
         print(f"verify pass (sha256 + ids, one read): {best:.3f} s = {size / best / 1e9:.2f} GB/s")
         base = {k: min(r[k] for r in runs["baseline"]) for k in ("open_s", "first_s", "total_s")}

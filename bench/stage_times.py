@@ -9,11 +9,12 @@ budget of the embedded default on a 2-core machine.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import shutil
 import tempfile
 from pathlib import Path
+
+import common  # bench/ is sys.path[0]
 
 from kiln import config as kiln_config
 from kiln.layout import STAGES, Layout
@@ -35,13 +36,8 @@ def made_up_run(root: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__)
     parser.add_argument("run_dir", type=Path, nargs="?", help="results/<run>")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
-    )
     args = parser.parse_args()
     if args.quick:
         args.run_dir = made_up_run(Path(tempfile.mkdtemp(prefix="kiln-stage-times-")))

@@ -21,7 +21,6 @@ layouts, the benchmark files, the table) runs all the same.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -29,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import common  # bench/ is sys.path[0]
 
 from kiln import config as kiln_config
 from kiln.io import benchmark_seconds as seconds
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, quick="the download stage of a tiny sweep only (see above)")
     parser.add_argument(
         "--configfile",
         nargs="+",
@@ -47,7 +48,6 @@ def main() -> int:
     )
     parser.add_argument("--config", nargs="*", default=[], help="Snakemake --config overrides")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kiln-sweep-bench"))
-    parser.add_argument("--quick", action="store_true", help="the download stage of a tiny sweep only (see above)")
     args = parser.parse_args()
     if args.quick:
         args.configfile = [ROOT / "tests" / "configs" / "tiny.yaml", args.configfile[-1]]

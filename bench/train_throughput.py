@@ -25,11 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import common  # bench/ is sys.path[0]
 import numpy as np
 import torch
 import yaml
 
 from kiln import config as kiln_config
+from kiln.config.run_config import RunConfig
 from kiln.data.shards import open_shard, shard_split
 from kiln.io import write_json
 from kiln.model.build import build_model
@@ -151,20 +153,14 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, rounds=25, rounds_help="timed rounds per loop, alternating")
     add_shape_arguments(parser)
     parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--compile", choices=["auto", "true", "false"], default="auto", help="ours only")
     parser.add_argument("--steps", type=int, default=2, help="steps per timed round")
-    parser.add_argument("--rounds", type=int, default=25, help="timed rounds per loop, alternating")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny input through every part that prints the table (tests/test_bench.py); figures meaningless",
-    )
     args = parser.parse_args()
     if args.quick:
         vars(args).update(QUICK)
@@ -176,7 +172,7 @@ def main() -> None:
             Path(tmp), args.vocab, args.seq_len, rows=max(64, 4 * args.micro_batch), seed=args.seed
         )
         sections = train_sections(args)
-        ours = Trainer(sections, shards)
+        ours = Trainer(RunConfig.of(sections), shards)
         base = NanoGPTLoop(ours, shards, sections["train"], args.seed)
 
         def ours_step() -> torch.Tensor:

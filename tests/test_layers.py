@@ -121,7 +121,9 @@ def above_problems(root: Path) -> list[str]:
     tests/ or one another; no package module is imported from bench/ or tests/ by name."""
     scripts = root / "workflow" / "scripts"
     script_names = {p.stem for p in scripts.glob("*.py")}
-    bench_names = {p.stem for p in (root / "bench").glob("*.py")}
+    bench_names = {p.stem for p in (root / "bench").glob("*.py")} | {
+        p.parent.name for p in (root / "bench").glob("*/__main__.py")
+    }
     test_names = {p.stem for p in (root / "tests").glob("*.py")}
     problems = []
     for path in sorted(scripts.glob("*.py")):

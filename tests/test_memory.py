@@ -202,7 +202,7 @@ def test_fsdp_accumulation_keeps_every_gradient_whole_until_the_last_micro_batch
 @pytest.mark.parametrize("bf16,compiled", [(True, False), (True, True), (False, False)])
 def test_the_per_layer_count_is_what_autograd_saves_for_kilns_block(bf16, compiled, family):
     """kiln.plan.memory's activations and weight copies of one Llama (or StarCoder2) block, against the storages
-    autograd keeps for its backward (saved-tensor hooks; bench/saved_tensors.py prints the same
+    autograd keeps for its backward (saved-tensor hooks; bench/saved_tensors.py, last in the tree at 24e9373, printed the same
     beside transformers' LlamaDecoderLayer, which keeps the same bytes). Compiled is
     aot_eager_decomp_partition: inductor's partitioner, which keeps what inductor keeps (the bench
     shows both)."""

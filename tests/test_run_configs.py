@@ -142,7 +142,7 @@ def test_plan_of_seed_000_reads_what_the_seed_measured():
     # (sharded: Kiln's fp32 weights and AdamW state would not under DDP), and the estimate is within
     # 10% of what the seed measured less the logits Kiln never holds: 70.2 GiB active, of which the
     # compiled loss's bf16 logits and their bf16 gradient, 4 bytes x 49,152 x 32,768 = 6.0 GiB
-    # (bench/saved_tensors.py, docs/benchmarks.md "Seed 000's memory").
+    # (docs/benchmarks.md "Seed 000's memory").
     memory = plan["memory"]
     assert (memory["gpu"], memory["gpu_memory_gib"], memory["fits"]) == ("H100", 80, True)
     assert "micro-batch 6 x 8192" in memory["assumes"] and "activation checkpointing none" in memory["assumes"]
@@ -348,7 +348,7 @@ def test_fineweb_runs_are_evaluated_as_prose_models(tmp_path, files):
 
 def test_the_tokenizer_job_asks_for_the_memory_its_train_bytes_need(tmp_path):
     """A run file's tokenizer.train_bytes sizes the tokenizer job's mem_mb (the fit of
-    bench/tokenizer_scale.py, with headroom), in the dry run a cluster submission would see: 2 GB of
+    docs/benchmarks.md "The tokenizer at seed scale", with headroom), in the dry run a cluster submission would see: 2 GB of
     training text asks for 3,900 MB, the tiny run's default sample far less."""
 
     def tokenizer_mem_mb(*config: str) -> int:

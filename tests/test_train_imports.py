@@ -1,4 +1,4 @@
-"""The train and smoke stages, and bench/gpu_check.py, import on a GPU node's image, which holds what
+"""The train and smoke stages, and bench/gpu_check, import on a GPU node's image, which holds what
 training needs (torch, numpy, pyyaml, safetensors, psutil, tokenizers: the samples and the Hugging
 Face export read the run's tokenizer.json) and none of what only the data and eval stages use: the
 cleaning's MinHash (rensa, datasketch), Parquet (pyarrow), the Hub (datasets), tiktoken, and the
@@ -33,7 +33,7 @@ BLOCKED = (
 SCRIPTS = (
     "workflow/scripts/train.py",
     "workflow/scripts/smoke.py",
-    "bench/gpu_check.py",
+    "bench/gpu_check/__main__.py",
     "bench/generate.py",
 )
 IMPORTER = textwrap.dedent("""

@@ -132,8 +132,8 @@ def train_memory_mb(wildcards, input):
 
 
 def tokenizer_memory_mb(wildcards):
-    """mem_mb of a tokenizer job: what training on its train_bytes needs, from bench/tokenizer_scale.py's
-    fit with headroom (kiln.data.tokenizer_build.training_memory_mb), so a 2 GB sample is not cut off at the
+    """mem_mb of a tokenizer job: what training on its train_bytes needs, from the fit of
+    docs/benchmarks.md "The tokenizer at seed scale", with headroom (kiln.data.tokenizer_build.training_memory_mb), so a 2 GB sample is not cut off at the
     profile's default. A profile's set-resources still wins."""
     return training_memory_mb(RunConfig.of(DATA[("tokenizer", wildcards.key)]).tokenizer)
 

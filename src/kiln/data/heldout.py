@@ -3,7 +3,7 @@
 validation loss is not measured on text the model trained on.
 
 Words are kiln.data.near_dup's (runs of [A-Za-z0-9_]), so formatting cannot hide a copy. The default
-is 50 words. bench/heldout_overlap.py measured the shorter lengths on the stdlib: GPT-3's 13 would
+is 50 words. bench/heldout_overlap.py (last in the tree at 24e9373; docs/benchmarks.md) measured the shorter lengths on the stdlib: GPT-3's 13 would
 drop 6% of the train documents (licence headers), and 13 tokens 64% (code's idioms), where 50 words
 find the 4 documents that hold a copied docstring (docs/benchmarks.md, "The held-out split's n-gram
 overlap"). Exact and near duplicates are already gone at download. An n-gram counts only when at most

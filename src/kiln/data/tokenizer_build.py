@@ -42,7 +42,7 @@ log = logging.getLogger("kiln.tokenizer")
 QWEN_SPELLINGS = {t: "<|" + t.strip("<>") + "|>" for t in SPECIAL_TOKENS[1:]}
 EOS_FILES = ("tokenizer_config.json", "special_tokens_map.json")  # where a HF folder names its eos_token
 BOS_PROBE = "a"  # a text whose encoding with and without the post-processor's tokens shows a BOS
-# The tokenizer stage's peak RSS against train_bytes, fitted by bench/tokenizer_scale.py on real code
+# The tokenizer stage's peak RSS against train_bytes, fitted by bench/tokenizer_scale.py (last in the tree at 24e9373) on real code
 # (site-packages' .py files, vocab 32,768): 615, 677 and 879 MiB at 30, 100 and 300 MB, least squares
 # 582 MiB + 986 MiB per GB (docs/benchmarks.md, "The tokenizer at seed scale"). Rounded up here; the
 # growth is the BPE trainer's table of distinct pre-tokenized words, which grows slower than the bytes.

@@ -20,7 +20,7 @@ kiln.plan.memory counts the same chunk).
 
 `chunk_loss` is the per-chunk function; a compiled run passes it compiled (the model's chunk_loss,
 set by kiln.train.parallel.compile_blocks), which fuses the upcast, log-softmax and gather into a
-few kernels instead of the eager path's fp32 copy of each chunk's logits (bench/loss_compile.py).
+few kernels instead of the eager path's fp32 copy of each chunk's logits (docs/benchmarks.md, "The compiled loss on CPU").
 The head's weight gradient is a sum over chunks accumulated into its fp32 .grad either way: each
 chunk's bf16 product is upcast before autograd adds it.
 """

@@ -38,7 +38,7 @@ L layers):
                                           partitioner; identical to inductor's on the CPU)
   plus a few bytes per token (norm statistics, attention's log-sum-exp: 4 x heads). These are what
   autograd saves, byte for byte, for Kiln's block and for transformers' LlamaDecoderLayer alike
-  (bench/saved_tensors.py; tests/test_memory.py pins them). Seed 000's 70.2 GiB under torchtitan is
+  (docs/benchmarks.md, "Seed 000's memory"; tests/test_memory.py pins them). Seed 000's 70.2 GiB under torchtitan is
   the same count in all-bf16 training (8 bytes a parameter of states, a bf16 residual stream: 2C
   where Kiln keeps 4C) plus its whole logits; Kiln's fp32 weights and AdamW state are what put the
   seed's setting over an H100 under DDP, not its blocks. Under bf16

@@ -61,7 +61,7 @@ def saved_for_backward(fn: Callable[[], T], exclude=()) -> tuple[T, list[Saved]]
     for backward, one entry per distinct storage (a tensor several ops save, or views of one, counted
     once), leaving out the storages of `exclude` (parameters, shared tables: alive anyway). It sees
     through torch.compile: AOTAutograd's compiled function saves its tensors through the same hooks,
-    so eager and compiled blocks are counted alike (bench/saved_tensors.py, tests/test_memory.py)."""
+    so eager and compiled blocks are counted alike (docs/benchmarks.md, "Seed 000's memory"; tests/test_memory.py)."""
     skip = {t.untyped_storage().data_ptr() for t in exclude}
     seen: dict[int, Saved] = {}
 

@@ -62,7 +62,7 @@ def tune_cpu_allocator() -> bool:
     micro-batch are larger) is its own mmap, unmapped again when freed, so a training step on CPU
     pays page faults and zeroing for its big tensors afresh every step. With mmap off and the heap
     never trimmed, the step reuses the same pages: ~1.5x tokens/s for the default config on 2 cores
-    (bench/cpu_allocator.py). The process keeps its peak memory, which it reaches every step anyway.
+    (docs/benchmarks.md, "On CPU: the allocator"). The process keeps its peak memory, which it reaches every step anyway.
     Returns False where the C library is not glibc (macOS, musl): nothing is changed there."""
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt

@@ -139,11 +139,11 @@ def compile_blocks(model: nn.Module, backend: str | Callable = "inductor") -> No
     as on several: torchtitan's choice, and what seed 000 measured. The blocks share their class and
     shapes, so dynamo traces one graph and reuses it for every block (their weights are the graph's
     inputs): compile time does not grow with depth (a 16-layer llama on the CPU, inductor cold:
-    about 1/3.5 of a whole-model compile's, bench/compile_time.py). Across ranks the backward hands
+    about 1/3.5 of a whole-model compile's, docs/benchmarks.md, "Compiled as train compiles"). Across ranks the backward hands
     out gradients block by block, so the all-reduce / reduce-scatter overlaps it. The chunked loss's
     per-chunk function is compiled too (kiln.model.loss: its own graph, static shapes: the full chunk
     and at most one shorter last one). What stays eager: the embedding and the final norm.
-    bench/gpu_check.py calls this too, with the aot_eager backend in its CPU dry run."""
+    bench/gpu_check calls this too, with the aot_eager backend in its CPU dry run."""
     for block in model.blocks:
         block.compile(backend=backend, fullgraph=True)  # a graph break in a block is an error, not a slow path
     model.chunk_loss = torch.compile(chunk_loss_sum, backend=backend, dynamic=False)

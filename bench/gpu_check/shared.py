@@ -1,4 +1,4 @@
-"""What bench/gpu_check.py's checks share: the check's context (dry run or GPU, scratch folder, the
+"""What the GPU check's checks share: the check's context (dry run or GPU, scratch folder, the
 end of its time budget, its progress notes), the train-stage sections they build trainers from, and
 Kiln's throughput over timed train steps, as many as the budget leaves time for."""
 
@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 import torch
-from train_throughput import train_sections  # bench/ is the script's sys.path[0]
+from train_throughput import train_sections  # bench/ is on sys.path (__main__)
 
 from kiln.config.models import FLAVOURS
 from kiln.data.shards import shard_split

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py's checks of issue 13 on llama3.2-1b's flagship shape (seq 8192, V 32,768): MFU
+"""The GPU check's checks of issue 13 on llama3.2-1b's flagship shape (seq 8192, V 32,768): MFU
 under Kiln's and torchtitan's FLOP counts, kiln.plan.memory's estimate against max_memory_allocated,
 and the chunked loss's memory against the plain loss's."""
 
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from gpu_check_common import Ctx, pct, sections, size, sync, timed_steps  # bench/ is the script's sys.path[0]
-from train_throughput import synthetic_shards
+from train_throughput import synthetic_shards  # bench/ is on sys.path (__main__)
 
+from gpu_check.shared import Ctx, pct, sections, size, sync, timed_steps
+from kiln.config.run_config import RunConfig
 from kiln.data.loader import TrainBatches
 from kiln.model.loss import lm_loss
 from kiln.plan.memory import Setting, estimate
@@ -32,7 +33,7 @@ def _fitting_micro_batch(ctx: Ctx, shards: Path, seq: int) -> tuple[int, float, 
     memory of eager steps at 1 and 2 rows (a second compile after an OOM would not fit the budget);
     the measured GiB per row; and the two peaks (bytes). A compiled step usually holds less: inductor
     fuses activations away."""
-    trainer = Trainer(sections(ctx, "llama3.2-1b", seq, 1, compile_model=False), shards)
+    trainer = Trainer(RunConfig.of(sections(ctx, "llama3.2-1b", seq, 1, compile_model=False)), shards)
     peaks = []
     for rows in (1, 2):
         trainer.train_on(TrainBatches(trainer.rows, rows, trainer.seed, 0, 1))
@@ -73,7 +74,7 @@ def check_llama_mfu(ctx: Ctx) -> list[tuple[str, str]]:
     seq = 64 if ctx.dry else 8192
     shards = synthetic_shards(ctx.folder("shards"), 512 if ctx.dry else 32768, seq, rows=32, seed=1337)
     if ctx.dry:
-        eager = Trainer(sections(ctx, "llama3.2-1b", seq, 2, compile_model=False), shards)
+        eager = Trainer(RunConfig.of(sections(ctx, "llama3.2-1b", seq, 2, compile_model=False)), shards)
         micro, per_row, measured = 2, 0.0, [(2, False, _dry_eager_peak(eager), _estimated(eager, 2, False))]
         del eager
     else:
@@ -85,7 +86,7 @@ def check_llama_mfu(ctx: Ctx) -> list[tuple[str, str]]:
         )
         torch.cuda.reset_peak_memory_stats()
         measured = []
-    trainer = Trainer(sections(ctx, "llama3.2-1b", seq, micro), shards)
+    trainer = Trainer(RunConfig.of(sections(ctx, "llama3.2-1b", seq, micro)), shards)
     if not ctx.dry:
         measured = [(rows, False, peak, _estimated(trainer, rows, False)) for rows, peak in zip((1, 2), peaks)]
     ctx.note("compiling (the first warm-up step)")

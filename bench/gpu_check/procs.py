@@ -1,5 +1,5 @@
-"""How bench/gpu_check.py runs each check: in a forked process of its own, under a time budget, and
-with everything it started ended before the next check starts, whatever the check did.
+"""How the GPU check (bench/gpu_check) runs each check: in a forked process of its own, under a time
+budget, and with everything it started ended before the next check starts, whatever the check did.
 
 Why not the check's process group or session alone: torch elastic (torchrun, which the pipeline and
 the two-rank check start through kiln.train.launch) starts every rank with start_new_session=True,

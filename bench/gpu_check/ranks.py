@@ -1,4 +1,4 @@
-"""bench/gpu_check.py's two-rank check, for a machine with two or more GPUs: the smoke stage's gate,
+"""The GPU check's two-rank check, for a machine with two or more GPUs: the smoke stage's gate,
 then a few DDP steps and a few FSDP2 steps, on 2 ranks under NCCL, started as the stages start them
 (kiln.train.launch: torchrun --standalone). NCCL takes only CUDA tensors where gloo, which every CPU
 test runs, takes host tensors too: a collective handed a host tensor passes the whole suite and
@@ -6,12 +6,12 @@ crashes here. Eager (compile off): the compiled blocks under DDP and FSDP are th
 gloo (tests/test_distributed.py) and a compile on two ranks would not fit the budget.
 
 A llama-family model (GQA, RoPE tables as buffers, which DDP no longer broadcasts) of 4 x 512 at seq
-256 on the words of gpu_check_common.word_shards (learnable, so the gate's loss checks can pass).
+256 on the words of shared.word_shards (learnable, so the gate's loss checks can pass).
 Judged: every smoke check passes; DDP's ranks hold the same weights after their steps (the gradient
 all-reduce works, and nothing needed the buffers broadcast); FSDP's losses are DDP's (same seed, rows
 and bf16 autocast: within 2%). With --cpu-dry-run the same worker runs on gloo at tiny shapes.
 
-    torchrun --nproc_per_node 2 bench/gpu_check_ranks.py PLAN.json   # what check_two_ranks runs
+    PYTHONPATH=bench torchrun --nproc_per_node 2 -m gpu_check.ranks PLAN.json   # what check_two_ranks runs
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from gpu_check_common import Ctx, word_shards  # bench/ is sys.path[0], under torchrun too
 
+from gpu_check.shared import Ctx, word_shards  # under torchrun: `-m gpu_check.ranks`, bench/ on PYTHONPATH
 from kiln import config as kiln_config
+from kiln.config.run_config import RunConfig
 from kiln.train import launch
 
 RANKS = 2
@@ -59,7 +60,7 @@ def sections(stage: str, dry: bool, parallel: str = "ddp") -> dict:
 
 
 def check_two_ranks(ctx: Ctx) -> list[tuple[str, str]]:
-    """Rows: the two-rank smoke, DDP, FSDP (gpu_check.py's CHECKS)."""
+    """Rows: the two-rank smoke, DDP, FSDP (checks.CHECKS)."""
     model, seq, micro, _, _ = SHAPES[ctx.dry]
     shards = word_shards(ctx.folder("shards"), seq, rows=64 if ctx.dry else 256)
     plan, result = ctx.work / "plan.json", ctx.work / "result.json"
@@ -70,9 +71,15 @@ def check_two_ranks(ctx: Ctx) -> list[tuple[str, str]]:
     )
     argv = launch.command(
         {"nproc_per_node": RANKS, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": ""},
-        [str(Path(__file__).resolve()), str(plan)],
+        ["-m", "gpu_check.ranks", str(plan)],  # torchrun's --module: each rank runs `python -m gpu_check.ranks`
     )
-    env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    bench = str(Path(__file__).resolve().parents[1])  # where gpu_check.ranks is found, whatever the cwd
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=os.pathsep.join(p for p in (bench, os.environ.get("PYTHONPATH")) if p),
+    )
     ctx.note("torchrun: 2 ranks")
     start = time.perf_counter()
     done = subprocess.run(argv, env=env)  # the ranks' output goes to this check's log
@@ -112,12 +119,11 @@ def _last_note(ctx: Ctx) -> str:
 
 def _steps(parallel: str, plan: dict) -> dict:
     """A few train steps under `parallel`: losses, throughput, whether every rank holds the same weights."""
-    from gpu_check_common import timed_steps
-
+    from gpu_check.shared import timed_steps
     from kiln.train.trainer import Trainer
 
     _, _, _, warmup, steps = SHAPES[plan["dry"]]
-    trainer = Trainer(sections("train", plan["dry"], parallel), Path(plan["shards"]))
+    trainer = Trainer(RunConfig.of(sections("train", plan["dry"], parallel)), Path(plan["shards"]))
     losses = []
     real = trainer.train_step
 
@@ -151,7 +157,7 @@ def main() -> None:
     ctx = Ctx(plan["dry"], Path(plan["out"]), started=plan["started"]) if d.is_main else None
     note = ctx.note if ctx else (lambda what: None)
     note(f"{d.world} ranks joined; the smoke gate")
-    report = run_checks(sections("smoke", plan["dry"]), Path(plan["shards"]), Path(plan["out"]) / "smoke")
+    report = run_checks(RunConfig.of(sections("smoke", plan["dry"])), Path(plan["shards"]), Path(plan["out"]) / "smoke")
     checks = [dataclasses.asdict(c) for c in report["checks"]]
     smoke = {
         "passed": sum(c["passed"] for c in checks),

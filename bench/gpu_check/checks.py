@@ -1,28 +1,10 @@
-"""The CUDA paths no CPU test reaches, on one H100/H200 in under 8 minutes (7.5 enforced), as one table.
-
-    python bench/gpu_check.py                  # one GPU: the budgets sum to 390 s; 2+ GPUs: 430 s
-    python bench/gpu_check.py --only flash,eval --budget-scale 2
-    python bench/gpu_check.py --cpu-dry-run    # no GPU: what runs on the CPU, tiny shapes (CI: tests/test_gpu_check.py)
-
-Each check runs in a process forked from this one (torch imported once, CUDA first touched in the
-child) under its own time budget (Check.budget_s), and the run as a whole under DEADLINE_S: a check
-is given at most what is left of it, and one that cannot start in time gets its rows, saying so. A
-hang, a crash or an OOM ends that check alone, as a FAIL with the reason (over budget: with the last
-thing the check noted it was doing), and everything the check started is ended with it, torchrun's
-ranks included, which sit in sessions of their own (gpu_check_procs), so the next check starts on a
-free GPU. Checks that time steps take as many as their budget leaves room for. A check's output goes
-to <out>/<check>.log; stdout gets one table, check | result | figure | expected, with a row for every
-part whatever happened (stderr gets each check's rows as it ends, in case this run is killed), and
-the exit status is 1 when any result is FAIL. A result is pass, FAIL, "measured" (a figure with no
-pass mark: llm.c's tokens/s is a reference, not a Kiln target) or "skipped: <why>" (no CUDA; one GPU
-where the two-rank check needs two). With --cpu-dry-run CUDA is hidden and every check runs its
-CPU-capable part at tiny shapes: it FAILs if that part breaks, else reads "skipped: no CUDA" with
-what the CPU part measured.
+"""The GPU check's checks (bench/gpu_check, run as `python bench/gpu_check`): each a function of its
+context (shared.Ctx) returning its table rows' (result, figure), and CHECKS, the table: each check's
+rows, what each row expects, and its time budget on the GPU (docs/benchmarks.md, "GPU check").
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import io
@@ -31,10 +13,8 @@ import os
 import pickle
 import re
 import runpy
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +23,19 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
-from gpu_check_common import (
-    NO_CUDA,
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from train_throughput import synthetic_shards  # bench/ is on sys.path (__main__)
+
+from gpu_check.llama import (
+    ESTIMATE_TOLERANCE,
+    LOSS_PEAK_RATIO,
+    MFU_TARGET,
+    MFU_TARGET_TORCHTITAN,
+    check_llama_mfu,
+    check_loss,
+)
+from gpu_check.ranks import check_two_ranks
+from gpu_check.shared import (
     Ctx,
     host_copy_runs_ahead,
     pct,
@@ -53,21 +44,9 @@ from gpu_check_common import (
     stop_flag_reads,
     timed_steps,
     word_shards,
-)  # bench/: sys.path[0]
-from gpu_check_llama import (
-    ESTIMATE_TOLERANCE,
-    LOSS_PEAK_RATIO,
-    MFU_TARGET,
-    MFU_TARGET_TORCHTITAN,
-    check_llama_mfu,
-    check_loss,
 )
-from gpu_check_procs import run_isolated
-from gpu_check_ranks import check_two_ranks
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from train_throughput import synthetic_shards
-
 from kiln.config.models import model_config
+from kiln.config.run_config import RunConfig
 from kiln.config.train_sections import TrainSection
 from kiln.data.loader import ShardRows
 from kiln.eval.perplexity import BATCH, val_rows_loss
@@ -75,13 +54,12 @@ from kiln.generate.decode import generate
 from kiln.layout import Layout
 from kiln.model.build import build_model, load_model, save_model
 from kiln.train.device import autocast, eval_autocast, to_device
-from kiln.train.launch import rank_environment
 from kiln.train.optim import build_adamw
 from kiln.train.parallel import compile_blocks
 from kiln.train.smoke import probe
 from kiln.train.trainer import Trainer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Kiln's attention at gpt2-124m's and llama3.2-1b's head shapes (head dim 64; 32 query heads over 8
 # key/value heads), then a dry run's: {family: (GPU shape, dry-run shape)}
 ATTENTION = {
@@ -167,7 +145,7 @@ def check_compile_and_gpt2(ctx: Ctx) -> list[tuple[str, str]]:
     train = sections(ctx, "gpt2-124m", seq, micro)
     if ctx.dry:  # two blocks: one graph for both shows dynamo reusing it
         train["model"]["n_layer"] = 2
-    trainer = Trainer(train, shards)
+    trainer = Trainer(RunConfig.of(train), shards)
     if ctx.dry:  # inductor's C++ build takes ~20 s on 2 cores; dynamo and AOT autograd still trace Kiln's blocks
         compile_blocks(trainer.model, backend="aot_eager")  # train's own path (kiln.train.parallel), per block
     batch = to_device(trainer.batches.next(), trainer.dist.device)  # (B, T + 1), split as train_step splits it
@@ -227,7 +205,7 @@ def check_smoke_snapshot(ctx: Ctx) -> list[tuple[str, str]]:
     """The smoke stage's probe with smoke.profile_step: trace.json, and on CUDA memory_snapshot.pickle.
     Eager (compile is the compile check's), the default config's 4x256 GPT."""
     shards = synthetic_shards(ctx.folder("shards"), 512, 64, rows=64, seed=1337)
-    trainer = Trainer(sections(ctx, None, 64, 8, compile_model=False), shards)
+    trainer = Trainer(RunConfig.of(sections(ctx, None, 64, 8, compile_model=False)), shards)
     out = ctx.work / "smoke"
     probe(trainer, steps=4, warmup=1, trace_dir=out, profile_step=2)
     trace, snap = out / "trace.json", out / "memory_snapshot.pickle"
@@ -255,7 +233,7 @@ def check_eval(ctx: Ctx) -> list[tuple[str, str]]:
     autocast against the CPU in fp32; and greedy KV-cached decoding on both."""
     seq = 64 if ctx.dry else 256
     shards = word_shards(ctx.folder("shards"), seq, rows=128)
-    trainer = Trainer(sections(ctx, None, seq, 16, compile_model=False), shards)
+    trainer = Trainer(RunConfig.of(sections(ctx, None, seq, 16, compile_model=False)), shards)
     for _ in range(10 if ctx.dry else 60):
         trainer.train_step()
     model_dir = ctx.folder("train")
@@ -482,138 +460,3 @@ CHECKS = (
 ENVIRONMENT_S = 15  # the probe of CUDA and the GPUs
 DEADLINE_S = 450  # the whole run, enforced: 7.5 minutes (the budgets: 390 s with one GPU, 430 s with 2+)
 MIN_START_S = 5  # a check is not started with less of the deadline left
-
-
-# --- running them --------------------------------------------------------------------------------
-
-
-def environment() -> dict:
-    """Whether CUDA sees a GPU, how many, and the machine in words (asked in a child: this process
-    never touches CUDA, so that it can fork children that do)."""
-    versions = f"torch {torch.__version__}"
-    if not torch.cuda.is_available():
-        return {"cuda": False, "gpus": 0, "about": f"CPU, {versions}"}
-    props, gpus = torch.cuda.get_device_properties(0), torch.cuda.device_count()
-    return {
-        "cuda": True,
-        "gpus": gpus,
-        "about": f"{gpus} x {props.name}, {props.total_memory / 2**30:.0f} GiB, {versions}, CUDA {torch.version.cuda}",
-    }
-
-
-def isolated(check: Check | None, ctx: Ctx, out: Path, budget_s: float) -> tuple[object, str | None]:
-    """(what the check returned, None) or (None, why it has none): the check (None: the environment
-    probe) in a process of its own under `budget_s`, everything it started ended after it
-    (gpu_check_procs)."""
-    slug = check.slug if check else "environment"
-
-    def run() -> object:
-        ctx.work.mkdir(parents=True, exist_ok=True)
-        return check.run(ctx) if check else environment()
-
-    return run_isolated(run, out / f"{slug}.json", out / f"{slug}.log", budget_s, ctx.work / Ctx.PROGRESS)
-
-
-def _interrupted(signum: int, frame) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
-def run_checks(chosen: list[Check], dry: bool, out: Path, deadline_s: float, scale: float) -> tuple[str, list]:
-    """(the machine in words, the table's rows): every chosen check's rows, each with its result
-    and figure or why it has none, within `deadline_s` of now."""
-    deadline = time.monotonic() + deadline_s
-    env, why = None, f"not started: the {deadline_s:.0f} s deadline"
-    try:
-        if deadline - time.monotonic() >= MIN_START_S:
-            env, why = isolated(None, Ctx(dry, out), out, min(ENVIRONMENT_S, deadline - time.monotonic()))
-    except KeyboardInterrupt as exc:
-        why = f"interrupted ({exc or 'SIGINT'})"
-    table, stop = [], None
-    for check in chosen:
-        start = time.perf_counter()
-        try:
-            rows = _check_rows(check, env, why, stop, dry, out, deadline, deadline_s, scale)
-        except KeyboardInterrupt as exc:  # SIGTERM too (_interrupted); a running check and all it started are ended
-            stop = f"interrupted ({exc or 'SIGINT'})"
-            rows = [("FAIL", stop)] * len(check.rows)
-        table += [
-            (name, result, figure, expected)
-            for name, (result, figure), expected in zip(check.rows, rows, check.expected)
-        ]
-        print(
-            f"gpu_check: {check.slug} ({time.perf_counter() - start:.0f} s): "
-            + "; ".join(f"{r}: {f}" for r, f in rows),
-            file=sys.stderr,
-            flush=True,
-        )  # survives a kill of this run
-    return (env or {}).get("about", "environment unknown"), table
-
-
-def _check_rows(
-    check: Check,
-    env: dict | None,
-    why: str | None,
-    stop: str | None,
-    dry: bool,
-    out: Path,
-    deadline: float,
-    deadline_s: float,
-    scale: float,
-) -> list[tuple[str, str]]:
-    """One check's (result, figure) rows: run, or why not."""
-    left = deadline - time.monotonic()
-    if env is None:
-        return [("FAIL", f"not run: the environment probe: {why}")] * len(check.rows)
-    if stop:
-        return [("FAIL", f"not run: {stop}")] * len(check.rows)
-    if not (env["cuda"] or dry):
-        return [(NO_CUDA, "")] * len(check.rows)
-    if not dry and env["gpus"] < check.gpus:
-        return [(f"skipped: {env['gpus']} GPU, needs {check.gpus}", "")] * len(check.rows)
-    if left < MIN_START_S:
-        return [("FAIL", f"not started: {max(left, 0):.0f} s left of the {deadline_s:.0f} s deadline")] * len(
-            check.rows
-        )
-    budget = min(check.budget_s * scale, left)
-    rows, why_check = isolated(check, Ctx(dry, out / check.slug, deadline=time.monotonic() + budget), out, budget)
-    return rows or [("FAIL", why_check)] * len(check.rows)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--cpu-dry-run",
-        "--quick",
-        action="store_true",
-        help="hide CUDA; run the CPU-capable parts at tiny shapes (--quick, as every bench script spells it)",
-    )
-    parser.add_argument("--only", help=f"comma-separated checks: {', '.join(c.slug for c in CHECKS)}")
-    parser.add_argument("--out", type=Path, help="logs and scratch files (default: a new temporary folder)")
-    parser.add_argument("--budget-scale", type=float, default=1.0, help="multiply every check's time budget")
-    parser.add_argument(
-        "--deadline-s",
-        type=float,
-        help=f"stop starting checks after this many seconds (default {DEADLINE_S} x --budget-scale)",
-    )
-    args = parser.parse_args()
-    only = set(args.only.split(",")) if args.only else {c.slug for c in CHECKS}
-    if only - {c.slug for c in CHECKS}:
-        parser.error(f"--only: unknown checks {', '.join(sorted(only - {c.slug for c in CHECKS}))}")
-    chosen = [c for c in CHECKS if c.slug in only]
-    if args.cpu_dry_run:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before any child touches CUDA (this process never does)
-    os.environ.update(rank_environment(1))  # what a train job's ranks get (kiln.train.launch): the checks' children too
-    out = args.out or Path(tempfile.mkdtemp(prefix="kiln-gpu-check-"))
-    out.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, _interrupted)  # a session's end: still the table, the checks ended
-    deadline_s = DEADLINE_S * args.budget_scale if args.deadline_s is None else args.deadline_s
-    about, table = run_checks(chosen, args.cpu_dry_run, out, deadline_s, args.budget_scale)
-    print(f"{about}{' (--cpu-dry-run: CUDA hidden)' if args.cpu_dry_run else ''}; logs in {out}\n")
-    print("| check | result | figure | expected |\n|---|---|---|---|")
-    for row in table:
-        print("| " + " | ".join(cell.replace("|", "/") for cell in row) + " |")
-    sys.exit(1 if any(result == "FAIL" for _, result, _, _ in table) else 0)
-
-
-if __name__ == "__main__":
-    main()
