@@ -91,7 +91,7 @@ def test_the_smoke_stage_picks_on_its_device_and_train_runs_the_pick(shards, tmp
     plan = TrainPlan.of(Measurements.from_dict({k: v for k, v in report.items() if k != "checks"}).plan(train, None))
     assert (plan.micro_batch, plan.activation_checkpointing) == (64, "none")
     config = RunConfig.of(train_sections(**auto))
-    ran = Trainer(RunConfig.of(config.replace(train=plan.applied(config.train))), shards, max_steps=1)
+    ran = Trainer(config.replace(train=plan.applied(config.train)), shards, max_steps=1)
     assert ran.batch_split.micro_batch == 64 and ran.train.activation_checkpointing == "none"
     unplanned = Trainer(RunConfig.of(train_sections(**auto)), shards, max_steps=1)  # no smoke: the Trainer picks, alike
     assert (unplanned.batch_split.micro_batch, unplanned.train.activation_checkpointing) == (64, "none")
