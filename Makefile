@@ -7,7 +7,7 @@ PYTHON ?= python3
 CONFIG ?= config/config.yaml
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: run test lint dry-run clean
+.PHONY: run test test-fast lint dry-run clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,16 +18,25 @@ $(STAMP): requirements.txt pyproject.toml
 run: $(STAMP)
 	snakemake --cores all --configfile $(CONFIG)
 
-# Two lanes at once: the Slurm tests (tests/slurm, ~6 min) mostly wait on the scheduler and on the
-# executor plugin's status polling, not on the CPU, so they run beside the rest of the suite; their
-# output is printed after it. Plain `pytest` runs the same tests one after the other.
+# The unit lane (tests/unit) less its slow and multi-process tests: the inner loop, ~2 minutes.
+test-fast: $(STAMP)
+	pytest -q tests/unit -m "not slow and not process"
+
+# Every test, in three lanes at once (tests/conftest.py marks each test by its folder): the Snakemake
+# DAG runs (tests/dag), the Slurm cluster's (tests/slurm: they mostly wait on the scheduler and the
+# executor plugin's status polling), and the rest. Each lane's output is printed after the first's;
+# the target fails if any lane did. Plain `pytest` runs the same tests one after the other.
+LANES := dag slurm  # beside them, the rest: -m "not dag and not slurm"
 test: $(STAMP)
-	@pytest -q -m slurm > .pytest-slurm.log 2>&1 & slurm=$$!; \
-	pytest -q -m "not slurm"; rest=$$?; \
-	wait $$slurm; code=$$?; \
-	echo "=== the Slurm lane (pytest -q -m slurm, run beside the above; log: .pytest-slurm.log) ==="; \
-	cat .pytest-slurm.log; \
-	exit $$(( rest != 0 || code != 0 ))
+	@for lane in $(LANES); do pytest -q -m $$lane > .pytest-$$lane.log 2>&1 & echo $$! > .pytest-$$lane.pid; done; \
+	pytest -q -m "not dag and not slurm"; code=$$?; \
+	for lane in $(LANES); do \
+		wait $$(cat .pytest-$$lane.pid); lane_code=$$?; rm -f .pytest-$$lane.pid; \
+		echo "=== the $$lane lane (pytest -q -m $$lane, run beside the above; log: .pytest-$$lane.log) ==="; \
+		cat .pytest-$$lane.log; \
+		[ $$lane_code -eq 0 ] || code=1; \
+	done; \
+	exit $$code
 
 lint: $(STAMP)
 	ruff check .

@@ -4,7 +4,7 @@ model on one H100.
 
     python bench/code_eval.py                                   # the default's model, 20 problems, 128 tokens
     python bench/code_eval.py --problems 164 --max-new-tokens 512
-    python bench/code_eval.py --quick     # 2 problems x 8 tokens: what tests/test_bench.py runs
+    python bench/code_eval.py --quick     # 2 problems x 8 tokens: what tests/bench/test_bench.py runs
 
 The parts (kiln.eval.code runs them one after the other):
 - decoding: the eval stage's batched KV-cache decoding (kiln.eval.code's BATCH prompts at once),
@@ -92,7 +92,7 @@ def build_params(cfg) -> int:
 def main() -> None:
     parser = common.parser(
         __doc__,
-        quick="2 problems x 8 tokens, one round (tests/test_bench.py)",
+        quick="2 problems x 8 tokens, one round (tests/bench/test_bench.py)",
         rounds=3,
         rounds_help="timed rounds of each part (the median is shown)",
     )

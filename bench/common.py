@@ -1,4 +1,4 @@
-"""What every bench script's command line shares: --quick, which tests/test_bench.py runs, and --rounds
+"""What every bench script's command line shares: --quick, which tests/bench/test_bench.py runs, and --rounds
 for the scripts that take turns timing their arms.
 
     from common import parser   # bench/ is sys.path[0] for `python bench/X.py`
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-QUICK = "tiny input through every part that prints the table (tests/test_bench.py); figures meaningless"
+QUICK = "tiny input through every part that prints the table (tests/bench/test_bench.py); figures meaningless"
 ROUNDS = "timed rounds of each arm, taken in turns"
 
 

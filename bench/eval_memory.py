@@ -3,7 +3,7 @@
 
     python bench/eval_memory.py                              # 1x = 1 GiB of uint16 ids (512M tokens), 4x = 4 GiB
     python bench/eval_memory.py --gib 0.25 --old-gib 0.0625  # smaller; the old code at 1/16 GiB and 1/4 GiB
-    python bench/eval_memory.py --quick     # 128 KiB, 1x only, old code too, one child: tests/test_bench.py
+    python bench/eval_memory.py --quick     # 128 KiB, 1x only, old code too, one child: tests/bench/test_bench.py
 
 The synthetic split is what pretokenize writes and eval reads: train.bin, flat ids (uint16 below
 65,536 ids), drawn at random over GPT-2's padded 50,304 ids, written under --dir (default /tmp);

@@ -4,7 +4,7 @@ on the same model, prompts and machine, in one run.
 
     python bench/generate.py                                  # the default config's 4x256 GPT, 32 prompts x 64 tokens
     python bench/generate.py --family llama --prompts 64 --rounds 3
-    python bench/generate.py --quick          # 2 prompts x 4 tokens at seq 32: what tests/test_bench.py runs
+    python bench/generate.py --quick          # 2 prompts x 4 tokens at seq 32: what tests/bench/test_bench.py runs
 
 Three loops, all greedy with no stop ids, so each makes exactly prompts x new tokens:
 - uncached, one by one: the pre-cache kiln.generate.decode, kept here as the baseline;

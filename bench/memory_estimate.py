@@ -3,7 +3,7 @@ seeds' runs on their GPUs.
 
     python bench/memory_estimate.py              # both tables
     python bench/memory_estimate.py --seeds-only # the seeds' table alone (torch-free arithmetic, instant)
-    python bench/memory_estimate.py --quick      # both tables, the CPU one on QUICK_ROWS: tests/test_bench.py
+    python bench/memory_estimate.py --quick      # both tables, the CPU one on QUICK_ROWS: tests/bench/test_bench.py
 
 The CPU table builds Kiln's Trainer on random-token shards (train.device cpu, compile off unless the
 row says compiled: then aot_eager_decomp_partition, inductor's partitioner without its C++), runs one
@@ -30,7 +30,7 @@ from kiln.plan.memory import GIB, Setting, estimate, fit_report, setting_of
 from kiln.plan.peaks import gpu_of
 
 REPO = Path(__file__).resolve().parents[1]
-CPU_ROWS = [  # tests/test_memory.py's shapes and more: (model, seq_len, micro_batch, vocab, precision, AC, compiled)
+CPU_ROWS = [  # tests/unit/plan/test_memory.py's shapes and more: (model, seq_len, micro_batch, vocab, precision, AC, compiled)
     ({"n_layer": 4, "n_head": 4, "d_model": 256}, 512, 8, 512, "bf16", "none", False),
     ({"n_layer": 4, "n_head": 4, "d_model": 256}, 512, 8, 512, "fp32", "full", False),
     ({"n_layer": 4, "n_head": 4, "d_model": 256}, 256, 16, 8192, "bf16", "selective", False),
@@ -64,7 +64,7 @@ CPU_ROWS = [  # tests/test_memory.py's shapes and more: (model, seq_len, micro_b
     ({"family": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "d_model": 256}, 512, 8, 512, "bf16", "none", True),
     ({"n_layer": 4, "n_head": 4, "d_model": 256}, 256, 16, 8192, "bf16", "none", True),
 ]
-# --quick: two tiny eager rows (a compiled row costs seconds of tracing; tests/test_memory.py
+# --quick: two tiny eager rows (a compiled row costs seconds of tracing; tests/unit/plan/test_memory.py
 # compiles with the same backend)
 QUICK_ROWS = [
     ({"n_layer": 1, "n_head": 2, "d_model": 32}, 32, 2, 512, "fp32", "none", False),

@@ -5,7 +5,7 @@ corpus, shingles, bands and rows, in one run.
 
     python bench/near_dup.py                 # the standard library's .py files (~1,750 documents)
     python bench/near_dup.py --copies 4      # ... each file 4 times with one word changed: 4x the documents
-    python bench/near_dup.py --quick         # 100 documents: what tests/test_bench.py runs
+    python bench/near_dup.py --quick         # 100 documents: what tests/bench/test_bench.py runs
 
 Each arm runs in a process of its own (peak RSS is that process's, the corpus read included, so the
 two are comparable), reading the same documents in the same order; the table also says how many
@@ -76,7 +76,7 @@ def child(arm: str, limit: int | None, copies: int) -> None:
 
 
 def main() -> None:
-    parser = common.parser(__doc__, quick="100 documents (tests/test_bench.py)")
+    parser = common.parser(__doc__, quick="100 documents (tests/bench/test_bench.py)")
     parser.add_argument("--limit", type=int, help="the first N documents only")
     parser.add_argument("--copies", type=int, default=1, help="each document this many times, one word changed")
     parser.add_argument("--child", choices=["kiln", "datasketch"], help=argparse.SUPPRESS)

@@ -3,7 +3,7 @@
     python bench/optimizer.py                                  # adamw, and muon at train.muon_lr
     python bench/optimizer.py --muon-lrs 0.01 0.02 0.04 0.08   # ... and a search over Muon's LR
     python bench/optimizer.py --minutes 3 --precision fp32     # shorter arms; a fixed precision
-    python bench/optimizer.py --quick      # a 1-layer model on kiln's own source, seconds: what tests/test_bench.py runs
+    python bench/optimizer.py --quick      # a 1-layer model on kiln's own source, seconds: what tests/bench/test_bench.py runs
 
 Each arm is Kiln's own Trainer (kiln.train.trainer, what the train stage runs) on config/config.yaml's
 model, data (the shards `snakemake --until shard` builds; made here when missing) and train settings,
@@ -45,7 +45,7 @@ from kiln.train.trainer import Trainer
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = dict(warmup=5, timed=30)  # probe steps: untimed, then timed (the smoke stage times 30)
 # --quick's arms stop at max_steps as well: its probe may be timed while the machine is quiet and its
-# arms run while it is not (tests/test_bench.py runs beside the Slurm lane): 150 s in CI for two "3 s" arms.
+# arms run while it is not (tests/bench/test_bench.py runs beside the Slurm lane): 150 s in CI for two "3 s" arms.
 QUICK = dict(
     model={"family": "llama", "n_layer": 1, "n_head": 2, "d_model": 32},
     seq_len=64,
@@ -155,7 +155,7 @@ def pick_precision(raw: dict, shards: Path) -> str:
 
 
 def main() -> None:
-    parser = common.parser(__doc__, quick="tiny model, seconds a run (tests/test_bench.py)")
+    parser = common.parser(__doc__, quick="tiny model, seconds a run (tests/bench/test_bench.py)")
     parser.add_argument("--minutes", type=float, help="training loop time per arm (default: train.budget.minutes)")
     parser.add_argument("--muon-lrs", type=float, nargs="+", help="one muon arm per LR (default: train.muon_lr)")
     parser.add_argument("--no-adamw", action="store_true", help="muon arms only (an LR search)")

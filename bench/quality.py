@@ -7,7 +7,7 @@ same machine, tokenizer, training documents and held-out documents, in one run.
     python bench/quality.py --skip-plain --cores 1 --run-name a --config 'train={budget: null, max_steps: 1325}'
         # one thread, so that two recipes at equal steps train side by side (each from its own clone)
     python bench/quality.py --plain-shapes 4x64x2 4x128x4 --plain-lrs 2e-3 4e-3 8e-3   # tune the baseline
-    python bench/quality.py --quick     # a tiny run without Snakemake (quick_run): what tests/test_bench.py runs
+    python bench/quality.py --quick     # a tiny run without Snakemake (quick_run): what tests/bench/test_bench.py runs
 
 Ours: `snakemake --until train` on the config (run name quality-bench, so results/<default run> is left
 alone): download, tokenizer, pretokenize, shard, the smoke gate (which turns a budget into steps and
@@ -309,7 +309,7 @@ def _scores_text(scores: dict) -> str:
 
 
 def main() -> None:
-    parser = common.parser(__doc__, quick="a tiny run and plain loop (quick_run): tests/test_bench.py")
+    parser = common.parser(__doc__, quick="a tiny run and plain loop (quick_run): tests/bench/test_bench.py")
     parser.add_argument("--configfile", type=Path, default=ROOT / "config" / "config.yaml")
     parser.add_argument("--config", nargs="*", default=[], help="Snakemake --config overrides for Kiln's arm")
     parser.add_argument("--run-name", default="quality-bench")

@@ -3,7 +3,7 @@ checkpoint (model and AdamW state in state.pt), on CPU under torchrun with gloo.
 
     python bench/resume_memory.py                               # 2 ranks, ~109M parameters (1.3 GB state.pt)
     python bench/resume_memory.py --ranks 4 --d-model 1024 --n-layer 8
-    python bench/resume_memory.py --quick       # 2 ranks, a 1 x 64 model: what tests/test_bench.py runs
+    python bench/resume_memory.py --quick       # 2 ranks, a 1 x 64 model: what tests/bench/test_bench.py runs
     PYTHONPATH=/tmp/old/src python bench/resume_memory.py       # the same against another checkout's kiln
 
 One process writes the checkpoint (a Trainer, one optimizer step, saved); then R ranks each build the

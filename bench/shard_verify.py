@@ -2,7 +2,7 @@
 
     python bench/shard_verify.py                      # 256M tokens (512 MB) in 16 shards, seq_len 1024
     python bench/shard_verify.py --tokens 64e6 --batches 200
-    python bench/shard_verify.py --quick          # 4 shards of 64 rows, 4 batches: what tests/test_bench.py runs
+    python bench/shard_verify.py --quick          # 4 shards of 64 rows, 4 batches: what tests/bench/test_bench.py runs
 
 Writes a synthetic shard folder (uint16 ids, the shard stage's layout) in a temporary folder, reads it
 once untimed so that every figure below comes from the page cache, then, best of --rounds rounds:

@@ -1,7 +1,7 @@
 """Per-stage wall time, CPU time and peak memory of a finished run, from Snakemake's benchmark files.
 
     python bench/stage_times.py results/stdlib-code
-    python bench/stage_times.py --quick     # a made-up run folder (every stage but report): tests/test_bench.py
+    python bench/stage_times.py --quick     # a made-up run folder (every stage but report): tests/bench/test_bench.py
 
 Prints a markdown table (the form docs/benchmarks.md records) with the total against the 15-minute
 budget of the embedded default on a 2-core machine.

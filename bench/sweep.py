@@ -4,7 +4,7 @@ eval and report, in one run, from an empty working folder.
     python bench/sweep.py                                          # config/config.yaml + stdlib-lr-sweep.yaml
     python bench/sweep.py --configfile tests/configs/tiny.yaml config/experiments/stdlib-lr-sweep.yaml \
         --config 'train={budget: null}'                            # seconds, not minutes
-    python bench/sweep.py --quick      # tiny.yaml + the sweep, download stage only: what tests/test_bench.py runs
+    python bench/sweep.py --quick      # tiny.yaml + the sweep, download stage only: what tests/bench/test_bench.py runs
 
 Runs `snakemake --cores all` on the files in a scratch folder (--workdir, removed first), then reads
 every job's benchmark file (kiln.layout says where): the sum of the stage times is what the sweep

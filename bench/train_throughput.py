@@ -3,7 +3,7 @@ model, batch, precision and machine, in one run.
 
     python bench/train_throughput.py                                    # CPU: the default config's model
     python bench/train_throughput.py --compile true                     # ... with torch.compile
-    python bench/train_throughput.py --quick     # a 1-layer model, 1 step a round: what tests/test_bench.py runs
+    python bench/train_throughput.py --quick     # a 1-layer model, 1 step a round: what tests/bench/test_bench.py runs
     # one H100/H200 (compile on by default on CUDA):
     python bench/train_throughput.py --flavour llama3.2-1b --vocab 32768 --seq-len 8192 --micro-batch 6 --steps 10 --rounds 3 --warmup 5
     python bench/train_throughput.py --flavour gpt2-124m --vocab 50257 --seq-len 1024 --micro-batch 16 --steps 20 --rounds 3 --warmup 5

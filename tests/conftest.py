@@ -1,5 +1,10 @@
 """Shared fixtures: a small raw download folder and a small tokenizer trained on it, built once per
-session so the data tests stay fast (a few stdlib packages, a 512-token BPE)."""
+session so the data tests stay fast (a few stdlib packages, a 512-token BPE); and the lanes.
+
+The tree: tests/unit/<package>/ mirrors src/kiln/ (in-process tests of one component); tests/dag runs
+Snakemake on real configs; tests/process starts whole processes (torchrun ranks, stage scripts, kills);
+tests/bench runs the bench scripts; tests/slurm needs the Slurm test cluster. Each test is marked with
+its folder's lane (pyproject.toml lists the markers), so `-m "not dag"` and the like pick lanes."""
 
 from __future__ import annotations
 
@@ -20,7 +25,18 @@ from kiln.config.run_config import RunConfig
 from kiln.data.raw import write_raw
 from kiln.data.tokenizer_build import build_tokenizer
 
-TINY = Path(__file__).parent / "configs" / "tiny.yaml"
+TESTS = Path(__file__).parent
+TINY = TESTS / "configs" / "tiny.yaml"
+LANES = ("dag", "process", "bench", "slurm")  # a folder of tests/ and its marker; the rest are unit tests
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        lane = Path(item.path).relative_to(TESTS).parts[0]
+        if lane in LANES:
+            item.add_marker(lane)
+
+
 STDLIB_INCLUDE = ["json/*.py", "collections/*.py", "logging/*.py", "http/*.py"]
 TOKENIZER_CFG = {"kind": "train", "vocab_size": 512, "train_bytes": 10**8, "heldout_docs": 3}
 SEED = 7

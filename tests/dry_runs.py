@@ -1,7 +1,7 @@
 """Many `snakemake -n` runs in one process: the argument lists as JSON on stdin, each answer (the
 rules the dry run schedules, or its error) as one JSON line on stdout. The same entry points the
 `snakemake` command calls (snakemake.cli.parse_args, args_to_api), without a Python start and the
-imports for each of the ~150 dry runs tests/test_settings.py makes (0.2 s each instead of 3.5 s)."""
+imports for each of the ~150 dry runs tests/dag/test_settings.py makes (0.2 s each instead of 3.5 s)."""
 
 import contextlib
 import io

@@ -3,7 +3,7 @@ enforced), as one table. Run the folder, from the repository root:
 
     python bench/gpu_check                   # one GPU: the budgets sum to 390 s; 2+ GPUs: 430 s
     python bench/gpu_check --only flash,eval --budget-scale 2
-    python bench/gpu_check --cpu-dry-run     # no GPU: what runs on the CPU, tiny shapes (CI: tests/test_gpu_check.py)
+    python bench/gpu_check --cpu-dry-run     # no GPU: what runs on the CPU, tiny shapes (CI: tests/bench/test_gpu_check.py)
 
 Each check (checks.CHECKS) runs in a process forked from this one (torch imported once, CUDA first
 touched in the child) under its own time budget (Check.budget_s), and the run as a whole under
@@ -139,7 +139,7 @@ def _check_rows(
 
 
 def main() -> None:
-    parser = common.parser(__doc__, quick="--cpu-dry-run, as every bench script spells it (tests/test_bench.py)")
+    parser = common.parser(__doc__, quick="--cpu-dry-run, as every bench script spells it (tests/bench/test_bench.py)")
     parser.add_argument(
         "--cpu-dry-run", dest="quick", action="store_true", help="hide CUDA; run the CPU-capable parts at tiny shapes"
     )

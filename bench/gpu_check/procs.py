@@ -5,7 +5,7 @@ Why not the check's process group or session alone: torch elastic (torchrun, whi
 the two-rank check start through kiln.train.launch) starts every rank with start_new_session=True,
 so a rank is in neither its torchrun's process group nor its session. os.killpg of the check's group
 ends the check and torchrun and leaves the ranks running, orphaned, holding the GPU the next check
-needs (tests/test_gpu_check.py shows a grandchild in a session of its own surviving killpg). So the
+needs (tests/bench/test_gpu_check.py shows a grandchild in a session of its own surviving killpg). So the
 checks' parent makes itself a child subreaper (Linux prctl): a descendant orphaned by its parent's
 death is reparented to it, not to init, and stays findable by parentage. Ending a check means: every
 descendant of this process that was not there before the check, found by walking /proc parent links

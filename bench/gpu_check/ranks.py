@@ -3,7 +3,7 @@ then a few DDP steps and a few FSDP2 steps, on 2 ranks under NCCL, started as th
 (kiln.train.launch: torchrun --standalone). NCCL takes only CUDA tensors where gloo, which every CPU
 test runs, takes host tensors too: a collective handed a host tensor passes the whole suite and
 crashes here. Eager (compile off): the compiled blocks under DDP and FSDP are the same graphs on
-gloo (tests/test_distributed.py) and a compile on two ranks would not fit the budget.
+gloo (tests/process/test_distributed.py) and a compile on two ranks would not fit the budget.
 
 A llama-family model (GQA, RoPE tables as buffers, which DDP no longer broadcasts) of 4 x 512 at seq
 256 on the words of shared.word_shards (learnable, so the gate's loss checks can pass).

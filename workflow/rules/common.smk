@@ -170,7 +170,7 @@ def _until_jobs_make_their_outputs():
     import snakemake.dag
 
     set_until_jobs = getattr(snakemake.dag.DAG, "set_until_jobs", None)
-    if set_until_jobs is None:  # another Snakemake: tests/test_pipeline.py says whether it needs this
+    if set_until_jobs is None:  # another Snakemake: tests/dag/test_pipeline.py says whether it needs this
         return
 
     def patched(dag):

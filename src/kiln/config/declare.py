@@ -25,7 +25,7 @@ Reads names, for each stage that reads a setting, one of
 
 A field without Reads is a group of settings (a nested section such as train.samples, declared with
 `group`) whose own fields carry theirs; a leaf without Reads is an error (settings.check_table;
-tests/test_declare.py). tests/test_settings.py dry-runs a change of every leaf on a finished run and
+tests/unit/config/test_declare.py). tests/dag/test_settings.py dry-runs a change of every leaf on a finished run and
 checks the stages Snakemake schedules are the ones its tag names.
 """
 

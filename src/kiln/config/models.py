@@ -121,7 +121,7 @@ class ModelConfig:
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameters from the shape alone, tied weights once (torch-free: a run is priced before any
-        model is built); equal to the built model's num_params (tests/test_registry.py).
+        model is built); equal to the built model's num_params (tests/unit/config/test_registry.py).
         non_embedding leaves out the tables only looked up, never multiplied (positions, and the
         token table unless it is the head): the N of the 6N FLOPs-per-token estimate."""
         d, f, hd, V = self.d_model, self.d_ff, self.head_dim, self.vocab_size

@@ -130,7 +130,7 @@ def write_shards(tokens_dir: Path, out_dir: Path, seq_len: int, rows_per_shard: 
             meta["padded_vocab_size"],
         )
         # meta.json's list, not pretokenize's SPLITS: training imports this module, and importing
-        # pretokenize would bring the cleaning's packages with it (tests/test_train_imports.py)
+        # pretokenize would bring the cleaning's packages with it (tests/unit/test_train_imports.py)
         for split in meta["splits"]
     }
     manifest = {

@@ -2,7 +2,7 @@
 Face tokenizer loaded with `tokenizers` alone, and the stats.json the stage writes beside it. The stage
 itself, which makes both by one of four routes, is kiln.data.tokenizer_build; this module imports none
 of that one's packages (tiktoken, pyarrow), so that training, which loads the tokenizer for its samples
-and its Hugging Face export, runs without them (tests/test_train_imports.py).
+and its Hugging Face export, runs without them (tests/unit/test_train_imports.py).
 
 Kiln's seven special tokens are *roles* (SPECIAL_TOKENS: end of document, the FIM sentinels, the
 repository layout), named by Kiln's (StarCoder2's) spellings. Every route but `hf` holds them under

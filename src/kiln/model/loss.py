@@ -13,7 +13,7 @@ loss, done with checkpoint rather than a fused kernel). The price is the head's 
 more, 2*N*V*C FLOPs: ~2% of llama3.2-1b's step, more for a model whose head is a large share of it;
 when one chunk holds every row there is nothing to gain, and no recompute.
 Under bf16 autocast every chunk computes exactly what the plain loss computes for its rows (bf16
-logits upcast to fp32), so the two agree to fp32 rounding of the sum (tests/test_loss.py).
+logits upcast to fp32), so the two agree to fp32 rounding of the sum (tests/unit/model/test_loss.py).
 
 Rows per chunk come from kiln.config.models.loss_chunk_rows (torch-free, so the memory estimate
 kiln.plan.memory counts the same chunk).

@@ -22,7 +22,7 @@ L layers):
   owned matrices whole, their updates and the rows coming back (~6 bytes each / W). One rank updates
   one matrix at a time: its few temporaries are not counted.
 - activations, what autograd keeps from the forward pass for backward, per layer per token, counted
-  tensor by tensor from the models (tests/test_memory.py checks the totals against torch's CPU
+  tensor by tensor from the models (tests/unit/plan/test_memory.py checks the totals against torch's CPU
   profiler). With a = 2 bytes (bf16 autocast) or 4 (fp32):
     eager   gpt2  8C + a(6C + 2F)         the fp32 residual stream before each LayerNorm (2 x 4C);
                                           both LayerNorm outputs, q|k|v, the attention output, the
@@ -38,7 +38,7 @@ L layers):
                                           partitioner; identical to inductor's on the CPU)
   plus a few bytes per token (norm statistics, attention's log-sum-exp: 4 x heads). These are what
   autograd saves, byte for byte, for Kiln's block and for transformers' LlamaDecoderLayer alike
-  (docs/benchmarks.md, "Seed 000's memory"; tests/test_memory.py pins them). Seed 000's 70.2 GiB under torchtitan is
+  (docs/benchmarks.md, "Seed 000's memory"; tests/unit/plan/test_memory.py pins them). Seed 000's 70.2 GiB under torchtitan is
   the same count in all-bf16 training (8 bytes a parameter of states, a bf16 residual stream: 2C
   where Kiln keeps 4C) plus its whole logits; Kiln's fp32 weights and AdamW state are what put the
   seed's setting over an H100 under DDP, not its blocks. Under bf16
@@ -154,7 +154,7 @@ def layer_activation_bytes(cfg: ModelConfig, tokens: int, bf16: bool, compiled: 
             # weights, their mask and the dropped weights (measured: ~13 bytes an entry eager, ~8
             # compiled); flash on a GPU draws the mask inside the kernel and keeps none of it.
             per_token += (8 if compiled else 13) * H * cfg.seq_len
-    elif cfg.family == "starcoder2":  # measured as tests/test_memory.py does for Llama's block
+    elif cfg.family == "starcoder2":  # measured as tests/unit/plan/test_memory.py does for Llama's block
         casts = 6 if bf16 else 4
         per_token = 4 * C + a * (5 * C + 2 * K + 2 * F) if compiled else 8 * C + a * (casts * C + 2 * K + 2 * F)
         per_token += 16 + 4 * H  # two LayerNorms' mean and rstd; log-sum-exp

@@ -42,7 +42,7 @@ then only surprise what follows the last decision: one step, the last validation
 export and the exit (~3 s in the default, EXIT_S included). The aim keeps that much of the budget in
 hand, so a machine that halves its speed at any moment, in the cooldown or in those last seconds,
 still ends inside the budget; one that slows k-fold there ends at most (k - 2) x those seconds past
-it. A slow-down before the final windows costs steps, not the budget (tests/test_budget_controller.py
+it. A slow-down before the final windows costs steps, not the budget (tests/unit/train/test_budget_controller.py
 simulates each case), as long as a log window stays short against what is left (steps slowed 20x
 and more, as spinning processes on every core slowed the quick bench's tiny model, make a window of
 log_every steps a long time, and the run can only react a window later).

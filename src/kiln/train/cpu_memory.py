@@ -5,7 +5,7 @@ free of the CPU allocator, with its size, in order).
 A process's peak resident set (ru_maxrss) is the other CPU figure; it adds the interpreter, torch's
 libraries and whatever glibc keeps of freed memory, so it cannot tell a 10 MB saving from noise. The
 profiler's figure is exact and repeatable: the same step gives the same bytes on every run, which is
-why the tests compare memory through it (tests/test_loss.py, tests/test_memory.py) and never time it.
+why the tests compare memory through it (tests/unit/model/test_loss.py, tests/unit/plan/test_memory.py) and never time it.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def saved_for_backward(fn: Callable[[], T], exclude=()) -> tuple[T, list[Saved]]
     for backward, one entry per distinct storage (a tensor several ops save, or views of one, counted
     once), leaving out the storages of `exclude` (parameters, shared tables: alive anyway). It sees
     through torch.compile: AOTAutograd's compiled function saves its tensors through the same hooks,
-    so eager and compiled blocks are counted alike (docs/benchmarks.md, "Seed 000's memory"; tests/test_memory.py)."""
+    so eager and compiled blocks are counted alike (docs/benchmarks.md, "Seed 000's memory"; tests/unit/plan/test_memory.py)."""
     skip = {t.untyped_storage().data_ptr() for t in exclude}
     seen: dict[int, Saved] = {}
 

@@ -12,7 +12,7 @@ hashing the checkpoint a resume reads while the others wait for its verdict
 (kiln.train.checkpoint.resume_state, ~1 s per GB). The second must exceed the longest wait of a
 running job: rank 0 writing a checkpoint while the others wait at the next collective.
 
-Every collective Kiln calls goes through the helpers here (tests/test_collectives.py fails on any
+Every collective Kiln calls goes through the helpers here (tests/unit/train/test_collectives.py fails on any
 other torch.distributed collective in src/ or workflow/): NCCL, the default group on GPUs, takes only
 CUDA tensors, and gloo, which the CPU tests run, takes host tensors too, so a host tensor handed to a
 collective passes every test and crashes the first multi-GPU job (smoke's checkpoint timing did).

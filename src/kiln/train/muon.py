@@ -32,7 +32,7 @@ a Kiln step needs that torch's step lacks. kiln.train.optim decides which parame
 
 The arithmetic is torch's own (its Newton-Schulz and learning-rate adjustment, the same lerp forms), so
 an unflagged step equals torch.optim.Muon's bit for bit, and so do DDP's and FSDP's on the same
-gradients (tests/test_optimizers.py). State and hyperparameters are torch.optim.Muon's
+gradients (tests/unit/train/test_optimizers.py). State and hyperparameters are torch.optim.Muon's
 ("momentum_buffer" per parameter), so checkpoints hold what torch's Muon would.
 """
 

@@ -7,7 +7,7 @@ its forward keeps only its inputs (the residual stream, (B, T, C) fp32) and back
 the rest. `full` does that to every block, `selective` to every other one (torchtitan's layer-level
 selective AC at frequency 2: its 2nd, 4th, ... block), `none` to none. The module tree and parameter
 names are untouched (no wrapper module), so checkpoints and state dicts read the same in every mode;
-RNG state is replayed on recompute, so dropout draws the same masks (tests/test_model.py).
+RNG state is replayed on recompute, so dropout draws the same masks (tests/unit/model/test_model.py).
 
 - ddp (default): every rank holds the whole model; gradients are all-reduced (averaged) in buckets
   overlapping the backward pass. Fastest while the model, its gradients and AdamW's two moments
@@ -24,7 +24,7 @@ through torch.distributed.checkpoint's helpers, which key optimizer state by par
 format: one file, rank 0 holding the whole state at a save), `sharded_state` is each rank's own part
 (the `sharded` format: every rank writes its shards, and a load reshards them onto this run's
 layout). Either way a checkpoint reads the same whichever strategy and rank count wrote it and
-whichever reads it: one written by 2 FSDP ranks resumes on 1, and the reverse (tests/test_distributed.py).
+whichever reads it: one written by 2 FSDP ranks resumes on 1, and the reverse (tests/process/test_distributed.py).
 """
 
 from __future__ import annotations

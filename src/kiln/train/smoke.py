@@ -242,7 +242,7 @@ def run_checks(config: RunConfig, shard_dir: Path, out_dir: Path, marker_id: int
         # causality check's 2 rows and a short last validation batch are other shapes: through the
         # compiled model they would be compiled first, and dynamo, seeing a second shape, marks batch
         # and length dynamic for every graph after it, the probe's training step included; train
-        # compiles its static training step first (tests/test_smoke.py counts the graphs).
+        # compiles its static training step first (tests/unit/train/test_smoke.py counts the graphs).
         started = time.perf_counter()
         with torch.compiler.set_stance("force_eager"):
             leak = causality_leak(trainer.model, vocab, seq_len, trainer.dist.device, trainer.seed)

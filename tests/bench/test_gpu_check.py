@@ -1,0 +1,197 @@
+"""bench/gpu_check, the GPU check no CPU machine can pass, does not rot: its --cpu-dry-run runs
+every check's CPU-capable part at tiny shapes (CUDA hidden) and prints the table a GPU run prints,
+each row skipped for want of CUDA, none failed. Its process handling holds on the CPU as on the GPU
+machine: a check over budget is ended with everything it started, a torchrun-style rank in a session
+of its own included, and the run's deadline still leaves a row, with the reason, for every check."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GPU_CHECK = [sys.executable, str(REPO / "bench" / "gpu_check")]  # `python bench/gpu_check`: the folder's __main__
+ROWS = [
+    "flash SDPA",
+    "fused AdamW",
+    "torch.compile gpt2-124m",
+    "MFU gpt2-124m seq 1024",
+    "host run-ahead, stop flag read",
+    "bench/train_throughput.py gpt2-124m",
+    "chunked loss memory, flagship logits",
+    "MFU llama3.2-1b seq 8192",
+    "MFU llama3.2-1b, torchtitan transformers-backend count",
+    "memory estimate llama3.2-1b seq 8192",
+    "smoke memory snapshot",
+    "eval on GPU vs CPU",
+    "tiny pipeline, train.device=cuda",
+    "bench/generate.py",
+    "two-rank smoke, NCCL",
+    "DDP 2 ranks, NCCL",
+    "FSDP 2 ranks, NCCL",
+]
+
+
+def _table(stdout: str) -> list[list[str]]:
+    lines = [line for line in stdout.splitlines() if line.startswith("| ")]
+    assert lines[0] == "| check | result | figure | expected |"
+    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines[1:]]
+
+
+def test_cpu_dry_run_prints_every_row_and_fails_none(tmp_path):
+    command = [*GPU_CHECK, "--cpu-dry-run", "--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = _table(done.stdout)
+    assert [r[0] for r in rows] == ROWS
+    for check, result, figure, expected in rows:
+        assert result == "skipped: no CUDA", (check, result, figure)
+        assert figure.startswith("CPU part: ") and expected, check
+    by_check = {r[0]: r[2] for r in rows}
+    assert "flash" in by_check["flash SDPA"] and "_fused_adamw_" in by_check["fused AdamW"]
+    assert "merged into tiny.yaml's train section" in by_check["tiny pipeline, train.device=cuda"]
+    assert "chunked vs" in by_check["chunked loss memory, flagship logits"]
+    assert "estimated" in by_check["memory estimate llama3.2-1b seq 8192"]
+    assert "torchtitan transformers-backend count" in by_check["MFU gpt2-124m seq 1024"]
+    assert "with later work still queued: True" in by_check["host run-ahead, stop flag read"]
+    # compiled as train compiles at world 1 (kiln.train.parallel.compile_blocks): block by block, one graph for all
+    assert "per block: 2 dynamo graph(s) for 2 blocks and the chunked loss" in by_check["torch.compile gpt2-124m"]
+    # the two-rank worker ran under torchrun (gloo here): the gate passed, DDP's ranks agree, FSDP matches DDP
+    assert "checks passed" in by_check["two-rank smoke, NCCL"] and "FAILED" not in by_check["two-rank smoke, NCCL"]
+    assert "ranks' weights equal" in by_check["DDP 2 ranks, NCCL"]
+    assert "of DDP's" in by_check["FSDP 2 ranks, NCCL"]
+    assert (tmp_path / "snapshot" / "smoke" / "trace.json").exists()  # the smoke probe traced its step
+
+
+def test_a_deadline_already_spent_still_gives_every_row_a_reason(tmp_path):
+    """With no time left nothing starts, not even the environment probe, and the table still has
+    every check's rows, each a FAIL saying why, and the run exits 1."""
+    command = [*GPU_CHECK, "--cpu-dry-run", "--out", str(tmp_path), "--deadline-s", "0"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    rows = _table(done.stdout)
+    assert [r[0] for r in rows] == ROWS
+    assert all(result == "FAIL" and "not started: the 0 s deadline" in figure for _, result, figure, _ in rows), rows
+
+
+# A check that does what torchrun does to a rank: a launcher in the check's own session starts the
+# rank in a session of its own (torch elastic's start_new_session=True), so the check's process group
+# and session both miss it. Run in a separate interpreter: gpu_check.procs makes its caller a child
+# subreaper, which pytest's process should not become.
+DRIVER = textwrap.dedent("""
+    import json, subprocess, sys, time
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[1])
+    from gpu_check.procs import run_isolated
+
+    work, hang = Path(sys.argv[2]), sys.argv[3] == "hang"
+    RANK = "import os, sys, time; open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); " \\
+           "os.rename(sys.argv[1] + '.tmp', sys.argv[1]); time.sleep(120)"
+    LAUNCHER = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-S', '-c', %r, sys.argv[1]], "
+                "start_new_session=True); time.sleep(120)") % RANK
+
+    def check():
+        subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, str(work / "rank.pid")])
+        while not (work / "rank.pid").exists():
+            time.sleep(0.05)
+        (work / "progress.tsv").write_text("1\\tthe rank is up\\n")
+        if hang:
+            time.sleep(120)
+        return [["pass", "returned, its rank still running"]]
+
+    data, why = run_isolated(check, work / "r.json", work / "r.log", 6 if hang else 60, work / "progress.tsv")
+    print(json.dumps({"data": data, "why": why}))
+""")
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="walks /proc (Linux)")
+@pytest.mark.parametrize("mode", ["hang", "return"])
+def test_a_check_is_ended_with_a_rank_it_started_in_a_session_of_its_own(tmp_path, mode):
+    """Over budget ("hang") or done ("return"), the check's rank is gone afterwards: killing the
+    check's process group (the old way) leaves it running, holding the next check's GPU. The reason
+    of a check over budget quotes its last progress note."""
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(REPO / "bench"), str(tmp_path), mode],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rank = int((tmp_path / "rank.pid").read_text())
+    try:
+        assert not _running(rank), "the rank outlived its check"
+    finally:
+        if _running(rank):
+            os.kill(rank, signal.SIGKILL)
+    result = json.loads(done.stdout.splitlines()[-1])
+    if mode == "hang":
+        assert result["data"] is None and "over its 6 s budget" in result["why"] and "the rank is up" in result["why"]
+    else:
+        assert result["data"] == [["pass", "returned, its rank still running"]] and result["why"] is None
+
+
+def test_the_budgets_sum_well_under_the_deadline_and_eight_minutes(monkeypatch):
+    """The GPU run must end within a device session's 8 minutes with numbers in every row: the
+    per-check budgets (the environment probe's included) fit inside the enforced deadline, with and
+    without the two-rank check, and the deadline leaves the interpreter's start-up its margin."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))  # as `python bench/gpu_check` has it
+    from gpu_check import checks
+
+    one_gpu = checks.ENVIRONMENT_S + sum(c.budget_s for c in checks.CHECKS if c.gpus == 1)
+    every = one_gpu + sum(c.budget_s for c in checks.CHECKS if c.gpus > 1)
+    assert one_gpu <= 400 and every <= checks.DEADLINE_S <= 450
+    assert [row for c in checks.CHECKS for row in c.rows] == ROWS
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Live processes whose command line contains `text`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != str(os.getpid()):
+            try:
+                if text in (entry / "cmdline").read_bytes().decode(errors="replace") and _running(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="walks /proc (Linux)")
+def test_a_run_stopped_while_torchrun_ranks_train_ends_them_and_still_prints_the_table(tmp_path):
+    """SIGTERM (a device session ending) once the two-rank check's ranks have joined their group:
+    the run still prints the check's rows, each saying why it has no figures, exits 1, and leaves no
+    rank behind, though torchrun started each in a session of its own."""
+    command = [*GPU_CHECK, "--cpu-dry-run", "--out", str(tmp_path), "--only", "two-ranks"]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    progress, give_up = tmp_path / "two-ranks" / "progress.tsv", time.monotonic() + 120
+    while "ranks joined" not in (progress.read_text() if progress.exists() else "") and run.poll() is None:
+        assert time.monotonic() < give_up, "the ranks never joined"
+        time.sleep(0.2)
+    assert _processes_naming(str(tmp_path / "two-ranks" / "plan.json")), "no rank to stop"
+    run.send_signal(signal.SIGTERM)
+    stdout, stderr = run.communicate(timeout=60)
+    try:
+        assert run.returncode == 1, stdout + stderr
+        rows = _table(stdout)
+        assert [r[0] for r in rows] == ROWS[-3:]
+        assert all(r[1:3] == ["FAIL", "interrupted (SIGTERM)"] for r in rows), rows
+        assert _processes_naming(str(tmp_path)) == []
+    finally:
+        for pid in _processes_naming(str(tmp_path)):
+            os.kill(pid, signal.SIGKILL)
