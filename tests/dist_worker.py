@@ -32,11 +32,11 @@ from torch.nn.parallel import DistributedDataParallel
 from kiln.config.models import model_config
 from kiln.config.run_config import RunConfig
 from kiln.data.loader import ShardRows, TrainBatches
+from kiln.gate.checks import run_checks
 from kiln.model.build import build_model
 from kiln.train import checkpoint
 from kiln.train.distributed import init_distributed, shutdown
 from kiln.train.parallel import grad_sync, parallelize
-from kiln.train.smoke import run_checks
 from kiln.train.trainer import Trainer
 
 

@@ -50,13 +50,13 @@ from kiln.config.run_config import RunConfig
 from kiln.config.train_sections import TrainSection
 from kiln.data.loader import ShardRows
 from kiln.eval.perplexity import BATCH, val_rows_loss
+from kiln.gate.checks import probe
 from kiln.generate.decode import generate
 from kiln.layout import Layout
 from kiln.model.build import build_model, load_model, save_model
 from kiln.train.device import autocast, eval_autocast, to_device
 from kiln.train.optim import build_adamw
 from kiln.train.parallel import compile_blocks
-from kiln.train.smoke import probe
 from kiln.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[2]

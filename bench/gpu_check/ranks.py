@@ -147,8 +147,8 @@ def main() -> None:
     the result file the plan names."""
     import dataclasses
 
+    from kiln.gate.checks import run_checks
     from kiln.train.distributed import init_distributed, shutdown
-    from kiln.train.smoke import run_checks
 
     plan = json.loads(Path(sys.argv[1]).read_text())
     torch.set_num_threads(1)

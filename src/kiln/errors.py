@@ -56,4 +56,4 @@ class CollectiveTimeout(GroupBroken):
 
 class RanksOutOfMemory(GroupBroken):
     """A rank ran out of memory and every rank agreed on it after leaving the process group
-    (kiln.train.oom): each ends with the same message."""
+    (kiln.gate.oom): each ends with the same message."""

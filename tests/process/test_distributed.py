@@ -405,7 +405,7 @@ def _launch_rank_worker(plan: Path, timeout_s: float = 300) -> tuple[int | None,
 
 def test_an_oom_on_one_rank_in_the_smoke_probe_ends_every_rank_with_the_same_error(tmp_path):
     """The smoke stage's script on 2 gloo ranks, rank 1 out of memory at probe step 3 (KILN_FAULT):
-    rank 0, by then in that step's gradient all-reduce, learns of it (kiln.train.oom) and both end
+    rank 0, by then in that step's gradient all-reduce, learns of it (kiln.gate.oom) and both end
     at once with the same error naming the rank, not after train.collective_timeout_s (300 s here,
     beyond the launch's 120 s allowance) with one that says nothing of memory."""
     shards = write_shards(tmp_path / "shards")

@@ -12,6 +12,7 @@ or tests/), and above them bench/ and tests/, which the package and the scripts 
 from __future__ import annotations
 
 import ast
+import fnmatch
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,11 +26,24 @@ LAYERS: list[tuple[str, ...]] = [
     ("kiln.layout",),  # where results land
     ("kiln.data", "kiln.model"),  # text to token shards; the decoder models (torch)
     ("kiln.generate", "kiln.hf", "kiln.plan"),  # decoding; Hugging Face interop; planning and pricing
-    ("kiln.train",),  # the loop, distributed code, checkpoints, the smoke stage's checks
-    ("kiln.eval",),  # a checkpoint's evaluation (reads train's checkpoints)
+    ("kiln.train",),  # the loop, distributed code, checkpoints
+    ("kiln.gate", "kiln.eval"),  # the smoke stage's checks; a checkpoint's evaluation (both drive train's parts)
     ("kiln.forecast", "kiln.report", "kiln.stage"),  # `kiln plan`; status and reports; the stage scripts' helper
     ("kiln.main",),  # the `kiln` command
 ]
+
+# Modules that live in another unit's folder, by pattern: each model family's torch-free half (its spec:
+# defaults, rules, counts, memory terms; its Hugging Face mapping), the registry that names the families
+# and the config.json fields families share sit in kiln/model/, beside the families' torch modules, so
+# that one folder holds a family (kiln.model.registry). Config validates a model section with them and
+# plan prices one, without torch: they are kiln.config's, and may import it but no torch module of
+# kiln.model.
+PART_OF: dict[str, str] = {
+    "kiln.model.registry": "kiln.config",
+    "kiln.model.hf_fields": "kiln.config",
+    "kiln.model.*.spec": "kiln.config",
+    "kiln.model.*.hf": "kiln.config",
+}
 
 # Top-level module names of what sits above the package: nothing under src/ or workflow/scripts imports them.
 ABOVE = ("bench", "tests", "workflow")
@@ -63,12 +77,17 @@ def imported(path: Path, module: str) -> list[tuple[int, str]]:
 
 
 def unit_of(name: str, units: dict[str, tuple[int, int]]) -> str | None:
-    """The longest listed unit that `name` is, or lies inside (kiln.train.trainer -> kiln.train). The
-    root unit is kiln/__init__.py alone: kiln.x of no listed unit is in no layer."""
+    """The longest listed unit that `name` is, or lies inside (kiln.train.trainer -> kiln.train), a
+    PART_OF pattern's unit first (kiln.model.llama.spec -> kiln.config). The root unit is
+    kiln/__init__.py alone: kiln.x of no listed unit is in no layer."""
     parts = name.split(".")
     for n in range(len(parts), 1, -1):
-        if ".".join(parts[:n]) in units:
-            return ".".join(parts[:n])
+        prefix = ".".join(parts[:n])
+        part = next((unit for pattern, unit in PART_OF.items() if fnmatch.fnmatchcase(prefix, pattern)), None)
+        if part is not None:
+            return part
+        if prefix in units:
+            return prefix
     return name if name in units else None
 
 
@@ -194,3 +213,24 @@ def test_an_upward_or_sideways_import_is_named_with_file_line_and_layers(tmp_pat
     assert "kiln.model (layer" in up and "imports kiln.train.trainer from a higher layer, kiln.train (layer" in up
     assert "kiln.plan.steps.build_plan from kiln.plan, a sibling" in sideways
     assert "bench.gpu_check" in above and "kiln.extra is in no layer" in unplaced
+
+
+def test_a_model_familys_torch_free_half_is_configs(tmp_path):
+    """A family's spec and Hugging Face mapping belong to kiln.config (PART_OF): kiln.config may import the
+    registry, a spec may import kiln.config, and a spec importing its family's torch module runs up."""
+    files = {
+        "kiln/__init__.py": "",
+        "kiln/errors.py": "",
+        "kiln/config/__init__.py": "from kiln.model import registry\n",
+        "kiln/model/__init__.py": "",
+        "kiln/model/registry.py": "from kiln.errors import KilnError\n",
+        "kiln/model/toy/__init__.py": "",
+        "kiln/model/toy/spec.py": "from kiln.config import models\nfrom kiln.model.toy.module import Toy\n",
+        "kiln/model/toy/module.py": "from kiln.model.toy.spec import params\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / rel).write_text(text)
+    problems = layer_problems(tmp_path / "src")
+    assert len(problems) == 1 and problems[0].startswith("src/kiln/model/toy/spec.py:2:"), problems
+    assert "kiln.config (layer" in problems[0] and "from a higher layer, kiln.model (layer" in problems[0]

@@ -1,7 +1,7 @@
 """smoke stage: the gate before the full run. Launch it the way train is launched (torchrun): same
 model, batch and parallelism.
 
-Runs the checks of kiln.train.smoke (preflight, causality, init loss, health, generalisation, data,
+Runs the checks of kiln.gate.checks (preflight, causality, init loss, health, generalisation, data,
 overfit), each against its threshold in the `smoke` section, and prints them as a table. When all
 pass (or smoke.gate is false) it writes report.json: the checks and the measurements (speed, stage
 times, the precision train.precision auto picks), from which train plans its steps and the plan
@@ -17,11 +17,11 @@ import torch
 from kiln.data.shards import check_tokenizer
 from kiln.data.tokenizer import load_tokenizer, role_id
 from kiln.errors import KilnError, RanksOutOfMemory
+from kiln.gate.checks import run_checks
 from kiln.plan.tables import checks_table
 from kiln.plan.verdict import Measurements, SmokeReport
 from kiln.stage import run_main, stage_config, stage_parser
 from kiln.train.distributed import shutdown
-from kiln.train.smoke import run_checks
 
 
 def main() -> None:

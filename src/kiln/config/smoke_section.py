@@ -17,7 +17,7 @@ class Overfit(Section):
 
 
 class SmokeSection(Section):
-    """The gate before the full run (kiln.train.smoke): checks that each pass or fail against a
+    """The gate before the full run (kiln.gate.checks): checks that each pass or fail against a
     threshold here, and the measurements the plan (smoke/plan.md) is made from."""
 
     KEY: ClassVar[str] = "smoke"

@@ -47,7 +47,7 @@ from kiln.io import read_json
 from kiln.model.build import CONFIG_FILE, build_model, load_model
 from kiln.train import checkpoint
 from kiln.train.device import eval_autocast
-from kiln.train.trainer import Sampler
+from kiln.train.samples import Sampler
 
 log = logging.getLogger("kiln.eval")
 CPU = torch.device("cpu")

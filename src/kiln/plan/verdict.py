@@ -34,7 +34,7 @@ _HEADER = ("version", "gate", "checks")
 
 @dataclass(frozen=True)
 class Check:
-    """One check of the gate (kiln.train.smoke lists them) against its threshold in the smoke section."""
+    """One check of the gate (kiln.gate.checks lists them) against its threshold in the smoke section."""
 
     name: str
     passed: bool
@@ -87,7 +87,7 @@ class Measurements:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Measurements:
-        """From the plain form that kiln.train.smoke.run_checks returns and report.json holds."""
+        """From the plain form that kiln.gate.checks.run_checks returns and report.json holds."""
         return cls(
             **{
                 **d,

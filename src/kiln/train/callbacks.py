@@ -19,21 +19,18 @@ written. fit runs every callback under the throughput meter's pause: their time 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Protocol
 
 from kiln.train import checkpoint, preemption, progress
 from kiln.train.budget import BudgetController
 from kiln.train.distributed import barrier
 from kiln.train.metrics import MetricsSink
 from kiln.train.result import RunResult
+from kiln.train.samples import Sampler
 from kiln.train.step_actions import StepActions
 
 if TYPE_CHECKING:  # the trainer imports this module; callbacks only receive one
     from kiln.train.trainer import Trainer
-
-# (model, agree=...) -> [{"prompt", "completion"}] (kiln.train.samples; agree: kiln.generate.decode)
-Sampler = Callable[..., list[dict]]
 
 
 @dataclass
@@ -45,9 +42,9 @@ class StepEnd:
     result: RunResult  # the run's report, filled as it goes
 
 
-class Callback:
-    """A part of fit that runs after each step. Subclasses override the hooks they need; each is called
-    on every rank."""
+class Callback(Protocol):
+    """A part of fit that runs after each step; each hook is called on every rank. A caller's callback
+    implements the three hooks, or subclasses this to inherit the ones it does not need."""
 
     def after_step(self, trainer: Trainer, end: StepEnd) -> None:
         """After step `end.due.step` was trained and, where it syncs, read."""
@@ -129,20 +126,12 @@ class Preemption(Callback):
     """A preemption signal (kiln.train.preemption) ends the run at a step every rank agreed on, once
     every rank has saved it (Checkpoints ran before this): RunStopped(PREEMPTED), exit 75."""
 
-    def __init__(self, saver: checkpoint.Saver, ckpt_root: Path):
-        self.saver, self.ckpt_root = saver, ckpt_root
+    def __init__(self, saver: checkpoint.Saver):
+        self.saver = saver
 
     def after_step(self, trainer: Trainer, end: StepEnd) -> None:
         if not end.due.preempted:
             return
         self.saver.wait()  # an async save: this rank's shards written (rank 0: the checkpoint in place)
         barrier(trainer.dist.world)  # rank 0 has written the checkpoint before any rank exits
-        raise preemption.stopped(trainer.stop.received, end.due.step, last_checkpoint(self.saver, self.ckpt_root))
-
-
-def last_checkpoint(saver: checkpoint.Saver, ckpt_root: Path) -> str:
-    """The newest checkpoint in ckpt_root, once an async save in flight is in place: where a rerun
-    continues from."""
-    saver.wait()
-    found = checkpoint.kept(ckpt_root)
-    return str(found[-1][1]) if found else "none (a rerun starts from step 0)"
+        raise preemption.stopped(trainer.stop.received, end.due.step, self.saver.last_checkpoint())

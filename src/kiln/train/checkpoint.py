@@ -151,6 +151,13 @@ class Saver:
         # the training step's on the default one (torchtitan does the same).
         self._group = dist.new_group(backend="gloo") if async_save and world > 1 else None
 
+    def last_checkpoint(self) -> str:
+        """The newest checkpoint under the root, once an async save in flight is in place: where a rerun
+        continues from."""
+        self.wait()
+        found = kept(self.root)
+        return str(found[-1][1]) if found else "none (a rerun starts from step 0)"
+
     def save(self, state: dict, shards: dict | None = None) -> None:
         """Full format: `state` is everything, rank 0's written. Sharded: `state` is all but model and
         optimizer (rank 0's written to state.pt), `shards` this rank's parallel.sharded_state."""

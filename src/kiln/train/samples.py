@@ -27,6 +27,10 @@ from kiln.generate.healing import complete
 
 log = logging.getLogger("kiln")
 
+# What make_sampler makes, and what train's validations and the eval stage call: (model, agree=...) ->
+# [{"prompt", "completion", "decoding"}] (agree: kiln.generate.decode)
+Sampler = Callable[..., list[dict]]
+
 
 def make_sampler(
     tokenizer_path: Path,
@@ -36,7 +40,7 @@ def make_sampler(
     temperature: float = 0.0,
     top_p: float = 1.0,
     seed: int = 0,
-) -> Callable[..., list[dict]] | None:
+) -> Sampler | None:
     """model -> [{"prompt", "completion", "decoding"}] for each prompt (token healing, up to
     max_new_tokens or <|endoftext|>; "decoding" is kiln.generate.decode.describe's label); None when
     there are no prompts."""

@@ -52,10 +52,8 @@ from kiln.train.callbacks import (
     Checkpoints,
     Metrics,
     Preemption,
-    Sampler,
     StepEnd,
     Validation,
-    last_checkpoint,
 )
 from kiln.train.distributed import (
     collective_deadline,
@@ -83,6 +81,7 @@ from kiln.train.metrics import (
 from kiln.train.mirror import Mirror
 from kiln.train.optim import build_optimizer
 from kiln.train.result import RunResult
+from kiln.train.samples import Sampler
 from kiln.train.schedule import schedule_from_config
 from kiln.train.seeds import seed_everything, seed_rank_stream
 from kiln.train.step_actions import Cadence, StepActions
@@ -302,7 +301,7 @@ class Trainer:
         `sampler`'s greedy completions, logged to samples.jsonl), and save the final
         model.safetensors + model_config.json. What runs after each step is a list of callbacks
         (kiln.train.callbacks), `callbacks` last. (The smoke stage drives train_step itself:
-        kiln.train.smoke.) A preemption signal ends it with RunStopped(PREEMPTED) once every rank
+        kiln.gate.checks.) A preemption signal ends it with RunStopped(PREEMPTED) once every rank
         has saved the same step; a non-finite step with RunStopped(NONFINITE) per train.nonfinite."""
         train, d = self.train, self.dist
         ckpt_root = out_dir / layout.CHECKPOINTS
@@ -350,7 +349,7 @@ class Trainer:
         )
         self.mirror.catch_up(ckpt_root)
         hooks = [Budget(self.budget)] if self.budget is not None else []
-        hooks += [Validation(sink, sampler), Metrics(sink), Checkpoints(saver), Preemption(saver, ckpt_root)]
+        hooks += [Validation(sink, sampler), Metrics(sink), Checkpoints(saver), Preemption(saver)]
         hooks += callbacks
         self.stop.install()  # restored when fit ends, and by run() whatever happens
         loop_start = self._loop_start = time.perf_counter()
@@ -367,7 +366,7 @@ class Trainer:
                     window_tokens += self.batch_split.tokens_per_step
                     due = cadence.at(self.step, self.max_steps, self.reader.stop_requested)
                     if due.read:  # every unread step, before anything is saved: a non-finite one is never saved
-                        stopped = self.reader.read(functools.partial(last_checkpoint, saver, ckpt_root))
+                        stopped = self.reader.read(saver.last_checkpoint)
                         if stopped is not None:
                             raise stopped
                     record = None

@@ -13,11 +13,11 @@ from kiln.config.models import model_config
 from kiln.config.run_config import RunConfig
 from kiln.config.train_sections import TrainSection
 from kiln.errors import KilnError
+from kiln.gate.checks import run_checks
 from kiln.plan import autofit
 from kiln.plan.memory import estimate, fits, setting_of
 from kiln.plan.steps import TrainPlan
 from kiln.plan.verdict import Measurements
-from kiln.train.smoke import run_checks
 from kiln.train.trainer import Trainer
 
 H100_GIB = 80.0

@@ -20,7 +20,7 @@ check the model before any long run. The checks, each against a threshold in the
                   lr 0, a broken schedule or broken data fail here
 
 Before the probe, train.precision auto on a CPU is settled by timing a few steps in bf16 and in
-fp32 (pick_precision). The probe's steady-state figures (kiln.train.probe: warm-up and compile
+fp32 (pick_precision). The probe's steady-state figures (kiln.gate.probe: warm-up and compile
 steps left out, the median of a few spans) feed the plan (kiln.plan.steps.build_plan), and with the
 stage's start-up, one validation and one checkpoint, timed here too (StageTimes), they turn a
 train.budget into steps (kiln.plan.steps.budget_steps). The stage script turns what run_checks finds
@@ -47,15 +47,16 @@ from kiln.config.models import model_config
 from kiln.config.run_config import RunConfig
 from kiln.config.smoke_section import Overfit, SmokeSection
 from kiln.config.train_sections import TrainSection
+from kiln.gate import oom
+from kiln.gate.probe import probe, sync
 from kiln.io import read_json
 from kiln.plan.memory import Estimate, estimate, setting_of
 from kiln.plan.steps import StageTimes
 from kiln.plan.verdict import Check
-from kiln.train import checkpoint, device, faults, oom
+from kiln.train import checkpoint, device, faults
 from kiln.train.distributed import barrier, broadcast_object, max_across_ranks, mean_across_ranks
 from kiln.train.launch import LAUNCH_START_ENV
 from kiln.train.metrics import host_memory_mb
-from kiln.train.probe import probe, sync
 from kiln.train.trainer import Trainer
 
 log = logging.getLogger("kiln.smoke")
@@ -211,7 +212,7 @@ def run_checks(config: RunConfig, shard_dir: Path, out_dir: Path, marker_id: int
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     out_dir.mkdir(parents=True, exist_ok=True)
     oom.clear(out_dir, rank)  # an earlier attempt's record of an OOM
-    oom.watch(out_dir, world)  # another rank's OOM ends this one with the same check (kiln.train.oom)
+    oom.watch(out_dir, world)  # another rank's OOM ends this one with the same check (kiln.gate.oom)
     # train.micro_batch / activation_checkpointing auto: picked here for this GPU, so the probe times the
     # pick, and the plan hands it to train (kiln.plan.autofit)
     model = model_config(config.model.as_dict(), manifest["padded_vocab_size"], manifest["seq_len"])
@@ -242,7 +243,7 @@ def run_checks(config: RunConfig, shard_dir: Path, out_dir: Path, marker_id: int
         # causality check's 2 rows and a short last validation batch are other shapes: through the
         # compiled model they would be compiled first, and dynamo, seeing a second shape, marks batch
         # and length dynamic for every graph after it, the probe's training step included; train
-        # compiles its static training step first (tests/unit/train/test_smoke.py counts the graphs).
+        # compiles its static training step first (tests/unit/gate/test_smoke.py counts the graphs).
         started = time.perf_counter()
         with torch.compiler.set_stance("force_eager"):
             leak = causality_leak(trainer.model, vocab, seq_len, trainer.dist.device, trainer.seed)

@@ -1,6 +1,6 @@
 """The smoke stage's probe: the full run's training step timed as train will run it.
 
-Split from kiln.train.smoke (the gate's checks), which runs it for the throughput, the step time
+Split from kiln.gate.checks (the gate's checks), which runs it for the throughput, the step time
 and the stage's start-up that the plan is made from, and to time train.precision auto's two
 candidates; bench/gpu_check runs it for the same figures on a GPU. What it guards against: a
 neighbour's burst of load on a shared machine moving the plan (the median span counts, not the

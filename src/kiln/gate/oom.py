@@ -1,6 +1,6 @@
 """An out-of-memory error that some ranks hit and others do not, ended the same way on every rank.
 
-The smoke stage turns an OOM into a failed preflight check with advice (kiln.train.smoke). On one
+The smoke stage turns an OOM into a failed preflight check with advice (kiln.gate.checks). On one
 rank that is simple. On several, the ranks that did not run out of memory are by then inside a
 collective that the failed rank will never join (DDP's gradient all-reduce, the next validation's
 mean); they would wait there for train.collective_timeout_s, or for ever, and then end with an error

@@ -22,9 +22,9 @@ import kiln.train.trainer as trainer_module
 from kiln.config.batch import BatchSplit
 from kiln.config.run_config import RunConfig
 from kiln.errors import KilnError
+from kiln.gate.checks import run_checks
 from kiln.plan.steps import full_run_plan
 from kiln.plan.tables import render_plan
-from kiln.train.smoke import run_checks
 
 SMOKE_SCRIPT = REPO / "workflow" / "scripts" / "smoke.py"
 PLAN_SCRIPT = REPO / "workflow" / "scripts" / "plan.py"
@@ -322,10 +322,10 @@ def test_a_burst_of_load_in_one_span_does_not_move_the_probes_figure(shards, mon
     """The median span counts: one step made 50x slower (a neighbour's burst) leaves the probe's step
     time at the others', where a mean over the window would be ~6x theirs. The clock is the test's
     (each step takes 1 s of it, the sixth 50 s), so the figure does not depend on the machine."""
-    from kiln.train import probe, smoke
+    from kiln.gate import checks, probe
 
     clock = {"now": 0.0, "steps": 0}
-    real = smoke.Trainer.train_step
+    real = checks.Trainer.train_step
 
     def train_step(self):
         out = real(self)
@@ -333,8 +333,8 @@ def test_a_burst_of_load_in_one_span_does_not_move_the_probes_figure(shards, mon
         clock["now"] += 50.0 if clock["steps"] == 6 else 1.0  # the sixth: inside the second span
         return out
 
-    trainer = smoke.Trainer(RunConfig.of(smoke_sections()), shards, max_steps=12)
-    monkeypatch.setattr(smoke.Trainer, "train_step", train_step)
+    trainer = checks.Trainer(RunConfig.of(smoke_sections()), shards, max_steps=12)
+    monkeypatch.setattr(checks.Trainer, "train_step", train_step)
     monkeypatch.setattr(probe.time, "perf_counter", lambda: clock["now"])
     _, _, measured = probe.probe(trainer, steps=12, warmup=2)
     assert measured.measured_steps == 10 and measured.step_time_s == 1.0
