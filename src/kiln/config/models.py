@@ -1,5 +1,5 @@
 """Named model flavours, each with the URL of the config it copies, and the one ModelConfig that every
-family (kiln.model.gpt, kiln.model.llama, kiln.model.starcoder2) builds from.
+family (kiln.model.registry: gpt2, llama, starcoder2, each a folder kiln/model/<family>/) builds from.
 
 The config's `model` section names a flavour and may override any of its fields, or gives the fields
 itself (then `family` says which architecture, default gpt2). The vocabulary never comes from here:
@@ -13,9 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from kiln.errors import KilnError
+from kiln.model import registry
 
-FAMILIES = ("gpt2", "llama", "starcoder2")
-SWIGLU_MULTIPLE = 256  # Llama rounds its SwiGLU width up to a multiple of this (multiple_of)
 # The training loss (kiln.model.loss) runs the head and cross-entropy this many logits at a time: a
 # chunk's fp32 logits are 1 GiB (8,192 rows at V 32,768; 5,336 at GPT-2's 50,304). Each chunk costs
 # host time (a checkpointed, compiled call forward and again in backward) and a pass over the head's
@@ -37,7 +36,7 @@ class RopeScaling:
     """Llama 3.1's RoPE frequency scaling (Hugging Face's rope_type "llama3"), read from a checkpoint
     that was trained with it (kiln.config.hf_source): wavelengths longer than original_max_position_embeddings
     / low_freq_factor are stretched by `factor`, those shorter than it / high_freq_factor kept, those
-    between interpolated (kiln.model.llama.rope_frequencies). The names are Hugging Face's."""
+    between interpolated (kiln.model.layers.rope_frequencies). The names are Hugging Face's."""
 
     factor: float
     low_freq_factor: float
@@ -99,11 +98,11 @@ class ModelConfig:
     tie_embeddings: bool = True  # output head shares the token embedding's weight
 
     def __post_init__(self) -> None:
-        derived = {
-            "n_kv_head": self.n_head if self.n_kv_head is None else self.n_kv_head,
-            "d_ff": self.d_ff or _default_d_ff(self.family, self.d_model),
-            "max_positions": self.max_positions or (self.seq_len if self.family == "gpt2" else None),
-        }
+        derived = {"n_kv_head": self.n_head if self.n_kv_head is None else self.n_kv_head}
+        if self.family in registry.FAMILIES:  # an unknown one is a problem (_problems), not a shape
+            spec = registry.get(self.family).spec
+            derived["d_ff"] = self.d_ff or spec.default_d_ff(self)
+            derived["max_positions"] = self.max_positions or spec.default_max_positions(self)
         if isinstance(self.rope_scaling, Mapping):  # a config section, or a saved config (to_dict) read back
             derived["rope_scaling"] = RopeScaling(**self.rope_scaling)
         for name, value in derived.items():
@@ -124,30 +123,13 @@ class ModelConfig:
         model is built); equal to the built model's num_params (tests/unit/config/test_registry.py).
         non_embedding leaves out the tables only looked up, never multiplied (positions, and the
         token table unless it is the head): the N of the 6N FLOPs-per-token estimate."""
-        d, f, hd, V = self.d_model, self.d_ff, self.head_dim, self.vocab_size
-        b = int(self.bias)
-        if self.family == "gpt2":
-            attn = d * 3 * d + 3 * d * b + d * d + d * b  # qkv, proj
-            mlp = d * f + f * b + f * d + d * b  # up, down
-            norm = d + d * b  # LayerNorm gain (and bias)
-            positions = self.max_positions * d
-        elif self.family == "starcoder2":
-            attn = d * self.n_head * hd + 2 * d * self.n_kv_head * hd + self.n_head * hd * d  # q, k, v, o
-            attn += ((self.n_head + 2 * self.n_kv_head) * hd + d) * b  # their biases
-            mlp = 2 * d * f + (f + d) * b  # up, down
-            norm = 2 * d  # LayerNorm gain and bias
-            positions = 0
-        else:
-            attn = d * self.n_head * hd + 2 * d * self.n_kv_head * hd + self.n_head * hd * d  # q, k, v, o
-            attn += (self.n_head + 2 * self.n_kv_head) * hd * int(self.qkv_bias)  # q, k, v biases
-            mlp = 3 * d * f  # gate, up, down
-            norm = d  # RMSNorm gain
-            positions = 0
+        V, d = self.vocab_size, self.d_model
+        parts = registry.get(self.family).spec.params(self)
         head = 0 if self.tie_embeddings else V * d
-        total = self.n_layer * (attn + mlp + 2 * norm) + norm + V * d + positions + head
+        total = self.n_layer * parts.block + parts.final_norm + V * d + parts.positions + head
         if not non_embedding:
             return total
-        return total - positions - (0 if self.tie_embeddings else V * d)
+        return total - parts.positions - head
 
     def flops_per_token(self) -> float:
         """Training FLOPs per token, Kiln's MFU convention: 6N for the matmuls forward and backward,
@@ -164,19 +146,12 @@ class ModelConfig:
         return 6 * n + 6 * self.n_layer * self.n_head * self.head_dim * self.seq_len
 
 
-def _default_d_ff(family: str, d_model: int) -> int:
-    if family in ("gpt2", "starcoder2"):
-        return 4 * d_model
-    # SwiGLU has three matrices instead of two: 2/3 of 4*d keeps the parameter count of a 4*d MLP.
-    hidden = int(2 * 4 * d_model / 3)
-    return -(-hidden // SWIGLU_MULTIPLE) * SWIGLU_MULTIPLE
-
-
 def _problems(cfg: ModelConfig) -> list[str]:
-    """Every rule a shape must satisfy, each naming the config key (model.<field>) it concerns."""
+    """Every rule a shape must satisfy, each naming the config key (model.<field>) it concerns: those of
+    every family here, then the family's own (its spec's problems)."""
     out = []
-    if cfg.family not in FAMILIES:
-        return [f"model.family: {cfg.family!r} is not one of {', '.join(FAMILIES)}"]
+    if cfg.family not in registry.FAMILIES:
+        return [f"model.family: {cfg.family!r} is not one of {', '.join(registry.names())}"]
     for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model", "n_kv_head", "d_ff"):
         if getattr(cfg, name) < 1:
             out.append(f"model.{name}: must be at least 1, got {getattr(cfg, name)}")
@@ -192,32 +167,7 @@ def _problems(cfg: ModelConfig) -> list[str]:
         out.append(f"model.d_model: {cfg.d_model} is not divisible by model.n_head={cfg.n_head}")
     if cfg.n_head % cfg.n_kv_head:
         out.append(f"model.n_kv_head: model.n_head={cfg.n_head} is not a multiple of {cfg.n_kv_head}")
-    if cfg.family == "gpt2":
-        if cfg.n_kv_head != cfg.n_head:
-            out.append(f"model.n_kv_head: gpt2 has one key/value head per head ({cfg.n_head}), got {cfg.n_kv_head}")
-        if cfg.seq_len > cfg.max_positions:
-            out.append(
-                f"model.max_positions: {cfg.max_positions} learned positions cannot cover shard.seq_len={cfg.seq_len}"
-            )
-        if cfg.qkv_bias:
-            out.append("model.qkv_bias: llama only (gpt2's biases are model.bias)")
-        if cfg.rope_scaling is not None:
-            out.append("model.rope_scaling: llama only (gpt2 has learned positions)")
-    else:
-        if cfg.head_dim % 2:
-            out.append(f"model.n_head: RoPE needs an even head dim, d_model/n_head = {cfg.head_dim}")
-        if cfg.bias and cfg.family == "llama":
-            out.append("model.bias: llama has no biases (q/k/v biases: model.qkv_bias)")
-        if cfg.max_positions is not None:
-            out.append(f"model.max_positions: {cfg.family} has no learned positions (RoPE covers any seq_len)")
-        if cfg.family == "starcoder2":
-            if cfg.qkv_bias:
-                out.append("model.qkv_bias: llama only (starcoder2's biases, on every Linear, are model.bias)")
-            if cfg.rope_scaling is not None:
-                out.append("model.rope_scaling: llama only (starcoder2 computes plain RoPE)")
-        elif cfg.rope_scaling is not None:
-            out.extend(cfg.rope_scaling.problems())
-    return out
+    return out + registry.get(cfg.family).spec.problems(cfg)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import ValidationInfo, model_validator
+from pydantic import ValidationInfo, ValidatorFunctionWrapHandler, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from kiln.config.data_sections import DownloadSection, PretokenizeSection, ShardSection, TokenizerSection
@@ -14,6 +14,7 @@ from kiln.config.declare import MODEL, OUTPUT, RUN, TRAIN_RUN, Number, Section, 
 from kiln.config.eval_sections import EvalSection
 from kiln.config.smoke_section import SmokeSection
 from kiln.config.train_sections import TrainSection
+from kiln.model import registry
 
 
 class RopeScalingSection(Section):
@@ -40,10 +41,10 @@ class ModelSection(Section):
 
     KEY: ClassVar[str] = "model"
     flavour: str | None = optional("A name in kiln.config.models.FLAVOURS.", MODEL)
-    family: Literal["gpt2", "llama", "starcoder2"] | None = optional(
-        """gpt2: LayerNorm, GELU, learned positions; llama: RMSNorm, SwiGLU, RoPE, grouped-query attention;
-        starcoder2: LayerNorm, GELU, RoPE, grouped-query attention.""",
-        MODEL,
+    # The families registered at import, for the schema and docs/settings.md; validation asks the registry
+    # (_registered_family), so one registered later (a test's, a plugin's) is accepted too.
+    family: Literal[registry.names()] | None = optional(
+        "; ".join(f"{f.name}: {f.about}" for f in registry.FAMILIES.values()) + ".", MODEL
     )
     n_layer: int | None = optional("Transformer blocks.", MODEL, ge=1)
     n_head: int | None = optional("Attention (query) heads.", MODEL, ge=1)
@@ -77,6 +78,17 @@ class ModelSection(Section):
         nullable=True,
         ge=1,
     )
+
+    @field_validator("family", mode="wrap")
+    @classmethod
+    def _registered_family(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        if isinstance(value, str):
+            if value not in registry.FAMILIES:
+                raise PydanticCustomError(
+                    "kiln", "not a model family (registered: {names})", {"names": ", ".join(registry.names())}
+                )
+            return value
+        return handler(value)  # not a string: the Literal's own error
 
     @model_validator(mode="before")
     @classmethod

@@ -1,4 +1,5 @@
-"""Build a model from a ModelConfig (kiln.config.models); save and load a trained one.
+"""Build a model from a ModelConfig (kiln.config.models): its family's module (kiln.model.registry);
+save and load a trained one.
 
 A saved model is a folder with model_config.json (the full ModelConfig) and model.safetensors;
 Hugging Face's format is kiln.hf.
@@ -6,6 +7,7 @@ Hugging Face's format is kiln.hf.
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -15,16 +17,20 @@ from safetensors.torch import load_file, save_file
 from kiln.config.models import ModelConfig
 from kiln.errors import KilnError
 from kiln.io import atomic_file, write_json
-from kiln.model.gpt import GPT
-from kiln.model.llama import Llama
-from kiln.model.starcoder2 import StarCoder2
+from kiln.model import registry
 
-ARCHITECTURES: dict[str, type[torch.nn.Module]] = {"gpt2": GPT, "llama": Llama, "starcoder2": StarCoder2}
 CONFIG_FILE, WEIGHTS_FILE = "model_config.json", "model.safetensors"
 
 
-def build_model(cfg: ModelConfig) -> GPT | Llama:
-    return ARCHITECTURES[cfg.family](cfg)
+def model_class(family: str) -> type[torch.nn.Module]:
+    """The nn.Module class of a registered family: its module.py, imported here (torch) and not by the
+    torch-free registry."""
+    found = registry.get(family)
+    return getattr(importlib.import_module(found.module), found.model)
+
+
+def build_model(cfg: ModelConfig) -> torch.nn.Module:
+    return model_class(cfg.family)(cfg)
 
 
 def save_model(cfg: ModelConfig, state: dict[str, torch.Tensor], out_dir: Path) -> None:
@@ -38,7 +44,7 @@ def save_model(cfg: ModelConfig, state: dict[str, torch.Tensor], out_dir: Path) 
         save_file(weights, str(tmp), metadata={"format": "pt"})
 
 
-def load_model(model_dir: Path, device: torch.device | str = "cpu") -> GPT | Llama:
+def load_model(model_dir: Path, device: torch.device | str = "cpu") -> torch.nn.Module:
     """The model save_model wrote into model_dir, in eval mode."""
     path = Path(model_dir) / CONFIG_FILE
     if not path.is_file():

@@ -23,7 +23,8 @@ L layers):
   one matrix at a time: its few temporaries are not counted.
 - activations, what autograd keeps from the forward pass for backward, per layer per token, counted
   tensor by tensor from the models (tests/unit/plan/test_memory.py checks the totals against torch's CPU
-  profiler). With a = 2 bytes (bf16 autocast) or 4 (fp32):
+  profiler). Each family's count is its spec's (kiln.model.<family>.spec: block_activation_bytes,
+  final_norm_bytes, block_weights); gpt2's and llama's, with a = 2 bytes (bf16 autocast) or 4 (fp32):
     eager   gpt2  8C + a(6C + 2F)         the fp32 residual stream before each LayerNorm (2 x 4C);
                                           both LayerNorm outputs, q|k|v, the attention output, the
                                           MLP's two F-wide tensors
@@ -61,6 +62,7 @@ from dataclasses import dataclass, field, replace
 
 from kiln.config.models import ModelConfig, loss_chunk_rows
 from kiln.config.train_sections import TrainSection
+from kiln.model import registry
 
 GIB = 2**30
 AC_MODES = ("none", "full", "selective")  # train.activation_checkpointing
@@ -116,17 +118,8 @@ class Estimate:
 
 
 def layer_params(cfg: ModelConfig) -> tuple[int, int]:
-    """(matmul weights, all parameters) of one block."""
-    d, f, k = cfg.d_model, cfg.d_ff, cfg.n_kv_head * cfg.head_dim
-    b = int(cfg.bias)
-    if cfg.family == "gpt2":
-        mat = 4 * d * d + 2 * d * f
-        return mat, mat + b * (3 * d + d + f + d) + 2 * d * (1 + b)
-    if cfg.family == "starcoder2":
-        mat = 2 * d * d + 2 * d * k + 2 * d * f
-        return mat, mat + b * (d + 2 * k + d + f + d) + 4 * d  # LayerNorms: gain and bias
-    mat = 2 * d * d + 2 * d * k + 3 * d * f
-    return mat, mat + 2 * d
+    """(matmul weights, all parameters) of one block (the family's spec: kiln.model.<family>.spec)."""
+    return registry.get(cfg.family).spec.block_weights(cfg)
 
 
 def optimizer_state_bytes(cfg: ModelConfig, optimizer: str = "adamw") -> int:
@@ -142,29 +135,7 @@ def optimizer_state_bytes(cfg: ModelConfig, optimizer: str = "adamw") -> int:
 
 def layer_activation_bytes(cfg: ModelConfig, tokens: int, bf16: bool, compiled: bool, cuda: bool = True) -> int:
     """What one block keeps for backward at `tokens` tokens (its weight copies not included)."""
-    a = 2 if bf16 else 4
-    C, F, K, H = cfg.d_model, cfg.d_ff, cfg.n_kv_head * cfg.head_dim, cfg.n_head
-    if cfg.family == "gpt2":
-        per_token = 4 * C + a * (7 * C + 2 * F) if compiled else 8 * C + a * (6 * C + 2 * F)
-        per_token += 16 + 4 * H  # two LayerNorms' mean and rstd; attention's log-sum-exp
-        if cfg.dropout > 0 and not compiled:
-            per_token += 2 * C  # the two residual dropouts' bool masks (compiled: regenerated from a seed)
-        if cfg.dropout > 0 and not cuda:
-            # SDPA's CPU kernels have no dropout: its math fallback keeps the (B, H, T, T) attention
-            # weights, their mask and the dropped weights (measured: ~13 bytes an entry eager, ~8
-            # compiled); flash on a GPU draws the mask inside the kernel and keeps none of it.
-            per_token += (8 if compiled else 13) * H * cfg.seq_len
-    elif cfg.family == "starcoder2":  # measured as tests/unit/plan/test_memory.py does for Llama's block
-        casts = 6 if bf16 else 4
-        per_token = 4 * C + a * (5 * C + 2 * K + 2 * F) if compiled else 8 * C + a * (casts * C + 2 * K + 2 * F)
-        per_token += 16 + 4 * H  # two LayerNorms' mean and rstd; log-sum-exp
-    else:
-        casts = 5 if bf16 else 2
-        per_token = (
-            4 * C + a * (5 * C + 2 * K + 3 * F) if compiled else 16 * C + a * (casts * C + 2 * C + 2 * K + 4 * F)
-        )
-        per_token += 8 + 4 * H  # two RMSNorms' rstd; log-sum-exp
-    return tokens * per_token
+    return tokens * registry.get(cfg.family).spec.block_activation_bytes(cfg, bf16, compiled, cuda)
 
 
 def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
@@ -182,7 +153,7 @@ def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
     head = V * C
     # Outside the blocks: the ids (int64), the final norm (LayerNorm: its input; RMSNorm: input and
     # normalised input) and its output, which the chunked loss keeps; dropout masks of the embedding (gpt2).
-    outside = tokens * (8 + (12 if cfg.family == "llama" else 8) * C)
+    outside = tokens * (8 + registry.get(cfg.family).spec.final_norm_bytes(cfg))
     if cfg.dropout > 0 and not s.compiled:
         outside += tokens * C
     rows = min(tokens, loss_chunk_rows(V))

@@ -26,7 +26,7 @@ from kiln.config import hf_source
 from kiln.config.models import ModelConfig, ModelConfigError, RopeScaling
 from kiln.errors import KilnError
 from kiln.model.build import build_model
-from kiln.model.llama import rope_frequencies
+from kiln.model.layers import rope_frequencies
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
 

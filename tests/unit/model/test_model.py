@@ -8,9 +8,10 @@ import torch
 
 from kiln.config.models import ModelConfig
 from kiln.model.build import build_model, load_model, save_model
-from kiln.model.gpt import GPT
-from kiln.model.llama import Llama, apply_rope, rope_tables
-from kiln.model.starcoder2 import StarCoder2
+from kiln.model.gpt2.module import GPT
+from kiln.model.layers import apply_rope, rope_tables
+from kiln.model.llama.module import Llama
+from kiln.model.starcoder2.module import StarCoder2
 
 GPT_CFG = ModelConfig(family="gpt2", vocab_size=128, seq_len=16, n_layer=2, n_head=2, d_model=32)
 LLAMA_CFG = ModelConfig(family="llama", vocab_size=128, seq_len=16, n_layer=2, n_head=4, n_kv_head=2, d_model=32)

@@ -208,8 +208,9 @@ def test_the_per_layer_count_is_what_autograd_saves_for_kilns_block(bf16, compil
     shows both)."""
     import torch
 
-    from kiln.model import llama, starcoder2
-    from kiln.model.llama import rope_tables
+    from kiln.model.layers import rope_tables
+    from kiln.model.llama import module as llama
+    from kiln.model.starcoder2 import module as starcoder2
     from kiln.plan.memory import layer_activation_bytes, layer_params
     from kiln.train.cpu_memory import saved_for_backward
 

@@ -7,8 +7,8 @@ from synthetic import train_sections
 
 from kiln.config.models import ModelConfig
 from kiln.config.train_sections import TrainSection
-from kiln.model.gpt import GPT
-from kiln.model.llama import Llama
+from kiln.model.gpt2.module import GPT
+from kiln.model.llama.module import Llama
 from kiln.train.optim import build_adamw
 from kiln.train.schedule import lr_at, schedule_from_config
 

@@ -1,7 +1,7 @@
-"""GPT-2 in one file (nanoGPT's shape): learned positions, pre-LayerNorm blocks, GELU MLP, tied head.
+"""GPT-2 as an nn.Module (nanoGPT's shape): learned positions, pre-LayerNorm blocks, GELU MLP, tied head.
 
 Shapes: B batch, T sequence length, C = d_model, H heads, D = C // H head dim, F = d_ff, V padded vocab.
-Weights map one to one onto Hugging Face's GPT2LMHeadModel (kiln.hf), whose Conv1D layers
+Weights map one to one onto Hugging Face's GPT2LMHeadModel (kiln.model.gpt2.hf), whose Conv1D layers
 store the transpose of ours.
 
 Attention is causal over the whole packed row (`is_causal=True`), so a token may attend to the end
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from kiln.config.models import ModelConfig
 from kiln.model.kv_cache import KVCache
+from kiln.model.layers import GeluMLP
 from kiln.model.loss import chunk_loss_sum, lm_loss
 
 
@@ -50,18 +51,6 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.proj(y))
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
-        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # (B, T, C) -> (B, T, F) -> (B, T, C); tanh GELU is GPT-2's "gelu_new"
-        return self.dropout(self.down(F.gelu(self.up(x), approximate="tanh")))
-
-
 class Block(nn.Module):
     """Pre-norm residual block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
@@ -70,7 +59,7 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
-        self.mlp = MLP(cfg)
+        self.mlp = GeluMLP(cfg)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), cache, layer)
@@ -78,10 +67,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    family = "gpt2"  # the model.family it builds (kiln.model.registry)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if cfg.family != "gpt2":
-            raise ValueError(f"GPT builds the gpt2 family, not {cfg.family}")
+        if cfg.family != self.family:
+            raise ValueError(f"GPT builds the {self.family} family, not {cfg.family}")
         self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.max_positions, cfg.d_model)
