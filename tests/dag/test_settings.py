@@ -1,20 +1,17 @@
 """kiln.config.settings against the schema and against Snakemake: every leaf of the schema has a tag, and
 changing one on a finished tiny run schedules exactly the stages its tag names and what reads their
-outputs, in a real dry run. The tags themselves are checked where they matter most by real reruns
-(tests/dag/test_pipeline.py: a log setting trains nothing and leaves the weights bitwise equal; a new lr
-trains what a fresh run at that lr trains)."""
+outputs, in a real dry run (the changes: tests/setting_changes.py). That each tag is what its stage
+does with the setting is proven by running the stages (tests/dag/test_tags.py)."""
 
-import base64
 import copy
 import json
 import subprocess
 import sys
-import typing
-from pathlib import Path
 
 import pydantic
 import pytest
 import yaml
+from setting_changes import apply, change_files, changes, user_args
 from tiny import ROOT, TINY
 
 from kiln import config as kiln_config
@@ -23,83 +20,6 @@ from kiln.config.declare import Declared
 from kiln.config.schema import Leaf
 from kiln.config.settings import OUTPUT, RUN, SETTINGS, STAGES
 from kiln.errors import KilnError
-
-REMOVE = object()  # in a change: the key is deleted from the run file (a kind that does not take it)
-
-# The changes a generic rule (another enum member, the boolean flipped, a number moved) cannot make:
-# a value with a constraint beside it, or siblings that must change with it. Each is one dotted
-# path -> {dotted path: value} applied together.
-SPECIAL: dict[str, dict] = {
-    "run_name": {"run_name": "tiny-renamed"},
-    "download.sources": {
-        "download.sources": [{"name": "stdlib", "kind": "stdlib", "include": ["json/*.py", "email/*.py"]}]
-    },
-    "download.max_doc_bytes": {"download.max_doc_bytes": 200_000},
-    "tokenizer.kind": {"tokenizer.kind": "tiktoken", "tokenizer.encoding": "gpt2", "tokenizer.vocab_size": REMOVE},
-    "tokenizer.encoding": {"tokenizer.kind": "tiktoken", "tokenizer.encoding": "gpt2", "tokenizer.vocab_size": REMOVE},
-    "tokenizer.path": {"tokenizer.kind": "file", "tokenizer.path": "{tokenizer}", "tokenizer.vocab_size": REMOVE},
-    "tokenizer.pattern": {
-        "tokenizer.kind": "tiktoken",
-        "tokenizer.path": "{ranks}",
-        "tokenizer.pattern": r"\s+|\w+|[^\s\w]+",
-        "tokenizer.vocab_size": REMOVE,
-    },
-    "pretokenize.train_tokens": {"pretokenize.train_tokens": 200_000},
-    "pretokenize.mixture": {"pretokenize.mixture": {"stdlib": 1.0}, "pretokenize.train_tokens": 200_000},
-    "pretokenize.fim.rate": {"pretokenize.fim.rate": 0.4},
-    # psm + spm + middle_only sum to 1 (0.5 + 0.25 + 0.25 by default): each moves with a sibling
-    "pretokenize.fim.psm": {"pretokenize.fim.psm": 0.4, "pretokenize.fim.spm": 0.35},
-    "pretokenize.fim.spm": {"pretokenize.fim.spm": 0.2, "pretokenize.fim.middle_only": 0.3},
-    "pretokenize.fim.middle_only": {"pretokenize.fim.middle_only": 0.2, "pretokenize.fim.psm": 0.55},
-    "shard.seq_len": {"shard.seq_len": 128, "train.batch_tokens": 2048},
-    "model.flavour": {"model.flavour": "gpt2-124m"},
-    "model.family": {"model.family": "llama"},
-    "model.n_head": {"model.n_head": 4},
-    "model.d_model": {"model.d_model": 128},
-    "model.n_kv_head": {"model.family": "llama", "model.n_kv_head": 1},
-    "model.rope_theta": {"model.family": "llama", "model.rope_theta": 500_000.0},
-    "model.max_positions": {"model.max_positions": 128},
-    "model.dropout": {"model.dropout": 0.1},
-    "model.bias": {"model.bias": False},
-    "model.tie_embeddings": {"model.tie_embeddings": False},
-    "model.norm_eps": {"model.norm_eps": 1e-6},
-    "model.d_ff": {"model.d_ff": 128},
-    "model.qkv_bias": {"model.family": "llama", "model.qkv_bias": True},
-    "model.sliding_window": {"model.family": "starcoder2", "model.sliding_window": 4096},
-    "model.rope_scaling": {
-        "model.family": "llama",
-        "model.rope_scaling": {
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 32,
-        },
-    },
-    "train.async_checkpoint": {"train.async_checkpoint": True, "train.checkpoint_format": "sharded"},
-    "smoke.price_per_gpu_hour": {"smoke.price_per_gpu_hour": 3.09},
-    "smoke.profile_step": {"smoke.profile_step": 3},
-    "plan.gpu": {"plan.gpu": "A100"},
-    "train.nproc_per_node": {"train.nproc_per_node": 2, "train.micro_batch": 8},
-    "train.nnodes": {"train.nnodes": 2, "train.micro_batch": 8, "train.rdzv_endpoint": "node0:29500"},
-    "train.node_rank": {"train.nnodes": 2, "train.node_rank": 1, "train.micro_batch": 8, "train.rdzv_endpoint": "n:1"},
-    "train.rdzv_endpoint": {"train.rdzv_endpoint": "localhost:29400"},
-    "train.micro_batch": {"train.micro_batch": 8},
-    "train.batch_tokens": {"train.batch_tokens": 2048},
-    "train.budget": {"train.budget": {"minutes": 5}},
-    "train.init_from": {"train.init_from": {"hf": "{hf}"}},
-    "train.seed": {"train.seed": 8},
-    "train.checkpoint_every": {"train.checkpoint_every": 50},
-    "train.keep_checkpoint_every": {"train.keep_checkpoint_every": 200},
-    "train.checkpoint_mirror": {"train.checkpoint_mirror": "{mirror}"},
-    "train.samples.prompts": {"train.samples.prompts": ["def main():\n"]},
-    "eval.prompts": {"eval.prompts": ["def main():\n"]},
-    "eval.reference": {"eval.reference": None},
-    "eval.lm_eval.tasks": {"eval.lm_eval.tasks": ["kiln_heldout_perplexity"]},
-    "eval.humaneval_infill.kinds": {"eval.humaneval_infill.kinds": ["single_line", "random_span"]},
-    "eval.humaneval_infill.modes": {"eval.humaneval_infill.modes": ["psm", "spm"]},
-    "wandb.mode": {"wandb.mode": "offline"},
-    "wandb.project": {"wandb.project": "kiln-test"},
-}
 
 # The cases the issue names, by hand, beside what the table derives: a presentation setting reruns
 # nothing, a price only the plan, eval settings eval, the model seed the run but not its data.
@@ -125,104 +45,24 @@ BY_HAND = {
 }
 
 
-def _moved(path: str, value, leaf: Leaf):
-    """Another valid value for this leaf, from its declaration (its values, its upper bound)."""
-    args = (leaf.field.annotation, *typing.get_args(leaf.field.annotation))
-    values = [a for arg in args for a in _literal(arg)]
-    if values and bool in args:  # "auto", true or false (train.compile)
-        values += [True, False]
-    if values:
-        return next(v for v in values if v != value)
-    bounds = [getattr(m, name) for m in leaf.field.metadata for name in ("le", "lt") if hasattr(m, name)]
-    top = min(bounds, default=float("inf"))
-    if isinstance(value, bool):
-        return not value
-    if isinstance(value, int):
-        return value - 1 if value >= top else value + 1
-    if isinstance(value, float):
-        return value * 1.5 if value * 1.5 < top else value / 2
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return value[:-1] if len(value) > 1 else [*value, "x"]
-    raise AssertionError(f"{path}: no generic change for {value!r}; add one to SPECIAL")
-
-
-def _literal(annotation) -> tuple:
-    return typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal else ()
-
-
-def _filled(value, files: dict[str, str]):
-    """value with {tokenizer}, {hf}, ... in its strings replaced by the fixture's files."""
-    if isinstance(value, str):
-        return value.format(**files)
-    if isinstance(value, dict):
-        return {k: _filled(v, files) for k, v in value.items()}
-    return value
-
-
-def changes(path: str, cfg: dict, files: dict[str, str]) -> dict[str, object]:
-    if path in SPECIAL:
-        return {p: _filled(v, files) for p, v in SPECIAL[path].items()}
-    return {path: _moved(path, settings._get(cfg, path), settings.schema_leaves()[path])}
-
-
-def _edited(change: dict[str, object]) -> dict:
-    """tests/configs/tiny.yaml as written, with the change made (REMOVE deletes a key)."""
-    raw = yaml.safe_load(TINY.read_text())
-    for path, value in change.items():
-        if value is REMOVE:
-            *parents, last = path.split(".")
-            settings._get(raw, ".".join(parents)).pop(last, None)
-        else:
-            settings._put(raw, path, value)
-    return raw
-
-
-def user_args(change: dict[str, object], folder: Path) -> list[str]:
-    """What the user types: tiny.yaml and --config arguments, one per top-level key (e.g.
-    `train={lr: 0.004}`); a change that deletes a key (which --config cannot) edits a copy of the file."""
-    if any(value is REMOVE for value in change.values()):
-        edited = folder / f"{len(list(folder.iterdir()))}.yaml"
-        edited.write_text(yaml.safe_dump(_edited(change)))
-        return ["--configfile", str(edited)]
-    tree: dict = {}
-    for path, value in change.items():
-        settings._put(tree, path, value)
-    flow = [
-        f"{key}={yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix('...').strip()}"
-        for key, value in tree.items()
-    ]
-    return ["--configfile", str(TINY), "--config", *flow]
-
-
-def apply(change: dict[str, object]) -> dict:
-    return kiln_config.validate(_edited(change))
-
-
 @pytest.fixture(scope="module")
 def walk(finished_run, tmp_path_factory):
     """{leaf: (its change, the stages the table expects, the dry run's answer)} for every leaf, and
     {stage: the stages a forced rerun of it schedules} (what reads its outputs, transitively)."""
     workdir, run, _ = finished_run
     folder = tmp_path_factory.mktemp("changes")
-    ranks = folder / "bytes.tiktoken"  # a .tiktoken ranks file: the 256 single bytes
-    ranks.write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256)))
-    files = {
-        "tokenizer": str(next((workdir / "results" / "data").glob("tokenizer-*")) / "tokenizer.json"),
-        "ranks": str(ranks),
-        "hf": str(run / "train" / "hf"),
-        "mirror": str(tmp_path_factory.mktemp("mirror")),
-    }
+    files = change_files(workdir, run, folder)
     base = kiln_config.resolve([TINY])
     base_args = ["-s", str(ROOT / "Snakefile"), "--directory", str(workdir), "--cores", "2"]
     plans = {}
     for path in settings.schema_leaves():
         change = changes(path, base, files)
-        plans[path] = (change, user_args(change, folder))
+        plans[path] = (change, user_args(change, folder, TINY))
     argv = [[*base_args, "--configfile", str(TINY), "--forcerun", stage] for stage in STAGES]
     argv += [[*base_args, *args] for _, args in plans.values()]
     result = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "dry_runs.py")],
-        input=json.dumps(argv),
+        [sys.executable, str(ROOT / "tests" / "snakemake_batch.py")],
+        input="".join(json.dumps([*a, "--dry-run"]) + "\n" for a in argv),
         capture_output=True,
         text=True,
         timeout=1200,
@@ -232,7 +72,7 @@ def walk(finished_run, tmp_path_factory):
     downstream = {stage: set(answer["rules"]) for stage, answer in zip(STAGES, answers)}
     out = {}
     for (path, (change, args)), answer in zip(plans.items(), answers[len(STAGES) :]):
-        after = apply(change)
+        after = apply(change, TINY)
         # the stages whose OUTPUT leaves changed (a When tag can make an unchanged leaf one: a budget
         # makes smoke time a validation), and what reads their outputs
         rerun = set()

@@ -155,10 +155,14 @@ def request_forced_retrains():
     train again from step 0 (kiln.layout.RETRAIN). Any other rerun of train (an input rewritten with
     the same content, a smoke stage redone for a gate setting, a deleted export) keeps a finished run
     whose fingerprint matches: 0 steps, the same weights. From onstart: the DAG is built there, and
-    it runs in the main process only."""
+    it runs in the main process only. A job Snakemake was told to force but that a forced stage above
+    it reruns anyway has the upstream job as its reason, not the force (`--forcerun smoke train`), so
+    the forced rules are asked too; files forced as incomplete (--rerun-incomplete) are not a force to
+    retrain: a killed run resumes."""
     dag = workflow.dag
     for job in dag.needrun_jobs():
-        if job.rule.name == "train" and dag.reason(job).forced:
+        forced = dag.reason(job).forced or (job.rule in dag.forcerules and job not in dag.omitforce)
+        if job.rule.name == "train" and forced:
             kiln_layout.request_retrain(LAYOUTS[job.wildcards.run].folder("train"))
 
 
