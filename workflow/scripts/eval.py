@@ -16,7 +16,7 @@ from kiln.eval.suite import RunPaths, evaluate
 from kiln.io import write_json
 from kiln.stage import run_main, stage_config, stage_parser
 from kiln.train.device import configure, select_device
-from kiln.train.samples import make_sampler
+from kiln.train.samples import train_sampler
 
 
 def main() -> None:
@@ -36,15 +36,7 @@ def main() -> None:
         "eval on %s (train.device %s, train.precision %s)", device, train.device, train.precision
     )
     paths = RunPaths(args.model, args.shards, args.tokens, args.tokenizer, args.eval_data)
-    train_samples = train.samples
-    sampler = make_sampler(
-        args.tokenizer,
-        train_samples.prompts,
-        train_samples.max_new_tokens,
-        temperature=train_samples.temperature,
-        top_p=train_samples.top_p,
-        seed=train.seed,
-    )
+    sampler = train_sampler(args.tokenizer, train)
     metrics, samples = evaluate(paths, run.eval, train.seed, args.out, device, train.precision, sampler)
     write_json(args.out / "samples.json", samples)
     write_json(args.out / "metrics.json", metrics)

@@ -19,6 +19,7 @@ import pytest
 import torch
 from conftest import download_cfg, write_jsonl
 from synthetic import TINY_MODEL, train_sections
+from train_stage import run
 
 from kiln.config.data_sections import PretokenizeSection
 from kiln.config.run_config import RunConfig
@@ -30,7 +31,6 @@ from kiln.eval.perplexity import range_loss, range_rows, source_ranges
 from kiln.eval.suite import BATCH, HeldOut, checkpoint_curve, kept_checkpoints, load_checkpoint
 from kiln.io import read_json, write_json
 from kiln.model.build import load_model
-from kiln.train.trainer import run
 
 SEED = 7
 SEQ_LEN = 16  # what train_sections sets shard.seq_len to

@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import typed_section
 from synthetic import SEQ_LEN, TINY_MODEL, _stream, train_sections
+from train_stage import run
 
 from kiln.config.models import ModelConfig
 from kiln.config.run_config import RunConfig
@@ -24,7 +25,6 @@ from kiln.model.build import build_model, load_model
 from kiln.report.run import _completions, _training_samples
 from kiln.train import fingerprint
 from kiln.train.samples import make_sampler
-from kiln.train.trainer import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
 
