@@ -17,6 +17,7 @@ layer (tests/unit/test_layers.py): they may import kiln.config, never kiln.data'
 from __future__ import annotations
 
 import importlib
+import json
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Annotated, Any, ClassVar
@@ -24,6 +25,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from kiln.config.declare import optional
 from kiln.errors import KilnError
 
 
@@ -61,9 +63,8 @@ class Kind:
     def defaults(self) -> dict[str, Any]:
         """The values a source of this kind holds unless it sets them: its keys' defaults, its quality."""
         fields = self.keys.model_fields.items()
-        return {name: info.default for name, info in fields if not info.is_required() and info.default is not None} | {
-            "quality": self.keys.QUALITY
-        }
+        keys = {name: info.default for name, info in fields if not info.is_required() and info.default is not None}
+        return {**keys, "quality": self.keys.QUALITY}
 
     def _load(self, part: str) -> ModuleType:
         if part not in self._loaded:
@@ -97,8 +98,6 @@ def key_fields() -> dict[str, tuple[Any, FieldInfo]]:
     kinds' own keys in registration order, then the keys several kinds share. Each is unset unless a
     source sets it or its kind's default fills it in; its description names the kinds that have it,
     and the defaults."""
-    from kiln.config.declare import optional
-
     own = [name for kind in KINDS.values() for name in vars(kind.keys).get("__annotations__", {})]
     every = [name for kind in KINDS.values() for name in kind.keys.model_fields]
     fields = {}
@@ -114,8 +113,6 @@ def key_fields() -> dict[str, tuple[Any, FieldInfo]]:
 
 def _defaults(name: str, having: list[Kind]) -> str:
     """What the description adds: ' Required.' or ' Default: "text".', by kind where they differ."""
-    import json
-
     said = {k.name: "required" if name in k.required() else json.dumps(k.defaults().get(name)) for k in having}
     said = {kind: value for kind, value in said.items() if value != "null"}
     if not said:
