@@ -266,7 +266,7 @@ class _SourceWriter:
         write_json(self.staging / PROGRESS, self.progress)
         if not entry["parts"]:
             raise KilnError(
-                f"download: source {spec.name!r} ({spec.kind}) produced no documents (skipped "
+                f"{_named(spec)} produced no documents (skipped "
                 f"{counts.skipped_empty} empty, {counts.skipped_non_utf8} non-UTF-8, {counts.skipped_short} "
                 f"short, {counts.skipped_long} long, {counts.skipped_duplicate} duplicate, "
                 f"{counts.skipped_near_duplicate} near-duplicate, filtered {counts.skipped_filter}); check its "
