@@ -1,6 +1,6 @@
 """A tiny run on a two-source mixture, made in-process for the eval tests: a raw folder with two sources
 (predictable code, and letters drawn at random), pretokenized without FIM, sharded, and a tiny model
-trained on it with checkpoints (tests/unit/eval/test_val_metrics.py, test_extending.py)."""
+trained on it with checkpoints (tests/unit/eval/test_val_metrics.py, test_metric_extending.py)."""
 
 from __future__ import annotations
 
