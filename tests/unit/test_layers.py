@@ -47,6 +47,12 @@ PART_OF: dict[str, str] = {
     "kiln.model.*.hf": "kiln.config",
     "kiln.data.source_kinds.registry": "kiln.config",
     "kiln.data.source_kinds.*.config": "kiln.config",
+    # Each eval metric's settings, and the registry that names the metrics: config builds the eval
+    # section from them, without torch. A metric's report.py is the report's (it may use the report's
+    # markdown helpers); its compute.py is kiln.eval's (kiln.eval.metrics.registry).
+    "kiln.eval.metrics.registry": "kiln.config",
+    "kiln.eval.metrics.*.section": "kiln.config",
+    "kiln.eval.metrics.*.report": "kiln.report",
 }
 
 # Top-level module names of what sits above the package: nothing under src/ or workflow/scripts imports them.
