@@ -39,7 +39,7 @@ from kiln.config.run_config import RunConfig
 from kiln.data.shards import shard_split, tokens_per_byte
 from kiln.io import write_json
 from kiln.layout import Layout
-from kiln.train.callbacks import Callback, StepEnd
+from kiln.train.callbacks import Callback, StepEnd, default_callbacks
 from kiln.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,7 +84,7 @@ def step_seconds(sections: dict, shards: Path) -> float:
 
 
 class LastRecord(Callback):
-    """The newest log step's record, validation included (fit's callbacks: kiln.train.callbacks)."""
+    """The newest log step's record, validation included (the train stage's callbacks run before it)."""
 
     record: dict | None = None
 
@@ -99,7 +99,7 @@ def train_arm(sections: dict, shards: Path, seconds: float, out: Path, max_steps
     steps = max(sections["train"]["warmup_steps"] + 1, math.floor(seconds / step_s))
     steps = min(steps, max_steps or steps)
     trainer, last = Trainer(RunConfig.of(sections), shards, max_steps=steps), LastRecord()
-    trainer.fit(out, callbacks=[last])
+    trainer.fit(out, callbacks=[*default_callbacks(), last])
     micro = sections["train"]["micro_batch"]
     loss = trainer.evaluate(n_batches=max(1, len(trainer.val_rows) // micro))  # the whole split
     ratio = tokens_per_byte(trainer.rows.manifest, "val")

@@ -96,6 +96,7 @@ def quick_run(args) -> Layout:
     from kiln.data.tokenizer_build import build_tokenizer
     from kiln.io import write_json
     from kiln.model.build import load_model
+    from kiln.train.callbacks import default_callbacks
     from kiln.train.trainer import run
 
     tiny = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
@@ -113,7 +114,7 @@ def quick_run(args) -> Layout:
     shards.mkdir()
     write_shards(tokens, shards, typed.shard.seq_len, typed.shard.rows_per_shard)
     start = time.perf_counter()
-    result = run(RunConfig.of(settings.stage_config(cfg, "train")), shards, train)
+    result = run(RunConfig.of(settings.stage_config(cfg, "train")), shards, train, callbacks=default_callbacks())
     hf.export(load_model(train), train / "hf", tokenizer)
     write_json(train / "summary.json", dataclasses.asdict(result))
     benchmark = Path(paths.benchmark("train"))

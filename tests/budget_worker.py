@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 from synthetic import train_sections
+from train_stage import run
 
 from kiln.config.run_config import RunConfig
 from kiln.plan.steps import BudgetPlan, StageTimes
-from kiln.train.trainer import run
 
 # Of this process's training (no launcher: from the trainer's creation). The test kills the run at
 # step 15: a budget this size still buys 20+ steps where start-up, steps and saves are ~20x slower

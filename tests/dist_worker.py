@@ -35,6 +35,7 @@ from kiln.data.loader import ShardRows, TrainBatches
 from kiln.gate.checks import run_checks
 from kiln.model.build import build_model
 from kiln.train import checkpoint
+from kiln.train.callbacks import default_callbacks
 from kiln.train.distributed import init_distributed, shutdown
 from kiln.train.parallel import grad_sync, parallelize
 from kiln.train.trainer import Trainer
@@ -187,7 +188,7 @@ def main() -> None:
         HASHED.clear(), RESUMED.clear(), RESUMING.clear()
         if spec.get("resume_from"):
             RESUMING["state"] = out / "checkpoints" / Path(spec["resume_from"]).name / checkpoint.STATE
-        result = trainer.fit(out, sampler=greedy_sampler)
+        result = trainer.fit(out, callbacks=default_callbacks(greedy_sampler))
         (out / f"resume-rank{d.rank}.json").write_text(json.dumps({"hashed": HASHED, "resumed": RESUMED}))
         param = next(trainer.model.parameters())
         mesh = param.device_mesh if isinstance(param, DTensor) else None  # FSDP's: 1-D, or 2-D for HSDP

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from synthetic import train_sections
 
 from kiln.config.run_config import RunConfig
+from kiln.train.callbacks import default_callbacks
 from kiln.train.distributed import shutdown
 from kiln.train.trainer import Trainer
 
@@ -39,7 +40,7 @@ def main() -> None:
             nonfinite={"action": "skip", "max_skips": 2},
         )
         trainer = Trainer(RunConfig.of(sections), base / "shards")
-        result = trainer.fit(base / strategy)
+        result = trainer.fit(base / strategy, callbacks=default_callbacks())
         params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in trainer.model.parameters()]
         total = float(sum(p.detach().double().sum() for p in params))
         finite = all(bool(torch.isfinite(p).all()) for p in params)

@@ -27,6 +27,7 @@ from kiln.config.models import model_config
 from kiln.config.run_config import RunConfig
 from kiln.model.build import build_model
 from kiln.train import checkpoint, muon
+from kiln.train.callbacks import default_callbacks
 from kiln.train.distributed import init_distributed, shutdown
 from kiln.train.muon import Muon
 from kiln.train.optim import hidden_matrices
@@ -134,7 +135,7 @@ def main() -> None:
             shutil.copytree(source, out / "checkpoints" / source.name)
             (out / "checkpoints" / checkpoint.MARKER).write_text(source.name + "\n")
         dist.barrier()
-        result = Trainer(RunConfig.of(spec["sections"]), Path(plan["shards"])).fit(out)
+        result = Trainer(RunConfig.of(spec["sections"]), Path(plan["shards"])).fit(out, callbacks=default_callbacks())
         if d.is_main:
             (out / "result.json").write_text(json.dumps({"losses": result.losses}))
     if d.is_main:

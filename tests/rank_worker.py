@@ -19,11 +19,12 @@ import time
 from pathlib import Path
 
 import torch
+from train_stage import run
 
 from kiln.config.run_config import RunConfig
 from kiln.errors import KilnError
 from kiln.stage import run_main
-from kiln.train.trainer import Trainer, run
+from kiln.train.trainer import Trainer
 
 
 def main() -> None:

@@ -49,6 +49,8 @@ KEY_CHARS = 12  # hex digits of sha256, 48 bits: a collision would take millions
 # The eval_data stage's outputs (kiln.eval.prepared reads and writes them): its figures, and the
 # local lm-eval tasks' data files.
 EVAL_DATA, EVAL_TASK_DATA = "eval_data.json", "lm_eval_tasks"
+# The eval stage's output, which the report reads (kiln.eval.metrics.output owns what is in them).
+EVAL_METRICS, EVAL_SAMPLES = "metrics.json", "samples.json"
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ STAGES = (
         False,
         needs=("download", "tokenizer", "pretokenize", "shard"),
     ),
-    Stage("eval", "eval", ("metrics.json", "samples.json"), False),
+    Stage("eval", "eval", (EVAL_METRICS, EVAL_SAMPLES), False),
     Stage("report", "", ("report.md", "loss.png"), False),
 )
 BY_NAME = {stage.name: stage for stage in STAGES}

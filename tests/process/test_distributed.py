@@ -32,6 +32,7 @@ from synthetic import TRAIN_ROWS, greedy_sampler, smoke_sections, train_sections
 from kiln.config.run_config import RunConfig
 from kiln.model.build import load_model
 from kiln.train import checkpoint, launch
+from kiln.train.callbacks import default_callbacks
 from kiln.train.trainer import Trainer
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -93,14 +94,14 @@ def launched(tmp_path_factory):
     torch.set_num_threads(1)
     # One rank x 2 micro-batches of 4 rows, before the launch: two ranks resume from its step 6.
     Trainer(RunConfig.of(train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, **COMMON | LONG)), shards).fit(
-        base / "one-rank-long"
+        base / "one-rank-long", callbacks=default_callbacks()
     )
     Trainer(
         RunConfig.of(
             train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, checkpoint_format="sharded", **COMMON | LONG)
         ),
         shards,
-    ).fit(base / "one-rank-long-sharded")
+    ).fit(base / "one-rank-long-sharded", callbacks=default_callbacks())
     runs = []
     for name, (strategy, micro, extra) in RUNS.items():
         sections = train_sections(
@@ -143,7 +144,7 @@ def launched(tmp_path_factory):
 
     reference = base / "reference"
     Trainer(RunConfig.of(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **COMMON)), shards).fit(
-        reference, sampler=greedy_sampler
+        reference, callbacks=default_callbacks(greedy_sampler)
     )
     # The node with rank 1 is lost after step 6: the run resumes on one rank with twice the accumulation.
     for name in ("ddp-long", "fsdp-accum", "fsdp-async"):
@@ -151,7 +152,7 @@ def launched(tmp_path_factory):
         out = _resume_from(base / name / "checkpoints" / f"step-{step:07d}", base / f"one-rank-from-{name}")
         extra = LONG if name == "ddp-long" else {}
         Trainer(RunConfig.of(train_sections(micro_batch=4, batch_tokens=GLOBAL_BATCH, **COMMON | extra)), shards).fit(
-            out
+            out, callbacks=default_callbacks()
         )
     torch.set_num_threads(before)
     return base, json.loads((base / "checks.json").read_text()), reference
@@ -356,7 +357,9 @@ def hsdp(launched):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     resumed = _resume_from(out / "checkpoints" / f"step-{STEPS // 2:07d}", base / "one-rank-from-hsdp")
-    Trainer(RunConfig.of(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **COMMON)), shards).fit(resumed)
+    Trainer(RunConfig.of(train_sections(micro_batch=8, batch_tokens=GLOBAL_BATCH, **COMMON)), shards).fit(
+        resumed, callbacks=default_callbacks()
+    )
     torch.set_num_threads(before)
     return out, resumed
 

@@ -37,12 +37,22 @@ LAYERS: list[tuple[str, ...]] = [
 # and the config.json fields families share sit in kiln/model/, beside the families' torch modules, so
 # that one folder holds a family (kiln.model.registry). Config validates a model section with them and
 # plan prices one, without torch: they are kiln.config's, and may import it but no torch module of
-# kiln.model.
+# kiln.model. Likewise each download source kind's keys and the registry that names the kinds sit in
+# kiln/data/source_kinds/, beside the kinds' readers (kiln.data.source_kinds.registry): config builds
+# download.sources' model from them without pyarrow or datasets.
 PART_OF: dict[str, str] = {
     "kiln.model.registry": "kiln.config",
     "kiln.model.hf_fields": "kiln.config",
     "kiln.model.*.spec": "kiln.config",
     "kiln.model.*.hf": "kiln.config",
+    "kiln.data.source_kinds.registry": "kiln.config",
+    "kiln.data.source_kinds.*.config": "kiln.config",
+    # Each eval metric's settings, and the registry that names the metrics: config builds the eval
+    # section from them, without torch. A metric's report.py is the report's (it may use the report's
+    # markdown helpers); its compute.py is kiln.eval's (kiln.eval.metrics.registry).
+    "kiln.eval.metrics.registry": "kiln.config",
+    "kiln.eval.metrics.*.section": "kiln.config",
+    "kiln.eval.metrics.*.report": "kiln.report",
 }
 
 # Top-level module names of what sits above the package: nothing under src/ or workflow/scripts imports them.

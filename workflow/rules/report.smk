@@ -15,6 +15,7 @@ rule report:
     params:
         script=script("report"),
         **stage_params("report"),
+        eval=lambda w, input: Path(input.metrics).parent,
     conda:
         CONDA_ENV
     log:
@@ -24,5 +25,5 @@ rule report:
     shell:
         "python {params.script} --params {params.tracked:q} --untracked {params.untracked:q} --raw {input.raw} --tokenizer-stats {input.tokenizer}"
         " --tokens {input.tokens} --shards {input.shards} --smoke {input.smoke} --plan {input.plan} --train {input.train}"
-        " --eval {input.metrics} --samples {input.samples}"
+        " --eval {params.eval}"
         " --report {output.report} --plot {output.plot} > {log} 2>&1"

@@ -4,7 +4,7 @@ of fixed prompts (eval.prompts, and train.samples' prompts from the final model)
 HumanEval-Infilling pass@1 (every program run in kiln.eval.sandbox; eval.humaneval, eval.humaneval_infill),
 and the 13-gram contamination the eval_data stage measured (its folder: --eval-data).
 
-Writes eval/metrics.json and eval/samples.json (and lm-eval's local task files under eval/). The
+Writes eval/metrics.json and eval/samples.json (kiln.eval.metrics.output; and lm-eval's local task files under eval/). The
 model runs where train ran (train.device): on a GPU under train.precision's autocast, else on the CPU
 in fp32.
 """
@@ -12,11 +12,11 @@ in fp32.
 import logging
 from pathlib import Path
 
-from kiln.eval.suite import RunPaths, evaluate
-from kiln.io import write_json
+from kiln.eval.context import RunPaths
+from kiln.eval.suite import evaluate
 from kiln.stage import run_main, stage_config, stage_parser
 from kiln.train.device import configure, select_device
-from kiln.train.samples import make_sampler
+from kiln.train.samples import train_sampler
 
 
 def main() -> None:
@@ -36,18 +36,10 @@ def main() -> None:
         "eval on %s (train.device %s, train.precision %s)", device, train.device, train.precision
     )
     paths = RunPaths(args.model, args.shards, args.tokens, args.tokenizer, args.eval_data)
-    train_samples = train.samples
-    sampler = make_sampler(
-        args.tokenizer,
-        train_samples.prompts,
-        train_samples.max_new_tokens,
-        temperature=train_samples.temperature,
-        top_p=train_samples.top_p,
-        seed=train.seed,
-    )
-    metrics, samples = evaluate(paths, run.eval, train.seed, args.out, device, train.precision, sampler)
-    write_json(args.out / "samples.json", samples)
-    write_json(args.out / "metrics.json", metrics)
+    sampler = train_sampler(args.tokenizer, train)
+    out = evaluate(paths, run.eval, train.seed, args.out, device, train.precision, sampler)
+    out.write(args.out)
+    metrics = out.metrics
     infill = metrics["infill"]
     infill = (
         f"infill not run ({infill['not_run']})"

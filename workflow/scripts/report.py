@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from kiln.eval.metrics.output import EvalOutput
 from kiln.io import atomic_file, read_json
 from kiln.layout import METRICS, SAMPLES
 from kiln.plan.verdict import SmokeReport
@@ -19,11 +20,15 @@ def main() -> None:
         "smoke": "smoke stage's report.json",
         "plan": "plan stage's plan.json",
         "train": "train stage's summary.json (metrics.jsonl and samples.jsonl beside it)",
-        "eval": "eval stage's metrics.json",
-        "samples": "eval stage's samples.json",
     }
     for name, what in inputs.items():
         parser.add_argument(f"--{name}", required=True, type=Path, help=what)
+    parser.add_argument(
+        "--eval",
+        required=True,
+        type=Path,
+        help="eval stage's folder (metrics.json, samples.json: kiln.eval.metrics.output)",
+    )
     parser.add_argument("--report", required=True, type=Path, help="output report.md")
     parser.add_argument("--plot", required=True, type=Path, help="output loss-curve PNG")
     args = parser.parse_args()
@@ -39,12 +44,11 @@ def main() -> None:
         "plan": read_json(args.plan),
         "train": read_json(args.train),
         "train_samples": read_metrics(train / SAMPLES),
-        "eval": read_json(args.eval),
-        "samples": read_json(args.samples),
+        "eval": EvalOutput.read(args.eval),
         "metrics": read_metrics(train / METRICS),  # the loss curve; a continued run's step-0 validation
     }
     with atomic_file(args.plot) as tmp:
-        ev = data["eval"]
+        ev = data["eval"].metrics
         plot_loss(
             data["metrics"],
             tmp,

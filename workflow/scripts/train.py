@@ -24,7 +24,8 @@ from kiln.plan.verdict import SmokeReport
 from kiln.stage import run_main, stage_config, stage_parser
 from kiln.train import init_from
 from kiln.train.budget import final_summary
-from kiln.train.samples import make_sampler
+from kiln.train.callbacks import default_callbacks
+from kiln.train.samples import train_sampler
 from kiln.train.trainer import run
 
 
@@ -59,21 +60,13 @@ def main() -> None:
     elif train.max_steps is None:
         raise KilnError("train.budget: train needs the smoke stage's measurements (--smoke) to know its steps")
     train = init_from.resolved_warmup(train, args.out.parents[1])  # results/<run>/train
-    samples = train.samples
     result = run(
         config.replace(train=train),
         args.shards,
         args.out,
         max_steps=plan.max_steps if plan else None,
         budget=plan.budget if plan else None,  # re-planned as the run goes (kiln.train.budget)
-        sampler=make_sampler(
-            args.tokenizer,
-            samples.prompts,
-            samples.max_new_tokens,
-            temperature=samples.temperature,
-            top_p=samples.top_p,
-            seed=train.seed,
-        ),
+        callbacks=default_callbacks(train_sampler(args.tokenizer, train)),
     )
     if result.is_main:
         hf.export(load_model(args.out), args.out / "hf", args.tokenizer)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Annotated, Any, ClassVar, Literal, Mapping
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
 from kiln.config.declare import (
@@ -17,12 +17,12 @@ from kiln.config.declare import (
     TOKENIZER,
     Number,
     Section,
-    Strings,
     group,
     optional,
     reads,
     setting,
 )
+from kiln.data.source_kinds import registry as source_kinds
 
 
 def _variant(data: Any, kind: str, keys: tuple[str, ...], required: tuple[str, ...], defaults: Mapping) -> Any:
@@ -39,25 +39,9 @@ def _variant(data: Any, kind: str, keys: tuple[str, ...], required: tuple[str, .
     return {**defaults, **data}
 
 
-# A source kind's own keys (beyond name and kind), those it needs, and the defaults it fills in.
-_BUDGET = ("max_rows", "max_bytes")
-_ROW_COLUMNS = ("text_column", "path_column", "repo_column")
-SOURCE_KEYS: dict[str, tuple[str, ...]] = {
-    "stdlib": ("include", "quality", *_BUDGET),
-    "local": ("paths", *_ROW_COLUMNS, "quality", *_BUDGET),
-    "hf": ("dataset", "config", "split", "revision", "data_files", *_ROW_COLUMNS, "quality", *_BUDGET),
-}
-SOURCE_REQUIRED: dict[str, tuple[str, ...]] = {"stdlib": (), "local": ("paths",), "hf": ("dataset",)}
-SOURCE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "stdlib": {"include": ("**/*.py",), "quality": "code"},
-    "local": {"text_column": "text", "quality": "none"},
-    "hf": {"split": "train", "text_column": "text", "quality": "none"},
-}
-
-
-# One of download.sources: the union of every kind's keys (stdlib, local, hf), those of the other kinds
-# unset. Its keys carry no Reads: download.sources is one setting, read whole.
-class Source(Section):
+# download.sources' name and kind; Source adds the other keys. Its keys carry no Reads: download.sources
+# is one setting, read whole.
+class _Source(Section):
     KEY: ClassVar[str] = "download.sources"
     name: str = setting(
         description=(
@@ -66,47 +50,39 @@ class Source(Section):
         ),
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
     )
-    kind: Literal["stdlib", "local", "hf"] = setting(
-        description=(
-            "stdlib: the Python files of the standard library Kiln runs on; local: files on disk; hf: a "
-            "Hugging Face dataset (or a json/parquet builder)."
-        )
-    )
-    include: Strings | None = optional("(stdlib) Glob patterns relative to the standard library directory.")
-    paths: Strings | None = optional(
-        """(local) Files, directories or glob patterns. .jsonl/.json/.parquet files hold one document per
-        row; any other file is one document, its path kept as metadata.""",
-        min_length=1,
-    )
-    dataset: str | None = optional("(hf) Hub id, or a builder such as json/parquet with data_files.")
-    config: str | None = optional("(hf) The dataset's configuration (subset) to read.")
-    split: str | None = optional("(hf) The dataset's split to read.")
-    revision: str | None = optional("(hf) A branch, tag or commit of the dataset repository.")
-    data_files: Strings | None = optional("(hf) The files a builder dataset (json, parquet) reads.")
-    text_column: str | None = optional(
-        """(local, hf) Row files: the column holding each document's text. hf: checked against the dataset's
-        features when it opens; an error lists the columns."""
-    )
-    path_column: str | None = optional("(local, hf) Row files: the column holding each document's path.")
-    repo_column: str | None = optional("(local, hf) Row files: the column naming each document's repository.")
-    max_rows: int | None = optional("Keep at most this many documents.", ge=1)
-    max_bytes: int | None = optional("Keep documents up to this many UTF-8 bytes.", ge=1)
-    # Required here, but every kind fills its own default in (_fill_kind), so a config may leave it out.
-    quality: Literal["code", "prose", "none"] = setting(
-        description=(
-            "Which quality filters its documents pass (download.filters): by default code for stdlib (the "
-            "standard library is code), none for local and hf (data filtered already)."
-        )
+    # The kinds registered at import, for the schema and docs; a source's keys are its kind's (_fill_kind).
+    kind: Literal[source_kinds.names()] = setting(
+        description="; ".join(f"{k.name}: {k.about}" for k in source_kinds.KINDS.values()) + "."
     )
 
     @model_validator(mode="before")
     @classmethod
     def _fill_kind(cls, data: Any) -> Any:
         kind = data.get("kind") if isinstance(data, dict) else None
-        if not isinstance(kind, str) or kind not in SOURCE_KEYS:
+        if not isinstance(kind, str) or kind not in source_kinds.KINDS:
             return data  # not a mapping, or no known kind: the fields' own checks name the problem
-        keys = ("name", "kind", *SOURCE_KEYS[kind])
-        return _variant(data, kind, keys, SOURCE_REQUIRED[kind], SOURCE_DEFAULTS[kind])
+        declared = source_kinds.get(kind)
+        keys = ("name", "kind", *declared.keys.model_fields, *_EVERY_SOURCE)
+        return _variant(data, kind, keys, declared.required(), declared.defaults())
+
+
+_EVERY_SOURCE = {
+    "max_rows": (int | None, optional("Keep at most this many documents.", ge=1)),
+    "max_bytes": (int | None, optional("Keep documents up to this many UTF-8 bytes.", ge=1)),
+    # Required here, but every kind fills its own default in (_fill_kind), so a config may leave it out.
+    "quality": (
+        Literal["code", "prose", "none"],
+        setting(
+            description="Which quality filters its documents pass (download.filters): by default its kind's ("
+            + ", ".join(f"{k.name} {k.keys.QUALITY}" for k in source_kinds.KINDS.values())
+            + ")."
+        ),
+    ),
+}
+
+# One of download.sources: its name and kind, every kind's keys (kiln.data.source_kinds: those of the
+# other kinds unset), and the keys every source has.
+Source = create_model("Source", __base__=_Source, **source_kinds.key_fields(), **_EVERY_SOURCE)
 
 
 class NearDupSection(Section):
@@ -166,8 +142,8 @@ class DownloadSection(Section):
     KEY: ClassVar[str] = "download"
     sources: Annotated[tuple[Source, ...], Field(strict=False)] = setting(
         description=(
-            "The corpora to download, each with its kind's keys (stdlib, local, hf); a document repeating an "
-            "earlier one, of any source, is dropped (dedup, near_dup)."
+            f"The corpora to download, each with its kind's keys ({', '.join(source_kinds.names())}); a "
+            "document repeating an earlier one, of any source, is dropped (dedup, near_dup)."
         ),
         tag=reads("the report names them", download=OUTPUT, report=OUTPUT),
         min_length=1,
@@ -177,9 +153,10 @@ class DownloadSection(Section):
     )
     scatter_mb: Number = setting(
         8,
-        """Input megabytes per download_part job: each checks a share of a stdlib or local source's files
-        (filters, decontamination, hashes, MinHash), and the download job gathers them into the bytes one
-        job writes. Sources with a budget, and hf sources, are read by the download job.""",
+        """Input megabytes per download_part job: each checks a share of the files of a source whose kind
+        reads files, such as stdlib and local (filters, decontamination, hashes, MinHash), and the download
+        job gathers them into the bytes one job writes. Sources with a budget, and streamed ones (hf),
+        are read by the download job.""",
         reads("how many download_part jobs check the input; the bytes equal one job's", download=RUN),
         gt=0,
     )

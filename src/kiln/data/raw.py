@@ -38,9 +38,8 @@ import pyarrow.parquet as pq
 
 from kiln.config.data_sections import DownloadSection, Source
 from kiln.data import faults
-from kiln.data.hub import describe, is_transient
 from kiln.data.near_dup import NearDupIndex, threshold
-from kiln.data.sources import Document
+from kiln.data.sources import Document, transient
 from kiln.data.utf8text import BIG_TEXT_BYTES, string_column, texts_of, utf8_size
 from kiln.data.verdicts import EARLY, CheckingReader, Verdict, VerdictReader, digest_and_size
 from kiln.errors import KilnError
@@ -134,6 +133,10 @@ def _write_part(docs: list[Document], path: Path) -> dict:
     return {"file": path.name, "rows": len(docs), "bytes": sum(sizes), "sha256": sha256_file(path)}
 
 
+def _named(spec: Source) -> str:
+    return f"download: source {spec.name!r} ({spec.kind})"
+
+
 class _SourceWriter:
     """Streams one source into staged parts, saving progress after each; resumes from the last one."""
 
@@ -166,18 +169,18 @@ class _SourceWriter:
             try:
                 self._stream()
             except Exception as exc:
-                if self.spec.kind != "hf" or not is_transient(exc):
+                if not transient(self.spec, exc):  # a stream's network failure (its kind says)
                     raise
                 attempts = 1 if len(self.entry["parts"]) > parts_before else attempts + 1
                 if attempts > self.cfg.retries:
                     raise KilnError(
-                        f"{describe(self.spec)}: network failure, gave up after {attempts} "
+                        f"{_named(self.spec)}: network failure, gave up after {attempts} "
                         f"attempts (download.retries={self.cfg.retries}): {exc}"
                     ) from exc
                 delay = self.cfg.retry_backoff_s * 2 ** (attempts - 1)
                 log.warning(
                     "%s: %s; retrying from part %d in %.1f s (attempt %d of %d)",
-                    describe(self.spec),
+                    _named(self.spec),
                     exc,
                     len(self.entry["parts"]),
                     delay,
@@ -263,7 +266,7 @@ class _SourceWriter:
         write_json(self.staging / PROGRESS, self.progress)
         if not entry["parts"]:
             raise KilnError(
-                f"download: source {spec.name!r} ({spec.kind}) produced no documents (skipped "
+                f"{_named(spec)} produced no documents (skipped "
                 f"{counts.skipped_empty} empty, {counts.skipped_non_utf8} non-UTF-8, {counts.skipped_short} "
                 f"short, {counts.skipped_long} long, {counts.skipped_duplicate} duplicate, "
                 f"{counts.skipped_near_duplicate} near-duplicate, filtered {counts.skipped_filter}); check its "

@@ -1,7 +1,8 @@
 """The download stage as a scatter: a plan, one download_part job per share of the input, a gather.
 
-- The plan (`download_plan`, a Snakemake checkpoint) lists the files of each stdlib or local source
-  and cuts them, in reading order, into shares of about `download.scatter_mb` MB of input.
+- The plan (`download_plan`, a Snakemake checkpoint) lists the files of each source whose kind reads
+  files (stdlib, local: kiln.data.source_kinds) and cuts them, in reading order, into shares of about
+  `download.scatter_mb` MB of input.
 - Each download_part job (`write_part`) runs the order-free checks on its share's records
   (kiln.data.verdicts: UTF-8, size, quality filters, HumanEval decontamination, content hash and
   MinHash), nearly all of the stage's time, and stores the verdicts.
@@ -9,7 +10,7 @@
   the ordered decisions (exact and near duplicates, budgets), so it writes the bytes one job writes.
 
 Not scattered, read and checked by the gather as one job reads them:
-- hf sources: a stream, read in one order; a cut would have to read it through;
+- sources of a kind that streams (hf): a stream, read in one order; a cut would have to read it through;
 - sources with a budget (max_rows, max_bytes): the budget counts the documents kept after
   deduplication against everything before, so no share knows where its source stops, and a share
   past that point would be checked for nothing.
@@ -40,7 +41,7 @@ VERDICTS, PART_JSON = "verdicts.parquet", "part.json"
 
 def scattered(spec: Source) -> bool:
     """Whether download_part jobs check this source's records (see the module's note)."""
-    return spec.kind in ("stdlib", "local") and spec.max_rows is None and spec.max_bytes is None
+    return SourceReader(spec).reads_files and spec.max_rows is None and spec.max_bytes is None
 
 
 def _checks_key(spec: Source, cfg: DownloadSection) -> str:

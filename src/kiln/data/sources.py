@@ -1,12 +1,9 @@
-"""Where documents come from: each source kind reads its records in one fixed order.
+"""Where documents come from: each source reads its records in one fixed order, as its kind says.
 
-Kinds:
-- `stdlib`: the .py files of the standard library of the interpreter running Kiln (the default corpus:
-  real code, present on every machine, no network);
-- `local`: files, directories or globs; .jsonl/.json/.parquet rows (a text column, optionally path and
-  repository columns), anything else one document per file with its path kept;
-- `hf`: `datasets.load_dataset(..., streaming=True)` (see kiln.data.hub); builders such as `json` or
-  `parquet` with `data_files` read local files through the same code, which is how the tests run it.
+The kinds (download.sources[].kind) are registered in kiln.data.source_kinds.registry, each a folder
+kiln/data/source_kinds/<kind>/ whose reader.py turns its files or its stream into documents: stdlib (the
+standard library's .py files), local (files on disk, and rows of .jsonl/.json/.parquet files), hf (a
+Hugging Face dataset, streamed). docs/extending.md adds one.
 
 A `SourceReader` yields one item per record: a `Document`, or None for a record that is not valid
 UTF-8 and is skipped (or a KilnError naming it, when `invalid_utf8` is `fail`). A file above
@@ -19,25 +16,21 @@ part. Cleaning (empty, too short or long, duplicates) and budgets are the downlo
 from __future__ import annotations
 
 import bisect
-import glob
 import itertools
-import json
 import logging
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import pyarrow.parquet as pq
 
 from kiln.config.data_sections import Source
+from kiln.data.source_kinds import registry as source_kinds
 from kiln.data.utf8text import BIG_TEXT_BYTES, Utf8Text, first_invalid_byte, texts_of
 from kiln.errors import KilnError
 from kiln.io import read_json
 
 log = logging.getLogger("kiln.download")
-
-ROW_FILE_SUFFIXES = {".jsonl", ".json", ".parquet"}
 
 
 @dataclass(frozen=True)
@@ -49,8 +42,32 @@ class Document:
     repo: str | None = None
 
 
-def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
+class Reader(Protocol):
+    """What a kind's reader.py defines: either files (a kind that reads files) or a stream.
+
+    A kind that reads files defines `files` and `read_files`. Its records are those of its files in
+    order; a resumed read reads them again and skips those done, and download_part jobs may check
+    shares of its files (kiln.data.raw_scatter) when the source has no budget.
+
+    A kind that streams defines `open_stream` and `read_stream`; the stream has state_dict() and
+    load_state_dict() (datasets.IterableDataset's), and a resumed read continues from the state
+    recorded after the last complete part. Either kind may define `transient`."""
+
+    def files(self, spec: Source) -> list[Path]:
+        """The files the source reads, in reading order."""
+
+    def read_files(self, reader: SourceReader, files: Sequence[Path]) -> Iterator[Document | None]:
+        """One item per record of `files` (a share of files(spec), or all of them), in order: a
+        Document, or None for a record skipped as not valid UTF-8 (reader.read_file, reader.decode)."""
+
+    def open_stream(self, spec: Source) -> Any:
+        """The source's records as a resumable iterable (state_dict, load_state_dict)."""
+
+    def read_stream(self, reader: SourceReader, stream: Any, start: int) -> Iterator[Document | None]:
+        """One item per record of `stream`, numbered from `start` (the records read before a resume)."""
+
+    def transient(self, exc: BaseException) -> bool:
+        """Optional: whether a failure is worth another attempt (download.retries); otherwise none is."""
 
 
 class SourceReader:
@@ -58,8 +75,15 @@ class SourceReader:
 
     def __init__(self, spec: Source, invalid_utf8: str = "skip"):
         self.spec, self.invalid_utf8 = spec, invalid_utf8
+        self.kind = source_kinds.get(spec.kind).reader
         self.records = 0
-        self._stream = None  # the datasets.IterableDataset of an hf source, for its resumable state
+        self._stream = None  # a streaming kind's iterable (an hf source's datasets.IterableDataset), for its state
+
+    @property
+    def reads_files(self) -> bool:
+        """Whether the source's kind reads files (else it streams): a resumed read rereads them and
+        skips the records done, and download_part jobs may check shares of them (kiln.data.raw_scatter)."""
+        return hasattr(self.kind, "files")
 
     def position(self) -> dict:
         state = {"records": self.records}
@@ -68,26 +92,22 @@ class SourceReader:
         return state
 
     def files(self) -> list[Path]:
-        """The files a stdlib or local source reads, in reading order (its records follow them)."""
-        return FILES[self.spec.kind](self.spec)
+        """The files a source of a kind that reads files reads, in reading order (its records follow them)."""
+        return self.kind.files(self.spec)
 
     def read(self, position: dict | None = None, files: Sequence[Path] | None = None) -> Iterator[Document | None]:
         """The source's records from `position`; `files`: only those files' (a download_part job's
-        share of a stdlib or local source, kiln.data.raw_scatter)."""
-        self.records = 0
-        if self.spec.kind == "hf":
-            from kiln.data.hub import open_stream  # imports datasets: slow, and only this kind needs it
-
-            self._stream = open_stream(self.spec)
+        share of the files, kiln.data.raw_scatter)."""
+        self.records = position["records"] if position else 0
+        if self.reads_files:
+            # Files are cheap to read again: skip what was read; only a stream resumes in place.
+            documents = self.kind.read_files(self, self.files() if files is None else files)
+            items = itertools.islice(documents, self.records, None)
+        else:
+            self._stream = self.kind.open_stream(self.spec)
             if position:
                 self._stream.load_state_dict(position["stream"])
-                self.records = position["records"]
-            items = self._hf_documents()
-        else:
-            self.records = position["records"] if position else 0
-            # Local files are cheap to read again: skip what was read; only a stream resumes in place.
-            documents = KINDS[self.spec.kind](self, self.files() if files is None else files)
-            items = itertools.islice(documents, self.records, None)
+            items = self.kind.read_stream(self, self._stream, self.records)
         for item in items:
             self.records += 1
             yield item
@@ -116,141 +136,19 @@ class SourceReader:
         return None
 
     def document(self, doc_id: str, text: object, where: str, path: str, repo: object = None) -> Document:
+        """A row's document (local's row files, hf's rows), its text and repository columns checked."""
         if not isinstance(text, str):
             raise KilnError(f"{where}: column {self.spec.text_column!r} holds {type(text).__name__}, expected a string")
         if repo is not None and not isinstance(repo, str):
             raise KilnError(f"{where}: column {self.spec.repo_column!r} holds {type(repo).__name__}, expected a string")
         return Document(doc_id, text, path, self.spec.name, repo or None)
 
-    def _hf_documents(self) -> Iterator[Document]:
-        spec = self.spec
-        text_col, path_col, repo_col = spec.text_column, spec.path_column, spec.repo_column
-        for row, record in enumerate(self._stream, start=self.records):
-            where = f"source {spec.name!r}: dataset {spec.dataset!r} row {row}"
-            if text_col not in record:
-                raise KilnError(f"{where}: no column {text_col!r}; columns present: {', '.join(record)}")
-            path = record.get(path_col) if path_col else spec.dataset
-            yield self.document(
-                f"{spec.name}/{spec.dataset}#{row}",
-                record.get(text_col),
-                where,
-                str(path),
-                record.get(repo_col) if repo_col else None,
-            )
 
-
-def _stdlib_files(spec: Source) -> list[Path]:
-    root = stdlib_root()
-    return sorted(
-        {
-            p
-            for pattern in spec.include
-            for p in root.glob(pattern)
-            if p.is_file() and "site-packages" not in p.parts and "__pycache__" not in p.parts
-        }
-    )
-
-
-def _stdlib_documents(reader: SourceReader, files: Sequence[Path]) -> Iterator[Document | None]:
-    spec, root = reader.spec, stdlib_root()
-    for path in files:
-        text = reader.read_file(path)
-        rel = path.relative_to(root).as_posix()
-        yield None if text is None else Document(f"{spec.name}/{rel}", text, rel, spec.name)
-
-
-def expand_paths(patterns: Sequence[str]) -> list[Path]:
-    """Files named by paths, directories (every file below, sorted) or glob patterns, in order."""
-    files: list[Path] = []
-    for pattern in patterns:
-        matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
-        if not matches:
-            raise KilnError(f"download: local path pattern {pattern!r} matches no file")
-        for match in map(Path, matches):
-            if match.is_dir():
-                files.extend(sorted(p for p in match.rglob("*") if p.is_file()))
-            elif match.is_file():
-                files.append(match)
-            else:
-                raise KilnError(f"download: local path {str(match)!r} does not exist")
-    return files
-
-
-def _missing_column(path: Path, row: object, column: str, present: list[str]) -> KilnError:
-    where = f"{path}: row {row}" if row is not None else str(path)
-    return KilnError(f"{where}: no column {column!r}; columns present: {', '.join(present) or '(none)'}")
-
-
-def _json_records(path: Path, reader: SourceReader) -> Iterator[dict | None]:
-    """The records of a .jsonl file (one per line) or a .json file holding a list."""
-    if path.suffix == ".json" and _first_non_space(path) == b"[":
-        text = reader.decode(path.read_bytes(), str(path))
-        yield from ([None] if text is None else _parse_json(text, str(path)))
-        return
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            if line.strip():
-                text = reader.decode(line, f"{path}: line {number}")
-                yield None if text is None else _parse_json(text, f"{path}: line {number}")
-
-
-def _first_non_space(path: Path) -> bytes:
-    """The first byte after any leading whitespace (b"" for an empty file): a JSON list may be indented."""
-    with open(path, "rb") as f:
-        while (byte := f.read(1)).isspace():
-            pass
-    return byte
-
-
-def _parse_json(text: str, where: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise KilnError(f"{where}: not valid JSON: {exc}") from None
-
-
-def _row_documents(path: Path, reader: SourceReader) -> Iterator[Document | None]:
-    spec = reader.spec
-    columns = [spec.text_column, *(c for c in (spec.path_column, spec.repo_column) if c)]
-    if path.suffix == ".parquet":
-        parquet = pq.ParquetFile(path)
-        present = parquet.schema_arrow.names
-        for column in columns:
-            if column not in present:
-                raise _missing_column(path, None, column, present)
-        records = (r for batch in parquet.iter_batches(columns=columns, batch_size=256) for r in batch.to_pylist())
-    else:
-        records = _json_records(path, reader)
-    for row, record in enumerate(records):
-        if record is None:
-            yield None
-            continue
-        if not isinstance(record, dict) or any(c not in record for c in columns):
-            present = list(record) if isinstance(record, dict) else [type(record).__name__]
-            raise _missing_column(path, row, next(c for c in columns if c not in present), present)
-        doc_path = record[spec.path_column] if spec.path_column else path.as_posix()
-        repo = record[spec.repo_column] if spec.repo_column else None
-        yield reader.document(
-            f"{spec.name}/{path.as_posix()}#{row}",
-            record[spec.text_column],
-            f"{path}: row {row}",
-            str(doc_path),
-            repo,
-        )
-
-
-def _local_documents(reader: SourceReader, files: Sequence[Path]) -> Iterator[Document | None]:
-    name = reader.spec.name
-    for path in files:
-        if path.suffix in ROW_FILE_SUFFIXES:
-            yield from _row_documents(path, reader)
-        else:
-            text = reader.read_file(path)
-            yield None if text is None else Document(f"{name}/{path.as_posix()}", text, path.as_posix(), name)
-
-
-KINDS = {"stdlib": _stdlib_documents, "local": _local_documents}
-FILES = {"stdlib": _stdlib_files, "local": lambda spec: expand_paths(spec.paths)}
+def transient(spec: Source, exc: BaseException) -> bool:
+    """Whether a failure reading the source is worth another attempt (download.retries): its kind's to
+    say (a stream's network failure); never, for a kind that does not."""
+    kind = source_kinds.get(spec.kind).reader
+    return hasattr(kind, "transient") and kind.transient(exc)
 
 
 # --- the download stage's output, read back (written by kiln.data.raw) ---------------------------------

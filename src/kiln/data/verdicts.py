@@ -134,7 +134,7 @@ class CheckingReader:
 
 
 def write_verdicts(spec: Source, cfg: DownloadSection, files: Sequence[Path], path: Path) -> dict[str, int]:
-    """Check the records of `files` (a share of the stdlib or local source `spec`) into the parquet
+    """Check the records of `files` (a share of the files of the source `spec`) into the parquet
     file `path`, in reading order; return how many records there were and how many are candidates."""
     reader = SourceReader(spec, cfg.invalid_utf8)
     with atomic_file(path) as tmp, pq.ParquetWriter(tmp, VERDICT_SCHEMA, compression="zstd") as writer:

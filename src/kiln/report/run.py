@@ -7,14 +7,14 @@ from pathlib import Path
 
 import matplotlib
 
-from kiln.config.eval_sections import Reference
 from kiln.config.run_config import RunConfig
 from kiln.config.train_sections import Budget
+from kiln.eval.metrics import registry
+from kiln.eval.metrics.heldout.section import Reference
 from kiln.plan.steps import budget_text
 from kiln.plan.tables import checks_table, format_eta
 from kiln.plan.verdict import SmokeReport
 from kiln.report.cleaning import cleaning_section, heldout_section
-from kiln.report.code import code_section
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
@@ -85,15 +85,13 @@ def plot_loss(
     plt.close(fig)
 
 
-def _fence(text: str) -> str:
-    return "```\n" + text.replace("```", "ʼʼʼ") + "\n```"
-
-
 def render(run: str, data: dict, png_name: str) -> str:
     """The report's markdown from the stages' outputs (`data` keys: config (the report stage's RunConfig),
-    raw (the download manifest; optional), tokenizer, tokens, shards, smoke (a SmokeReport), plan, train, train_samples, eval, samples; the others
-    as read from JSON)."""
-    ev, tok, split, train = data["eval"], data["tokenizer"], data["tokens"]["splits"], data["train"]
+    raw (the download manifest; optional), tokenizer, tokens, shards, smoke (a SmokeReport), plan, train,
+    train_samples, eval (kiln.eval.metrics.output.EvalOutput), metrics (train's metrics.jsonl); the others
+    as read from JSON). The eval metrics' parts come from their report.py, in registration order: their
+    tables under "Evaluation", then their sections, then their examples (kiln.eval.metrics.registry)."""
+    tok, split, train = data["tokenizer"], data["tokens"]["splits"], data["train"]
     lines = [
         f"# Kiln run `{run}`",
         "",
@@ -128,37 +126,24 @@ def render(run: str, data: dict, png_name: str) -> str:
         f"| tokens/s (steady state; checkpoints and validation left out) | {train['tokens_per_s']:,.0f} |",
         f"| MFU, Kiln's count / torchtitan transformers-backend count | {_pct(train['mfu'])} / {_pct(train.get('mfu_torchtitan'))} |",
         "",
-        *_training_samples(data["train_samples"], data["samples"].get("train_prompts", [])),
+        *_training_samples(data["train_samples"], data["eval"].samples.get("train_prompts", [])),
         "## Evaluation (held-out split)",
         "",
-        "| metric | model | unigram baseline |",
-        "|---|---:|---:|",
-        f"| loss (nats/token) | {ev['val_loss']:.4f} | {ev['unigram_val_loss']:.4f} |",
-        f"| bits per byte | {ev['val_bits_per_byte']:.4f} | {ev['unigram_bits_per_byte']:.4f} |",
-        f"| perplexity | {ev['val_perplexity']:.2f} | |",
-        "",
-        *_from_source(data.get("metrics", [])),
-        *_reference_line(data["config"].eval.reference, ev["val_loss"], ev["val_bits_per_byte"]),
-        *_eval_tables(ev),
-        *code_section(ev.get("code"), data["samples"].get("code")),  # none in an eval from before it
-        *_completions(data["samples"]),
     ]
-    lines += ["## Infilling examples (greedy, scored by exact match)", ""] if data["samples"]["infill"] else []
-    for ex in data["samples"]["infill"][:6]:
-        mark = "exact" if ex["exact_match"] else f"similarity {ex['edit_similarity']:.2f}"
-        lines += [
-            f"`{ex['doc_id']}` ({ex['span']}, {ex['layout']}, {mark}):",
-            "",
-            "expected:",
-            "",
-            _fence(ex["expected"].rstrip()),
-            "",
-            "got:",
-            "",
-            _fence(ex["completion"].rstrip()),
-            "",
-        ]
+    for part in ("tables", "section", "examples"):
+        lines += metric_parts(part, data)
     return "\n".join(lines) + "\n"
+
+
+def metric_parts(part: str, data: dict) -> list[str]:
+    """Every registered metric's `part` (tables, section or examples: kiln.eval.metrics.registry), in
+    registration order; a metric without it, or without a report.py, adds nothing."""
+    lines = []
+    for metric in registry.metrics():
+        render_part = getattr(metric.report, part, None)
+        if render_part is not None:
+            lines += render_part(data["eval"], data)
+    return lines
 
 
 def reference_loss(reference: Reference, bits_per_nat: float | None) -> float | None:
@@ -167,22 +152,6 @@ def reference_loss(reference: Reference, bits_per_nat: float | None) -> float | 
     if reference.val_loss is not None:
         return reference.val_loss
     return reference.bits_per_byte / bits_per_nat if bits_per_nat else None
-
-
-def _reference_line(reference: Reference | None, val_loss: float, val_bpb: float) -> list[str]:
-    if reference is None:
-        return []
-    name, ours, theirs = (
-        ("val loss", val_loss, reference.val_loss)
-        if reference.val_loss is not None
-        else ("bits per byte", val_bpb, reference.bits_per_byte)
-    )
-    gap = ours - theirs
-    return [
-        f"Reference: {name} {theirs:g} ({reference.source}); this run "
-        f"{ours:.4f}, {abs(gap):.3f} {'above' if gap > 0 else 'below'} it.",
-        "",
-    ]
 
 
 def _config_summary(cfg: RunConfig, train_result: dict) -> list[str]:
@@ -202,27 +171,6 @@ def _config_summary(cfg: RunConfig, train_result: dict) -> list[str]:
         f"{train.warmup_steps} warmup), weight decay {train.weight_decay:g}, clip {train.grad_clip:g}, {train.precision} |",
         f"| seed | {cfg.seed} |",
         f"| initial weights | {train_result.get('init_from') or 'random (seed)'} |",
-    ]
-
-
-def _from_source(metrics: list[dict]) -> list[str]:
-    """A run started from other weights: the source's held-out figure (the step-0 validation, before
-    any step) beside the run's last one; both are training's validation, on the same batches of this
-    run's val split, so the difference is what the continuation changed."""
-    vals = [r for r in metrics if "val_loss" in r]
-    if len(vals) < 2 or vals[0].get("step") != 0 or "init_from" not in vals[0]:
-        return []
-    start, end = vals[0], vals[-1]
-    bpb = lambda r: "n/a" if r.get("val_bpb") is None else f"{r['val_bpb']:.4f}"  # noqa: E731
-    return [
-        f"Started from {start['init_from']}: on training's validation batches, its weights before any "
-        "step against this run's after its last:",
-        "",
-        "| | step | loss (nats/token) | bits per byte |",
-        "|---|---:|---:|---:|",
-        f"| source | 0 | {start['val_loss']:.4f} | {bpb(start)} |",
-        f"| continued | {end['step']:,} | {end['val_loss']:.4f} | {bpb(end)} |",
-        "",
     ]
 
 
@@ -270,18 +218,6 @@ def _budget_rows(plan: dict, train: dict) -> list[str]:
     ]
 
 
-def _completions(samples: dict) -> list[str]:
-    """The eval stage's completions: sampled first (what the model writes), then greedy (the decoding
-    exact-match metrics score), each labelled as eval decoded it (samples.json from before the
-    labels: the bare names)."""
-    how = samples.get("decoding", {"sampled": "sampled", "greedy": "greedy"})
-    lines = ["## Samples", ""]
-    for row in samples["completions"]:
-        lines += [f"Prompt `{row['prompt']!r}`, {how['sampled']}:", "", _fence(row["prompt"] + row["sampled"]), ""]
-        lines += [f"{how['greedy']}:", "", _fence(row["prompt"] + row["greedy"]), ""]
-    return lines
-
-
 def _training_samples(rows: list[dict], final: list[dict]) -> list[str]:
     """train.samples' prompts: completed at the first validation step (train/samples.jsonl) and by
     the final model (the eval stage, which completes the prompts as they are set now), each with how
@@ -301,55 +237,3 @@ def _training_samples(rows: list[dict], final: list[dict]) -> list[str]:
 
 def _pct(value: float | None) -> str:
     return "n/a (no GPU peak)" if value is None else f"{value:.1%}"
-
-
-def _number(value) -> str:
-    return "n/a" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
-
-
-def _eval_tables(ev: dict) -> list[str]:
-    """Per-source, per-checkpoint, infilling, lm-eval and contamination tables of the eval stage's metrics."""
-    lines = [
-        "### Per source",
-        "",
-        "| source | loss | perplexity | bits per byte | tokens evaluated |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    lines += [
-        f"| {name} | {m['loss']:.4f} | {m['perplexity']:.2f} | {m['bits_per_byte']:.4f} | {m['tokens_evaluated']:,} |"
-        for name, m in ev["val_by_source"].items()
-    ]
-    lines += ["", "### Checkpoints kept", "", "| step | tokens | val loss | bits per byte |", "|---:|---:|---:|---:|"]
-    lines += [
-        f"| {_number(c['step'])}{' (final)' if c['final'] else ''} | {_number(c['tokens'])} | "
-        f"{c['val_loss']:.4f} | {c['val_bits_per_byte']:.4f} |"
-        for c in ev["checkpoints"]
-    ]
-    lines += ["", "### Fill-in-the-middle (held-out documents)", ""]
-    if "not_run" in ev["infill"]:  # kiln.eval.infill.not_run_reason
-        lines += [f"not run: {ev['infill']['not_run']}"]
-    else:
-        lines += ["| span / layout | problems | exact match | edit similarity |", "|---|---:|---:|---:|"]
-        lines += [
-            f"| {name} | {row['problems']} | {_number(row['exact_match'])} | {_number(row['edit_similarity'])} |"
-            for name, row in ev["infill"].items()
-        ]
-    lines += ["", "### lm-evaluation-harness", "", "| task | metric | value |", "|---|---|---:|"]
-    for task, metrics in ev["lm_eval"].items():
-        lines += [
-            f"| {task} | {metric.split(',')[0]} | {_number(value) if not isinstance(value, str) else value} |"
-            for metric, value in metrics.items()
-            if "stderr" not in metric
-        ]
-    lines += [
-        "",
-        "### Contamination (13-gram overlap with the training tokens)",
-        "",
-        "| eval set | items | items with overlap | 13-grams found |",
-        "|---|---:|---:|---:|",
-    ]
-    lines += [
-        f"| {name} | {row['items']} | {row['contaminated_items']} | {_number(row['ngram_overlap'])} |"
-        for name, row in ev["contamination"].items()
-    ]
-    return lines + [""]

@@ -20,7 +20,7 @@ import numpy as np
 
 from kiln.config.run_config import RunConfig
 from kiln.io import benchmark_seconds, read_json
-from kiln.layout import METRICS, Layout
+from kiln.layout import EVAL_METRICS, METRICS, Layout
 from kiln.plan.tables import format_eta
 from kiln.report.run import read_metrics
 
@@ -65,7 +65,7 @@ def collect(runs: dict[str, dict], varied: list[str], results: Path) -> tuple[li
     for run, cfg in runs.items():
         paths = Layout(cfg, root=results)
         summary = read_json(paths.output("train", "summary.json"))
-        metrics = read_json(paths.output("eval", "metrics.json"))
+        metrics = read_json(paths.output("eval", EVAL_METRICS))  # heldout's keys (kiln.eval.metrics.output)
         records = read_metrics(paths.folder("train") / METRICS)
         time_s = _stage_seconds(paths, summary)
         typed = RunConfig.of(cfg)

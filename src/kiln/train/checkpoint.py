@@ -155,8 +155,7 @@ class Saver:
         """The newest checkpoint under the root, once an async save in flight is in place: where a rerun
         continues from."""
         self.wait()
-        found = kept(self.root)
-        return str(found[-1][1]) if found else "none (a rerun starts from step 0)"
+        return last_checkpoint(self.root)
 
     def save(self, state: dict, shards: dict | None = None) -> None:
         """Full format: `state` is everything, rank 0's written. Sharded: `state` is all but model and
@@ -359,6 +358,12 @@ def kept(root: Path) -> list[tuple[int, Path]]:
         if match and folder.is_dir() and _complete(folder) is None:
             found.append((int(match.group(1)), folder))
     return sorted(found)
+
+
+def last_checkpoint(root: Path) -> str:
+    """The newest checkpoint under `root`, where a rerun continues from, or that there is none."""
+    found = kept(root)
+    return str(found[-1][1]) if found else "none (a rerun starts from step 0)"
 
 
 def load_weights(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:

@@ -61,3 +61,8 @@ def log_validation(record: dict, samples: list[dict]) -> None:
     log.info("step %d | val loss %.4f%s", step, record["val_loss"], "" if bpb is None else f" | {bpb:.4f} bits/byte")
     for row in samples:
         log.info("step %d | sample %r -> %r", step, row["prompt"], row["completion"])
+
+
+def log_start_validation(val_loss: float, source: str) -> None:
+    """`step 0 | val loss (the weights of <source>)`: a run that starts from another model's weights."""
+    log.info("step 0 | val loss %.4f (the weights of %s)", val_loss, source)

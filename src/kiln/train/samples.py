@@ -8,9 +8,9 @@ anything else seeded from it), and a draw from it here would change the run. Res
 call, so a prompt's completion at a step is a function of the model alone, the same in a resumed
 run as in one that never stopped. Temperature 0 is greedy. Every row says how it was decoded.
 
-`make_sampler` returns the callable Trainer.fit runs at every validation step, on every rank, with
-an `agree` that gives all ranks rank 0's tokens (kiln.generate.decode); its rows go to the console,
-train/samples.jsonl and wandb.
+`make_sampler` returns the callable the train stage's validations run (kiln.train.callbacks.Validation),
+on every rank, with an `agree` that gives all ranks rank 0's tokens (kiln.generate.decode); its rows go
+to the console, train/samples.jsonl and wandb. `train_sampler` is the one train.samples configures.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from kiln.config.train_sections import TrainSection
 from kiln.data.tokenizer import load_tokenizer
 from kiln.generate.decode import Agree, describe
 from kiln.generate.healing import complete
@@ -65,3 +66,17 @@ def make_sampler(
         return [{"prompt": p, "completion": t, "decoding": label} for p, t in zip(prompts, texts)]
 
     return sample
+
+
+def train_sampler(tokenizer_path: Path, train: TrainSection) -> Sampler | None:
+    """train.samples' prompts and decoding, seeded with train.seed: what the train stage's validations
+    and the eval stage sample."""
+    samples = train.samples
+    return make_sampler(
+        tokenizer_path,
+        samples.prompts,
+        samples.max_new_tokens,
+        temperature=samples.temperature,
+        top_p=samples.top_p,
+        seed=train.seed,
+    )

@@ -5,12 +5,13 @@ A Trainer holds what a run is made of: the model (kiln.model), readied for the r
 stream (kiln.data.loader) and the batch split (kiln.config.batch). `train_step` is one optimizer step:
 grad_accum micro-batches of micro_batch rows on each of W ranks, gradients synced on the last one
 only. `state_dict` (with model and optimizer, full or sharded: `save_checkpoint`) and
-`load_state_dict` are what a checkpoint holds. `fit` runs the loop: logging, validation,
-checkpoints, resume.
+`load_state_dict` are what a checkpoint holds. `fit` runs the loop: resume, the steps, the log
+record, the final weights, and the callbacks its caller hands it (logging, validation, checkpoints:
+kiln.train.callbacks.default_callbacks for the train stage's).
 
 fit's loop reads top to bottom, one step at a time: train it, decide what follows it
 (kiln.train.step_actions), then read and build the log record, then hand the step to the callbacks
-(kiln.train.callbacks): budget, validation and samples, metrics, checkpoint, preemption, the caller's. The host waits on the device only
+(kiln.train.callbacks), in the caller's order. The host waits on the device only
 at log and checkpoint steps (kiln.train.step_reader): losses and gradient norms stay device tensors
 in between, so on a GPU the host runs ahead queueing work; between them it reads one step-old stop
 flag (one step of run-ahead kept) to learn of a preemption signal.
@@ -35,7 +36,6 @@ from typing import Protocol, Sequence
 import torch
 
 from kiln import layout
-from kiln.config import checkpoint_format
 from kiln.config.batch import split_batch
 from kiln.config.models import model_config
 from kiln.config.run_config import RunConfig
@@ -46,15 +46,7 @@ from kiln.model.build import build_model, save_model
 from kiln.plan.steps import BudgetPlan
 from kiln.train import checkpoint, device, faults, fingerprint, init_from, parallel, preemption, progress, resume
 from kiln.train.budget import BudgetController
-from kiln.train.callbacks import (
-    Budget,
-    Callback,
-    Checkpoints,
-    Metrics,
-    Preemption,
-    StepEnd,
-    Validation,
-)
+from kiln.train.callbacks import Callback, StepEnd
 from kiln.train.distributed import (
     collective_deadline,
     gather_objects,
@@ -70,7 +62,6 @@ from kiln.train.gc_control import GarbageCollection
 from kiln.train.health import SpikeDetector
 from kiln.train.init_from import InitSource
 from kiln.train.metrics import (
-    MetricsSink,
     Throughput,
     flops_per_token,
     flops_per_token_torchtitan,
@@ -166,6 +157,7 @@ class Trainer:
         self.flags = torch.zeros(2, device=self.dist.device)  # the last step's [non-finite, stop signal]
         self.init_source: InitSource | None = None  # train.init_from, resolved by fit (which knows results/)
         self.init_sha256: str | None = None
+        self.saver: checkpoint.Saver | None = None  # the writer of this trainer's newest checkpoint
 
     @property
     def skipped(self) -> int:
@@ -207,8 +199,9 @@ class Trainer:
         }
 
     def save_checkpoint(self, saver: checkpoint.Saver) -> None:
-        """A checkpoint of this step through `saver` (fit's, kiln.train.callbacks.Checkpoints; the smoke
+        """A checkpoint of this step through `saver` (kiln.train.callbacks.Checkpoints'; the smoke
         stage times one of its own), in the saver's format. Collective."""
+        self.saver = saver
         if saver.sharded:  # each rank's own part, nothing gathered
             saver.save(self.state_dict(), parallel.sharded_state(self.model, self.optimizer))
             return
@@ -219,6 +212,13 @@ class Trainer:
                 "optimizer": parallel.full_optimizer_state(self.model, self.optimizer),
             }
         )
+
+    def last_checkpoint(self, root: Path) -> str:
+        """The newest checkpoint under `root`, once this trainer's save in flight, if any, is in place:
+        where a rerun continues from."""
+        if self.saver is not None:
+            self.saver.wait()
+        return checkpoint.last_checkpoint(root)
 
     def load_state_dict(self, state: dict) -> None:
         if checkpoint.SHARDS in state:
@@ -295,21 +295,18 @@ class Trainer:
         self.model.train()
         return mean_across_ranks(total / max(count, 1), self.dist.world).item()
 
-    def fit(self, out_dir: Path, *, sampler: Sampler | None = None, callbacks: Sequence[Callback] = ()) -> RunResult:
-        """Train to max_steps: log metrics.jsonl (and wandb), keep checkpoints under
-        out_dir/checkpoints and resume from the newest, validate every eval_every steps (with
-        `sampler`'s greedy completions, logged to samples.jsonl), and save the final
-        model.safetensors + model_config.json. What runs after each step is a list of callbacks
-        (kiln.train.callbacks), `callbacks` last. (The smoke stage drives train_step itself:
-        kiln.gate.checks.) A preemption signal ends it with RunStopped(PREEMPTED) once every rank
-        has saved the same step; a non-finite step with RunStopped(NONFINITE) per train.nonfinite."""
+    def fit(self, out_dir: Path, *, callbacks: Sequence[Callback] = ()) -> RunResult:
+        """Train to max_steps, resuming from the newest checkpoint under out_dir/checkpoints, and save
+        the final model.safetensors + model_config.json. What runs around the steps (logging,
+        validation, checkpoints: kiln.train.callbacks) is `callbacks`, in order; none trains the same
+        weights. (The smoke stage drives train_step itself: kiln.gate.checks.) A preemption signal
+        ends it with RunStopped(PREEMPTED) once every rank has saved the same step (the callbacks'
+        Preemption); a non-finite step with RunStopped(NONFINITE) per train.nonfinite."""
         train, d = self.train, self.dist
         ckpt_root = out_dir / layout.CHECKPOINTS
         if d.is_main:
             resume.remove_dead_writers_files(out_dir)
         self.resume_or_start(out_dir)
-        if self.budget is not None:  # and those recorded after the checkpoint, replayed at their steps
-            self.budget.attach(out_dir / layout.BUDGET_LOG, self.fingerprint, is_main=d.is_main)
         result = RunResult(
             n_params=self.model.num_params(non_embedding=False),
             is_main=d.is_main,
@@ -320,37 +317,18 @@ class Trainer:
         )
         if d.is_main:
             progress.log_model(self.model_config, result.n_params, d.world, train.parallel, self.batch_split)
-        sink = MetricsSink(
-            out_dir / layout.METRICS,
-            self.config.wandb.as_dict() if self.config.wandb else {"mode": "disabled"},
-            self.config.as_dict(),
-            enabled=d.is_main,
-            resume_step=self.step,
-        )
         meter = Throughput(
             flops_per_token(self.model), peak_flops(d.device), d.world, flops_per_token_torchtitan(self.model)
         )
-        if self.step == 0 and self.init_source is not None:  # where the source left off, before any step
-            self._log_start_validation(sink, sampler)
         cadence = Cadence(train.log_every, train.eval_every, train.checkpoint_every)
         window_tokens = 0  # trained on since the last log line
         self.faults = faults.from_env(d.rank)
         self.mirror = Mirror.of(train, out_dir, rank=d.rank)  # rank 0 copies each checkpoint off the node
-        saver = checkpoint.Saver(
-            ckpt_root,
-            checkpoint_format(train.checkpoint_format, train.parallel),
-            train.keep_checkpoints,
-            rank=d.rank,
-            world=d.world,
-            async_save=train.async_checkpoint,
-            faults=self.faults,
-            on_saved=self.mirror.submit,
-            milestone_every=train.keep_checkpoint_every,
-        )
         self.mirror.catch_up(ckpt_root)
-        hooks = [Budget(self.budget)] if self.budget is not None else []
-        hooks += [Validation(sink, sampler), Metrics(sink), Checkpoints(saver), Preemption(saver)]
-        hooks += callbacks
+        hooks = list(callbacks)
+        with meter.paused():  # opening files, a start validation: not training time
+            for hook in hooks:
+                hook.before_fit(self, out_dir)
         self.stop.install()  # restored when fit ends, and by run() whatever happens
         loop_start = self._loop_start = time.perf_counter()
         # One step: train it (the device runs ahead: nothing read back), decide what follows it, read
@@ -366,7 +344,7 @@ class Trainer:
                     window_tokens += self.batch_split.tokens_per_step
                     due = cadence.at(self.step, self.max_steps, self.reader.stop_requested)
                     if due.read:  # every unread step, before anything is saved: a non-finite one is never saved
-                        stopped = self.reader.read(saver.last_checkpoint)
+                        stopped = self.reader.read(functools.partial(self.last_checkpoint, ckpt_root))
                         if stopped is not None:
                             raise stopped
                     record = None
@@ -444,17 +422,6 @@ class Trainer:
         if self.dist.is_main:
             log.info("train: starting from %s, not from a random init", source.describe())
 
-    def _log_start_validation(self, sink: MetricsSink, sampler: Sampler | None) -> None:
-        """A validation at step 0 of a run that starts from another model's weights, in metrics.jsonl
-        (step 0, tokens 0, no training figures): the source's last validation, on this run's data."""
-        record = {"step": 0, "tokens": 0, "val_loss": self.evaluate(), "init_from": self.init_source.describe()}
-        record["val_bpb"] = self.bits_per_byte(record["val_loss"], "val")
-        samples = self.sample(sampler)
-        if self.dist.is_main:
-            log.info("step 0 | val loss %.4f (the weights of %s)", record["val_loss"], self.init_source.describe())
-            sink.log_samples(0, samples)
-        sink.log(record)
-
     def _since_start(self) -> float:
         return 0.0 if self._loop_start is None else time.perf_counter() - self._loop_start
 
@@ -494,17 +461,17 @@ def run(
     shard_dir: Path,
     out_dir: Path,
     *,
+    callbacks: Sequence[Callback] = (),
     max_steps: int | None = None,
-    sampler: Sampler | None = None,
     budget: BudgetPlan | None = None,
 ) -> RunResult:
-    """Train per `config` (its seed, model, train[, wandb]) on shard_dir, writing into out_dir (see
-    Trainer.fit); the process group, if any, is shut down at the end."""
+    """Train per `config` (its seed, model, train[, wandb]) on shard_dir, writing into out_dir with
+    `callbacks` (see Trainer.fit); the process group, if any, is shut down at the end."""
     trainer = Trainer(config, shard_dir, max_steps=max_steps, budget=budget)
     synced = False  # every rank finished, or stopped itself at the same step
     try:
         with collective_deadline(trainer.train.collective_timeout_s, trainer.train.first_step_timeout_s):
-            result = trainer.fit(out_dir, sampler=sampler)
+            result = trainer.fit(out_dir, callbacks=callbacks)
         synced = True
     except RunStopped:
         synced = True

@@ -13,7 +13,7 @@ from conftest import download_cfg, write_jsonl
 
 from kiln.data.raw import write_raw
 from kiln.data.raw_scatter import PART_JSON, download_plan, part_verdicts, scattered, write_part
-from kiln.data.sources import stdlib_root
+from kiln.data.source_kinds.stdlib.reader import stdlib_root
 from kiln.errors import KilnError
 
 BODY = "".join(f"def step_{i}(state, value):\n    state.total += value * {i}\n    return state\n\n" for i in range(12))

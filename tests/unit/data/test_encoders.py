@@ -13,7 +13,8 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from kiln.data.encoders import Encoder, safe_slices, tiktoken_encoding, tokenizer_from_tiktoken
 from kiln.data.raw import write_raw
-from kiln.data.sources import read_documents, stdlib_root
+from kiln.data.source_kinds.stdlib.reader import stdlib_root
+from kiln.data.sources import read_documents
 from kiln.data.tokenizer_build import build_tokenizer, encode_batch
 from kiln.errors import KilnError
 from kiln.io import read_json

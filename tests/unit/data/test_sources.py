@@ -12,7 +12,8 @@ import pytest
 from conftest import source, write_jsonl
 
 from kiln.config.data_sections import Source
-from kiln.data.sources import SourceReader, stdlib_root
+from kiln.data.source_kinds.stdlib.reader import stdlib_root
+from kiln.data.sources import SourceReader
 from kiln.errors import KilnError
 
 

@@ -13,7 +13,8 @@ from kiln.config.data_sections import TokenizerSection
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.encoders import tiktoken_encoding
 from kiln.data.raw import write_raw
-from kiln.data.sources import read_documents, stdlib_root
+from kiln.data.source_kinds.stdlib.reader import stdlib_root
+from kiln.data.sources import read_documents
 from kiln.data.tokenizer import EOS, load_tokenizer, padded_vocab_size, special_ids
 from kiln.data.tokenizer_build import build_tokenizer, bytes_per_token, encode_batch, train_bpe
 from kiln.errors import KilnError

@@ -16,8 +16,8 @@ from kiln.errors import KilnError
 from kiln.eval import code, sandbox
 from kiln.eval.humaneval import GREEDY, load_problems
 from kiln.eval.humaneval_infill import single_line_tasks
+from kiln.eval.metrics.code.report import code_section
 from kiln.model.build import build_model
-from kiln.report.code import code_section
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,13 +9,13 @@ import pytest
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
-from kiln.config.eval_sections import Reference
 from kiln.config.train_sections import InitFrom
 from kiln.data.fim import MIDDLE, PREFIX, SUFFIX
 from kiln.data.sources import Document
 from kiln.eval import contamination
 from kiln.eval.infill import _prompt, edit_similarity, make_problems, not_run_reason
 from kiln.eval.lm_tasks import LOCAL_TASKS, current_names
+from kiln.eval.metrics.heldout.section import Reference
 from kiln.eval.perplexity import bits_per_byte
 from kiln.eval.stream import TokenFile
 
@@ -80,14 +80,15 @@ def test_bits_per_byte():
 
 
 def test_a_reference_in_bits_per_byte_is_drawn_and_compared_in_bits_per_byte(tmp_path):
-    from kiln.report.run import _reference_line, plot_loss, reference_loss
+    from kiln.eval.metrics.heldout.report import reference_line
+    from kiln.report.run import plot_loss, reference_loss
 
     bits_per_nat = 0.4  # the val split's bits per byte for one nat per token
     plain = Reference.of({"bits_per_byte": 1.6, "source": "plain loop"})
     assert reference_loss(plain, bits_per_nat) == pytest.approx(4.0)
     assert reference_loss(plain, None) is None  # no byte counts: no line rather than a wrong one
     assert reference_loss(Reference.of({"val_loss": 3.28, "source": "llm.c"}), None) == 3.28
-    assert _reference_line(plain, val_loss=3.5, val_bpb=1.4) == [
+    assert reference_line(plain, val_loss=3.5, val_bpb=1.4) == [
         "Reference: bits per byte 1.6 (plain loop); this run 1.4000, 0.200 below it.",
         "",
     ]

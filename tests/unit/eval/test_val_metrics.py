@@ -8,43 +8,20 @@ pretokenized, sharded, and a tiny model trained on it in-process with checkpoint
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import download_cfg, write_jsonl
-from synthetic import TINY_MODEL, train_sections
+from mixture_run import SEED, SEQ_LEN, mixture_run
 
-from kiln.config.data_sections import PretokenizeSection
-from kiln.config.run_config import RunConfig
-from kiln.data.pretokenize import pretokenize
-from kiln.data.raw import write_raw
-from kiln.data.shards import shard_split
 from kiln.errors import KilnError
-from kiln.eval.perplexity import range_loss, range_rows, source_ranges
-from kiln.eval.suite import BATCH, HeldOut, checkpoint_curve, kept_checkpoints, load_checkpoint
-from kiln.io import read_json, write_json
+from kiln.eval.metrics.heldout.compute import HeldOut, checkpoint_curve, kept_checkpoints, load_checkpoint
+from kiln.eval.perplexity import BATCH, range_loss, range_rows, source_ranges
+from kiln.io import read_json
 from kiln.model.build import load_model
-from kiln.train.trainer import run
-
-SEED = 7
-SEQ_LEN = 16  # what train_sections sets shard.seq_len to
-MAX_STEPS, CKPT_EVERY, KEEP = 30, 10, 3
-PRETOKENIZE = {  # a whole section: the mixture names this run's sources, not tiny.yaml's
-    "val_tokens": 3000,
-    "mixture": {"code": 1, "noise": 1},
-    "heldout_ngram": 50,
-    "heldout_guard": 10,
-    "repo_context": False,
-    "encoder": "auto",
-    "fim": {"rate": 0.0, "psm": 0.5, "spm": 0.25, "middle_only": 0.25, "min_chars": 100},
-}
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
 
@@ -52,61 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tokenizer_path):
     """raw/, tokens/, shards/ and train/ (checkpoints, final model, summary.json) of a two-source run."""
-    base = tmp_path_factory.mktemp("mixture-run")
-    rng = np.random.default_rng(0)
-    letters = np.array(list("abcdefghijklmnopqrstuvwxyz      "))
-    code = [{"text": f"def alpha_{i}(x):\n    return x + {i}\n" * 3} for i in range(300)]
-    noise = [{"text": "".join(rng.choice(letters, size=90)) + "\n"} for _ in range(300)]
-    write_jsonl(base / "inputs" / "code.jsonl", code)
-    write_jsonl(base / "inputs" / "noise.jsonl", noise)
-    sources = [
-        {"name": n, "kind": "local", "paths": [f"inputs/{n}.jsonl"], "text_column": "text"} for n in ("code", "noise")
-    ]
-    cwd = os.getcwd()
-    os.chdir(base)  # relative paths: the same document ids, so the same split, on every run
-    try:
-        write_raw(download_cfg(sources, rows_per_part=50), base / "raw")
-    finally:
-        os.chdir(cwd)
-    (base / "tokens").mkdir()
-    meta = pretokenize(base / "raw", tokenizer_path, base / "tokens", SEED, PretokenizeSection.of(PRETOKENIZE))
-    shards = base / "shards"
-    shards.mkdir()
-    splits = {
-        split: shard_split(
-            np.memmap(base / "tokens" / f"{split}.bin", dtype=meta["dtype"], mode="r"),
-            shards,
-            split,
-            SEQ_LEN + 1,
-            1000,
-            meta["padded_vocab_size"],
-        )
-        for split in ("train", "val")
-    }
-    write_json(
-        shards / "manifest.json",
-        {
-            "seq_len": SEQ_LEN,
-            "row_len": SEQ_LEN + 1,
-            "dtype": meta["dtype"],
-            "vocab_size": meta["vocab_size"],
-            "padded_vocab_size": meta["padded_vocab_size"],
-            "splits": splits,
-            "sources": meta["sources"],
-        },
-    )
-    sections = train_sections(
-        TINY_MODEL,
-        max_steps=MAX_STEPS,
-        micro_batch=16,
-        checkpoint_every=CKPT_EVERY,
-        keep_checkpoints=KEEP,
-        eval_every=MAX_STEPS,
-        log_every=10,
-    )
-    result = run(RunConfig.of(sections), shards, base / "train")
-    write_json(base / "train" / "summary.json", dataclasses.asdict(result))
-    return base
+    return mixture_run(tmp_path_factory.mktemp("mixture-run"), tokenizer_path)
 
 
 @pytest.fixture(scope="module")
@@ -250,9 +173,10 @@ def test_eval_of_a_run_trained_without_fim_skips_infilling_and_says_so(run_dir, 
     say why, and the rest is measured as ever."""
 
     from kiln import config as kiln_config
+    from kiln.eval.context import RunPaths
+    from kiln.eval.metrics.infill.report import tables as infill_tables
     from kiln.eval.prepared import DataPaths, EvalData, prepare
-    from kiln.eval.suite import RunPaths, evaluate
-    from kiln.report.run import _eval_tables
+    from kiln.eval.suite import evaluate
 
     tiny = {
         k: v
@@ -272,7 +196,8 @@ def test_eval_of_a_run_trained_without_fim_skips_infilling_and_says_so(run_dir, 
     paths = RunPaths(run_dir / "train", run_dir / "shards", run_dir / "tokens", tokenizer_path, tmp_path / "eval_data")
     with pytest.raises(KilnError, match=r"made for eval.max_batches 2, and this eval's is 3"):
         evaluate(paths, cfg.replace(max_batches=3), SEED, tmp_path)
-    metrics, samples = evaluate(paths, cfg, SEED, tmp_path)
+    out = evaluate(paths, cfg, SEED, tmp_path)
+    metrics, samples = out.metrics, out.samples
     assert EvalData.read(tmp_path / "eval_data", 2).unigram_val_loss == metrics["unigram_val_loss"]
     assert metrics["infill"] == {
         "not_run": "trained without FIM: none of the "
@@ -286,4 +211,4 @@ def test_eval_of_a_run_trained_without_fim_skips_infilling_and_says_so(run_dir, 
     # the report labels each completion with how eval decoded it (the schema's temperature, top-k, top-p)
     assert samples["decoding"] == {"greedy": "greedy", "sampled": "sampled (temperature 0.8, top-k 50, top-p 1)"}
     assert metrics["contamination"]["val_documents"]["items"] > 0 and metrics["unigram_val_loss"] > 0
-    assert "not run: trained without FIM" in "\n".join(_eval_tables(metrics))
+    assert "not run: trained without FIM" in "\n".join(infill_tables(out, {}))

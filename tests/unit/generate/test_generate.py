@@ -12,7 +12,7 @@ from kiln.config.models import ModelConfig
 from kiln.data.sources import Document
 from kiln.data.tokenizer import EOS
 from kiln.eval.infill import _prompt, make_problems, run_infill
-from kiln.eval.suite import completions
+from kiln.eval.metrics.completions.compute import completions
 from kiln.generate.decode import generate, pick
 from kiln.generate.healing import heal
 from kiln.model.build import build_model

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from synthetic import SEQ_LEN, TRAIN_ROWS, VOCAB, train_sections, write_shards
+from train_stage import run
 
 from kiln.config.run_config import RunConfig
 from kiln.data.loader import ShardRows, TrainBatches
@@ -24,7 +25,6 @@ from kiln.errors import KilnError
 from kiln.io import read_json, write_json
 from kiln.model.build import load_model
 from kiln.train import checkpoint
-from kiln.train.trainer import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 GLOBAL_BATCH = 8 * SEQ_LEN  # 8 rows a step: the 64 train rows are an epoch of 8 steps

@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 import torch
 from synthetic import TINY_MODEL, train_sections, write_shards
+from train_stage import run
 
 from kiln.config.run_config import RunConfig
 from kiln.errors import ExitCode, KilnError, RunStopped
 from kiln.model.build import load_model
 from kiln.train import checkpoint, faults, launch
 from kiln.train.preemption import StopSignal
-from kiln.train.trainer import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DROPOUT_MODEL = TINY_MODEL | {"dropout": 0.1}  # the RNG state matters on resume

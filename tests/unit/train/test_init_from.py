@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from synthetic import PADDED_VOCAB, SEQ_LEN, TINY_MODEL, VOCAB, train_sections, write_shards
+from train_stage import run
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -33,7 +34,7 @@ from kiln.model.build import load_model
 from kiln.train import checkpoint, fingerprint, init_from
 from kiln.train.init_from import InitSource
 from kiln.train.schedule import schedule_from_config
-from kiln.train.trainer import Trainer, run
+from kiln.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from synthetic import train_sections
+from train_stage import run
 
 from kiln import layout
 from kiln.config.run_config import RunConfig
@@ -19,7 +20,6 @@ from kiln.config.train_sections import TrainSection
 from kiln.errors import KilnError
 from kiln.train import checkpoint, faults
 from kiln.train.mirror import Mirror
-from kiln.train.trainer import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
 STEPS = (5, 10, 15, 20)

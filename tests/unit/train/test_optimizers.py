@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from synthetic import train_sections, write_shards
+from train_stage import run
 
 from kiln import config as kiln_config
 from kiln.config import ConfigError
@@ -31,7 +32,7 @@ from kiln.train import checkpoint, fingerprint, launch
 from kiln.train.muon import Muon, ns_cost, owners, rounds
 from kiln.train.optim import build_optimizer, hidden_matrices
 from kiln.train.schedule import lr_at
-from kiln.train.trainer import Trainer, run
+from kiln.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
 

@@ -13,18 +13,20 @@ import pytest
 import torch
 from conftest import typed_section
 from synthetic import SEQ_LEN, TINY_MODEL, _stream, train_sections
+from train_stage import run
 
 from kiln.config.models import ModelConfig
 from kiln.config.run_config import RunConfig
 from kiln.data.shards import shard_split
 from kiln.data.tokenizer import load_tokenizer
-from kiln.eval.suite import decoding
+from kiln.eval.metrics.completions.compute import decoding
+from kiln.eval.metrics.completions.report import examples as completion_examples
+from kiln.eval.metrics.output import EvalOutput
 from kiln.io import write_json
 from kiln.model.build import build_model, load_model
-from kiln.report.run import _completions, _training_samples
+from kiln.report.run import _training_samples
 from kiln.train import fingerprint
 from kiln.train.samples import make_sampler
-from kiln.train.trainer import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
 
@@ -115,7 +117,7 @@ def test_report_labels_every_completion_it_shows():
         "completions": [{"prompt": "def ", "greedy": "f():", "sampled": "g(x):"}],
         "decoding": decoding(eval_cfg),
     }
-    text = "\n".join(_completions(samples))
+    text = "\n".join(completion_examples(EvalOutput(samples=samples), {}))
     assert "Prompt `'def '`, sampled (temperature 0.8, top-k 50, top-p 1):\n\n```\ndef g(x):\n```" in text
     assert "greedy:\n\n```\ndef f():\n```" in text
     train_rows = [

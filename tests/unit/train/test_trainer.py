@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from synthetic import PADDED_VOCAB, SEQ_LEN, TRAIN_ROWS, train_sections
+from train_stage import run
 
 from kiln import layout
 from kiln.config.run_config import RunConfig
@@ -27,7 +28,6 @@ from kiln.generate.decode import generate
 from kiln.model.build import load_model
 from kiln.train import checkpoint
 from kiln.train.schedule import lr_at
-from kiln.train.trainer import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
 

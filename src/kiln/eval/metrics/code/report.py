@@ -4,6 +4,7 @@ each with its 95% interval, and beside them the published figures (kiln.eval.cod
 from __future__ import annotations
 
 from kiln.eval.code_references import METRICS, for_benchmark
+from kiln.eval.metrics.output import EvalOutput
 
 INFILL_BENCHMARK = {
     "single_line": "humaneval-infilling-single-line",
@@ -95,8 +96,12 @@ def _infill(inf: dict) -> list[str]:
     return lines + [""]
 
 
-def code_section(code: dict | None, examples: list[dict] | None = None) -> list[str]:
+def section(out: EvalOutput, data: dict) -> list[str]:
     """The section's markdown lines; none for an eval from before the code benchmarks."""
+    return code_section(out.metrics.get("code"), out.samples.get("code"))
+
+
+def code_section(code: dict | None, examples: list[dict] | None = None) -> list[str]:
     if not code:
         return []
     he, inf = code["humaneval"], code["humaneval_infill"]

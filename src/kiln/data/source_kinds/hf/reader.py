@@ -1,5 +1,6 @@
-"""Hugging Face datasets as a source: a streaming dataset opened with errors that say what to do, and
-the line between failures worth retrying (the network) and failures that are the input's fault.
+"""The hf kind's stream and its documents: a streaming Hugging Face dataset opened with errors that say
+what to do, its rows as documents, and the line between failures worth retrying (the network) and
+failures that are the input's fault.
 
 `HF_HUB_OFFLINE=1` is read by huggingface_hub once, when it is imported: set it in the environment
 that starts Kiln. When it is set, a hub dataset missing from the local cache is a clear error at once
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from kiln.config.data_sections import Source
+from kiln.data.sources import Document, SourceReader
 from kiln.errors import KilnError
 
 # HTTP statuses that say "try again later" rather than "this does not exist".
@@ -65,7 +67,7 @@ def _status(exc: BaseException) -> int | None:
     return status if isinstance(status, int) else None
 
 
-def is_transient(exc: BaseException) -> bool:
+def transient(exc: BaseException) -> bool:
     """True for a network failure that a later attempt may not meet; never for the hub refusing to
     be reached because HF_HUB_OFFLINE=1."""
     network = _network_errors()
@@ -99,7 +101,7 @@ def open_stream(spec: Source):
             streaming=True,
         )
     except Exception as exc:  # datasets raises many types for "cannot reach / cannot find"
-        if is_transient(exc):
+        if transient(exc):
             raise  # the download writer retries with backoff
         offline = " (HF_HUB_OFFLINE=1 and it is not in the local cache)" if hub_offline() else ""
         raise KilnError(f"{describe(spec)}: cannot open it{offline}: {exc}") from exc
@@ -113,3 +115,20 @@ def open_stream(spec: Source):
                     f"columns present: {', '.join(present)}"
                 )
     return stream
+
+
+def read_stream(reader: SourceReader, stream, start: int) -> Iterator[Document]:
+    spec = reader.spec
+    text_col, path_col, repo_col = spec.text_column, spec.path_column, spec.repo_column
+    for row, record in enumerate(stream, start=start):
+        where = f"source {spec.name!r}: dataset {spec.dataset!r} row {row}"
+        if text_col not in record:
+            raise KilnError(f"{where}: no column {text_col!r}; columns present: {', '.join(record)}")
+        path = record.get(path_col) if path_col else spec.dataset
+        yield reader.document(
+            f"{spec.name}/{spec.dataset}#{row}",
+            record.get(text_col),
+            where,
+            str(path),
+            record.get(repo_col) if repo_col else None,
+        )

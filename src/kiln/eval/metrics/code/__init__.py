@@ -1,0 +1,1 @@
+"""HumanEval pass@k and HumanEval-Infilling pass@1, every program run in the sandbox (kiln.eval.code)."""

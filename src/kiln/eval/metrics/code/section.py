@@ -1,0 +1,77 @@
+"""eval.humaneval and eval.humaneval_infill: how much of each benchmark, and how it is decoded."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import field_validator
+from pydantic_core import PydanticCustomError
+
+from kiln.config.declare import EVAL, Section, group, setting
+
+InfillKind = Literal["single_line", "multi_line", "random_span"]
+FimMode = Literal["psm", "spm"]  # as kiln.data.fim lays a FIM example out
+
+
+class HumanEvalSection(Section):
+    """HumanEval (Chen et al. 2021, arXiv 2107.03374): the model completes each problem's prompt, the
+    completion is cut at the paper's stop sequences and run with the problem's unit tests in a sandbox
+    (kiln.eval.sandbox), never in the eval process. Greedy decoding gives a cheap pass@1 to follow; the
+    paper's protocol is n=200 samples per problem at top-p 0.95, T=0.2 for pass@1 and T=0.8 for
+    pass@10/100 (samples). The report prints published figures beside."""
+
+    KEY: ClassVar[str] = "eval.humaneval"
+    problems: int | None = setting(
+        4, "The first N of the 164 problems; 0 skips HumanEval, null (or 164) runs all.", EVAL, ge=0, le=164
+    )
+    samples: int = setting(
+        0,
+        """Sampled completions per problem at each of the paper's temperatures (top-p 0.95): n at T=0.2
+        for pass@1 and n at T=0.8 for pass@10 and pass@100 (each k <= n). 0 runs greedy decoding only;
+        the paper's n is 200.""",
+        EVAL,
+        ge=0,
+    )
+    max_new_tokens: int = setting(128, "Tokens per completion.", EVAL, ge=1)
+
+
+class HumanEvalInfillSection(Section):
+    """HumanEval-Infilling (Bavarian et al. 2022, arXiv 2207.14255): a span of a canonical solution is
+    removed and the model writes it back between prefix and suffix (greedy, in each FIM mode); the
+    program is run with the unit tests in a sandbox: pass@1 per kind and mode, beside exact match and
+    edit similarity. The paper's pass@1 is from 100 samples per task at T=0.2. Not run for a model
+    trained without FIM (as eval.infill_docs)."""
+
+    KEY: ClassVar[str] = "eval.humaneval_infill"
+    problems: int = setting(2, "The tasks of the first N problems (0 skips infilling).", EVAL, ge=0, le=164)
+    kinds: tuple[InfillKind, ...] = setting(
+        ("single_line",),
+        """Task kinds: single_line (one task per non-blank line), multi_line (one per pair of non-blank
+        lines: many), random_span (10 per problem).""",
+        EVAL,
+        strict=False,  # a YAML list
+        min_length=1,
+    )
+    modes: tuple[FimMode, ...] = setting(
+        ("psm", "spm"),
+        "FIM prompt layouts, as Kiln trains them (kiln.data.fim).",
+        EVAL,
+        strict=False,  # a YAML list
+        min_length=1,
+    )
+    max_new_tokens: int = setting(64, "Tokens per middle.", EVAL, ge=1)
+
+    @field_validator("kinds", "modes")
+    @classmethod
+    def _unique(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # Each is run once: a repeat would only run (and count) the same tasks again.
+        repeated = sorted({item for item in value if value.count(item) > 1})
+        if repeated:
+            # The error's path names the key (eval.humaneval_infill.kinds).
+            raise PydanticCustomError("kiln", "repeats {repeated}: list each once", {"repeated": ", ".join(repeated)})
+        return value
+
+
+class Fields(Section):
+    humaneval: HumanEvalSection = group(HumanEvalSection)
+    humaneval_infill: HumanEvalInfillSection = group(HumanEvalInfillSection)

@@ -1,0 +1,1 @@
+"""eval.prompts completed by the final model, greedily and sampled, with token healing."""
