@@ -166,7 +166,7 @@ def apply(change: dict[str, object], base: Path) -> dict:
 
 
 def change_files(workdir: Path, run: Path, folder: Path) -> dict[str, str]:
-    """The files SPECIAL's changes name ({tokenizer}, {ranks}, {hf}, {mirror}), from a finished run."""
+    """The files the changes name ({tokenizer}, {ranks}, {hf}, {checkpoint}, {mirror}), from a finished run."""
     ranks = folder / "bytes.tiktoken"  # a .tiktoken ranks file: the 256 single bytes
     ranks.write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256)))
     mirror = folder / "mirror"
@@ -175,5 +175,6 @@ def change_files(workdir: Path, run: Path, folder: Path) -> dict[str, str]:
         "tokenizer": str(next((workdir / "results" / "data").glob("tokenizer-*")) / "tokenizer.json"),
         "ranks": str(ranks),
         "hf": str(run / "train" / "hf"),
+        "checkpoint": str(max((run / "train" / "checkpoints").glob("step-*"))),
         "mirror": str(mirror),
     }

@@ -18,6 +18,7 @@ inherited half-started."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import runpy
@@ -56,10 +57,18 @@ def write_shim(bin_dir: Path, socket_path: Path) -> Path:
     return shim
 
 
+# What a stage imports only when it needs it (seconds each): lm-eval's tasks, transformers' tokenizer
+# class for the Hugging Face export.
+LAZY = ("lm_eval", "lm_eval.models", "lm_eval.tasks", "transformers")
+
+
 def _preload() -> None:
-    """Import what every stage script imports (each loaded under another name: its main() not run)."""
+    """Import what every stage script imports (each loaded under another name: its main() not run),
+    and LAZY."""
     for script in sorted(SCRIPTS.glob("*.py")):
         runpy.run_path(str(script), run_name=f"warm_{script.stem}")
+    for module in LAZY:
+        importlib.import_module(module)
 
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:

@@ -69,7 +69,14 @@ STAGES = (
     Stage("shard", "shards", (), True),
     Stage("smoke", "smoke", ("report.json",), False),
     Stage("plan", "smoke", ("plan.json", "plan.md"), False),  # the smoke measurements priced, beside them
-    Stage("train", "train", ("model.safetensors", "model_config.json", "summary.json", "hf"), False),
+    # train reads the smoke report (its gate, its measurements), never the plan's prices
+    Stage(
+        "train",
+        "train",
+        ("model.safetensors", "model_config.json", "summary.json", "hf"),
+        False,
+        needs=("download", "tokenizer", "pretokenize", "shard", "smoke"),
+    ),
     # eval's work on the data alone: it needs only the data stages, so it runs beside smoke and train
     Stage(
         "eval_data",
@@ -78,7 +85,13 @@ STAGES = (
         False,
         needs=("download", "tokenizer", "pretokenize", "shard"),
     ),
-    Stage("eval", "eval", (EVAL_METRICS, EVAL_SAMPLES), False),
+    Stage(
+        "eval",
+        "eval",
+        (EVAL_METRICS, EVAL_SAMPLES),
+        False,
+        needs=("download", "tokenizer", "pretokenize", "shard", "smoke", "train", "eval_data"),
+    ),
     Stage("report", "", ("report.md", "loss.png"), False),
 )
 BY_NAME = {stage.name: stage for stage in STAGES}

@@ -4,23 +4,27 @@ A tag (kiln.config.declare) says what a setting means to each stage that reads i
 what the stage writes, so Snakemake reruns the stage for it; RUN, it changes only how the stage runs,
 so a change reruns nothing. tests/dag/test_settings.py checks Snakemake schedules what the tags say;
 this checks the tags say what the stages do. For every setting, on a finished run of
-tests/configs/tags.yaml (the leanest whole run), the user's change (tests/setting_changes.py) is run
-as the user would, with `snakemake --config ...`, through each stage that reads it, and what the stage
-writes (its declared outputs, kiln.layout) is compared with the finished run's:
+tests/configs/tags.yaml (the leanest whole run), the user's change (tests/setting_changes.py, or LEAN
+where that cannot show on so small a run) is run as the user runs it, `snakemake --config ...`, to
+the stages that read it, and what each writes (its declared outputs, kiln.layout) is compared with
+the finished run's:
 
-- OUTPUT: different. A stage below another that the setting reruns gets new inputs anyway, so its own
-  OUTPUT tag shows nothing more (the upstream one is proven); the stages run are those whose inputs
-  the change leaves alone.
-- RUN: equal, byte for byte, tensor for tensor; the stage is forced (`--forcerun`), since Snakemake
-  would not rerun it. Where only floating-point rounding may differ (TOLERANT, each with why), within
-  a tolerance.
+- OUTPUT: different. The stage is not forced: Snakemake reruns it from the rule's params, or the tag
+  is not doing its work. A stage below another that the setting reruns gets new inputs anyway, so its
+  own tag adds nothing and it is not run; except train, which resumes a finished run whose
+  fingerprint (its OUTPUT settings) matches, so its own tag decides what a change trains.
+- RUN: equal, byte for byte, tensor for tensor, with the stage forced (train: from step 0). Where
+  only floating-point rounding may differ (TOLERANT), within a tolerance; where the stage's account
+  of its work records the setting (RECORDED), less those places, each with why.
 - What differs between two runs of one config (wall times, throughput, peak memory) is left out of
-  every comparison: `noise`, measured once by running every stage twice.
+  every comparison: `noise`, measured by running every stage twice.
 
-A setting whose change cannot show on a run this small is in AT_SCALE with why, and its outputs must be
-equal (so the entry goes when it starts to show). Jobs start warm (tests/warm_python.py) and Snakemake
-runs in one process (tests/snakemake_batch.py): ~150 runs of the stages would otherwise take their
-imports' time many times over."""
+A setting that acts only beside another (CONTEXT) runs on the finished run with that other made. One
+whose change cannot show in a stage on a run this small is in AT_SCALE with why, and what the stage
+writes must come out equal (so the entry goes when it shows). One a single machine cannot change (the
+nodes, a GPU) is in ELSEWHERE with the test that covers it. Jobs start warm (tests/warm_python.py) and
+Snakemake runs in one process (tests/snakemake_batch.py): ~150 runs of the stages would otherwise
+spend most of their time importing."""
 
 from __future__ import annotations
 
@@ -67,25 +71,31 @@ LEAN = {
     "smoke.min_loss_drop": {"smoke.min_loss_drop": 0.01},
     "train.micro_batch": {"train.micro_batch": 4},
     "train.nproc_per_node": {"train.nproc_per_node": 2, "train.micro_batch": 4},
-    "train.warmup_steps": {"train.warmup_steps": 0},  # the probe warms up for at most 4 // 3 = 1 step
     "train.muon_weight_decay": {"train.muon_weight_decay": 0.1},
     "train.keep_checkpoints": {"train.keep_checkpoints": 1},
     "train.keep_checkpoint_every": {"train.keep_checkpoint_every": 6},
+    "pretokenize.encoder": {"pretokenize.encoder": "tokenizers"},  # auto is tiktoken's here
+    "train.precision": {"train.precision": "bf16"},  # auto times both, and may pick fp32 here
+    "eval.lm_eval.limit": {"eval.lm_eval.limit": 1},
+    "eval.lm_eval.max_docs": {"eval.lm_eval.max_docs": 1},
     "eval.reference": {"eval.reference": {"val_loss": 4.0, "source": "a round figure"}},
     "eval.infill_docs": {"eval.infill_docs": 1},
+    # the finished run's own checkpoint: an export's tokenizer file is not the shards' (hf needs its own)
+    "train.init_from": {"train.init_from": {"checkpoint": "{checkpoint}"}},
 }
 
 # Settings that act only beside another: each is run on the finished run with that other setting
 # made (the reference), then with itself changed too.
-LM_EVAL = {"eval.lm_eval.tasks": ["kiln_heldout_perplexity", "kiln_heldout_next_line"]}
+LM_EVAL = {"eval.lm_eval.tasks": ["kiln_heldout_next_line"]}  # one task: lm-eval takes seconds a task
 CONTEXT = {
     "eval.lm_eval.limit": LM_EVAL,
     "eval.lm_eval.max_docs": LM_EVAL,
     "train.decay_fraction": {"train.schedule": "wsd"},
     "train.cooldown": {"train.schedule": "wsd"},
-    "train.init_from": {
-        "pretokenize.fim.rate": 0.0
-    },  # infilling is measured for a model without FIM if it came from another
+    # infilling is measured for a model trained without FIM if it started from another's weights
+    "train.init_from": {"pretokenize.fim.rate": 0.0},
+    "train.warmup_steps": {"smoke.steps": 9},  # the probe warms up for at most a third of its steps
+    "train.keep_checkpoint_every": {"train.keep_checkpoints": 1},  # a milestone beyond the newest kept
 }
 
 # Read to run, but the arithmetic's order moves with it: weights, losses and the numbers in a report
@@ -101,12 +111,19 @@ TOLERANCE = 1e-4
 PROBE_ROWS = "the smoke probe measures its checks on its first micro-batches: another micro-batch measures other rows"
 RECORDED = {
     "train.micro_batch": (
-        ("report.json.batch.", "report.json.checks[", "report.json.val_loss_after", "report.md:4"),
+        ("report.json.batch.", "report.json.checks[", "report.json.val_loss", "report.md:4"),
         PROBE_ROWS,
     ),
     "train.nproc_per_node": (
-        ("report.json.batch.", "report.json.checks[", "report.json.checkpoint_written_bytes", "report.md:4"),
-        PROBE_ROWS,
+        (
+            "report.json.batch.",
+            "report.json.world",
+            "report.json.checks[",
+            "report.json.val_loss",
+            "report.json.checkpoint_written_bytes",
+            "report.md:4",
+        ),
+        PROBE_ROWS + "; a checkpoint holds each rank's RNG and data position",
     ),
     "train.parallel": (("report.json.checkpoint_written_bytes",), "an FSDP checkpoint is written as shards"),
     "train.compile": (("report.json.checks[",), "the probe adds a check that the compiled step matches the eager one"),
@@ -128,10 +145,21 @@ ELSEWHERE = {
 # Reruns its stage, but a run this small cannot show it: its outputs come out equal, and the test
 # checks they do (an entry goes when its setting starts to show).
 AT_SCALE = {
-    "run_name": "names the run's folder: smoke and eval_data write the same into results/<the new name>/",
-    "download.invalid_utf8": "the standard library's files are valid UTF-8: skip and fail read them alike",
-    "smoke.gate": "with every check passing, a gate off writes the same report (it lets a failed run train)",
-    "train.eval_every": "moves only the plan's time figures (validations x their measured time), noise here",
+    **{
+        ("run_name", stage): f"names the run's folder: {stage} writes the same into results/<the new name>/"
+        for stage in ("smoke", "train", "eval_data")
+    },
+    (
+        "download.invalid_utf8",
+        "download",
+    ): "the standard library's files are valid UTF-8: skip and fail read them alike",
+    ("smoke.gate", "smoke"): "with every check passing, a gate off writes the same report (it lets a failed run train)",
+    ("train.eval_every", "plan"): "moves only the plan's time figures (validations x their measured time), noise here",
+    (
+        "smoke.precision_steps",
+        "smoke",
+    ): "times each precision under train.precision auto: its measured speeds, noise here",
+    ("train.budget", "train"): "binds only where it buys fewer steps than train.max_steps (12 take 0.03 s here)",
 }
 
 
@@ -214,7 +242,7 @@ def finished(tmp_path_factory):
         answer = run.snakemake(again, "--configfile", str(CONFIG), "--forcerun", *forced)
         assert answer["ok"], answer["tail"]
         assert set(answer["rules"]) == set(STAGES)
-        run.noise = {s: noise(run.written(workdir, cfg, s), run.written(again, cfg, s)) for s in STAGES}
+        run.noise = {s: noise(s, run.written(workdir, cfg, s), run.written(again, cfg, s)) for s in STAGES}
         summaries = [
             read_json(Layout(cfg, root=w / "results").output("train", "summary.json")) for w in (workdir, again)
         ]
@@ -263,43 +291,48 @@ def test_a_setting_changes_what_its_tag_says_it_does(finished, path):
     assert after != before, f"{path}: {change} changes nothing in {CONFIG.name}"
     tags = {stage: effect(path, stage, after) for stage in SETTINGS[path].stages}
     reruns = {stage for stage, tag in tags.items() if tag == OUTPUT}
-    # the stages whose inputs the change leaves alone: there a difference is the stage's own doing
-    run = [stage for stage in STAGES if stage in tags and not upstream(stage) & reruns]
+    # The stages whose inputs the change leaves alone: there a difference is the stage's own doing. And
+    # train whenever it reads the setting: new inputs rerun it, but it resumes a finished run whose
+    # fingerprint (its OUTPUT settings, kiln.train.fingerprint) matches, so its own tag decides what
+    # a change trains (read to run, it is forced, and must train the same weights from step 0).
+    run = [s for s in STAGES if s in tags and (not upstream(s) & reruns or s == "train")]
+    read_to_run = [stage for stage in run if tags[stage] == RUN]
     workdir = finished.folder / path
     shutil.copytree(finished.workdir, workdir, symlinks=True)
     if context:
-        _run(finished, workdir, context, before, run)
+        _run(finished, workdir, context, before, run, forced=run)
         reference = {stage: finished.written(workdir, before, stage) for stage in run}
     else:
         reference = {stage: finished.written(finished.workdir, before, stage) for stage in run}
     started = time.monotonic()
-    _run(finished, workdir, context | change, after, run)
+    _run(finished, workdir, context | change, after, run, forced=read_to_run)
     recorded = RECORDED.get(path, ((), ""))[0]
     wrong = []
     for stage in run:
-        read_to_run = tags[stage] == RUN
         found = differences(
             reference[stage],
             finished.written(workdir, after, stage),
             finished.noise[stage],
-            TOLERANCE if read_to_run and path in TOLERANT else 0.0,
+            TOLERANCE if stage in read_to_run and path in TOLERANT else 0.0,
         )
-        if read_to_run:
+        if stage in read_to_run:
             found = [place for place in found if not place.startswith(recorded)]
-        if not read_to_run and path not in AT_SCALE and not found:
+        at_scale = (path, stage) in AT_SCALE
+        if stage not in read_to_run and not at_scale and not found:
             wrong.append(f"{stage}: tagged to rerun, but writes the same with {change}")
-        if (read_to_run or path in AT_SCALE) and found:
+        if (stage in read_to_run or at_scale) and found:
             wrong.append(f"{stage}: tagged read-to-run, but writes otherwise with {change}: {found[:5]}")
-    shutil.rmtree(workdir)
-    assert not wrong, f"{path} ({time.monotonic() - started:.1f} s): " + "; ".join(wrong)
+    assert not wrong, f"{path} ({time.monotonic() - started:.1f} s; in {workdir}): " + "; ".join(wrong)
+    shutil.rmtree(workdir)  # a failure's folder stays, to look into
 
 
-def _run(finished: Finished, workdir: Path, change: dict, cfg: dict, stages: list[str]) -> None:
-    """`snakemake --configfile tags.yaml --config <change>`, as the user types it, with `stages` forced
-    and run to (the last of them: Snakemake 9 stops half-way through `--forcerun smoke train --until
-    smoke train`, "BUG: Out of jobs ready to be started")."""
+def _run(finished: Finished, workdir: Path, change: dict, cfg: dict, stages: list[str], forced: list[str]) -> None:
+    """`snakemake --configfile tags.yaml --config <change>`, as the user types it, run to `stages` (to
+    the last of them: Snakemake 9 stops half-way through `--forcerun smoke train --until smoke train`,
+    "BUG: Out of jobs ready to be started"), the `forced` ones forced: the others rerun, or not, as
+    Snakemake decides from the rules' params, which is what a tag to rerun is for."""
     args = user_args(change, finished.folder, CONFIG)
-    forced = [job for stage in stages for job in jobs(stage)]
     last = [stage for stage in stages if not any(stage in upstream(other) for other in stages)]
-    answer = finished.snakemake(workdir, *args, "--forcerun", *forced, "--until", *last)
+    force = ["--forcerun", *(job for stage in forced for job in jobs(stage))] if forced else []
+    answer = finished.snakemake(workdir, *args, *force, "--until", *last)
     assert answer["ok"], f"snakemake {' '.join(args)}:\n{answer['tail']}\n{_log_tails(workdir, cfg, stages)}"
