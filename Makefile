@@ -22,17 +22,21 @@ run: $(STAMP)
 test-fast: $(STAMP)
 	pytest -q tests/unit -m "not slow and not process"
 
-# Every test, in three lanes at once (tests/conftest.py marks each test by its folder): the Snakemake
-# DAG runs (tests/dag), the Slurm cluster's (tests/slurm: they mostly wait on the scheduler and the
-# executor plugin's status polling), and the rest. Each lane's output is printed after the first's;
-# the target fails if any lane did. Plain `pytest` runs the same tests one after the other.
-LANES := dag slurm  # beside them, the rest: -m "not dag and not slurm"
+# Every test, in four lanes at once (tests/conftest.py marks each test by its folder): the Snakemake
+# DAG runs (tests/dag), the stage tags' runs (tests/dag/test_tags.py, marked tags), the Slurm
+# cluster's (tests/slurm: they mostly wait on the scheduler and the executor plugin's status polling),
+# and the rest. Each lane's output is printed after the rest's; the target fails if any lane did.
+# Plain `pytest` runs the same tests one after the other.
+LANE_dag := dag and not tags
+LANE_tags := tags
+LANE_slurm := slurm
+LANES := dag tags slurm  # beside them, the rest: -m "not dag and not slurm"
 test: $(STAMP)
-	@for lane in $(LANES); do pytest -q -m $$lane > .pytest-$$lane.log 2>&1 & echo $$! > .pytest-$$lane.pid; done; \
+	@$(foreach lane,$(LANES),pytest -q -m "$(LANE_$(lane))" > .pytest-$(lane).log 2>&1 & echo $$! > .pytest-$(lane).pid;) \
 	pytest -q -m "not dag and not slurm"; code=$$?; \
 	for lane in $(LANES); do \
 		wait $$(cat .pytest-$$lane.pid); lane_code=$$?; rm -f .pytest-$$lane.pid; \
-		echo "=== the $$lane lane (pytest -q -m $$lane, run beside the above; log: .pytest-$$lane.log) ==="; \
+		echo "=== the $$lane lane (run beside the above; log: .pytest-$$lane.log) ==="; \
 		cat .pytest-$$lane.log; \
 		[ $$lane_code -eq 0 ] || code=1; \
 	done; \

@@ -3,7 +3,7 @@
     python bench/rerun_cost.py                                      # the default run (config/config.yaml)
     python bench/rerun_cost.py --configfile tests/configs/tiny.yaml # the tests' tiny run (~2 min a case)
     python bench/rerun_cost.py --tree /tmp/kiln-old                 # the same, with an older Kiln checkout
-    python bench/rerun_cost.py --quick                              # tests/bench/test_bench.py: two cheap cases
+    python bench/rerun_cost.py --quick                              # tests/bench/test_bench.py: two cheap cases, the leanest run
 
 Finishes the run once in a work folder, then, for each case, copies the finished folder, changes one
 setting on the command line as a user would (`--config train={log_every: 20}`) and reruns the whole
@@ -67,15 +67,17 @@ def snakemake(tree: Path, workdir: Path, configfiles: list[Path], *extra: str) -
 
 
 def main() -> None:
-    parser = common.parser(__doc__, quick="the tiny run, two cheap cases (tests/bench/test_bench.py)")
+    parser = common.parser(
+        __doc__, quick="the leanest run (tests/configs/tags.yaml), two cheap cases (tests/bench/test_bench.py)"
+    )
     parser.add_argument("--configfile", type=Path, default=ROOT / "config" / "config.yaml")
     parser.add_argument("--tree", type=Path, default=ROOT, help="the Kiln checkout to run (default: this one)")
     parser.add_argument("--workdir", type=Path, help="where the runs go (default: a new temporary folder)")
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kiln-rerun-cost-"))
     configfiles = [args.configfile.resolve()]
-    if args.quick:  # the tiny run without its evals' costliest parts, which neither quick case reruns
-        args.configfile = ROOT / "tests" / "configs" / "tiny.yaml"
+    if args.quick:  # the leanest run without its evals' costliest parts, which neither quick case reruns
+        args.configfile = ROOT / "tests" / "configs" / "tags.yaml"
         lean = workdir / "quick.yaml"
         lean.write_text(yaml.safe_dump(QUICK_EVAL), encoding="utf-8")
         configfiles = [args.configfile.resolve(), lean]

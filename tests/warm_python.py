@@ -26,8 +26,11 @@ import signal
 import socket
 import stat
 import sys
+import time
 import traceback
 from pathlib import Path
+
+from kiln.train.launch import LAUNCH_START_ENV
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "workflow" / "scripts"
 LAUNCH = "kiln.train.launch"
@@ -103,6 +106,9 @@ def _run_job(request: dict, fds: list[int]) -> None:
             os.close(fd)
         os.chdir(request["cwd"])
         env = dict(request["env"])
+        # a stage's start-up is timed from its launcher's start (kiln.train.launch), else from its
+        # imports, which here are the server's: the job starts now
+        env.setdefault(LAUNCH_START_ENV, str(time.time()))
         argv = _job_argv(request["argv"], env)
         os.environ.clear()
         os.environ.update(env)

@@ -48,7 +48,7 @@ from kiln.config.settings import OUTPUT, RUN, SETTINGS, STAGES, effect
 from kiln.io import read_json
 from kiln.layout import BY_NAME, SCATTER_JOBS, Layout
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tags]  # its own lane in make test, beside the rest of the dag lane
 
 CONFIG = ROOT / "tests" / "configs" / "tags.yaml"
 
@@ -69,6 +69,7 @@ LEAN = {
     "model.d_ff": {"model.d_ff": 64},
     "model.bias": {"model.bias": True},
     "smoke.min_loss_drop": {"smoke.min_loss_drop": 0.01},
+    "smoke.max_data_wait": {"smoke.max_data_wait": 0.99},
     "train.micro_batch": {"train.micro_batch": 4},
     "train.nproc_per_node": {"train.nproc_per_node": 2, "train.micro_batch": 4},
     "train.muon_weight_decay": {"train.muon_weight_decay": 0.1},

@@ -26,7 +26,9 @@ Reads names, for each stage that reads a setting, one of
 A field without Reads is a group of settings (a nested section such as train.samples, declared with
 `group`) whose own fields carry theirs; a leaf without Reads is an error (settings.check_table;
 tests/unit/config/test_declare.py). tests/dag/test_settings.py dry-runs a change of every leaf on a finished run and
-checks the stages Snakemake schedules are the ones its tag names.
+checks the stages Snakemake schedules are the ones its tag names; tests/dag/test_tags.py runs each change
+through the stages that read it and checks what they write moves where the tag says it does, and only
+there (docs/testing.md).
 """
 
 from __future__ import annotations
