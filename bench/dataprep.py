@@ -18,6 +18,7 @@ means no growth), and on a corpus holding one --big-doc-mb document.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -185,8 +186,12 @@ def uncleaned_raw(source: dict, out: Path, rows_per_part: int = 500) -> Path:
 
 
 def _local_raw(jsonl: Path, out: Path) -> Path:
-    """A download stage output holding the documents of one jsonl file (made larger by copies)."""
-    uncleaned_raw({"name": "corpus", "kind": "local", "paths": [str(jsonl)], "text_column": "text"}, out)
+    """A download stage output holding the documents of one jsonl file (made larger by copies). Read
+    by its name from its own folder: a local document's id holds its path, and the ids decide which
+    documents are held out and which validate, so a temporary folder's random name would change
+    them from run to run (and, now and then, leave the big-document corpus no train document)."""
+    with contextlib.chdir(jsonl.parent):
+        uncleaned_raw({"name": "corpus", "kind": "local", "paths": [jsonl.name], "text_column": "text"}, out)
     jsonl.unlink()
     return out
 
