@@ -1,11 +1,14 @@
-"""Run by test_budget_resume.py in a process of its own: one budgeted train run (kiln.train.trainer.run,
-as the train stage calls it) on the synthetic shards, so KILN_FAULT's sigkill kills the whole process.
+"""Run by test_budget_resume.py and test_budget_stalls.py in a process of its own: one budgeted train run
+(kiln.train.trainer.run, as the train stage calls it) on the synthetic shards, so KILN_FAULT's sigkill
+kills the whole process and its stall stalls the run. Writes OUT/summary.json: the run's steps, its
+cooldown's start and the budget's summary (kiln.train.budget).
 
-    python tests/budget_worker.py SHARDS OUT
+    python tests/budget_worker.py SHARDS OUT ['{"budget_s": 24, "train": {"schedule": "wsd"}}']
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -16,6 +19,7 @@ from train_stage import run
 
 from kiln.config.run_config import RunConfig
 from kiln.plan.steps import BudgetPlan, StageTimes
+from kiln.train.budget import final_summary
 
 # Of this process's training (no launcher: from the trainer's creation). The test kills the run at
 # step 15: a budget this size still buys 20+ steps where start-up, steps and saves are ~20x slower
@@ -29,15 +33,14 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(1)
     shards, out = Path(sys.argv[1]), Path(sys.argv[2])
-    sections = train_sections(
-        max_steps=None,
-        budget={"minutes": BUDGET_S / 60},
-        log_every=2,
-        eval_every=20,
-        checkpoint_every=10,
-        keep_checkpoints=2,
-    )
-    run(RunConfig.of(sections), shards, out, max_steps=PLANNED, budget=BudgetPlan(BUDGET_S, TIMES, final_s=0.02))
+    options = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+    budget_s = options.get("budget_s", BUDGET_S)
+    train = dict(log_every=2, eval_every=20, checkpoint_every=10, keep_checkpoints=2) | options.get("train", {})
+    sections = train_sections(max_steps=None, budget={"minutes": budget_s / 60}, **train)
+    plan = BudgetPlan(budget_s, TIMES, final_s=0.02)
+    result = run(RunConfig.of(sections), shards, out, max_steps=PLANNED, budget=plan)
+    summary = {"steps": result.steps, "cooldown_from": result.cooldown_from, **final_summary(result.budget)}
+    (out / "summary.json").write_text(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -466,7 +466,7 @@ def _stalled_run(tmp_path: Path, step: int) -> tuple[int | None, str, Path]:
     )
     spec = {"shards": str(write_shards(tmp_path / "shards")), "out": str(tmp_path / "run"), "sections": sections}
     plan.write_text(json.dumps(spec | {"error_out": str(tmp_path / "error.txt")}))
-    code, output = _two_ranks([str(TESTS / "rank_worker.py"), str(plan)], 300, KILN_FAULT=f"stall@{step}:1")
+    code, output = _two_ranks([str(TESTS / "rank_worker.py"), str(plan)], 300, KILN_FAULT=f"stall@{step}:5:1")
     return code, output, tmp_path / "error.txt"
 
 

@@ -55,6 +55,7 @@ def main() -> None:
             ev["unigram_val_loss"],
             run.eval.reference,
             bits_per_nat=ev["val_bits_per_byte"] / ev["val_loss"],
+            cooldown_from=data["train"].get("cooldown_from"),
         )
     with atomic_file(args.report) as tmp:
         tmp.write_text(render(run.run_name, data, args.plot.name), encoding="utf-8")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -18,23 +19,34 @@ from kiln.report.cleaning import cleaning_section, heldout_section
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 
 def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def plot_loss(
+def plot_loss(records: list[dict], png: Path, *args, **kwargs) -> None:
+    """loss_figure's figure written to `png`."""
+    fig = loss_figure(records, *args, **kwargs)
+    fig.savefig(png, format="png")
+    plt.close(fig)
+
+
+def loss_figure(
     records: list[dict],
-    png: Path,
     unigram: float | None = None,
     reference: Reference | None = None,
     bits_per_nat: float | None = None,
-) -> None:
+    cooldown_from: int | None = None,
+) -> Figure:
     """The loss curves, with the learning rate, throughput and MFU (TFLOP/s where no peak is known,
     as on a CPU) of the same log steps beneath; reference lines for the unigram baseline and for a
     published figure (eval.reference). With bits_per_nat (the val split's bits per byte for one nat
-    per token) a right-hand axis reads the curves in bits per byte."""
+    per token) a right-hand axis reads the curves in bits per byte. A dotted line through every panel
+    marks where wsd's cooldown began (cooldown_from). The legends sit inside their axes, in small
+    type, the reference's source wrapped: at the default's 7-inch width a long label outside the
+    axes was cut at the figure's edge."""
     fig, (ax, ax_lr, ax_speed, ax_mfu) = plt.subplots(
         4, 1, figsize=(7, 8.5), dpi=120, sharex=True, gridspec_kw={"height_ratios": [3, 1, 1, 1]}
     )
@@ -56,7 +68,7 @@ def plot_loss(
                 color="tab:red",
                 label="torchtitan transformers-backend count",
             )
-            ax_mfu.legend(fontsize="small")
+            ax_mfu.legend(loc="lower right", fontsize="small", framealpha=0.85)
         ax_mfu.set_ylabel("MFU (%)")
     else:
         ax_mfu.plot(steps, [r["tflops"] for r in records], lw=1.2, color="tab:red")
@@ -72,17 +84,20 @@ def plot_loss(
         figure = (
             f"{reference.val_loss:g}" if reference.val_loss is not None else f"{reference.bits_per_byte:g} bits/byte"
         )
-        ax.axhline(nats, color="tab:orange", ls=":", lw=1.2, label=f"reference {figure} ({reference.source})")
+        label = textwrap.fill(f"reference {figure} ({reference.source})", 48)
+        ax.axhline(nats, color="tab:orange", ls=":", lw=1.2, label=label)
     if bits_per_nat:
         right = ax.secondary_yaxis("right", functions=(lambda n: n * bits_per_nat, lambda b: b / bits_per_nat))
         right.set_ylabel("bits per byte (val)")
     ax_mfu.set_xlabel("optimizer step")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if cooldown_from is not None:
+        for a in (ax, ax_lr, ax_speed, ax_mfu):
+            a.axvline(cooldown_from, color="black", ls=":", lw=1, label="cooldown begins" if a is ax else None)
+    ax.legend(loc="upper right", fontsize="small", framealpha=0.85)
     fig.tight_layout()
-    fig.savefig(png, format="png")
-    plt.close(fig)
+    return fig
 
 
 def render(run: str, data: dict, png_name: str) -> str:
@@ -125,6 +140,7 @@ def render(run: str, data: dict, png_name: str) -> str:
         f"| tokens seen | {train['tokens_seen']:,} |",
         f"| tokens/s (steady state; checkpoints and validation left out) | {train['tokens_per_s']:,.0f} |",
         f"| MFU, Kiln's count / torchtitan transformers-backend count | {_pct(train['mfu'])} / {_pct(train.get('mfu_torchtitan'))} |",
+        *_cooldown_row(train),
         "",
         *_training_samples(data["train_samples"], data["eval"].samples.get("train_prompts", [])),
         "## Evaluation (held-out split)",
@@ -210,11 +226,31 @@ def _budget_rows(plan: dict, train: dict) -> list[str]:
     and the stage's wall time against its budget."""
     if "budget_s" not in train:
         return []
-    return [
+    rows = [
         f"| steps | {plan['max_steps']:,} | {train['steps']:,} ({train['replans']} re-plans in "
         f"{train['decisions']} decisions: train/budget.jsonl) |",
         f"| stage wall time | budget {train['budget_s']:,.0f} s | spent {train['spent_s']:,.0f} s "
         f"({train['spent_s'] / train['budget_s']:.1%}) |",
+    ]
+    low, high = train.get("steps_range", (train["steps"], train["steps"]))
+    speed = train.get("window_tokens_per_s")
+    if speed and high - low > 0.05 * train["steps"]:  # the speed varied enough to move the plan
+        rows.append(
+            f"| speed | | varied: log windows' median {speed['median']:,.0f} tokens/s, slowest "
+            f"{speed['slowest']:,.0f} ({speed['below_half']} of {speed['windows']} below half the median); "
+            f"max_steps moved between {low:,} and {high:,} |"
+        )
+    return rows
+
+
+def _cooldown_row(train: dict) -> list[str]:
+    """Where wsd's cooldown began (the dotted line of loss.png), against the steps trained: a budgeted
+    run's re-plans may move it; the schedule's own share is train.decay_fraction."""
+    start = train.get("cooldown_from")
+    if start is None or not train["steps"]:
+        return []
+    return [
+        f"| cooldown (wsd) | from step {start:,}: the last {(train['steps'] - start) / train['steps']:.0%} of the steps |"
     ]
 
 

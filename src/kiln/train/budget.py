@@ -14,10 +14,18 @@ the host has read the step anyway, and in the run's final log windows at every s
                creation.
     per step   the all-in seconds per step of this attempt so far (validation, checkpoints and logging
                included, the first log window with its warm-up and compilation left out), scaled by
-               how much slower or faster the recent steps are than that average: the slower of the
-               last window and the median of the last RECENT (a CPU hog shows at once, a burst of
-               noise does not make the run longer); in the final windows, the median of the last
-               FINE_RECENT steps' own wall times.
+               how much slower or faster the recent steps are than that average: the median of the
+               last RECENT windows; in the final windows, the median of the last FINE_RECENT steps'
+               own wall times. A median, so that one window cannot move it: a stall (the process off
+               the CPU for 40 s, a slow checkpoint write, a straggler) costs the seconds it took and
+               the steps they would have bought, and the plan believes a slow-down once it has lasted
+               most of RECENT windows. The slower of the last window and the median, as this was
+               once, took one stalled window for a hog come to stay: the README's run cut max_steps
+               from 1,538 to 277, its cooldown began there, and it cooled down for 84% of its steps
+               (tests/unit/train/test_budget_controller.py simulates that stall: 79% there, 30% now).
+               A hog that stays is seen RECENT // 2 windows later than the last window would see it;
+               those windows' extra seconds are spent, and the next decisions re-plan from them (the
+               simulated hogs, 2x to 8x, at any moment, still end inside the budget).
     end        the last step's validation and checkpoint, the weights and Hugging Face export after
                the loop (smoke's measured times, or the largest overhead this run measured around a
                window, whichever is more, in units of steps so that they slow down with the steps),
@@ -32,6 +40,12 @@ step or a log window and the end at the run's usual speed, is more than the budg
 max_steps is kept while the predicted end is within BAND of that, else set to the most steps that fit
 (at least one more; never past train.max_steps, the cap). A decision at step s changes steps s+1 on;
 the LR schedule follows it without a jump (kiln.train.schedule.Replanned), in the cooldown too.
+
+The cooldown (wsd's) begins at the decision whose max_steps puts its start at or behind the step, and
+only there: so, from the median's evidence, never from one window. Once begun it is kept, stretched or
+steepened by later decisions. Each decision records the step the cooldown begins at as the schedule
+then stands (`cooldown_from`, the last decision's is the run's), and the first in the cooldown says
+so ("the cooldown begins" when it is the decision that began it).
 
 The final windows: once a decision finds at most FINE_WINDOWS log windows left, the run decides after
 every step to its end (the device synced first, so that a step's wall time is its own). A log
@@ -48,7 +62,7 @@ and more, as spinning processes on every core slowed the quick bench's tiny mode
 log_every steps a long time, and the run can only react a window later).
 
 Every decision, {step, spent_s, step_s, tokens_per_s, per_step_s, end_s, margin_s, max_steps,
-previous, predicted_s, fine, why}, is a line of train/budget.jsonl (kiln.layout.BUDGET_LOG, set aside
+previous, predicted_s, fine, why, cooldown_from}, is a line of train/budget.jsonl (kiln.layout.BUDGET_LOG, set aside
 with the trajectory), and the checkpoint holds the ones that changed max_steps, the last step decided
 and whether the final windows had begun. A resumed run replays the checkpoint's, then the file's
 recorded after the checkpoint (an attempt killed after deciding), at their steps, and decides afresh
@@ -272,12 +286,23 @@ class BudgetController:
             self.records += 1
 
     def _record(self, decision: dict) -> dict:
+        cooling = self.records > 0 and self._cooling(self.horizon)  # as the last decision left it
         self._apply(decision["step"], decision["max_steps"])
+        start = decision["cooldown_from"] = self.schedule.cooldown_from
+        if not cooling and self._cooling(decision["step"]):
+            decision["why"] += (
+                "; the cooldown begins" if start == decision["step"] else f"; the cooldown began at {start}"
+            )
         self.horizon, self.records, self.fine = decision["step"], self.records + 1, decision["fine"]
         if self.is_main and self.path is not None:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(decision) + "\n")
         return decision
+
+    def _cooling(self, step: int) -> bool:
+        """Whether wsd's cooldown has begun by `step` (the next step to run)."""
+        start = self.schedule.cooldown_from
+        return start is not None and start <= step
 
     def _measure(self, step: int, tokens_per_s: float | None, now: float) -> None:
         last, self._last = self._last, (step, now)
@@ -301,7 +326,7 @@ class BudgetController:
         base_step, base_t = self._base
         # the final windows begin (max_steps and the log window are the same on every rank)
         fine = self.fine or self.max_steps - step <= FINE_WINDOWS * self._window
-        recent = max(self._pure[-1], statistics.median(self._pure[-RECENT:]))
+        recent = statistics.median(self._pure[-RECENT:])
         usual = _usual(self._pure)  # the run's unhurried speed: slow-downs are measured against it
         slowdown = statistics.median(self._pure[-RECENT:]) / usual  # the exit's: not one window's
         if fine and len(self._steps) >= FINE_RECENT:  # single steps: a slow-down shows within two
@@ -379,7 +404,9 @@ class BudgetController:
 
     def summary(self) -> dict:
         """What train's summary.json records of the budget: the seconds it bought and spent so far
-        (train.py adds the export's), the steps planned by the smoke stage and trained, the decisions."""
+        (train.py adds the export's), the steps planned by the smoke stage and trained, the decisions,
+        the range max_steps moved in, and how the windows' speed varied."""
+        steps = [self.planned_steps, *(m for _, m in self.changes)]
         return {
             "budget_s": self.plan.budget_s,
             "spent_s": self.spent(),
@@ -389,6 +416,23 @@ class BudgetController:
             "replans": len(self.changes),
             "start": self.start,
             "offset_s": self.offset_s,
+            "steps_range": [min(steps), max(steps)],
+            **self._speeds(),
+        }
+
+    def _speeds(self) -> dict:
+        """How this attempt's log windows' speed (steps only) varied: their median and slowest tokens/s,
+        and how many ran below half the median (a stall, a hog)."""
+        if not self._pure:
+            return {}
+        median = statistics.median(self._pure)
+        return {
+            "window_tokens_per_s": {
+                "median": self.tokens_per_step / median,
+                "slowest": self.tokens_per_step / max(self._pure),
+                "windows": len(self._pure),
+                "below_half": sum(p > 2 * median for p in self._pure),
+            }
         }
 
 

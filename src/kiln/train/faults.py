@@ -2,6 +2,7 @@
 tests (and a drill on a real cluster) exercise the code that handles it, not a patched copy.
 
     KILN_FAULT="kind@step[:rank][,kind@step[:rank]...]"     e.g. KILN_FAULT="nan_loss@7,sigterm@13:1"
+    KILN_FAULT="stall@step[:seconds[:rank]]"                e.g. KILN_FAULT="stall@120:30" (every rank)
 
 `step` is the optimizer step being run (1-based, as metrics.jsonl counts); without `:rank` every
 rank has the fault. Kinds:
@@ -16,7 +17,8 @@ rank has the fault. Kinds:
     sigkill         the rank SIGKILLs itself as the step starts (a node lost, the OOM killer)
     kill_in_save    the checkpoint of this step is SIGKILLed half-written (its file written, not renamed)
     enospc          writing the checkpoint of this step fails with ENOSPC (a full disk)
-    stall           the rank sleeps STALL_S as the step starts: a slow compilation, a slow node
+    stall           the rank sleeps `seconds` (STALL_S when not given) as the step starts: a slow
+                    compilation, a slow node, a process taken off the CPU by its neighbours
     oom             the rank runs out of memory as the step starts (torch.OutOfMemoryError), in the
                     smoke stage's probe as in train: an OOM on some ranks only
     hold            the rank waits as the step starts (sleeping, not spinning) until it has itself
@@ -63,15 +65,17 @@ KINDS = (
 SPIKE_FACTOR = 10.0
 _SIGNALS = {"sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1, "sigkill": signal.SIGKILL}
 HOLD_POLL_S = 0.2  # how often a held rank looks for the signal
-STALL_S = 5.0  # how long a stalled rank sleeps
+STALL_S = 5.0  # how long a stalled rank sleeps, unless its item says
 _ITEM = re.compile(r"(?P<kind>\w+)@(?P<step>\d+)(?::(?P<rank>\d+))?")
+_STALL = re.compile(r"stall@(?P<step>\d+)(?::(?P<seconds>\d+(?:\.\d*)?)(?::(?P<rank>\d+))?)?")
 
 
 @dataclass(frozen=True)
 class Faults:
-    """The faults of one process (one rank): {(kind, step)}."""
+    """The faults of one process (one rank): {(kind, step)}, and each stalled step's seconds."""
 
     planned: frozenset[tuple[str, int]] = frozenset()
+    stall_s: tuple[tuple[int, float], ...] = ()  # (step, seconds) of each stall
 
     def __bool__(self) -> bool:
         return bool(self.planned)
@@ -90,7 +94,7 @@ class Faults:
             if self.at(kind, step):
                 os.kill(os.getppid(), sig)
         if self.at("stall", step):
-            time.sleep(STALL_S)
+            time.sleep(dict(self.stall_s)[step])
         if self.at("oom", step):
             raise torch.OutOfMemoryError(f"out of memory ({ENV}=oom@{step})")
         if self.at("hold", step):
@@ -125,14 +129,19 @@ NONE = Faults()
 
 def parse(spec: str, rank: int) -> Faults:
     """The faults `spec` plans for `rank`; a malformed spec is an error naming KILN_FAULT."""
-    planned = set()
+    planned, stalls = set(), {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
-        match = _ITEM.fullmatch(item)
-        if not match or match["kind"] not in KINDS:
-            raise KilnError(f"{ENV}: {item!r} is not kind@step[:rank] with kind one of {', '.join(KINDS)}")
+        match = _STALL.fullmatch(item) if item.startswith("stall@") else _ITEM.fullmatch(item)
+        if not match or item.partition("@")[0] not in KINDS:
+            raise KilnError(
+                f"{ENV}: {item!r} is not kind@step[:rank] (stall@step[:seconds[:rank]]) with kind one of {', '.join(KINDS)}"
+            )
         if match["rank"] is None or int(match["rank"]) == rank:
-            planned.add((match["kind"], int(match["step"])))
-    return Faults(frozenset(planned))
+            kind, step = item.partition("@")[0], int(match["step"])
+            planned.add((kind, step))
+            if kind == "stall":
+                stalls[step] = float(match["seconds"] or STALL_S)
+    return Faults(frozenset(planned), tuple(sorted(stalls.items())))
 
 
 def from_env(rank: int) -> Faults:

@@ -33,6 +33,7 @@ class RunResult:
     is_main: bool = True  # rank 0, the rank that writes reports
     init_from: str | None = None  # where the initial weights came from (train.init_from), None: a random init
     mirror_failures: int = 0  # checkpoint copies to train.checkpoint_mirror that failed in this job (kiln.train.mirror)
+    cooldown_from: int | None = None  # the step wsd's cooldown began at (kiln.train.schedule), None for the others
     budget: dict | None = None  # a budgeted run's budget, spent seconds, planned and final steps (kiln.train.budget)
 
     def set_rates(self, rates: dict) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 from kiln.config.train_sections import TrainSection
 
@@ -56,7 +55,7 @@ def lr_at(
     )(step)
 
 
-def schedule_from_config(train: TrainSection, max_steps: int) -> Callable[[int], float]:
+def schedule_from_config(train: TrainSection, max_steps: int) -> Replanned:
     """step -> LR for the `train` section, run for max_steps steps."""
     return Replanned.from_config(train, max_steps)
 
@@ -136,6 +135,12 @@ class Replanned:
     @property
     def max_steps(self) -> int:
         return self.segments[-1].max_steps
+
+    @property
+    def cooldown_from(self) -> int | None:
+        """The step wsd's cooldown begins at, as the schedule stands (fixed once begun); None for
+        cosine and constant, whose decay is the whole run after warmup or none."""
+        return self.segments[-1].decay_start if self.kw["kind"] == "wsd" else None
 
     def _decay_start(self, max_steps: int) -> int:
         warmup = self.kw["warmup_steps"]

@@ -364,6 +364,7 @@ class Trainer:
         self._close(hooks)
         result.wall_s = time.perf_counter() - loop_start
         result.steps, result.tokens_seen = self.max_steps, self.tokens_seen
+        result.cooldown_from = self.lr_at.cooldown_from
         result.set_rates(meter.rates(meter.steady_tokens_per_s))
         result.data_wait_fraction = self.data_wait_s / (time.perf_counter() - loop_start)
         result.peak_memory_mb, result.peak_reserved_mb = memory_mb(d.device), reserved_mb(d.device)

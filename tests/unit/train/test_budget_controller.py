@@ -40,6 +40,7 @@ class Stage:
     cap: int | None = None
     slowdown: callable = lambda t: 1.0  # noqa: E731  the step time's factor at simulated second t
     noise: float = 0.0  # each step's time x (1 + U(-noise, noise))
+    stalls: dict = field(default_factory=dict)  # {second: seconds}: the process off the CPU (KILN_FAULT stall)
     decisions: list[dict] = field(default_factory=list)
 
     def plan(self) -> BudgetPlan:
@@ -74,6 +75,7 @@ class Stage:
                 return budget, self.t, step
             final = budget.max_steps
             dt = self.step_s * self.slowdown(self.t) * (1 + rng.uniform(-self.noise, self.noise))
+            dt += sum(self.stalls.pop(at) for at in [at for at in self.stalls if at <= self.t])
             self.t += dt
             pure += dt
             step += 1
@@ -212,6 +214,55 @@ def test_never_past_the_cap_train_max_steps():
     assert steps == 2000 and end < 0.98 * stage.budget_s  # the cap, not the budget, ended it
     assert max(d["max_steps"] for d in stage.decisions) <= 2000
     assert stage.decisions[-1]["why"] == "capped by train.max_steps"
+
+
+def cooldown_share(budget: BudgetController, steps: int) -> float:
+    """The share of the steps trained in wsd's cooldown, from the LR the schedule gave each step."""
+    peak, warmup = budget.schedule.kw["lr"], budget.schedule.kw["warmup_steps"]
+    first = next(k for k in range(warmup, steps) if budget.schedule(k) < peak)
+    return 1 - first / steps
+
+
+STALLED = {  # a 3-minute budget's stage, as issue 44 sizes them
+    "one 30 s stall at 20%": dict(stalls={36.0: 30.0}),
+    "three 5 s stalls": dict(stalls={45.0: 5.0, 90.0: 5.0, 135.0: 5.0}),
+    "a stall of five windows' steps at 50%": dict(slowdown=lambda t: 20.0 if 90.0 <= t < 96.0 else 1.0),
+}
+
+
+@pytest.mark.parametrize("case", STALLED)
+def test_a_stall_costs_steps_not_the_shape_of_the_schedule(case):
+    """A process off the CPU for a while (KILN_FAULT stall) is one slow log window (or a few): the
+    median the plan reads does not move, so neither the cooldown's start nor max_steps follows it
+    down; the seconds it took are spent, and the steps they would have bought are not trained. The
+    cooldown takes the same share of the steps as in a quiet run (within 5 points) and the budget is
+    spent as fully. (The slower of the last window and the median, the rule before, put the cooldown
+    at 79% of the steps for the 30 s stall and 52% for the three 5 s ones.)"""
+    quiet = Stage(budget_s=180.0)
+    quiet_budget, quiet_end, quiet_steps = quiet.run()
+    stalled = Stage(budget_s=180.0, **STALLED[case])
+    budget, end, steps = stalled.run()
+    assert abs(cooldown_share(budget, steps) - cooldown_share(quiet_budget, quiet_steps)) <= 0.05
+    assert 0.98 * stalled.budget_s <= end <= stalled.budget_s and 0.98 * quiet.budget_s <= quiet_end
+    assert steps < quiet_steps  # the stall's seconds bought no steps
+    begun = [d for d in stalled.decisions if "the cooldown beg" in d["why"]]
+    assert len(begun) == 1 and begun[0]["cooldown_from"] <= begun[0]["step"]
+    assert stalled.decisions[-1]["cooldown_from"] == budget.schedule.cooldown_from
+
+
+def test_a_hog_that_stays_from_40_percent_is_believed_and_still_cools_down_its_share():
+    """Processes spinning on every core from 40% of the budget on: after RECENT // 2 + 1 slow windows
+    the median follows, the plan shrinks, and the cooldown begins at the shortened run's own 70%."""
+    quiet = Stage(budget_s=180.0)
+    quiet_budget, _, quiet_steps = quiet.run()
+    hogged = Stage(budget_s=180.0, slowdown=hog_at(72.0))
+    budget, end, steps = hogged.run()
+    assert 0.98 * hogged.budget_s <= end <= hogged.budget_s
+    assert steps < 0.85 * quiet_steps
+    assert abs(cooldown_share(budget, steps) - cooldown_share(quiet_budget, quiet_steps)) <= 0.05
+    summary = budget.summary()
+    assert summary["steps_range"][0] <= steps < summary["steps_range"][1]
+    assert summary["window_tokens_per_s"]["slowest"] < 0.6 * summary["window_tokens_per_s"]["median"]
 
 
 def test_the_decisions_shape_a_schedule_without_a_jump():
@@ -393,3 +444,10 @@ def test_the_report_shows_the_budget_against_the_spent_time_and_the_planned_agai
     assert "| steps | 2,757 | 3,140 (57 re-plans in 313 decisions" in rows
     assert "budget 420 s | spent 416 s (99.0%)" in rows
     assert _budget_rows({"max_steps": 2757}, {"steps": 200}) == []  # a run planned in steps
+    assert "speed" not in rows  # a plan that moved less than 5% of the steps: nothing to say
+    speeds = {"median": 17_900.0, "slowest": 960.0, "windows": 169, "below_half": 6}
+    rows = "\n".join(
+        _budget_rows({"max_steps": 1538}, summary | {"steps_range": [1289, 1538], "window_tokens_per_s": speeds})
+    )
+    assert "varied: log windows' median 17,900 tokens/s, slowest 960 (6 of 169 below half the median)" in rows
+    assert "max_steps moved between 1,289 and 1,538" in rows

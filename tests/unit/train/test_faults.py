@@ -196,10 +196,24 @@ def test_a_full_disk_while_checkpointing_is_a_clear_error_and_the_previous_check
 
 def test_a_malformed_fault_spec_names_the_variable(shards, tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_FAULT", "nan@3")
-    with pytest.raises(KilnError, match=r"KILN_FAULT: 'nan@3' is not kind@step\[:rank\] with kind one of nan_loss"):
+    with pytest.raises(KilnError, match=r"KILN_FAULT: 'nan@3' is not kind@step\[:rank\] .* with kind one of nan_loss"):
         run(RunConfig.of(train_sections(max_steps=3)), shards, tmp_path / "run")
     with pytest.raises(KilnError, match=r"kind one of nan_loss, .*, enospc, hold, oom, stall$"):
         faults.parse("hold@3,wait@4", 0)
+
+
+def test_a_stall_sleeps_its_own_seconds_on_the_ranks_it_names():
+    """stall@step[:seconds[:rank]]: the seconds default to STALL_S, the rank to every rank."""
+    assert faults.parse("stall@4", 1).stall_s == ((4, faults.STALL_S),)
+    assert faults.parse("stall@20:30,stall@9:0.5:1", 1).stall_s == ((9, 0.5), (20, 30.0))
+    assert faults.parse("stall@9:0.5:1", 0).stall_s == ()
+    stalled = faults.parse("stall@2:0.3", 0)
+    start = time.perf_counter()
+    stalled.before_step(1, stop=None)
+    stalled.before_step(2, stop=None)
+    assert 0.3 <= time.perf_counter() - start < 3
+    with pytest.raises(KilnError, match="stall@step"):
+        faults.parse("stall@2:x", 0)
 
 
 @pytest.mark.process
