@@ -3,10 +3,15 @@ Snakemake started on it as a user would."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+import warm_python
 
 from kiln import config as kiln_config
 from kiln.layout import Layout
@@ -22,11 +27,22 @@ def tiny_layout(workdir: Path, *configfiles: Path, **overrides) -> Layout:
     return Layout(cfg, root=Path(workdir) / "results")
 
 
-def snakemake(workdir: Path, *args: str, env: dict[str, str | None] | None = None, timeout: float = 900):
+def snakemake(
+    workdir: Path, *args: str, env: dict[str, str | None] | None = None, timeout: float = 900, warm: bool = True
+):
     """`snakemake -s Snakefile --directory workdir --cores 2 *args`, the venv's bin first on PATH (the
     rules run python, torchrun and kiln from it) and `env`'s variables set (None: unset). Returns the
-    CompletedProcess, output captured."""
-    environ = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
+    CompletedProcess, output captured.
+
+    warm: the jobs' `python` is tests/warm_python.py's shim, so a job forks from an interpreter that
+    has imported torch and Kiln already (~2 s a job, half of the tiny run's wall time), and a one-rank
+    train job runs its script without torchrun. The tests of what processes do (kills, preemption,
+    the launcher's records, torchrun's ranks, the Slurm jobs) start them cold, as a user's shell
+    does: tests/dag/test_kill_resume.py, test_data_stage_kills.py, tests/process, tests/slurm."""
+    path = [VENV_BIN, os.environ.get("PATH", "")]
+    if warm:
+        path.insert(0, str(_warm_bin()))
+    environ = dict(os.environ, PATH=os.pathsep.join(path))
     for key, value in (env or {}).items():
         if value is None:
             environ.pop(key, None)
@@ -34,3 +50,15 @@ def snakemake(workdir: Path, *args: str, env: dict[str, str | None] | None = Non
             environ[key] = value
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir)]
     return subprocess.run([*cmd, "--cores", "2", *args], capture_output=True, text=True, env=environ, timeout=timeout)
+
+
+_WARM: list[Path] = []  # the shim's folder, once this process has started the server
+
+
+def _warm_bin() -> Path:
+    """The warm `python` shim's folder: the server started on first use, ended with this process."""
+    if not _WARM:
+        server, shim_bin = warm_python.start(Path(tempfile.mkdtemp(prefix="kiln-warm-")))
+        atexit.register(os.killpg, server.pid, signal.SIGKILL)
+        _WARM.append(shim_bin)
+    return _WARM[0]

@@ -1,4 +1,5 @@
-"""A `python` that starts warm, for tests that run hundreds of stage jobs (tests/dag/test_tags.py).
+"""A `python` that starts warm, for the DAG tests' stage jobs (tests/tiny.py's snakemake, and the hundreds
+of tests/dag/test_tags.py).
 
 Each job of a rule is `python <script> ...` or `python -m kiln.train.launch ... -- <script> ...`, and
 a fresh interpreter spends ~2 s importing torch and Kiln before the stage's own work (a fraction of a
@@ -25,6 +26,7 @@ import runpy
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import time
 import traceback
@@ -49,6 +51,19 @@ sock.sendall(body)
 code = sock.recv(4)
 sys.exit(int.from_bytes(code, "big", signed=True) if len(code) == 4 else 70)
 """
+
+
+def start(folder: Path) -> tuple[subprocess.Popen, Path]:
+    """The warm interpreter's server, serving from folder/warm.sock once it has imported everything,
+    and the folder holding its `python` shim (for the front of PATH). The server runs in a session of
+    its own: killing its process group ends the jobs it forked too."""
+    sock = folder / "warm.sock"
+    server = subprocess.Popen(
+        [sys.executable, __file__, str(sock)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert server.stdout.readline().strip() == "ready", "the warm interpreter did not start"
+    write_shim(folder / "bin", sock)
+    return server, folder / "bin"
 
 
 def write_shim(bin_dir: Path, socket_path: Path) -> Path:

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import warm_python
 from setting_changes import REMOVE, apply, change_files, changes, filled, user_args
 from stage_outputs import differences, noise, written
 from tiny import ROOT, VENV_BIN
-from warm_python import write_shim
 
 from kiln import config as kiln_config
 from kiln.config.settings import OUTPUT, RUN, SETTINGS, STAGES, effect
@@ -200,16 +200,8 @@ class Finished:
 
 def _start_warm_python(folder: Path) -> tuple[subprocess.Popen, str]:
     """The warm interpreter's server, and a PATH with its shim first."""
-    sock = folder / "warm.sock"
-    server = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "warm_python.py"), str(sock)],
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its children are killed with it
-    )
-    assert server.stdout.readline().strip() == "ready"
-    write_shim(folder / "bin", sock)
-    return server, os.pathsep.join([str(folder / "bin"), VENV_BIN, os.environ.get("PATH", "")])
+    server, shim_bin = warm_python.start(folder)
+    return server, os.pathsep.join([str(shim_bin), VENV_BIN, os.environ.get("PATH", "")])
 
 
 def _log_tails(workdir: Path, cfg: dict, stages: list[str]) -> str:
