@@ -27,6 +27,11 @@ test-fast: $(STAMP)
 # cluster's (tests/slurm: they mostly wait on the scheduler and the executor plugin's status polling),
 # and the rest. Each lane's output is printed after the rest's; the target fails if any lane did.
 # Plain `pytest` runs the same tests one after the other.
+# The lanes ask for more threads than the 2 cores have (each runs torch and Snakemake jobs of 2 threads):
+# torch's OpenMP threads then spin-wait for each other at every op for cores another lane holds.
+# Spinning 1,000 rounds instead of 300,000 before sleeping: four 2-thread tiny training loops at once
+# took 8.4 s instead of 44.7 s here, one alone 1.1 s instead of 0.9 (docs/testing.md).
+test: export GOMP_SPINCOUNT := 1000
 LANE_dag := dag and not tags
 LANE_tags := tags
 LANE_slurm := slurm

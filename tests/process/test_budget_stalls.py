@@ -16,18 +16,17 @@ from pathlib import Path
 from synthetic import write_shards
 
 WORKER = Path(__file__).parents[1].joinpath("budget_worker.py")
-BUDGET_S = 24.0
+BUDGET_S, STALL_AT, STALL_S = 12.0, 100, 3.0  # step 100: ten log windows in, on any machine
 OPTIONS = {
     "budget_s": BUDGET_S,
     "train": {"schedule": "wsd", "decay_fraction": 0.3, "log_every": 10, "eval_every": 100, "checkpoint_every": 1000},
 }
 
 
-def budgeted_run(shards: Path, out: Path, fault: str | None = None) -> dict:
+def budgeted_run(shards: Path, out: Path, fault: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("KILN_FAULT", "KILN_LAUNCH_START")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER.parent), env.get("PYTHONPATH")]))
-    if fault:
-        env["KILN_FAULT"] = fault
+    env["KILN_FAULT"] = fault
     done = subprocess.run(
         [sys.executable, str(WORKER), str(shards), str(out), json.dumps(OPTIONS)],
         capture_output=True,
@@ -39,25 +38,22 @@ def budgeted_run(shards: Path, out: Path, fault: str | None = None) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-def test_a_stall_at_20_percent_costs_its_seconds_and_leaves_the_schedule_its_shape(tmp_path):
+def test_a_stall_costs_its_seconds_and_leaves_the_schedule_its_shape(tmp_path):
     """The decision after the stalled window sees the seconds spent, not a slower machine: max_steps
     falls by about the steps the stall's seconds would have bought (not to the few a machine that slow
     could still train), and the cooldown still begins at 70% of the run it plans. (The rule before,
     the slower of the last window and the median, planned from the stalled window's speed: the
     decision after it began the cooldown at once.) Windows here last tens of milliseconds, so the
-    machine's other work moves them later; the simulated stalls of test_budget_controller.py hold the
-    figures."""
-    shards = write_shards(tmp_path / "shards")
-    quiet = budgeted_run(shards, tmp_path / "quiet")
-    stall_s, at = 0.25 * BUDGET_S, quiet["steps"] // 5
-    stalled = budgeted_run(shards, tmp_path / "stalled", f"stall@{at}:{stall_s:g}")
-    assert stalled["steps"] < quiet["steps"] and stalled["spent_s"] <= BUDGET_S
+    machine's other work moves them later; the simulated stalls of test_budget_controller.py, at 20%
+    of a 3-minute budget against a quiet run, hold the figures."""
+    stalled = budgeted_run(write_shards(tmp_path / "shards"), tmp_path / "stalled", f"stall@{STALL_AT}:{STALL_S:g}")
+    assert stalled["spent_s"] <= BUDGET_S
     decisions = [json.loads(x) for x in (tmp_path / "stalled" / "budget.jsonl").read_text().splitlines()]
-    before = [d for d in decisions if d["step"] < at][-1]
-    after = next(d for d in decisions if d["step"] >= at)
-    assert after["spent_s"] - before["spent_s"] >= stall_s  # the stalled window is this decision's
-    bought = stall_s / before["per_step_s"]  # the steps the stall's seconds would have bought
+    before = [d for d in decisions if d["step"] < STALL_AT][-1]
+    after = next(d for d in decisions if d["step"] >= STALL_AT)
+    assert after["spent_s"] - before["spent_s"] >= STALL_S  # the stalled window is this decision's
+    bought = STALL_S / before["per_step_s"]  # the steps the stall's seconds would have bought
     assert before["max_steps"] - after["max_steps"] <= 2 * bought, (before, after)
     assert after["cooldown_from"] > after["step"] and after["cooldown_from"] >= 0.69 * after["max_steps"]
     speeds = stalled["window_tokens_per_s"]
-    assert speeds["below_half"] >= 1 and speeds["slowest"] < 0.1 * speeds["median"]
+    assert speeds["below_half"] >= 1 and speeds["slowest"] < 0.2 * speeds["median"]
