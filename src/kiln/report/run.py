@@ -232,13 +232,13 @@ def _budget_rows(plan: dict, train: dict) -> list[str]:
         f"| stage wall time | budget {train['budget_s']:,.0f} s | spent {train['spent_s']:,.0f} s "
         f"({train['spent_s'] / train['budget_s']:.1%}) |",
     ]
-    low, high = train.get("steps_range", (train["steps"], train["steps"]))
     speed = train.get("window_tokens_per_s")
-    if speed and high - low > 0.05 * train["steps"]:  # the speed varied enough to move the plan
+    if speed:  # "varied" once a window ran below half the median: a stall or a hog moved the plan
+        low, high = train["steps_range"]
         rows.append(
-            f"| speed | | varied: log windows' median {speed['median']:,.0f} tokens/s, slowest "
-            f"{speed['slowest']:,.0f} ({speed['below_half']} of {speed['windows']} below half the median); "
-            f"max_steps moved between {low:,} and {high:,} |"
+            f"| speed | | {'varied' if speed['below_half'] else 'steady'}: log windows' median "
+            f"{speed['median']:,.0f} tokens/s, slowest {speed['slowest']:,.0f} ({speed['below_half']} of "
+            f"{speed['windows']} below half the median); max_steps moved between {low:,} and {high:,} |"
         )
     return rows
 

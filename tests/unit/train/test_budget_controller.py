@@ -444,10 +444,13 @@ def test_the_report_shows_the_budget_against_the_spent_time_and_the_planned_agai
     assert "| steps | 2,757 | 3,140 (57 re-plans in 313 decisions" in rows
     assert "budget 420 s | spent 416 s (99.0%)" in rows
     assert _budget_rows({"max_steps": 2757}, {"steps": 200}) == []  # a run planned in steps
-    assert "speed" not in rows  # a plan that moved less than 5% of the steps: nothing to say
+    assert "speed" not in rows  # a summary from before the windows' speeds were recorded
     speeds = {"median": 17_900.0, "slowest": 960.0, "windows": 169, "below_half": 6}
-    rows = "\n".join(
-        _budget_rows({"max_steps": 1538}, summary | {"steps_range": [1289, 1538], "window_tokens_per_s": speeds})
-    )
+    varied = summary | {"steps_range": [277, 1538], "window_tokens_per_s": speeds}
+    rows = "\n".join(_budget_rows({"max_steps": 1538}, varied))
     assert "varied: log windows' median 17,900 tokens/s, slowest 960 (6 of 169 below half the median)" in rows
-    assert "max_steps moved between 1,289 and 1,538" in rows
+    assert "max_steps moved between 277 and 1,538" in rows
+    steady = varied | {"window_tokens_per_s": speeds | {"slowest": 16_000.0, "below_half": 0}}
+    assert "| speed | | steady: log windows' median 17,900 tokens/s, slowest 16,000 (0 of 169" in "\n".join(
+        _budget_rows({"max_steps": 1538}, steady)
+    )
