@@ -109,3 +109,12 @@ def test_a_metric_registered_twice_or_a_key_given_twice_is_named():
     one = EvalOutput({"val_loss": 1.0})
     with pytest.raises(KilnError, match="eval metric toy gives val_loss in metrics.json, which another metric gave"):
         one.add(EvalOutput({"val_loss": 2.0}), by="toy")
+
+
+@pytest.mark.parametrize("metric", [m.name for m in registry.metrics() if m.section is not None])
+def test_a_metrics_section_imports_first_in_a_fresh_process(metric):
+    """A script whose first Kiln import is a metric's section.py (to read its defaults, say) gets it
+    whole: kiln.config, whose eval section gathers every metric's section, is imported before it."""
+    package = next(m.package for m in registry.metrics() if m.name == metric)
+    done = subprocess.run([sys.executable, "-c", f"import {package}.section"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
