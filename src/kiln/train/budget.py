@@ -326,9 +326,9 @@ class BudgetController:
         base_step, base_t = self._base
         # the final windows begin (max_steps and the log window are the same on every rank)
         fine = self.fine or self.max_steps - step <= FINE_WINDOWS * self._window
-        recent = statistics.median(self._pure[-RECENT:])
+        recent = statistics.median(self._pure[-RECENT:])  # not one window's: a stall is not a hog
         usual = _usual(self._pure)  # the run's unhurried speed: slow-downs are measured against it
-        slowdown = statistics.median(self._pure[-RECENT:]) / usual  # the exit's: not one window's
+        slowdown = recent / usual  # the exit's
         if fine and len(self._steps) >= FINE_RECENT:  # single steps: a slow-down shows within two
             recent = statistics.median(self._steps[-FINE_RECENT:])
             slowdown = recent / usual
