@@ -18,7 +18,8 @@ from tiny import ROOT, snakemake
 from kiln import config as kiln_config
 from kiln import hf
 from kiln.config.special_tokens import FIM_ROLES
-from kiln.data.tokenizer import EOS
+from kiln.data.tokenizer import EOS, id_space
+from kiln.data.tokenizer_build import hf_tokenizer
 from kiln.io import read_json, sha256_file
 
 CONFIG = ROOT / "config" / "experiments" / "continue-smollm2-135m.yaml"
@@ -81,7 +82,7 @@ def test_a_continuation_with_fim_off_is_a_drop_in_replacement_for_its_source(tmp
     64) continued with FIM off and no repository context hands back its source's tokenizer.json byte for
     byte and exactly its vocab_size rows, embedding and head; the report names nothing appended, and the
     export loads back as a model of those rows (what a continuation of it starts from)."""
-    source = write_hf_folder(tmp_path / SOURCE, eos="<|endoftext|>", vocab_size=700, tie=False)
+    source = write_hf_folder(tmp_path / SOURCE, eos="<|endoftext|>", vocab_size=300, tie=False)  # 300 rows, padded 320
     fim_off = "pretokenize={val_tokens: 20000, fim: {rate: 0}}"
     overrides = [o for o in FAST if not o.startswith("pretokenize=")] + [fim_off]
     result = snakemake(tmp_path, "--configfile", str(CONFIG), "--config", *overrides, timeout=600)
@@ -101,6 +102,9 @@ def test_a_continuation_with_fim_off_is_a_drop_in_replacement_for_its_source(tmp
     with safe_open(str(export / "model.safetensors"), framework="pt") as f:
         assert {f.get_slice(k).get_shape()[0] for k in ("model.embed_tokens.weight", "lm_head.weight")} == {n}
     assert hf.load(export).config.vocab_size == n
+    # Continuing the export the same way again: its tokenizer, read as a source, needs nothing appended.
+    again, roles = hf_tokenizer(export, [EOS])
+    assert roles == stats["special_tokens"] and id_space(again) == n
     report = (run / "report.md").read_text()
     assert f"Tokenizer: {n:,} tokens (padded to {stats['padded_vocab_size']:,}), " in report
     assert read_json(run / "eval" / "metrics.json")["infill"]["not_run"] == "the tokenizer has no FIM tokens"
