@@ -46,10 +46,12 @@ def write_hf_folder(
     vocab_size: int = 320,
     model: bool = True,
     bos: bool = False,
+    tie: bool = True,
 ) -> Path:
     """folder with tokenizer.json, tokenizer_config.json and special_tokens_map.json (eos_token: eos),
-    and, with model, a 2-layer Llama whose embedding has exactly the tokenizer's rows. bos: the
-    tokenizer's post-processor puts <s> before every sequence (Llama 2, TinyLlama)."""
+    and, with model, a 2-layer Llama (GQA; its head tied to the embedding unless tie is false) whose
+    embedding has exactly the tokenizer's rows. bos: the tokenizer's post-processor puts <s> before
+    every sequence (Llama 2, TinyLlama)."""
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     folder = Path(folder)
@@ -74,7 +76,7 @@ def write_hf_folder(
             num_attention_heads=4,
             num_key_value_heads=2,
             max_position_embeddings=256,
-            tie_word_embeddings=True,
+            tie_word_embeddings=tie,
             bos_token_id=tokenizer.token_to_id("<s>"),
             eos_token_id=tokenizer.token_to_id(eos),
         )

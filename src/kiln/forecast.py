@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Iterable
 
 from kiln import config as kiln_config
+from kiln.config import settings
 from kiln.config.batch import split_batch
 from kiln.config.data_sections import TokenizerSection
 from kiln.config.models import model_config
@@ -40,8 +42,9 @@ ADAMW_BYTES_PER_PARAM = 4 + 4 + 4  # fp32 weights + exp_avg + exp_avg_sq: an Ada
 TEXT_BYTES_PER_TOKEN = 4
 
 
-def model_vocab(tokenizer: TokenizerSection) -> int:
-    """The embedding rows the run's model will have, from the tokenizer section alone."""
+def model_vocab(tokenizer: TokenizerSection, uses: Iterable[str] = SPECIAL_TOKENS) -> int:
+    """The embedding rows the run's model will have, from the tokenizer section and (kind hf) the roles
+    the run uses (kiln.config.settings.derived)."""
     if tokenizer.kind == "train":
         return padded_vocab_size(tokenizer.vocab_size)
     if tokenizer.kind == "tiktoken" and tokenizer.encoding in TIKTOKEN_VOCAB:
@@ -55,7 +58,7 @@ def model_vocab(tokenizer: TokenizerSection) -> int:
         from kiln.data.tokenizer import id_space
         from kiln.data.tokenizer_build import hf_tokenizer
 
-        return padded_vocab_size(id_space(hf_tokenizer(tokenizer.path)[0]))
+        return padded_vocab_size(id_space(hf_tokenizer(tokenizer.path, uses)[0]))
     raise KilnError(
         f"tokenizer: cannot tell the vocabulary size of {tokenizer.as_dict()} before the tokenizer stage; "
         f"known tiktoken encodings: {', '.join(TIKTOKEN_VOCAB)}"
@@ -86,7 +89,8 @@ def predict(cfg: dict) -> dict:
     if gpu is None:
         raise KilnError(f"plan.gpu: {expect.gpu!r} is not a known GPU (known: {', '.join(g.fragment for g in GPUS)})")
     peak = gpu.tflops * 1e12
-    model = model_config(run.model.as_dict(), vocab_size=model_vocab(run.tokenizer), seq_len=run.shard.seq_len)
+    uses = settings.derived(cfg, "tokenizer").get("roles", SPECIAL_TOKENS)
+    model = model_config(run.model.as_dict(), vocab_size=model_vocab(run.tokenizer, uses), seq_len=run.shard.seq_len)
     # micro_batch / activation_checkpointing auto: what the smoke stage would pick on plan.gpu
     train, picked = autofit.resolve(train, model, train.ranks, gpu.memory_gib, cuda=True)
     batch = split_batch(train.batch_tokens, train.micro_batch, run.shard.seq_len, train.ranks)

@@ -8,7 +8,11 @@ rope_type "llama3".
 An export holds config.json, model.safetensors (a tied head stored once, as transformers does) and,
 given the run's tokenizer.json, the tokenizer as a PreTrainedTokenizerFast with Kiln's special
 tokens. Weights are renamed, and transposed where the family's mapping says (GPT-2's Conv1D stores
-(in, out)); no model is instantiated on the way out, so exporting costs one copy of the weights.
+(in, out)); no model is instantiated on the way out, so exporting costs one copy of the weights. A run
+on an hf source's tokenizer (tokenizer kind hf) exports its tokenizer.json as the run has it, byte for
+byte, and the source's vocab_size rows (more only for tokens the run appended): Kiln's padding to a
+multiple of 64 stays behind (kiln.data.tokenizer.export_vocab_size), so a continuation with FIM off is
+a drop-in replacement for its source. `load` builds a model of the rows a folder has.
 
 It sits above model and data rather than in model/: the tokenizer it writes is kiln.data's, and the
 model package imports no data code.
@@ -16,7 +20,9 @@ model package imports no data code.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -26,11 +32,22 @@ from safetensors.torch import save_file
 from kiln.config.hf_source import model_config_from_hf, read_config
 from kiln.config.models import ModelConfig
 from kiln.config.special_tokens import SPECIAL_TOKENS
-from kiln.data.tokenizer import EOS, bos_id, bos_token, load_tokenizer, role_id, token_roles
+from kiln.data.tokenizer import (
+    EOS,
+    bos_id,
+    bos_token,
+    export_vocab_size,
+    load_tokenizer,
+    role_id,
+    source_tokenizer_sha256,
+    token_roles,
+)
 from kiln.errors import KilnError
 from kiln.io import atomic_dir
 from kiln.model import registry
 from kiln.model.build import build_model
+
+VOCABULARY_ROWS = ("wte.weight", "lm_head.weight")  # a row per token id, in every family (kiln.model.decoder)
 
 
 def _name_map(cfg: ModelConfig) -> dict[str, tuple[str, bool]]:
@@ -58,9 +75,13 @@ def hf_config(cfg: ModelConfig, eos_id: int = 0, bos_id: int | None = None) -> d
 
 def export(model: torch.nn.Module, out_dir: Path, tokenizer_json: Path | None = None) -> None:
     """Write a transformers folder for `model` (and its tokenizer) to out_dir, atomically."""
-    cfg = model.config
+    padded = model.config.vocab_size
+    rows = padded if tokenizer_json is None else export_vocab_size(tokenizer_json, padded)
+    cfg = dataclasses.replace(model.config, vocab_size=rows)
     zeros_for_missing = registry.get(cfg.family).hf.weight_names(cfg).zeros_for_missing
     ours = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if rows < padded:  # Kiln's padding rows, which no token has, stay behind
+        ours.update({name: ours[name][:rows].clone() for name in VOCABULARY_ROWS})
     if cfg.tie_embeddings:
         ours.pop("lm_head.weight")  # transformers re-ties it from the embedding on load
     hf_state = {}
@@ -81,6 +102,8 @@ def export(model: torch.nn.Module, out_dir: Path, tokenizer_json: Path | None = 
         save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tokenizer_json is not None:
             hf_tokenizer(tokenizer_json).save_pretrained(str(tmp))
+            if source_tokenizer_sha256(tokenizer_json):  # an hf source's tokenizer: its file as the run has it
+                shutil.copyfile(tokenizer_json, tmp / "tokenizer.json")
 
 
 def hf_tokenizer(tokenizer_json: Path):
@@ -98,7 +121,7 @@ def hf_tokenizer(tokenizer_json: Path):
         eos_token=roles[EOS],
         unk_token=roles[EOS],
         pad_token=roles[EOS],
-        additional_special_tokens=[roles[t] for t in SPECIAL_TOKENS[1:]],
+        additional_special_tokens=[roles[t] for t in SPECIAL_TOKENS[1:] if t in roles],  # those it holds
         split_special_tokens=True,
     )
 

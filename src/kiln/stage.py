@@ -41,7 +41,17 @@ def stage_config(args: argparse.Namespace, stage: str) -> RunConfig:
     and passed down as they are."""
     if args.config:
         return RunConfig.of(settings.stage_config(kiln_config.load(args.config), stage))
-    return RunConfig.of(settings.join(json.loads(args.params), json.loads(args.untracked)))
+    params = json.loads(args.params)
+    params.pop(settings.DERIVED, None)  # not a section: stage_derived reads it
+    return RunConfig.of(settings.join(params, json.loads(args.untracked)))
+
+
+def stage_derived(args: argparse.Namespace, stage: str) -> dict:
+    """What this stage reads that the config implies rather than sets (kiln.config.settings.derived):
+    under Snakemake from its tracked params, by hand from the whole config file."""
+    if args.config:
+        return settings.derived(kiln_config.load(args.config), stage)
+    return json.loads(args.params).get(settings.DERIVED, {})
 
 
 def run_main(main: Callable[[], None]) -> None:

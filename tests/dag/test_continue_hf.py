@@ -12,11 +12,14 @@ import sysconfig
 
 import numpy as np
 from hf_folder import write_hf_folder
+from safetensors import safe_open
 from tiny import ROOT, snakemake
 
 from kiln import config as kiln_config
-from kiln.config.special_tokens import SPECIAL_TOKENS
-from kiln.data.tokenizer import EOS
+from kiln import hf
+from kiln.config.special_tokens import FIM_ROLES
+from kiln.data.tokenizer import EOS, id_space
+from kiln.data.tokenizer_build import hf_tokenizer
 from kiln.io import read_json, sha256_file
 
 CONFIG = ROOT / "config" / "experiments" / "continue-smollm2-135m.yaml"
@@ -51,10 +54,11 @@ def test_continuing_a_stock_checkpoint_on_its_own_tokenizer(tmp_path):
     (stats_path,) = results.glob("data/tokenizer-*/stats.json")
     stats = read_json(stats_path)
     n = json.loads((source / "config.json").read_text())["vocab_size"]
-    # The source's end of text at its id; Kiln's other roles appended after its ids (it has none).
+    # The source's end of text at its id; the FIM roles the run uses appended after its ids (it has none),
+    # and no repository roles: the run has no repository context.
     assert stats["special_tokens"][EOS] == "<|endoftext|>" and stats["special_token_ids"][EOS] == 1
-    assert stats["added_tokens"] == list(SPECIAL_TOKENS[1:])
-    assert stats["vocab_size"] == n + 6
+    assert stats["added_tokens"] == list(FIM_ROLES) and list(stats["special_tokens"]) == [EOS, *FIM_ROLES]
+    assert stats["vocab_size"] == n + 4
     (manifest,) = results.glob("data/shards-*/manifest.json")
     assert read_json(manifest)["source_tokenizer_sha256"] == sha256_file(source / "tokenizer.json")
     run = results / "smollm2-135m-stdlib"
@@ -64,10 +68,46 @@ def test_continuing_a_stock_checkpoint_on_its_own_tokenizer(tmp_path):
     assert metrics[0]["step"] == 0 and "val_loss" in metrics[0]  # the source's own held-out loss
     assert metrics[-1]["step"] == 20
     report = (run / "report.md").read_text()
+    assert "appended: " + ", ".join(f"`{t}`" for t in FIM_ROLES) + ")" in report
     assert "| initial weights | hf " in report
+    # The export keeps the source's rows and the appended ones, not Kiln's padding.
+    assert read_json(run / "train" / "hf" / "config.json")["vocab_size"] == n + 4 < stats["padded_vocab_size"]
     assert f"| source | 0 | {metrics[0]['val_loss']:.4f} | {metrics[0]['val_bpb']:.4f} |" in report
     last = [r for r in metrics if "val_loss" in r][-1]
     assert f"| continued | {last['step']} | {last['val_loss']:.4f} |" in report
+
+
+def test_a_continuation_with_fim_off_is_a_drop_in_replacement_for_its_source(tmp_path):
+    """The issue's case: a transformers-built Llama (its own BPE, untied head, GQA, rows not a multiple of
+    64) continued with FIM off and no repository context hands back its source's tokenizer.json byte for
+    byte and exactly its vocab_size rows, embedding and head; the report names nothing appended, and the
+    export loads back as a model of those rows (what a continuation of it starts from)."""
+    source = write_hf_folder(tmp_path / SOURCE, eos="<|endoftext|>", vocab_size=300, tie=False)  # 300 rows, padded 320
+    fim_off = "pretokenize={val_tokens: 20000, fim: {rate: 0}}"
+    overrides = [o for o in FAST if not o.startswith("pretokenize=")] + [fim_off]
+    result = snakemake(tmp_path, "--configfile", str(CONFIG), "--config", *overrides, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = tmp_path / "results"
+    n = read_json(source / "config.json")["vocab_size"]
+    (stats_path,) = results.glob("data/tokenizer-*/stats.json")
+    stats = read_json(stats_path)
+    assert stats["added_tokens"] == [] and stats["special_tokens"] == {EOS: "<|endoftext|>"}
+    assert stats["vocab_size"] == n < stats["padded_vocab_size"]  # Kiln trained at padded rows
+    assert stats_path.with_name("tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
+    run = results / "smollm2-135m-stdlib"
+    export = run / "train" / "hf"
+    assert (export / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
+    config = read_json(export / "config.json")
+    assert config["vocab_size"] == n and config["tie_word_embeddings"] is False
+    with safe_open(str(export / "model.safetensors"), framework="pt") as f:
+        assert {f.get_slice(k).get_shape()[0] for k in ("model.embed_tokens.weight", "lm_head.weight")} == {n}
+    assert hf.load(export).config.vocab_size == n
+    # Continuing the export the same way again: its tokenizer, read as a source, needs nothing appended.
+    again, roles = hf_tokenizer(export, [EOS])
+    assert roles == stats["special_tokens"] and id_space(again) == n
+    report = (run / "report.md").read_text()
+    assert f"Tokenizer: {n:,} tokens (padded to {stats['padded_vocab_size']:,}), " in report
+    assert read_json(run / "eval" / "metrics.json")["infill"]["not_run"] == "the tokenizer has no FIM tokens"
 
 
 def test_a_replay_share_is_a_second_source_weighted_in_the_mixture(tmp_path):

@@ -19,6 +19,7 @@ from kiln.config import schema, settings
 from kiln.config.declare import Declared
 from kiln.config.schema import Leaf
 from kiln.config.settings import OUTPUT, RUN, SETTINGS, STAGES
+from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.errors import KilnError
 
 # The cases the issue names, by hand, beside what the table derives: a presentation setting reruns
@@ -176,3 +177,30 @@ def test_run_tags_are_only_for_stages_that_read_the_setting():
     for path, setting in SETTINGS.items():
         for stage, tag in setting.stages.items():
             assert tag in (OUTPUT, RUN) or isinstance(tag, settings.When), (path, stage, tag)
+
+
+def test_an_hf_tokenizer_derives_the_roles_its_run_uses_and_a_trained_one_nothing():
+    """Which roles an hf source's tokenizer holds follows pretokenize (kiln.config.settings.derived): FIM on
+    and off give its tokenizer stage other params and other data keys, so Snakemake reruns it and the
+    runs share no tokenizer; a trained BPE, which holds every role, keeps its params and keys."""
+    from kiln.layout import data_key
+
+    trained = kiln_config.resolve([TINY])
+    trained_off = kiln_config.resolve([TINY], {"pretokenize": {"fim": {"rate": 0}}})
+    assert settings.tracked(trained, "tokenizer") == settings.tracked(trained_off, "tokenizer")
+    assert data_key(trained, "tokenizer") == data_key(trained_off, "tokenizer")
+    assert settings.DERIVED not in json.loads(settings.tracked(trained, "tokenizer"))
+    on = copy.deepcopy(trained)
+    on["tokenizer"] = {"kind": "hf", "path": "sources/model", "heldout_docs": 5}
+    off = copy.deepcopy(on)
+    off["pretokenize"]["fim"]["rate"] = 0
+    repo = copy.deepcopy(off)
+    repo["pretokenize"]["repo_context"] = True
+    assert settings.derived(on, "tokenizer") == {"roles": list(SPECIAL_TOKENS[:5])}
+    assert settings.derived(off, "tokenizer") == {"roles": [SPECIAL_TOKENS[0]]}
+    assert settings.derived(repo, "tokenizer") == {"roles": [SPECIAL_TOKENS[0], *SPECIAL_TOKENS[5:]]}
+    assert json.loads(settings.tracked(off, "tokenizer"))[settings.DERIVED] == settings.derived(off, "tokenizer")
+    assert len({settings.tracked(c, "tokenizer") for c in (on, off, repo)}) == 3
+    assert len({data_key(c, stage) for c in (on, off, repo) for stage in ("tokenizer", "shard")}) == 6
+    assert data_key(on, "download") == data_key(off, "download")
+    assert all(settings.derived(on, stage) == {} for stage in STAGES if stage != "tokenizer")

@@ -205,7 +205,8 @@ class TokenizerSection(Section):
     pretrained tokenizer.json (path); tiktoken: a local tiktoken encoding, by name from tiktoken's cache
     (encoding) or a .tiktoken ranks file (path, pattern); hf: a Hugging Face model folder's tokenizer as it
     is (path), to continue that model (train.init_from: {hf: FOLDER}). Missing special tokens are appended
-    to a pretrained vocabulary (hf: its own end-of-text and FIM tokens are used where it has them)."""
+    to a pretrained vocabulary (hf: its own end-of-text and FIM tokens are used where it has them, and only
+    the roles the run uses are appended: none with pretokenize.fim.rate 0 and no repo_context)."""
 
     KEY: ClassVar[str] = "tokenizer"
     kind: Literal["train", "file", "tiktoken", "hf"] = setting(

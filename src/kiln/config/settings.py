@@ -6,6 +6,8 @@ every field of the section models names the stages that read it, each OUTPUT, RU
                         of the stage's sections as a value it cannot represent and so ignores
                         (snakemake.persistence skips such params), passed to the script all the same;
   trajectory            the train leaves a checkpoint's fingerprint holds (kiln.train.fingerprint);
+  derived               what a stage reads that the config implies rather than sets (the roles an hf
+                        tokenizer must hold), tracked and keyed with the stage where it applies;
   data_key              the content key of a shared data folder (kiln.layout);
   markdown_table        docs/settings.md (`python -m kiln.config settings`; a test keeps it current).
 
@@ -25,6 +27,7 @@ from typing import Mapping
 from kiln.config.declare import DATA_STAGES, OUTPUT, RUN, STAGES, Reads, When
 from kiln.config.run_config import DEFAULT_SEED, REQUIRED
 from kiln.config.schema import leaves as schema_leaves
+from kiln.config.special_tokens import roles_used
 from kiln.errors import KilnError
 
 __all__ = ["DATA_STAGES", "OUTPUT", "RUN", "STAGES", "SETTINGS", "When"]
@@ -35,6 +38,7 @@ def _table() -> dict[str, Reads]:
 
 
 SETTINGS: dict[str, Reads] = _table()
+DERIVED = "derived"  # the key of a stage's derived values in its tracked params (no section is called this)
 
 
 class Untracked:
@@ -120,10 +124,26 @@ def _canonical(value) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def derived(cfg: Mapping, stage: str) -> dict:
+    """What `stage` reads that the config implies rather than sets, as JSON; empty for every stage and
+    config but one, so their params and data keys are what they were. The tokenizer stage of an hf
+    source appends a token for each role the run uses that the source lacks, and only for those
+    (kiln.data.tokenizer_build.hf_tokenizer): "roles", the roles the run's samples use
+    (pretokenize.fim.rate, pretokenize.repo_context: kiln.config.special_tokens.roles_used). A derived
+    value, not a tag on those settings, so a trained BPE, which holds every role, is never rerun for
+    them, and the tokenizer's data key moves only for an hf source whose roles change."""
+    if stage != "tokenizer" or cfg["tokenizer"]["kind"] != "hf":
+        return {}
+    pretokenize = cfg["pretokenize"]
+    return {"roles": list(roles_used(pretokenize["fim"]["rate"], pretokenize["repo_context"]))}
+
+
 def tracked(cfg: Mapping, stage: str) -> str:
-    """The rule's tracked params: the stage's OUTPUT leaves as canonical JSON, so Snakemake reruns the
-    stage exactly when one of them changes."""
-    return _canonical(_split(cfg, stage)[0])
+    """The rule's tracked params: the stage's OUTPUT leaves as canonical JSON, and what it derives from
+    the config (under DERIVED, where there is any), so Snakemake reruns the stage exactly when one of
+    them changes."""
+    params, implied = _split(cfg, stage)[0], derived(cfg, stage)
+    return _canonical({**params, DERIVED: implied} if implied else params)
 
 
 def untracked(cfg: Mapping, stage: str) -> Untracked:
@@ -166,10 +186,14 @@ def trajectory(train: Mapping) -> dict:
 def data_key(cfg: Mapping, stage: str, chars: int) -> str:
     """The content key of a shared data stage's folder: a hash of the sections that shape it and
     every data stage before it, with each RUN leaf held at its schema default (so a retry setting
-    moves no data, and the keys of configs written before the tags stay what they were)."""
+    moves no data, and the keys of configs written before the tags stay what they were), and what
+    those stages derive from the config where they derive anything (`derived`)."""
     upto = DATA_STAGES[: DATA_STAGES.index(stage) + 1]
     names = sorted({name for s in upto for name in sections(s)})
     shaped = {name: copy.deepcopy(cfg[name]) for name in names}
+    implied = {s: derived(cfg, s) for s in upto if derived(cfg, s)}
+    if implied:
+        shaped[DERIVED] = implied
     leaves = schema_leaves()
     for path in SETTINGS:
         if any(effect(path, s, cfg) == RUN for s in upto) and not any(effect(path, s, cfg) == OUTPUT for s in upto):
@@ -193,6 +217,9 @@ def markdown_table() -> str:
         "outputs the setting changes; Snakemake reruns them, and what reads their outputs, when it changes.",
         "**read to run**: stages that read it only for how they run or show their work (logging, cadence,",
         "placement, retries): a change there reruns nothing. A default of `-` means unset unless given.",
+        "With `tokenizer.kind: hf`, `pretokenize.fim.rate` (0 or above) and `pretokenize.repo_context` also rerun",
+        "the tokenizer: they decide which special tokens the source's tokenizer gets appended (the roles the run",
+        "uses, derived from them: kiln.config.settings.derived).",
     ]
     section = None
     for path, leaf in schema_leaves().items():

@@ -27,7 +27,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.config.data_sections import Fim
-from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.encoders import Encoder
 from kiln.data.packing import BOS, group_samples, metadata_bytes, sample_pieces
 from kiln.data.sources import read_part, read_rows
@@ -77,7 +76,7 @@ def init_worker(settings: Settings) -> None:
     _worker["encoder"] = Encoder(tokenizer, settings.backend, settings.dtype, settings.max_chars)
     # Pieces name roles by Kiln's spellings; an hf tokenizer may spell them its own way (token_roles).
     roles = role_ids(tokenizer, settings.tokenizer_path)
-    _worker["ids"] = {t: np.array([roles[t]], dtype=settings.dtype) for t in SPECIAL_TOKENS}
+    _worker["ids"] = {t: np.array([i], dtype=settings.dtype) for t, i in roles.items()}  # the roles it holds
     if settings.bos:
         _worker["ids"][BOS] = np.array([bos_id(tokenizer)], dtype=settings.dtype)
 

@@ -9,12 +9,16 @@ repository layout), named by Kiln's (StarCoder2's) spellings. Every route but `h
 those spellings (appended when a pretrained vocabulary lacks them); a trained BPE gives them ids 0..6
 in order. An `hf` source keeps its own: the end of document is its eos_token (tokenizer_config.json,
 else special_tokens_map.json), and a FIM or repository role is its token of Kiln's spelling
-(StarCoder2, SantaCoder) or of Qwen2.5-Coder's (<|fim_prefix|>, ...); only a role it has no token for
-gets Kiln's spelling appended, which grows the vocabulary (init_from starts those rows at the mean
-row). Which token plays which role is recorded in stats.json beside tokenizer.json ("special_tokens"),
-and every stage that lays out ids reads it there (`token_roles`). Text that merely *contains* a special
-token's spelling is encoded as ordinary text (`encode_special_tokens`), so a document quoting
-"<|endoftext|>" cannot end itself early; special ids enter a sequence only where Kiln puts them.
+(StarCoder2, SantaCoder) or of Qwen2.5-Coder's (<|fim_prefix|>, ...); only a role the run uses (the
+FIM sentinels with pretokenize.fim.rate above 0, the repository layout's with repo_context) that it has
+no token for gets Kiln's spelling appended, which grows the vocabulary (init_from starts those rows at
+the mean row). A role neither the source nor the run has is not recorded (role_id: None), so a
+continuation with FIM off and no repository context keeps the source's tokenizer exactly (and its
+export the source's rows: export_vocab_size). Which token plays which role is recorded in stats.json
+beside tokenizer.json ("special_tokens"), and every stage that lays out ids reads it there
+(`token_roles`). Text that merely *contains* a special token's spelling is encoded as ordinary text
+(`encode_special_tokens`), so a document quoting "<|endoftext|>" cannot end itself early; special ids
+enter a sequence only where Kiln puts them.
 
 A source that starts every document with a beginning-of-sequence token (Llama 2 / TinyLlama <s>,
 Llama 3 <|begin_of_text|>) keeps that layout: its BOS is recorded beside tokenizer.json ("bos_token",
@@ -58,8 +62,10 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
 def role_id(tokenizer: Tokenizer, role: str) -> int | None:
     """The id of the token playing `role` (a Kiln spelling, SPECIAL_TOKENS) in tokenizer: the roles
-    load_tokenizer read beside its file, Kiln's own spellings for a tokenizer made in memory."""
-    return tokenizer.token_to_id(getattr(tokenizer, "kiln_roles", KILN_ROLES)[role])
+    load_tokenizer read beside its file, Kiln's own spellings for a tokenizer made in memory; None
+    for a role it has no token for (an hf source's tokenizer in a run that does not use the role)."""
+    spelling = getattr(tokenizer, "kiln_roles", KILN_ROLES).get(role)
+    return None if spelling is None else tokenizer.token_to_id(spelling)
 
 
 def id_space(tokenizer: Tokenizer) -> int:
@@ -68,17 +74,25 @@ def id_space(tokenizer: Tokenizer) -> int:
 
 
 def special_ids(tokenizer: Tokenizer, roles: dict[str, str] | None = None) -> dict[str, int]:
-    """Each role's id (keyed by Kiln's spelling), through `roles` where the tokenizer has its own spellings."""
+    """Each role's id (keyed by Kiln's spelling), through `roles` where the tokenizer has its own spellings;
+    a role `roles` does not name is left out."""
     roles = roles or KILN_ROLES
-    return {role: tokenizer.token_to_id(roles[role]) for role in SPECIAL_TOKENS}
+    return {role: tokenizer.token_to_id(roles[role]) for role in SPECIAL_TOKENS if role in roles}
+
+
+def stage_stats(tokenizer_path: str | Path) -> dict:
+    """The stats.json the tokenizer stage wrote beside the tokenizer.json at tokenizer_path; empty for
+    a tokenizer.json that did not come from the stage."""
+    stats = Path(tokenizer_path).with_name(STATS_FILE)
+    return read_json(stats) if stats.is_file() else {}
 
 
 def token_roles(tokenizer_path: str | Path) -> dict[str, str]:
     """Each role's spelling in the tokenizer.json at tokenizer_path, as the tokenizer stage recorded it
-    in the stats.json beside it; Kiln's own spellings where none is recorded (a tokenizer.json that
-    did not come from the stage, or a stage output from before roles were recorded)."""
-    stats = Path(tokenizer_path).with_name(STATS_FILE)
-    recorded = read_json(stats).get("special_tokens") if stats.is_file() else None
+    in the stats.json beside it (an hf source's tokenizer names only the roles it has a token for);
+    Kiln's own spellings where none is recorded (a tokenizer.json that did not come from the stage,
+    or a stage output from before roles were recorded)."""
+    recorded = stage_stats(tokenizer_path).get("special_tokens")
     return dict(recorded) if recorded else dict(KILN_ROLES)
 
 
@@ -88,12 +102,12 @@ def bos_token(tokenizer_path: str | Path) -> str | None:
     that adds one (source_bos), else None (every other route, or no stats.json: a tokenizer.json that
     did not come from the stage). An hf stage output from before the BOS was recorded is an error,
     not a silent layout without it."""
-    stats_path = Path(tokenizer_path).with_name(STATS_FILE)
-    stats = read_json(stats_path) if stats_path.is_file() else {}
+    stats = stage_stats(tokenizer_path)
     if stats.get("kind") == "hf" and "bos_token" not in stats:
         raise KilnError(
-            f"tokenizer: {stats_path} predates Kiln's record of the source's BOS (bos_token); rerun the "
-            "tokenizer stage (snakemake --forcerun tokenizer) so that every sample starts as the source's did"
+            f"tokenizer: {Path(tokenizer_path).with_name(STATS_FILE)} predates Kiln's record of the source's BOS "
+            "(bos_token); rerun the tokenizer stage (snakemake --forcerun tokenizer) so that every sample starts "
+            "as the source's did"
         )
     return stats.get("bos_token")
 
@@ -120,12 +134,23 @@ def with_bos(tokenizer: Tokenizer, ids: list[int]) -> list[int]:
 
 def source_tokenizer_sha256(tokenizer_path: str | Path) -> str | None:
     """The sha256 of the HF tokenizer.json an hf tokenizer extends (recorded beside it), else None."""
-    stats = Path(tokenizer_path).with_name(STATS_FILE)
-    return read_json(stats).get("source_tokenizer_sha256") if stats.is_file() else None
+    return stage_stats(tokenizer_path).get("source_tokenizer_sha256")
+
+
+def export_vocab_size(tokenizer_path: str | Path, model_rows: int) -> int:
+    """The embedding (and head) rows a Hugging Face export of a model with model_rows keeps: for a run
+    on an hf source's tokenizer, the source's vocab_size, or the tokenizer's ids where it appended
+    tokens beyond them (Kiln's padding to a multiple of 64 is a training detail: a drop-in continuation
+    exports exactly the source's rows); model_rows for every other route, and for a stage output from
+    before the source's size was recorded."""
+    stats = stage_stats(tokenizer_path)
+    if stats.get("source_vocab_size") is None:
+        return model_rows
+    return min(model_rows, max(stats["source_vocab_size"], stats["vocab_size"]))
 
 
 def role_ids(tokenizer: Tokenizer, tokenizer_path: str | Path) -> dict[str, int]:
-    """Each role's id in the tokenizer loaded from tokenizer_path (see token_roles)."""
+    """Each role's id in the tokenizer loaded from tokenizer_path, for the roles it holds (see token_roles)."""
     ids = special_ids(tokenizer, token_roles(tokenizer_path))
     missing = [role for role, i in ids.items() if i is None]
     if missing:

@@ -6,7 +6,9 @@
 - `tiktoken`: a tiktoken encoding available locally, by name (tiktoken's cache) or as a .tiktoken
   ranks file, converted to tokenizer.json (kiln.data.encoders);
 - `hf`: a Hugging Face model folder's tokenizer as it is (its ids, its special tokens), for a run that
-  continues that model (train.init_from: {hf: FOLDER}).
+  continues that model (train.init_from: {hf: FOLDER}), with a token appended only for a role the run
+  uses (kiln.config.settings.derived) that the source lacks; with none appended, tokenizer.json is the
+  source's file byte for byte (write_tokenizer).
 
 and its stats.json: each special token role's spelling and the source's BOS (how each route picks
 them, and how the later stages read them back: kiln.data.tokenizer), the vocabulary and its padded
@@ -19,6 +21,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -178,10 +181,11 @@ def source_bos(folder: Path, tokenizer: Tokenizer) -> str | None:
     return None
 
 
-def hf_tokenizer(folder: str | Path) -> tuple[Tokenizer, dict[str, str]]:
+def hf_tokenizer(folder: str | Path, uses: Iterable[str] = SPECIAL_TOKENS) -> tuple[Tokenizer, dict[str, str]]:
     """A Hugging Face folder's tokenizer.json as it is and each role's spelling in it; Kiln's spelling
-    appended (as a special token, after the source's ids) for a role the source has no token for. Its
-    BOS, when it starts every document with one (source_bos), is the tokenizer's `kiln_bos`."""
+    appended (as a special token, after the source's ids) for a role the run `uses` that the source has
+    no token for, and a role neither has left out (a drop-in continuation: the source's tokenizer as it
+    is). Its BOS, when it starts every document with one (source_bos), is the tokenizer's `kiln_bos`."""
     folder = Path(folder)
     path = folder / "tokenizer.json"
     if not path.is_file():
@@ -199,8 +203,14 @@ def hf_tokenizer(folder: str | Path) -> tuple[Tokenizer, dict[str, str]]:
         log.info("%s adds no beginning-of-sequence token: samples are laid out text %s", folder, roles[EOS])
     else:
         log.info("the source starts every document with %s: so does every sample (%s text %s)", bos, bos, roles[EOS])
+    uses = set(uses)
     for role in SPECIAL_TOKENS[1:]:
-        roles[role] = next((t for t in (role, QWEN_SPELLINGS[role]) if tokenizer.token_to_id(t) is not None), role)
+        own = next((t for t in (role, QWEN_SPELLINGS[role]) if tokenizer.token_to_id(t) is not None), None)
+        if own is not None or role in uses:
+            roles[role] = own or role
+    unused = [role for role in SPECIAL_TOKENS[1:] if role not in roles]
+    if unused:
+        log.info("%s has no token for %s, which this run does not use: none appended", path, ", ".join(unused))
     missing = [t for t in roles.values() if tokenizer.token_to_id(t) is None]
     if missing:
         log.info(
@@ -242,8 +252,12 @@ def _pretrained(cfg: TokenizerSection) -> Tokenizer:
     return tokenizer_from_tiktoken(encoding, SPECIAL_TOKENS)
 
 
-def build_tokenizer(raw_dir: Path, cfg: TokenizerSection, seed: int) -> tuple[Tokenizer, dict]:
-    """The tokenizer section's tokenizer and its stats (bytes/token measured on held-out documents)."""
+def build_tokenizer(
+    raw_dir: Path, cfg: TokenizerSection, seed: int, uses: Iterable[str] = SPECIAL_TOKENS
+) -> tuple[Tokenizer, dict]:
+    """The tokenizer section's tokenizer and its stats (bytes/token measured on held-out documents);
+    `uses`: the roles the run's samples use (kiln.config.settings.derived), which decide what kind hf
+    appends to its source (every other kind holds every role)."""
     raw_dir = Path(raw_dir)
     manifest = read_json(raw_dir / "manifest.json")
     heldout = _heldout_ids(raw_dir, manifest, cfg.heldout_docs, seed)
@@ -258,7 +272,7 @@ def build_tokenizer(raw_dir: Path, cfg: TokenizerSection, seed: int) -> tuple[To
         )
         roles = dict(KILN_ROLES)
     elif cfg.kind == "hf":
-        tokenizer, roles = hf_tokenizer(cfg.path)
+        tokenizer, roles = hf_tokenizer(cfg.path, uses)
         bos = tokenizer.kiln_bos
         source_vocab = id_space(load_tokenizer(Path(cfg.path) / "tokenizer.json"))
     else:
@@ -286,4 +300,23 @@ def build_tokenizer(raw_dir: Path, cfg: TokenizerSection, seed: int) -> tuple[To
         # The source tokenizer this one extends: init_from accepts it as the same (check_same_tokenizer).
         stats["source_tokenizer_sha256"] = sha256_file(Path(cfg.path) / "tokenizer.json")
         stats["added_tokens"] = [t for t in roles.values() if tokenizer.token_to_id(t) >= source_vocab]
+        # The rows an export keeps (kiln.data.tokenizer.export_vocab_size): the source model's, which may
+        # exceed its tokenizer's ids (config.json's vocab_size), else its tokenizer's.
+        stats["source_vocab_size"] = _source_rows(Path(cfg.path)) or source_vocab
     return tokenizer, stats
+
+
+def _source_rows(folder: Path) -> int | None:
+    """The vocab_size of a HF folder's config.json, when it has one (a tokenizer-only folder has not)."""
+    config = folder / "config.json"
+    return read_json(config).get("vocab_size") if config.is_file() else None
+
+
+def write_tokenizer(tokenizer: Tokenizer, cfg: TokenizerSection, stats: dict, path: Path) -> None:
+    """The stage's tokenizer.json: an hf source's own file, byte for byte, when nothing was appended to it
+    (a drop-in continuation keeps the very file its model card, chat template and tools were made for);
+    else as `tokenizers` writes it."""
+    if cfg.kind == "hf" and not stats["added_tokens"]:
+        shutil.copyfile(Path(cfg.path) / "tokenizer.json", path)
+    else:
+        tokenizer.save(str(path))

@@ -63,7 +63,7 @@ def not_run_reason(meta: dict, tokenizer, init_from: InitFrom | None) -> str | N
     holds no FIM-transformed document, e.g. pretokenize.fim.rate 0 for prose, and that started from
     random weights (train.init_from's source may have seen FIM: then it is measured), or one whose
     tokenizer has no FIM tokens. A token folder older than `fim_modes` cannot say: measured."""
-    if any(tokenizer.token_to_id(token) is None for token in (PREFIX, SUFFIX, MIDDLE)):
+    if any(role_id(tokenizer, role) is None for role in (PREFIX, SUFFIX, MIDDLE)):  # the run's token for each
         return "the tokenizer has no FIM tokens"
     modes = meta.get("fim_modes")
     if modes is None or init_from is not None:
@@ -119,7 +119,7 @@ def match_scores(completion: str, expected: str) -> dict[str, float | bool]:
 @torch.no_grad()
 def run_infill(model, tokenizer, problems: list[InfillProblem]) -> dict:
     """Scores by "<span>/<layout>" and overall, plus every completion."""
-    stop = frozenset({role_id(tokenizer, EOS), role_id(tokenizer, "<file_sep>")})
+    stop = frozenset(i for i in (role_id(tokenizer, EOS), role_id(tokenizer, "<file_sep>")) if i is not None)
     cases = [(problem, layout) for problem in problems for layout in LAYOUTS]
     prompts = [
         _prompt(problem, tokenizer, layout, model.config.seq_len - MAX_MIDDLE_TOKENS) for problem, layout in cases

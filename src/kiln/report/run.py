@@ -100,6 +100,13 @@ def loss_figure(
     return fig
 
 
+def _appended(tok: dict) -> str:
+    """The tokens an hf source's tokenizer had appended for the run's roles (its stats' added_tokens), for
+    the tokenizer's line: none for a drop-in continuation, which keeps the source's tokenizer as it is."""
+    added = tok.get("added_tokens")
+    return "; appended: " + ", ".join(f"`{t}`" for t in added) if added else ""
+
+
 def render(run: str, data: dict, png_name: str) -> str:
     """The report's markdown from the stages' outputs (`data` keys: config (the report stage's RunConfig),
     raw (the download manifest; optional), tokenizer, tokens, shards, smoke (a SmokeReport), plan, train,
@@ -118,7 +125,7 @@ def render(run: str, data: dict, png_name: str) -> str:
         "|---|---:|---:|---:|",
         *(f"| {s} | {split[s]['docs']:,} | {split[s]['tokens']:,} | {split[s]['bytes']:,} |" for s in ("train", "val")),
         "",
-        f"Tokenizer: {tok['vocab_size']:,} tokens (padded to {tok['padded_vocab_size']:,}), "
+        f"Tokenizer: {tok['vocab_size']:,} tokens (padded to {tok['padded_vocab_size']:,}{_appended(tok)}), "
         f"{tok['heldout_bytes_per_token']:.2f} bytes/token on {tok['heldout_docs']} held-out documents. "
         f"FIM modes on the train split: {data['tokens']['fim_modes']}.",
         "",

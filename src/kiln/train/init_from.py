@@ -17,8 +17,10 @@ model has its rows copied into the first ones, the ids they share, and the rows 
 source token ever trained, start at the mean of the source's rows (Hewitt, "Initializing New Word
 Embeddings for Pretrained Language Models", 2021: a new token then neither dominates the softmax
 nor sits far off the embeddings the blocks were trained on). The source's own rows are never cut:
-a source with more rows than this run is an error. An export of the continued run has the run's
-padded vocabulary, which transformers loads as any other size. With optimizer: true the rows must
+a source with more rows than this run is an error. An export of the continued run leaves the padding
+behind where its tokenizer is an hf source's (the source's rows, and the ones appended for roles the
+run uses: kiln.data.tokenizer.export_vocab_size), else has the run's padded vocabulary, which
+transformers loads as any other size. With optimizer: true the rows must
 match exactly (the moments are per row).
 
 What the source is goes into the fingerprint (`identity`: the sha256 of its weights file), so a

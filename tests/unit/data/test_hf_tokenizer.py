@@ -15,8 +15,9 @@ from conftest import typed_section
 from hf_folder import FIM_STYLES, TEXTS, write_hf_folder
 
 from kiln import hf
+from kiln.config import settings
 from kiln.config.data_sections import PretokenizeSection
-from kiln.config.special_tokens import SPECIAL_TOKENS
+from kiln.config.special_tokens import SPECIAL_TOKENS, roles_used
 from kiln.data.pretokenize import pretokenize
 from kiln.data.tokenizer import EOS, load_tokenizer, role_id, role_ids, token_roles
 from kiln.data.tokenizer_build import build_tokenizer, encode_batch
@@ -156,3 +157,40 @@ def test_the_stage_script_writes_the_roles_beside_the_tokenizer(raw_dir, tmp_pat
     assert done.returncode == 0, done.stderr
     assert token_roles(out / "tokenizer.json")[EOS] == "<|endoftext|>"
     assert read_json(out / "stats.json")["special_token_ids"]["<fim_prefix>"] == 2
+
+
+@pytest.mark.parametrize("fim", [None, "starcoder"])
+def test_a_run_using_no_fim_or_repository_roles_keeps_the_source_tokenizer_byte_for_byte(raw_dir, tmp_path, fim):
+    """A drop-in continuation (the stage's derived roles: the end of a document alone): nothing is
+    appended, the stage's tokenizer.json is the source's file, a role neither has is not recorded and has
+    no id, a source's own FIM tokens keep their roles; pretokenize with FIM off needs no other token."""
+    folder = write_hf_folder(tmp_path / "source", fim=fim, model=False)
+    out = tmp_path / "out"
+    tokenizer_cfg = {"kind": "hf", "path": str(folder), "heldout_docs": 3}
+    params = json.dumps({"seed": 7, "tokenizer": tokenizer_cfg, settings.DERIVED: {"roles": [EOS]}})
+    cmd = [sys.executable, "workflow/scripts/tokenizer.py", "--params", params, "--raw", str(raw_dir)]
+    cmd += ["--tokenizer", str(out / "tokenizer.json"), "--stats", str(out / "stats.json")]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (out / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
+    stats = read_json(out / "stats.json")
+    n = max(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"].values()) + 1
+    assert stats["added_tokens"] == [] and stats["vocab_size"] == stats["source_vocab_size"] == n
+    assert stats["special_tokens"] == {EOS: "</s>", **dict(zip(FIM, FIM_STYLES[fim] if fim else []))}
+    loaded = load_tokenizer(out / "tokenizer.json")
+    assert role_id(loaded, REPO[0]) is None and (role_id(loaded, FIM[0]) is None) == (fim is None)
+    assert hf.hf_tokenizer(out / "tokenizer.json").get_vocab() == loaded.get_vocab(with_added_tokens=True)
+    cfg = {"val_tokens": 2_000, "fim": {"rate": 0}}
+    (out / "tokens").mkdir()
+    meta = pretokenize(raw_dir, out / "tokenizer.json", out / "tokens", 7, PretokenizeSection.of(cfg))
+    train = np.fromfile(out / "tokens" / "train.bin", dtype=meta["dtype"])
+    assert meta["eos_id"] == 1 and train[-1] == 1 and train.max() < n
+
+
+def test_a_run_with_fim_and_no_repository_context_appends_the_fim_tokens_alone(raw_dir, tmp_path):
+    folder = write_hf_folder(tmp_path / "source", model=False)
+    tokenizer, stats = build_tokenizer(raw_dir, hf_cfg(folder), 7, roles_used(0.5, repo_context=False))
+    n = stats["source_vocab_size"]
+    assert stats["added_tokens"] == list(FIM) and stats["vocab_size"] == n + len(FIM)
+    assert list(stats["special_tokens"]) == [EOS, *FIM]
+    assert tokenizer.token_to_id(REPO[0]) is None

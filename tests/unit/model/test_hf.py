@@ -7,12 +7,17 @@ import json
 
 import pytest
 import torch
+from conftest import typed_section
+from hf_folder import write_hf_folder
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from kiln import hf
 from kiln.config.models import model_config
 from kiln.data.tokenizer import EOS, load_tokenizer
+from kiln.data.tokenizer_build import build_tokenizer, write_tokenizer
 from kiln.errors import KilnError
+from kiln.io import write_json
 from kiln.model.build import build_model
 
 VOCAB, SEQ = 576, 32
@@ -152,3 +157,34 @@ def test_import_errors_name_the_file_and_what_is_missing(tmp_path):
         KilnError, match=r"model_type 'bert' is not one Kiln imports \(supported: gpt2, llama, qwen2, starcoder2\)"
     ):
         hf.load(tmp_path)
+
+
+def test_a_run_on_an_hf_sources_tokenizer_exports_the_sources_rows_and_file(tmp_path, raw_dir):
+    """A drop-in continuation's export: the tokenizer stage kept the source's tokenizer (nothing appended),
+    the model trained at Kiln's padded rows, and the export has exactly the source's rows (an untied head
+    too) and its tokenizer.json byte for byte; it loads back (kiln.hf.load, and transformers) with the
+    model's logits over those rows."""
+    source = write_hf_folder(tmp_path / "source", vocab_size=300, model=False)
+    cfg = typed_section("tokenizer", {"kind": "hf", "path": str(source), "heldout_docs": 3})
+    tokenizer, stats = build_tokenizer(raw_dir, cfg, 7, [EOS])
+    path = tmp_path / "tokenizer" / "tokenizer.json"
+    path.parent.mkdir()
+    write_tokenizer(tokenizer, cfg, stats, path)
+    write_json(path.with_name("stats.json"), stats)
+    n = stats["source_vocab_size"]
+    assert stats["padded_vocab_size"] > n  # the padding the export leaves behind
+    torch.manual_seed(0)
+    model = build_model(model_config(SMALL["llama-untied"], stats["padded_vocab_size"], SEQ)).eval()
+    hf.export(model, tmp_path / "hf", path)
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["vocab_size"] == n
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), framework="pt") as f:
+        assert {f.get_slice(k).get_shape()[0] for k in ("model.embed_tokens.weight", "lm_head.weight")} == {n}
+    idx = torch.randint(0, n, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = model(idx)[0][..., :n]
+        back = hf.load(tmp_path / "hf")
+        assert back.config.vocab_size == n
+        torch.testing.assert_close(back(idx)[0], ours, rtol=0, atol=1e-5)
+        theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+        torch.testing.assert_close(theirs(idx).logits, ours, rtol=0, atol=1e-4)
