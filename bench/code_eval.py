@@ -1,6 +1,8 @@
 """What the eval stage's HumanEval costs: pass@1 (greedy) problems per second on the default model on
 this CPU, its two parts each beside a baseline measured in the same run, and a prediction for a 1B
-model on one H100.
+model on one H100; and what its HumanEval-Infilling costs, config/config.yaml's
+eval.humaneval_infill (every kind, a few tasks of each) beside the default before it
+(single_line alone, every task), on the same model.
 
     python bench/code_eval.py                                   # the default's model, 20 problems, 128 tokens
     python bench/code_eval.py --problems 164 --max-new-tokens 512
@@ -84,6 +86,29 @@ def h100_prediction(problems: int, prompt_tokens: float, new_tokens: int, batch:
     return {"step_ms": step_s * 1e3, "decode_s": decode_s, "execute_s": execute_s, "params": weights / 2}
 
 
+def infill_arms(model, tokenizer, section, rounds: int) -> list[tuple[str, dict, float]]:
+    """(arm, the infilling scores, median seconds) of eval.humaneval_infill as `section` sets it and
+    of the default before every kind was scored (single_line alone, every task): decoding and sandbox."""
+    before = section.replace(kinds=("single_line",), tasks_per_kind=None)
+    arms = {"now": section, "before (single_line, every task)": before}
+    scores, seconds = {}, {name: [] for name in arms}
+    for _ in range(rounds):
+        for name, arm in arms.items():  # in turns: a change in the machine's load falls on both arms
+            scores[name], took = timed(lambda arm=arm: code.run_humaneval_infill(model, tokenizer, arm)[0], 1)
+            seconds[name].append(took)
+    return [(name, scores[name], statistics.median(seconds[name])) for name in arms]
+
+
+def print_infill(arms: list[tuple[str, dict, float]]) -> None:
+    print("\n| infilling (eval.humaneval_infill) | tasks a mode, by kind | programs | s |\n|---|---|---:|---:|")
+    for name, scores, seconds in arms:
+        rows = [(kind, row) for kind, modes in scores["kinds"].items() for row in modes.values()]
+        tasks = {kind: f"{row['tasks']} of {row['made']}" for kind, row in rows}
+        by_kind = ", ".join(f"{kind} {n}" for kind, n in tasks.items())
+        print(f"| {name} | {by_kind} | {sum(row['tasks'] for _, row in rows)} | {seconds:.2f} |")
+    print(f"\nthe eval stage's added seconds: {arms[0][2] - arms[1][2]:+.2f}")
+
+
 def build_params(cfg) -> int:
     with torch.device("meta"):
         return sum(p.numel() for p in build_model(cfg).parameters())
@@ -164,6 +189,11 @@ def main() -> None:
         f"{h100['execute_s']:.0f} s executing on {NODE_CPUS} CPUs = "
         f"{164 / (h100['decode_s'] + h100['execute_s']):.1f} problems/s"
     )
+    infill = kiln_config.RunConfig.of(raw).eval.humaneval_infill
+    if args.quick:
+        infill = infill.replace(problems=1, tasks_per_kind=1, max_new_tokens=8)
+    print(f"\ninfilling: {infill.as_dict()}, {code.new_tokens(model, infill.max_new_tokens)} new tokens")
+    print_infill(infill_arms(model, tokenizer, infill, args.rounds))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,11 @@ ELSEWHERE = {
 PRINTS = {
     "budget.py": ["| arm | budget s | stage s (launcher) | of budget |", "| quiet |"],
     "cleaning.py": ["### prose (prose filters)", "| corpus | filters | documents | MB | kept |"],
-    "code_eval.py": ["| part | Kiln | s | baseline | s | Kiln is |", "canonical solutions pass@1: 1.00 (ours)"],
+    "code_eval.py": [
+        "| part | Kiln | s | baseline | s | Kiln is |",
+        "canonical solutions pass@1: 1.00 (ours)",
+        "| now | single_line 1 of 7, multi_line 1 of 28, random_span 1 of 10 | 6 |",
+    ],
     "data_scatter.py": [
         "| cores | scatter wall s (snakemake) |",
         "| nodes | part jobs at once | scatter min |",

@@ -154,7 +154,13 @@ def test_model_beats_the_unigram_baseline(finished_run):
         "lm_eval kiln_heldout_next_line",
     }
     assert {"stdlib"} == set(metrics["val_by_source"]) and [c["step"] for c in metrics["checkpoints"]] == [100, 200]
+    # HumanEval-Infilling's every kind, as the default runs them (tiny.yaml: 2 tasks of each, psm)
+    infill = metrics["code"]["humaneval_infill"]["kinds"]
+    assert list(infill) == ["single_line", "multi_line", "random_span"]
+    assert [(list(modes), modes["psm"]["tasks"]) for modes in infill.values()] == [(["psm"], 2)] * 3
     report = (run / "report.md").read_text()
+    for kind, row in infill.items():
+        assert f"| {kind} | psm | 2 of {row['psm']['made']} | {row['psm']['pass@1']['value']:.1%} [" in report
     for section in (
         "loss.png",
         "unigram",

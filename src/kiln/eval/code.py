@@ -5,8 +5,9 @@
   k <= n), top-p 0.95: the Codex paper's protocol at n = 200. A completion is cut at the paper's
   stop sequences, and prompt + completion + the problem's tests is one program.
 - HumanEval-Infilling (kiln.eval.humaneval_infill): the tasks of the first problems, of the chosen
-  kinds, prompted in each chosen FIM mode with the run tokenizer's sentinel ids, the middle written
-  greedily (the paper: 100 samples at T=0.2). pass@1 with a problem-clustered interval, beside exact
+  kinds (at most eval.humaneval_infill.tasks_per_kind of each, the same ones in every run), prompted
+  in each chosen FIM mode with the run tokenizer's sentinel ids, the middle written greedily (the
+  paper: 100 samples at T=0.2). pass@1 with a problem-clustered interval, beside exact
   match and edit similarity. Not run for a model trained without FIM (kiln.eval.infill.not_run_reason),
   whose middles could only score noise.
 
@@ -42,6 +43,7 @@ from kiln.eval.humaneval_infill import (
     multi_line_tasks,
     random_span_tasks,
     single_line_tasks,
+    subset,
 )
 from kiln.generate.decode import generate
 from kiln.generate.healing import heal
@@ -214,8 +216,9 @@ def fim_ids(tokenizer, task: InfillTask, mode: str, budget: int) -> list[int]:
 
 @torch.no_grad()
 def run_humaneval_infill(model, tokenizer, cfg, not_run: str | None = None) -> tuple[dict, list[dict]]:
-    """cfg: eval.humaneval_infill. {"problems", "protocol", "kinds": {kind: {mode: score_infill}}}
-    and a few examples, or {"not_run": why} for a run without FIM."""
+    """cfg: eval.humaneval_infill. {"problems", "tasks_per_kind", "protocol", "kinds": {kind: {mode:
+    score_infill and "made", the kind's tasks before the cap}}} and a few examples, or {"not_run": why}
+    for a run without FIM."""
     if not_run is None and any(tokenizer.token_to_id(t) is None for t in (PREFIX, SUFFIX, MIDDLE)):
         not_run = "the tokenizer has no FIM tokens"
     if not_run:
@@ -223,12 +226,19 @@ def run_humaneval_infill(model, tokenizer, cfg, not_run: str | None = None) -> t
     problems = load_problems(cfg.problems)
     max_new = new_tokens(model, cfg.max_new_tokens)
     budget = model.config.seq_len - max_new
-    out: dict = {"problems": len(problems), "max_new_tokens": max_new, "protocol": describe(GREEDY), "kinds": {}}
+    out: dict = {
+        "problems": len(problems),
+        "tasks_per_kind": cfg.tasks_per_kind,
+        "max_new_tokens": max_new,
+        "protocol": describe(GREEDY),
+        "kinds": {},
+    }
     examples = []
     for kind in cfg.kinds:
-        tasks = KINDS[kind](problems)
+        made = KINDS[kind](problems)
+        tasks = subset(made, cfg.tasks_per_kind)
         for mode in cfg.modes:
-            log.info("HumanEval-Infilling %s %s: %d tasks", kind, mode, len(tasks))
+            log.info("HumanEval-Infilling %s %s: %d of %d tasks", kind, mode, len(tasks), len(made))
             prompts = [fim_ids(tokenizer, t, mode, budget) for t in tasks]
             rows = generate(
                 model,
@@ -239,7 +249,7 @@ def run_humaneval_infill(model, tokenizer, cfg, not_run: str | None = None) -> t
                 batch_size=BATCH,
             )
             middles = [tokenizer.decode(row, skip_special_tokens=False) for row in rows]
-            out["kinds"].setdefault(kind, {})[mode] = score_infill(tasks, middles)
+            out["kinds"].setdefault(kind, {})[mode] = score_infill(tasks, middles) | {"made": len(made)}
             examples += [
                 {
                     "benchmark": f"humaneval_infill/{kind}/{mode}",

@@ -11,6 +11,9 @@ and task id, in file order; tests/unit/eval/test_humaneval.py checks digests of 
   random-span  1640 tasks: 10 per problem, each the characters between two uniform cut points of the
                canonical solution, from one numpy RandomState(42) stream (see `random_span_tasks`).
 
+A run may score a few tasks of each kind (eval.humaneval_infill.tasks_per_kind): `subset` takes the
+same ones in every run, spread over the problems; with no cap every task is scored, as published.
+
 One quirk is kept on purpose, because the scores must be comparable with published ones: in the
 released line tasks whose span starts at the solution's first line (160 single-line, 989 multi-line),
 the prefix ends with one extra "\\n" after the prompt, so prefix + middle + suffix is the prompt, a
@@ -23,6 +26,7 @@ T=0.2 with nucleus top_p 0.95, and scores pass@1 from 100 samples per task (Sect
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import zip_longest
 from typing import Sequence
 
 import numpy as np
@@ -35,6 +39,7 @@ from kiln.eval.infill import match_scores as infill_scores
 RANDOM_SPAN_SEED = 42  # the seed that reproduces the released random-span file
 RANDOM_SPANS_PER_PROBLEM = 10  # Appendix E: 1640 tasks balance evaluation variance and sampling time
 INFILL_SAMPLING = Sampling(temperature=0.2, top_p=0.95, samples=100, ks=(1,))
+SUBSET_SEED = 0  # which tasks a capped run scores: fixed, so that every run's few are the same tasks
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,23 @@ def random_span_tasks(
             for number, (start, end) in enumerate(spans, start=1)
         ]
     return tasks
+
+
+def subset(tasks: Sequence[InfillTask], count: int | None, seed: int = SUBSET_SEED) -> list[InfillTask]:
+    """At most `count` of the tasks (all of them for None), in their own order: each problem's tasks
+    shuffled by one numpy RandomState(seed) (frozen across numpy versions, NEP 19), then dealt a task
+    from each problem in turn, so the problems share the count, give or take one: pass@1's interval
+    is clustered by problem, and a cap that drew all its tasks from one problem would measure one.
+    The same tasks and count give the same subset in every run."""
+    if count is None or count >= len(tasks):
+        return list(tasks)
+    rng = np.random.RandomState(seed)
+    by_problem: dict[str, list[int]] = {}
+    for index, task in enumerate(tasks):
+        by_problem.setdefault(task.problem_id, []).append(index)
+    shuffled = [[indices[i] for i in rng.permutation(len(indices))] for indices in by_problem.values()]
+    dealt = [index for turn in zip_longest(*shuffled) for index in turn if index is not None]
+    return [tasks[index] for index in sorted(dealt[:count])]
 
 
 def infill_program(task: InfillTask, middle: str) -> str:

@@ -58,7 +58,7 @@ def test_a_tiny_model_scores_zero_and_every_program_goes_through_the_sandbox(tok
         "eval",
         {
             "humaneval": {"problems": 2, "max_new_tokens": 8},
-            "humaneval_infill": {"problems": 1, "kinds": ["single_line"], "modes": ["psm", "spm"], "max_new_tokens": 8},
+            "humaneval_infill": {"problems": 1, "modes": ["psm", "spm"], "max_new_tokens": 8, "tasks_per_kind": 2},
         },
     )
     ran = []
@@ -71,18 +71,21 @@ def test_a_tiny_model_scores_zero_and_every_program_goes_through_the_sandbox(tok
     monkeypatch.setattr(sandbox, "run_programs", counted)
     scores, examples = code.run_code_evals(model, tokenizer, cfg, seed=3)
     he, inf = scores["humaneval"], scores["humaneval_infill"]
-    tasks = len(single_line_tasks(load_problems(1)))
-    assert len(ran) == 2 + 2 * tasks  # each greedy completion and each middle, in both modes
+    assert len(ran) == 2 + 3 * 2 * 2  # each greedy completion, and each kind's 2 middles in both modes
     assert he["problems"] == 2 and he["pass@1"]["value"] == 0.0
     assert 0.0 <= he["pass@1"]["low"] <= he["pass@1"]["high"] <= 1.0
     assert sum(he["reasons"].values()) == 2 and "passed" not in he["reasons"]
-    assert set(inf["kinds"]["single_line"]) == {"psm", "spm"}
-    for row in inf["kinds"]["single_line"].values():
-        assert row["tasks"] == tasks and sum(row["reasons"].values()) == tasks
-        assert set(row["pass@1"]) == {"value", "low", "high"}
+    made = {kind: len(build(load_problems(1))) for kind, build in code.KINDS.items()}
+    assert list(inf["kinds"]) == ["single_line", "multi_line", "random_span"]  # the default's kinds, each
+    assert inf["tasks_per_kind"] == 2
+    for kind, modes in inf["kinds"].items():
+        assert set(modes) == {"psm", "spm"}
+        for row in modes.values():
+            assert row["tasks"] == 2 == sum(row["reasons"].values()) and row["made"] == made[kind]
+            assert set(row["pass@1"]) == {"value", "low", "high"}
     assert scores["sandbox"] == sandbox.protections()
     assert json.loads(json.dumps(scores)) == scores and json.loads(json.dumps(examples)) == examples
-    assert {ex["benchmark"] for ex in examples} >= {"humaneval", "humaneval_infill/single_line/psm"}
+    assert {ex["benchmark"] for ex in examples} >= {"humaneval", "humaneval_infill/random_span/spm"}
 
     skipped, none = code.run_humaneval_infill(model, tokenizer, cfg.humaneval_infill, "trained without FIM")
     assert skipped == {"not_run": "trained without FIM"} and none == []
@@ -104,6 +107,18 @@ def test_where_the_sandbox_has_no_namespaces_the_eval_runs_no_program_and_says_h
         code.run_code_evals(None, tokenizer, cfg, seed=3)
 
 
+def infill_row(tasks: int, made: int, interval: dict) -> dict:
+    """One kind and mode's scores as run_humaneval_infill writes them, every middle failing."""
+    return {
+        "tasks": tasks,
+        "made": made,
+        "pass@1": interval,
+        "exact_match": 0.0,
+        "edit_similarity": 0.1,
+        "reasons": {"failed: NameError": tasks},
+    }
+
+
 def test_the_report_shows_our_scores_beside_the_published_ones():
     interval = {"value": 0.0, "low": 0.0, "high": 0.5}
     scores = {
@@ -118,17 +133,11 @@ def test_the_report_shows_our_scores_beside_the_published_ones():
         },
         "humaneval_infill": {
             "problems": 1,
+            "tasks_per_kind": 8,
             "protocol": "greedy, n=1 per task",
             "kinds": {
-                "single_line": {
-                    "psm": {
-                        "tasks": 3,
-                        "pass@1": interval,
-                        "exact_match": 0.0,
-                        "edit_similarity": 0.1,
-                        "reasons": {"failed: NameError": 3},
-                    }
-                }
+                kind: {"psm": infill_row(tasks, made, interval)}
+                for kind, tasks, made in [("single_line", 7, 7), ("multi_line", 8, 28), ("random_span", 8, 10)]
             },
         },
     }
@@ -136,7 +145,11 @@ def test_the_report_shows_our_scores_beside_the_published_ones():
     assert (
         "## Code" in text and "| greedy, n=1 per task | pass@1 | 0.0% [0.0%, 50.0%] | failed: SyntaxError x2 |" in text
     )
-    assert "| single_line | psm | 3 | 0.0% [0.0%, 50.0%] |" in text
+    assert "first 1 problem(s), at most 8 of each kind (the same ones every run), greedy" in text
+    assert "| single_line | psm | 7 | 0.0% [0.0%, 50.0%] | 0.0% | 0.100 | failed: NameError x7 |" in text
+    assert "| multi_line | psm | 8 of 28 | 0.0% [0.0%, 50.0%] |" in text
+    assert "| random_span | psm | 8 of 10 | 0.0% [0.0%, 50.0%] |" in text
+    assert "humaneval-infilling-multi-line:" in text and "humaneval-infilling-random-span:" in text
     assert "scores 0" in text and "Codex-12M's 2.0% pass@1" in text and "100B tokens" in text
     assert "| model | size | pass@1 | pass@10 | pass@100 | source |" in text
     assert (
@@ -148,7 +161,13 @@ def test_the_report_shows_our_scores_beside_the_published_ones():
     )  # and exact_match
     assert "| SantaCoder 1.1B | 1.1B |  | 44.00% |" in text  # single-line exact match, not pass@1
     assert "0 solved of 2: the interval's top is what that bounds" in text
-    assert "humaneval-infilling-multi-line" not in text  # only the kinds that ran
+    # an eval from before the cap: every task scored, no count of those made; only the kinds that ran
+    row = {key: value for key, value in infill_row(3, 3, interval).items() if key != "made"}
+    inf = {"problems": 1, "protocol": "greedy, n=1 per task", "kinds": {"single_line": {"psm": row}}}
+    before = scores | {"humaneval_infill": inf}
+    text = "\n".join(code_section(before))
+    assert "first 1 problem(s), greedy" in text and "| single_line | psm | 3 | 0.0% [0.0%, 50.0%] |" in text
+    assert "humaneval-infilling-multi-line" not in text
     assert "- network: blocked" in text
     assert code_section(None) == []  # an eval from before the code benchmarks
     skipped = scores | {"humaneval_infill": {"not_run": "trained without FIM"}}

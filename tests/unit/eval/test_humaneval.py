@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 
 import pytest
 
@@ -32,6 +33,7 @@ from kiln.eval.humaneval_infill import (
     multi_line_tasks,
     random_span_tasks,
     single_line_tasks,
+    subset,
 )
 
 # sha256 over the released files' tasks, in file order, one json.dumps([task_id, prompt,
@@ -43,6 +45,11 @@ RELEASED = {
     "random-span": (1640, "5c31875ecfe2f948307452cbc969138840aa7c9ce22f26e45f88d2ca32c8f6f6"),
 }
 BUILDERS = {"single-line": single_line_tasks, "multi-line": multi_line_tasks, "random-span": random_span_tasks}
+# The multi-line tasks the default run scores (subset: 8 of the first 2 problems' tasks, SUBSET_SEED)
+PINNED_MULTI_LINE = [
+    *("HumanEval/0/L0_L2", "HumanEval/0/L2_L3", "HumanEval/0/L2_L7", "HumanEval/0/L4_L4"),
+    *("HumanEval/1/L0_L9", "HumanEval/1/L1_L16", "HumanEval/1/L6_L13", "HumanEval/1/L10_L14"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +209,32 @@ def test_building_twice_gives_the_same_tasks(problems, tasks):
         assert build(problems) == tasks[name]
     assert random_span_tasks(problems, seed=7) != tasks["random-span"]
     assert random_span_tasks(problems[:3]) == tasks["random-span"][:30]  # the first problems' spans stay
+
+
+def test_a_capped_kind_scores_the_same_few_tasks_spread_over_the_problems(problems):
+    """eval.humaneval_infill.tasks_per_kind: the default's 8 tasks of each kind from the first 2
+    problems, half from each, in task order, the same in every run (pinned below); no cap, or one
+    above the count, keeps every task."""
+    first = problems[:2]
+    for build in BUILDERS.values():
+        made = build(first)
+        few = subset(made, 8)
+        assert few == subset(made, 8) and len(few) == 8
+        assert [t for t in made if t in few] == few
+        assert Counter(t.problem_id for t in few) == {"HumanEval/0": 4, "HumanEval/1": 4}
+        assert subset(made, None) == made == subset(made, len(made)) == subset(made, len(made) + 1)
+    assert [t.task_id.split("/", 1)[1] for t in subset(multi_line_tasks(first), 8)] == PINNED_MULTI_LINE
+    assert subset(multi_line_tasks(first), 8, seed=1) != subset(multi_line_tasks(first), 8)
+    # a problem with fewer tasks than its share gives them all, and the others make up the count
+    lines = single_line_tasks(first)
+    short = sum(t.problem_id == "HumanEval/0" for t in lines)
+    assert Counter(t.problem_id for t in subset(lines, short + 9)) == {"HumanEval/0": short, "HumanEval/1": 9}
+    # three problems share 7 as 3, 2 and 2, the first problems taking the extra one
+    assert Counter(t.problem_id for t in subset(random_span_tasks(problems[:3]), 7)) == {
+        "HumanEval/0": 3,
+        "HumanEval/1": 2,
+        "HumanEval/2": 2,
+    }
 
 
 def test_infill_program_with_the_canonical_middle_compiles(tasks):

@@ -73,11 +73,20 @@ def _humaneval(he: dict) -> list[str]:
     return lines + [""]
 
 
+def _tasks(row: dict) -> str:
+    """How many tasks a row scored, "8 of 133" where a cap left some of the kind's out."""
+    made = row.get("made", row["tasks"])  # an eval from before the cap scored every task
+    return f"{row['tasks']}" if made == row["tasks"] else f"{row['tasks']} of {made}"
+
+
 def _infill(inf: dict) -> list[str]:
     if "not_run" in inf:
         return [f"HumanEval-Infilling not run: {inf['not_run']}", ""]
+    cap = inf.get("tasks_per_kind")
     lines = [
-        f"HumanEval-Infilling, the tasks made from HumanEval's first {inf['problems']} problem(s), {inf['protocol']}"
+        f"HumanEval-Infilling, the tasks made from HumanEval's first {inf['problems']} problem(s)"
+        + (f", at most {cap} of each kind (the same ones every run)" if cap else "")
+        + f", {inf['protocol']}"
         + (
             " (from one problem the interval is the whole [0%, 100%]: no spread to measure):"
             if inf["problems"] == 1
@@ -89,7 +98,7 @@ def _infill(inf: dict) -> list[str]:
     ]
     for kind, modes in inf["kinds"].items():
         lines += [
-            f"| {kind} | {mode} | {row['tasks']} | {_interval(row['pass@1'])} | {row['exact_match']:.1%} | "
+            f"| {kind} | {mode} | {_tasks(row)} | {_interval(row['pass@1'])} | {row['exact_match']:.1%} | "
             f"{row['edit_similarity']:.3f} | {_reasons(row['reasons'])} |"
             for mode, row in modes.items()
         ]

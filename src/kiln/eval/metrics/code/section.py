@@ -45,12 +45,20 @@ class HumanEvalInfillSection(Section):
     KEY: ClassVar[str] = "eval.humaneval_infill"
     problems: int = setting(2, "The tasks of the first N problems (0 skips infilling).", EVAL, ge=0, le=164)
     kinds: tuple[InfillKind, ...] = setting(
-        ("single_line",),
+        ("single_line", "multi_line", "random_span"),
         """Task kinds: single_line (one task per non-blank line), multi_line (one per pair of non-blank
         lines: many), random_span (10 per problem).""",
         EVAL,
         strict=False,  # a YAML list
         min_length=1,
+    )
+    tasks_per_kind: int | None = setting(
+        8,
+        """At most N tasks of each kind, the same in every run, spread over the problems
+        (kiln.eval.humaneval_infill.subset): every kind is scored for a few seconds, not multi_line's
+        dozens of tasks a problem. null scores every task of the problems, as published figures do.""",
+        EVAL,
+        ge=1,
     )
     modes: tuple[FimMode, ...] = setting(
         ("psm", "spm"),
