@@ -27,21 +27,18 @@ def tiny_layout(workdir: Path, *configfiles: Path, **overrides) -> Layout:
     return Layout(cfg, root=Path(workdir) / "results")
 
 
-def snakemake(
-    workdir: Path, *args: str, env: dict[str, str | None] | None = None, timeout: float = 900, warm: bool = True
-):
+def snakemake(workdir: Path, *args: str, env: dict[str, str | None] | None = None, timeout: float = 900):
     """`snakemake -s Snakefile --directory workdir --cores 2 *args`, the venv's bin first on PATH (the
     rules run python, torchrun and kiln from it) and `env`'s variables set (None: unset). Returns the
     CompletedProcess, output captured.
 
-    warm: the jobs' `python` is tests/warm_python.py's shim, so a job forks from an interpreter that
-    has imported torch and Kiln already (~2 s a job, half of the tiny run's wall time), and a one-rank
-    train job runs its script without torchrun. The tests of what processes do (kills, preemption,
-    the launcher's records, torchrun's ranks, the Slurm jobs) start them cold, as a user's shell
-    does: tests/dag/test_kill_resume.py, test_data_stage_kills.py, tests/process, tests/slurm."""
-    path = [VENV_BIN, os.environ.get("PATH", "")]
-    if warm:
-        path.insert(0, str(_warm_bin()))
+    The jobs' `python` is tests/warm_python.py's shim, so a job forks from an interpreter that has
+    imported torch and Kiln already (~2 s a job, half of the tiny run's wall time), and a one-rank train
+    job runs its script without torchrun. The tests of what processes do (kills, preemption, the
+    launcher's records, torchrun's ranks, the Slurm jobs) start them cold with their own commands, as a
+    user's shell does: tests/dag/test_kill_resume.py, test_data_stage_kills.py, tests/process,
+    tests/slurm."""
+    path = [str(_warm_bin()), VENV_BIN, os.environ.get("PATH", "")]
     environ = dict(os.environ, PATH=os.pathsep.join(path))
     for key, value in (env or {}).items():
         if value is None:
