@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +29,18 @@ from kiln.train.budget import final_summary
 BUDGET_S = 12.0
 PLANNED = 400  # what a smoke stage would have planned; the run re-plans from its own speed at once
 TIMES = StageTimes(step_s=0.01, startup_s=0.5, validation_s=0.02, checkpoint_s=0.02)
+
+
+def run_worker(
+    shards: Path, out: Path, fault: str | None = None, options: dict | None = None
+) -> subprocess.CompletedProcess:
+    """This script in a process of its own (KILN_FAULT set to `fault`, none inherited), output captured."""
+    env = {k: v for k, v in os.environ.items() if k not in ("KILN_FAULT", "KILN_LAUNCH_START")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
+    if fault:
+        env["KILN_FAULT"] = fault
+    argv = [sys.executable, __file__, str(shards), str(out), *([json.dumps(options)] if options else [])]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
 
 
 def main() -> None:

@@ -14,29 +14,15 @@ would differ from the comparison's.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
+from budget_worker import run_worker
 from safetensors.torch import load_file
 from synthetic import write_shards
 
 from kiln import layout
-
-WORKER = Path(__file__).parents[1].joinpath("budget_worker.py")
-
-
-def train(shards: Path, out: Path, fault: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("KILN_FAULT", "KILN_LAUNCH_START")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER.parent), env.get("PYTHONPATH")]))
-    if fault:
-        env["KILN_FAULT"] = fault
-    return subprocess.run(
-        [sys.executable, str(WORKER), str(shards), str(out)], capture_output=True, text=True, env=env, timeout=300
-    )
 
 
 def decisions(out: Path) -> list[dict]:
@@ -54,7 +40,7 @@ def test_a_budgeted_run_killed_after_its_decisions_resumes_bitwise_equal_to_an_u
     shards = write_shards(tmp_path / "shards")
     killed = tmp_path / "killed"
 
-    first = train(shards, killed, "sigkill@15")
+    first = run_worker(shards, killed, "sigkill@15")
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
     before = (killed / layout.BUDGET_LOG).read_text()
     made = decisions(killed)
@@ -62,7 +48,7 @@ def test_a_budgeted_run_killed_after_its_decisions_resumes_bitwise_equal_to_an_u
     assert any(d["max_steps"] != d["previous"] for d in made)  # it re-planned from its own speed
     assert sorted(p.name for p in (killed / "checkpoints").glob("step-*")) == ["step-0000010"]
 
-    again = train(shards, killed)
+    again = run_worker(shards, killed)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from step 10" in again.stderr
     after = (killed / layout.BUDGET_LOG).read_text()
@@ -72,7 +58,7 @@ def test_a_budgeted_run_killed_after_its_decisions_resumes_bitwise_equal_to_an_u
     whole = tmp_path / "uninterrupted"
     whole.mkdir()
     shutil.copy(killed / layout.BUDGET_LOG, whole / layout.BUDGET_LOG)
-    reference = train(shards, whole)
+    reference = run_worker(shards, whole)
     assert reference.returncode == 0, reference.stderr[-3000:]
     assert (whole / layout.BUDGET_LOG).read_text() == after  # it decided nothing of its own
 

@@ -8,14 +8,11 @@ this runs the controller, the schedule and the fault in the trainer."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+from budget_worker import run_worker
 from synthetic import write_shards
 
-WORKER = Path(__file__).parents[1].joinpath("budget_worker.py")
 BUDGET_S, STALL_AT, STALL_S = 12.0, 100, 3.0  # step 100: ten log windows in, on any machine
 OPTIONS = {
     "budget_s": BUDGET_S,
@@ -24,16 +21,7 @@ OPTIONS = {
 
 
 def budgeted_run(shards: Path, out: Path, fault: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("KILN_FAULT", "KILN_LAUNCH_START")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER.parent), env.get("PYTHONPATH")]))
-    env["KILN_FAULT"] = fault
-    done = subprocess.run(
-        [sys.executable, str(WORKER), str(shards), str(out), json.dumps(OPTIONS)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    done = run_worker(shards, out, fault, OPTIONS)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((out / "summary.json").read_text())
 
