@@ -84,6 +84,7 @@ SPECIAL: dict[str, dict] = {
     "eval.prompts": {"eval.prompts": ["def main():\n"]},
     "eval.reference": {"eval.reference": None},
     "eval.lm_eval.tasks": {"eval.lm_eval.tasks": ["kiln_heldout_perplexity"]},
+    "eval.humaneval.samples": {"eval.humaneval.samples": 2},  # auto is 0 on a CPU
     "eval.humaneval_infill.kinds": {"eval.humaneval_infill.kinds": ["single_line", "random_span"]},
     "eval.humaneval_infill.modes": {"eval.humaneval_infill.modes": ["psm", "spm"]},
     "wandb.mode": {"wandb.mode": "offline"},

@@ -8,6 +8,8 @@ config's expected MFU x the GPU's dense bf16 peak x the ranks (plan.gpu, plan.mf
 Memory per GPU is kiln.plan.memory's estimate of a step's peak at the config's micro-batch, precision,
 activation checkpointing and parallelism (compiled, as train runs on a GPU), held against plan.gpu's
 memory (kiln.plan.peaks): whether it fits, and when it does not, what to change.
+The eval is priced beside training (kiln.eval.sizes): its `auto` sizes as a GPU resolves them, its
+seconds and its share of the train stage.
 Torch-free: it runs on a login node in a fraction of a second.
 """
 
@@ -26,9 +28,10 @@ from kiln.config.run_config import RunConfig
 from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import padded_vocab_size
 from kiln.errors import KilnError
+from kiln.eval import sizes
 from kiln.plan import autofit
 from kiln.plan.memory import fit_report, optimizer_state_bytes, setting_of
-from kiln.plan.peaks import GPUS, gpu_of
+from kiln.plan.peaks import GPU, GPUS, gpu_of
 from kiln.plan.steps import StageTimes, build_plan
 from kiln.plan.tables import render_plan
 
@@ -81,16 +84,44 @@ def data_disk(run: RunConfig, vocab: int) -> dict[str, int | None]:
     return {"raw": raw, "pretokenized": ids, "shards": ids}
 
 
+def _assumed_gpu(run: RunConfig) -> GPU:
+    gpu = gpu_of(run.plan.gpu)
+    if gpu is None:
+        raise KilnError(f"plan.gpu: {run.plan.gpu!r} is not a known GPU (known: {', '.join(g.fragment for g in GPUS)})")
+    return gpu
+
+
+def _model(cfg: dict, run: RunConfig):
+    uses = settings.derived(cfg, "tokenizer").get("roles", SPECIAL_TOKENS)
+    return model_config(run.model.as_dict(), vocab_size=model_vocab(run.tokenizer, uses), seq_len=run.shard.seq_len)
+
+
+def eval_price(run: RunConfig, model, gpu: GPU, train_s: float) -> dict:
+    """The eval's sizes as a GPU resolves them and their price (kiln.eval.sizes): {"sizes", "s", "share"
+    of the train stage's time, benchmarks' parts}. A run trained without FIM from random weights is
+    priced without infilling, which its eval does not run (kiln.eval.infill.not_run_reason)."""
+    machine = sizes.Machine(gpu.tflops * 1e12, gpu.bandwidth_tbs * 1e12, run.plan.mfu)
+    priced = run.eval
+    no_fim = run.pretokenize.fim.rate == 0 and run.train.init_from is None
+    if no_fim:
+        priced = priced.replace(humaneval_infill=priced.humaneval_infill.replace(problems=0))
+    samples = sizes.samples_within(priced, model, machine, train_s)
+    resolved = sizes.resolve(priced, on_gpu=True, samples=samples)
+    cost = sizes.price(resolved, model, machine)
+    about = sizes.describe(resolved)
+    if no_fim:
+        about = about.replace("infilling off", "no infilling (trained without FIM)")
+    return cost | {"sizes": about, "share": cost["s"] / train_s if train_s > 0 else None}
+
+
 def predict(cfg: dict) -> dict:
-    """The plan of a validated config, with what it assumed (plan.gpu, plan.mfu) recorded in it."""
+    """The plan of a validated config, with what it assumed (plan.gpu, plan.mfu) recorded in it, and
+    its eval priced beside it."""
     run = RunConfig.of(cfg)
     train, expect = run.train, run.plan
-    gpu = gpu_of(expect.gpu)
-    if gpu is None:
-        raise KilnError(f"plan.gpu: {expect.gpu!r} is not a known GPU (known: {', '.join(g.fragment for g in GPUS)})")
+    gpu = _assumed_gpu(run)
     peak = gpu.tflops * 1e12
-    uses = settings.derived(cfg, "tokenizer").get("roles", SPECIAL_TOKENS)
-    model = model_config(run.model.as_dict(), vocab_size=model_vocab(run.tokenizer, uses), seq_len=run.shard.seq_len)
+    model = _model(cfg, run)
     # micro_batch / activation_checkpointing auto: what the smoke stage would pick on plan.gpu
     train, picked = autofit.resolve(train, model, train.ranks, gpu.memory_gib, cuda=True)
     batch = split_batch(train.batch_tokens, train.micro_batch, run.shard.seq_len, train.ranks)
@@ -114,7 +145,11 @@ def predict(cfg: dict) -> dict:
     memory = fit_report(
         model, setting_of(train, world=batch.world, grad_accum=batch.grad_accum), gpu.fragment, gpu.memory_gib
     )
+    train_s = plan.get("stage_s", plan["eta_s"])
+    eval_cost = eval_price(run, model, gpu, train_s)
+    eval_cost["cost"] = None if plan["cost"] is None else eval_cost["s"] / 3600 * plan["price_per_gpu_hour"]
     return plan | {
+        "eval": eval_cost,
         "memory": memory | ({"auto": picked} if picked else {}),
         "predicted_from": {
             "gpu": expect.gpu,

@@ -148,6 +148,13 @@ def test_plan_of_seed_000_reads_what_the_seed_measured():
     assert "micro-batch 6 x 8192" in memory["assumes"] and "activation checkpointing none" in memory["assumes"]
     logits_gib = 4 * 6 * 8192 * 32768 / 2**30
     assert memory["gib_per_gpu"] == pytest.approx(70.2 - logits_gib, rel=0.10)
+    # Its eval at the published sizes, priced beside training: all 164 HumanEval problems, greedy and
+    # the Codex protocol's n=200 (a few % of 12 hours), every infilling task in both modes.
+    evals = plan["eval"]
+    assert evals["humaneval"]["problems"] == 164 and evals["humaneval"]["prompts"] == 164 * (1 + 2 * 200)
+    assert evals["humaneval_infill"]["prompts"] == (1033 + 5815 + 1640) * 2
+    assert 0 < evals["share"] <= 0.05 and evals["cost"] == pytest.approx(evals["s"] / 3600 * 3.09)
+    assert "HumanEval 164 problems, greedy + n=200 sampled" in evals["sizes"]
 
 
 def test_plan_disk_counts_the_data_both_token_copies_checkpoints_and_milestones():
@@ -187,6 +194,7 @@ def test_plan_of_seed_002_is_the_seeds_budget_on_one_gpu():
     assert plan["ranks"] == 1 and plan["grad_accum"] == 8 and plan["tokens_per_step"] == 524_288
     assert plan["total_tokens"] == pytest.approx(10e9, rel=0.001)
     assert plan["eta_h"] == pytest.approx(12, abs=0.5) and plan["cost"] == pytest.approx(30, abs=1.5)
+    assert "humaneval_infill" not in plan["eval"] and "no infilling (trained without FIM)" in plan["eval"]["sizes"]
 
 
 def test_plan_of_seed_003_uses_the_consumer_cards_peak():

@@ -141,6 +141,7 @@ ELSEWHERE = {
     "train.node_rank": "tests/process/test_launch.py starts each node's torchrun with its rank",
     "train.device": "cuda needs a GPU: bench/gpu_check runs the stages on one (docs/benchmarks.md)",
     "tokenizer.encoding": "tiktoken's named encodings are downloaded (no network here): tokenizer.path's ranks are tested",
+    "eval.humaneval.samples_share": "acts on a GPU (samples: auto): tests/unit/eval/test_sizes.py prices its choice",
 }
 
 # Reruns its stage, but a run this small cannot show it: its outputs come out equal, and the test

@@ -45,11 +45,12 @@ from kiln.eval.humaneval_infill import (
     single_line_tasks,
     subset,
 )
+from kiln.eval.sizes import DECODE_BATCH, check_resolved
 from kiln.generate.decode import generate
 from kiln.generate.healing import heal
 
 log = logging.getLogger("kiln.eval")
-BATCH = 16  # prompts decoded together, as kiln.eval.infill
+MAX_WORKERS = 16  # sandboxed programs at once: each may take a 1 GiB address space (sandbox.Limits)
 KINDS = {"single_line": single_line_tasks, "multi_line": multi_line_tasks, "random_span": random_span_tasks}
 EXAMPLES = 3  # completions kept per benchmark for the report
 
@@ -66,8 +67,9 @@ def new_tokens(model, wanted: int) -> int:
 
 
 def workers() -> int:
-    """Sandbox processes at once: one CPU left to the eval itself, at most 4."""
-    return max(1, min(4, (os.cpu_count() or 1) - 1))
+    """Sandbox processes at once: the CPUs this process may use (a job's share of its node), one left
+    to the eval itself, at most MAX_WORKERS."""
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) - 1))
 
 
 def describe(sampling: Sampling) -> str:
@@ -153,7 +155,7 @@ def complete(model, tokenizer, prompts: list[str], max_new: int, sampling: Sampl
         stop_ids=_stop_ids(tokenizer),
         vocab_size=tokenizer.get_vocab_size(),
         generator=generator,
-        batch_size=BATCH,
+        batch_size=DECODE_BATCH,
         first_allowed=[allowed for _, allowed, _ in healed],
         keep_first=bos_id(tokenizer),
     )
@@ -246,7 +248,7 @@ def run_humaneval_infill(model, tokenizer, cfg, not_run: str | None = None) -> t
                 max_new,
                 stop_ids=_stop_ids(tokenizer),
                 vocab_size=tokenizer.get_vocab_size(),
-                batch_size=BATCH,
+                batch_size=DECODE_BATCH,
             )
             middles = [tokenizer.decode(row, skip_special_tokens=False) for row in rows]
             out["kinds"].setdefault(kind, {})[mode] = score_infill(tasks, middles) | {"made": len(made)}
@@ -280,6 +282,7 @@ def run_code_evals(model, tokenizer, cfg, seed: int, infill_not_run: str | None 
     set to 0 problems is {"not_run": ...}, and "sandbox" is absent when neither ran. max_new_tokens is
     capped at half the model's context (new_tokens). infill_not_run: why infilling cannot score this
     model (trained without FIM: kiln.eval.infill.not_run_reason)."""
+    check_resolved(cfg)
     scores: dict = {}
     examples: list[dict] = []
     if cfg.humaneval.problems or cfg.humaneval_infill.problems:

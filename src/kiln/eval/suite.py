@@ -6,7 +6,8 @@
 - completions of fixed prompts, greedy and sampled (completions);
 - FIM infilling, not run for a model trained without FIM (infill);
 - lm-eval tasks through the "kiln" model, local ones built from the held-out split (lm_eval);
-- HumanEval pass@k and HumanEval-Infilling pass@1, every program run in a sandbox (code);
+- HumanEval pass@k and HumanEval-Infilling pass@1, every program run in a sandbox (code), at the
+  sizes kiln.eval.sizes resolves for this device (`auto`: a few problems on a CPU, all on a GPU);
 - 13-gram contamination of each eval set against the training tokens (contamination).
 
 Then what is the model's, not a metric's: its parameters, and train.samples' prompts completed by it
@@ -33,6 +34,7 @@ import torch
 
 from kiln.config.eval_sections import EvalSection
 from kiln.data.tokenizer import load_tokenizer
+from kiln.eval import sizes
 from kiln.eval.context import Context, RunPaths
 from kiln.eval.metrics import registry
 from kiln.eval.metrics.output import EvalOutput
@@ -76,6 +78,9 @@ def _evaluate(
     model, tokenizer = load_model(paths.model, device), load_tokenizer(paths.tokenizer)
     # EvalData.read refuses data made for another eval.max_batches, before any metric runs
     meta, data = read_json(paths.tokens / "meta.json"), EvalData.read(paths.eval_data, cfg.max_batches)
+    summary = paths.model / "summary.json"  # the train stage's time, which prices HumanEval's samples
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    cfg = sizes.for_run(cfg, model.config, card, read_json(summary) if summary.is_file() else {})
     ctx = Context(paths, cfg, seed, work_dir, device, precision, model, tokenizer, meta, data)
     out = EvalOutput()
     for metric in registry.metrics():

@@ -13,6 +13,8 @@ Sources (dense figures: the datasheets' bf16 "with sparsity" numbers halved):
   whitepapers' "FP16 Tensor TFLOPS with FP32 Accumulate" rows (RTX 3090: 82 x 512 x 1.695 GHz = 71,
   GA102 whitepaper; RTX 4090: 165.2, Ada whitepaper); RTX 5090: 209.5, the RTX Blackwell whitepaper's
   row (measured mma peak 370 with f16 accumulate, main-horse.github.io/posts/5090-mm-perf).
+Bandwidth is each datasheet's memory bandwidth (HBM or GDDR), TB/s (10^12 bytes/s): what prices
+decoding, which reads every weight once a step (kiln.eval.sizes).
 Memory is each card's nominal size in GiB (an "80 GB" H100 has 80 GiB of HBM3, of which CUDA shows
 79.2 GiB; an RTX 5090, 31.4 of 32): what kiln.plan.memory's estimate is held against.
 """
@@ -26,33 +28,34 @@ class GPU(NamedTuple):
     fragment: str  # a piece of the name torch.cuda.get_device_name reports
     tflops: float  # dense bf16, per device
     memory_gib: float
+    bandwidth_tbs: float  # memory bandwidth, TB/s: what a decode step's weight read is bound by
 
 
 # First match wins, so a longer name comes before its prefix ("H100 NVL" before "H100", "A100" before "A10").
 GPUS = (
-    GPU("B200", 2250.0, 180),
-    GPU("H200 NVL", 835.0, 141),
-    GPU("H200", 989.0, 141),  # SXM
-    GPU("H100 NVL", 835.0, 94),
-    GPU("H100 PCIe", 756.0, 80),
-    GPU("H100", 989.0, 80),  # SXM
-    GPU("A100-SXM4-40GB", 312.0, 40),
-    GPU("A100-PCIE-40GB", 312.0, 40),
-    GPU("A100", 312.0, 80),
-    GPU("L40S", 362.0, 48),
-    GPU("L40", 181.0, 48),
-    GPU("L4", 121.0, 24),
-    GPU("A10", 125.0, 24),
-    GPU("A40", 149.7, 48),
-    GPU("RTX 6000 Ada", 364.2, 48),
-    GPU("RTX A6000", 154.8, 48),
-    GPU("RTX 5090", 209.5, 32),
-    GPU("RTX 4090", 165.2, 24),
-    GPU("RTX 4080", 97.5, 16),  # 76 SMs x 512 x 2.505 GHz
-    GPU("RTX 3090 Ti", 80.0, 24),  # 84 SMs x 512 x 1.86 GHz
-    GPU("RTX 3090", 71.0, 24),
-    GPU("RTX 3080 Ti", 68.2, 12),  # 80 SMs x 512 x 1.665 GHz (seed 003's card)
-    GPU("RTX 3080", 59.5, 10),  # 68 SMs x 512 x 1.71 GHz
+    GPU("B200", 2250.0, 180, 8.0),
+    GPU("H200 NVL", 835.0, 141, 4.8),
+    GPU("H200", 989.0, 141, 4.8),  # SXM
+    GPU("H100 NVL", 835.0, 94, 3.9),
+    GPU("H100 PCIe", 756.0, 80, 2.0),
+    GPU("H100", 989.0, 80, 3.35),  # SXM
+    GPU("A100-SXM4-40GB", 312.0, 40, 1.555),
+    GPU("A100-PCIE-40GB", 312.0, 40, 1.555),
+    GPU("A100", 312.0, 80, 2.039),
+    GPU("L40S", 362.0, 48, 0.864),
+    GPU("L40", 181.0, 48, 0.864),
+    GPU("L4", 121.0, 24, 0.3),
+    GPU("A10", 125.0, 24, 0.6),
+    GPU("A40", 149.7, 48, 0.696),
+    GPU("RTX 6000 Ada", 364.2, 48, 0.96),
+    GPU("RTX A6000", 154.8, 48, 0.768),
+    GPU("RTX 5090", 209.5, 32, 1.792),
+    GPU("RTX 4090", 165.2, 24, 1.008),
+    GPU("RTX 4080", 97.5, 16, 0.717),  # 76 SMs x 512 x 2.505 GHz
+    GPU("RTX 3090 Ti", 80.0, 24, 1.008),  # 84 SMs x 512 x 1.86 GHz
+    GPU("RTX 3090", 71.0, 24, 0.936),
+    GPU("RTX 3080 Ti", 68.2, 12, 0.912),  # 80 SMs x 512 x 1.665 GHz (seed 003's card)
+    GPU("RTX 3080", 59.5, 10, 0.76),  # 68 SMs x 512 x 1.71 GHz
 )
 
 

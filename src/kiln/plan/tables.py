@@ -79,9 +79,23 @@ def render_plan(plan: dict) -> str:
         rows.append(("precision", f"{plan['precision']} (auto: the faster here; tokens/s timed {timed})"))
     elif "precision" in plan:
         rows.append(("precision", plan["precision"]))
+    if "eval" in plan:
+        rows.append(("eval (predicted)", eval_text(plan["eval"])))
     if "memory" in plan:
         rows += memory_rows(plan["memory"])
     return "\n".join(["# Plan for the full run", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""])
+
+
+def eval_text(cost: dict) -> str:
+    """The eval's line in the plan (kiln.forecast prices it: kiln.eval.sizes)."""
+    parts = [
+        f"{name} {part['prompts']:,} prompts and programs, {format_eta(part['s'])}"
+        for name, part in cost.items()
+        if isinstance(part, dict)
+    ]
+    share = "" if cost["share"] is None else f", {cost['share']:.1%} of the train stage"
+    price = "" if cost.get("cost") is None else f", ${cost['cost']:,.2f}"
+    return f"{cost['sizes']}: {format_eta(cost['s'])} on one GPU{share}{price} ({'; '.join(parts) or 'no code evals'})"
 
 
 def disk_text(plan: dict) -> str:

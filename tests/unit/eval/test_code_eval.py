@@ -13,7 +13,7 @@ from conftest import typed_section
 
 from kiln.config.models import ModelConfig
 from kiln.errors import KilnError
-from kiln.eval import code, sandbox
+from kiln.eval import code, sandbox, sizes
 from kiln.eval.humaneval import GREEDY, load_problems
 from kiln.eval.humaneval_infill import single_line_tasks
 from kiln.eval.metrics.code.report import code_section
@@ -61,6 +61,9 @@ def test_a_tiny_model_scores_zero_and_every_program_goes_through_the_sandbox(tok
             "humaneval_infill": {"problems": 1, "modes": ["psm", "spm"], "max_new_tokens": 8, "tasks_per_kind": 2},
         },
     )
+    with pytest.raises(KilnError, match=r"eval.humaneval.samples still auto"):
+        code.run_code_evals(model, tokenizer, cfg, seed=3)
+    cfg = sizes.resolve(cfg, on_gpu=False)
     ran = []
     real = sandbox.run_programs
 
@@ -90,7 +93,9 @@ def test_a_tiny_model_scores_zero_and_every_program_goes_through_the_sandbox(tok
     skipped, none = code.run_humaneval_infill(model, tokenizer, cfg.humaneval_infill, "trained without FIM")
     assert skipped == {"not_run": "trained without FIM"} and none == []
     assert code.new_tokens(model, 128) == 32 == he["max_new_tokens"] * 4  # at most half the context
-    off = typed_section("eval", {"humaneval": {"problems": 0}, "humaneval_infill": {"problems": 0}})
+    off = sizes.resolve(
+        typed_section("eval", {"humaneval": {"problems": 0}, "humaneval_infill": {"problems": 0}}), False
+    )
     scores, examples = code.run_code_evals(model, tokenizer, off, seed=3)
     assert set(scores) == {"humaneval", "humaneval_infill"} and examples == []  # no sandbox probe either
     assert "HumanEval not run: eval.humaneval.problems is 0" in "\n".join(code_section(scores))
@@ -102,7 +107,9 @@ def test_where_the_sandbox_has_no_namespaces_the_eval_runs_no_program_and_says_h
     fallback = {"filesystem": "the host's, under file permissions only (namespaces unavailable: EPERM)"}
     monkeypatch.setattr(sandbox, "protections", lambda: fallback)
     monkeypatch.setattr(sandbox, "run_programs", lambda *a, **k: pytest.fail("a program ran unconfined"))
-    cfg = typed_section("eval", {"humaneval": {"problems": 1}, "humaneval_infill": {"problems": 0}})
+    cfg = sizes.resolve(
+        typed_section("eval", {"humaneval": {"problems": 1}, "humaneval_infill": {"problems": 0}}), False
+    )
     with pytest.raises(KilnError, match=r"cannot confine .*EPERM.*eval.humaneval.problems and eval.humaneval_infill"):
         code.run_code_evals(None, tokenizer, cfg, seed=3)
 

@@ -20,7 +20,7 @@ from kiln.plan.steps import StageTimes, kept_checkpoints
 from kiln.plan.verdict import Measurements, Probe
 
 ROOT = Path(__file__).resolve().parents[3]
-ONLY_FORECAST = {"memory", "predicted_from"}  # what it assumed, and the memory estimate
+ONLY_FORECAST = {"memory", "predicted_from", "eval"}  # what it assumed, the memory estimate, the eval priced
 ONLY_SMOKE = {"precision", "precision_tokens_per_s", "activation_checkpointing"}  # what the probe ran
 
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from kiln.config.declare import EVAL, Section, group, setting
+from kiln.config.declare import EVAL, Number, Section, group, setting
 
 InfillKind = Literal["single_line", "multi_line", "random_span"]
 FimMode = Literal["psm", "spm"]  # as kiln.data.fim lays a FIM example out
+# "auto": a size that follows from where the eval runs and what the run costs (kiln.eval.sizes)
+Auto = Literal["auto"]
+Problems = Annotated[int, Field(ge=0, le=164)]
 
 
 class HumanEvalSection(Section):
@@ -21,16 +24,26 @@ class HumanEvalSection(Section):
     pass@10/100 (samples). The report prints published figures beside."""
 
     KEY: ClassVar[str] = "eval.humaneval"
-    problems: int | None = setting(
-        4, "The first N of the 164 problems; 0 skips HumanEval, null (or 164) runs all.", EVAL, ge=0, le=164
+    problems: Problems | None | Auto = setting(
+        "auto",
+        """The first N of the 164 problems; 0 skips HumanEval, null (or 164) runs all; auto: 4 on a CPU,
+        all 164 on a GPU.""",
+        EVAL,
     )
-    samples: int = setting(
-        0,
+    samples: Annotated[int, Field(ge=0)] | Auto = setting(
+        "auto",
         """Sampled completions per problem at each of the paper's temperatures (top-p 0.95): n at T=0.2
         for pass@1 and n at T=0.8 for pass@10 and pass@100 (each k <= n). 0 runs greedy decoding only;
-        the paper's n is 200.""",
+        the paper's n is 200. auto: 0 on a CPU; on a GPU the largest of 200, 100, 50, 20 and 10 whose
+        eval `kiln plan` prices within samples_share of the train stage (else 0).""",
         EVAL,
-        ge=0,
+    )
+    samples_share: Number = setting(
+        0.05,
+        """What samples: auto may spend: the whole eval's predicted time at most this share of the
+        train stage's (both as `kiln plan` predicts them from plan.gpu and plan.mfu).""",
+        EVAL,
+        gt=0,
     )
     max_new_tokens: int = setting(128, "Tokens per completion.", EVAL, ge=1)
 
@@ -43,7 +56,9 @@ class HumanEvalInfillSection(Section):
     trained without FIM (as eval.infill_docs)."""
 
     KEY: ClassVar[str] = "eval.humaneval_infill"
-    problems: int = setting(2, "The tasks of the first N problems (0 skips infilling).", EVAL, ge=0, le=164)
+    problems: Problems | Auto = setting(
+        "auto", "The tasks of the first N problems (0 skips infilling); auto: 2 on a CPU, all 164 on a GPU.", EVAL
+    )
     kinds: tuple[InfillKind, ...] = setting(
         ("single_line", "multi_line", "random_span"),
         """Task kinds: single_line (one task per non-blank line), multi_line (one per pair of non-blank
@@ -52,13 +67,13 @@ class HumanEvalInfillSection(Section):
         strict=False,  # a YAML list
         min_length=1,
     )
-    tasks_per_kind: int | None = setting(
-        8,
+    tasks_per_kind: Annotated[int, Field(ge=1)] | None | Auto = setting(
+        "auto",
         """At most N tasks of each kind, the same in every run, spread over the problems
         (kiln.eval.humaneval_infill.subset): every kind is scored for a few seconds, not multi_line's
-        dozens of tasks a problem. null scores every task of the problems, as published figures do.""",
+        dozens of tasks a problem. null scores every task of the problems, as published figures do.
+        auto: 8 on a CPU, null on a GPU.""",
         EVAL,
-        ge=1,
     )
     modes: tuple[FimMode, ...] = setting(
         ("psm", "spm"),
