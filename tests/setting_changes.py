@@ -85,6 +85,7 @@ SPECIAL: dict[str, dict] = {
     "eval.reference": {"eval.reference": None},
     "eval.lm_eval.tasks": {"eval.lm_eval.tasks": ["kiln_heldout_perplexity"]},
     "eval.humaneval.samples": {"eval.humaneval.samples": 2},  # auto is 0 on a CPU
+    "eval.in_loop.every": {"eval.in_loop.every": 50},  # a multiple of tiny.yaml's train.eval_every
     "eval.humaneval_infill.kinds": {"eval.humaneval_infill.kinds": ["single_line", "random_span"]},
     "eval.humaneval_infill.modes": {"eval.humaneval_infill.modes": ["psm", "spm"]},
     "wandb.mode": {"wandb.mode": "offline"},

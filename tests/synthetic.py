@@ -33,16 +33,17 @@ def _stream(n_tokens: int, seed: int) -> np.ndarray:
     return np.asarray(out[:n_tokens], dtype=np.uint16)
 
 
-def write_shards(out: Path, train_tokens: np.ndarray | None = None) -> Path:
+def write_shards(out: Path, train_tokens: np.ndarray | None = None, padded_vocab: int = PADDED_VOCAB) -> Path:
     """A shard folder as workflow/scripts/shard.py writes it (the train split over three shards);
-    train_tokens replaces the train split's stream."""
+    train_tokens replaces the train split's stream; padded_vocab widens the model's embedding (the
+    ids stay below VOCAB), for a test that decodes with a real tokenizer."""
     row_len = SEQ_LEN + 1
     out.mkdir(parents=True, exist_ok=True)
     train = _stream(TRAIN_ROWS * row_len + 5, seed=1) if train_tokens is None else train_tokens
     splits = {
         # a few extra tokens per split that do not fill a row and are dropped
-        "train": shard_split(train, out, "train", row_len, 24, PADDED_VOCAB),
-        "val": shard_split(_stream(VAL_ROWS * row_len + 3, seed=2), out, "val", row_len, 24, PADDED_VOCAB),
+        "train": shard_split(train, out, "train", row_len, 24, padded_vocab),
+        "val": shard_split(_stream(VAL_ROWS * row_len + 3, seed=2), out, "val", row_len, 24, padded_vocab),
     }
     write_json(
         out / "manifest.json",
@@ -51,7 +52,7 @@ def write_shards(out: Path, train_tokens: np.ndarray | None = None) -> Path:
             "row_len": row_len,
             "dtype": "uint16",
             "vocab_size": VOCAB,
-            "padded_vocab_size": PADDED_VOCAB,
+            "padded_vocab_size": padded_vocab,
             "splits": splits,
         },
     )

@@ -114,6 +114,30 @@ def eval_price(run: RunConfig, model, gpu: GPU, train_s: float) -> dict:
     return cost | {"sizes": about, "share": cost["s"] / train_s if train_s > 0 else None}
 
 
+def in_loop_price(run: RunConfig, model, gpu: GPU, max_steps: int, train_s: float) -> dict | None:
+    """eval.in_loop's HumanEval slice priced as the eval's code evals are (kiln.eval.sizes), at each of
+    its steps (every `every`, and the last); None when it is off. Its time is the train stage's."""
+    in_loop = run.eval.in_loop
+    if not in_loop.every:
+        return None
+    machine = sizes.Machine(gpu.tflops * 1e12, gpu.bandwidth_tbs * 1e12, run.plan.mfu)
+    slice_ = run.eval.replace(
+        humaneval=run.eval.humaneval.replace(
+            problems=in_loop.problems, samples=0, max_new_tokens=in_loop.max_new_tokens
+        ),
+        humaneval_infill=run.eval.humaneval_infill.replace(problems=0),
+    )
+    each = sizes.price(slice_, model, machine)["s"]
+    evals = max_steps // in_loop.every + (max_steps % in_loop.every != 0)
+    return {
+        "evals": evals,
+        "problems": in_loop.problems,
+        "s_each": each,
+        "s": evals * each,
+        "share": evals * each / train_s,
+    }
+
+
 def predict(cfg: dict) -> dict:
     """The plan of a validated config, with what it assumed (plan.gpu, plan.mfu) recorded in it, and
     its eval priced beside it."""
@@ -148,16 +172,21 @@ def predict(cfg: dict) -> dict:
     train_s = plan.get("stage_s", plan["eta_s"])
     eval_cost = eval_price(run, model, gpu, train_s)
     eval_cost["cost"] = None if plan["cost"] is None else eval_cost["s"] / 3600 * plan["price_per_gpu_hour"]
-    return plan | {
-        "eval": eval_cost,
-        "memory": memory | ({"auto": picked} if picked else {}),
-        "predicted_from": {
-            "gpu": expect.gpu,
-            "peak_tflops": peak / 1e12,
-            "mfu": expect.mfu,
-            "flops_per_token": model.flops_per_token(),
-        },
-    }
+    in_loop = in_loop_price(run, model, gpu, plan["max_steps"], train_s)
+    return (
+        plan
+        | ({"in_loop_eval": in_loop} if in_loop else {})
+        | {
+            "eval": eval_cost,
+            "memory": memory | ({"auto": picked} if picked else {}),
+            "predicted_from": {
+                "gpu": expect.gpu,
+                "peak_tflops": peak / 1e12,
+                "mfu": expect.mfu,
+                "flops_per_token": model.flops_per_token(),
+            },
+        }
+    )
 
 
 def _override(text: str) -> dict:

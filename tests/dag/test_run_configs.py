@@ -155,6 +155,8 @@ def test_plan_of_seed_000_reads_what_the_seed_measured():
     assert evals["humaneval_infill"]["prompts"] == (1033 + 5815 + 1640) * 2
     assert 0 < evals["share"] <= 0.05 and evals["cost"] == pytest.approx(evals["s"] / 3600 * 3.09)
     assert "HumanEval 164 problems, greedy + n=200 sampled" in evals["sizes"]
+    loop = plan["in_loop_eval"]  # HumanEval's first 20 problems every 5,000 of its 50,000 steps
+    assert (loop["evals"], loop["problems"]) == (10, 20) and 0 < loop["share"] < 0.001
 
 
 def test_plan_disk_counts_the_data_both_token_copies_checkpoints_and_milestones():

@@ -81,6 +81,7 @@ LEAN = {
     "eval.lm_eval.max_docs": {"eval.lm_eval.max_docs": 1},
     "eval.reference": {"eval.reference": {"val_loss": 4.0, "source": "a round figure"}},
     "eval.infill_docs": {"eval.infill_docs": 1},
+    "eval.in_loop.every": {"eval.in_loop.every": 6},  # tags.yaml's eval_every
     # the finished run's own checkpoint: an export's tokenizer file is not the shards' (hf needs its own)
     "train.init_from": {"train.init_from": {"checkpoint": "{checkpoint}"}},
 }
@@ -97,6 +98,8 @@ CONTEXT = {
     "train.init_from": {"pretokenize.fim.rate": 0.0},
     "train.warmup_steps": {"smoke.steps": 9},  # the probe warms up for at most a third of its steps
     "train.keep_checkpoint_every": {"train.keep_checkpoints": 1},  # a milestone beyond the newest kept
+    "eval.in_loop.problems": {"eval.in_loop.every": 6},  # the in-loop eval's slice, with the eval on
+    "eval.in_loop.max_new_tokens": {"eval.in_loop.every": 6},
 }
 
 # Read to run, but the arithmetic's order moves with it: weights, losses and the numbers in a report

@@ -1,7 +1,8 @@
 """train stage: the full run. Launch under torchrun (one process per device; gloo on CPU).
 
 Writes into --out: metrics.jsonl (one JSON object per log step; wandb/ too unless wandb.mode is
-disabled), samples.jsonl (completions of train.samples.prompts at every validation, sampled or greedy as each row says),
+disabled), samples.jsonl (completions of train.samples.prompts at every validation, sampled or greedy as each row says;
+with eval.in_loop.every, HumanEval pass@1 in metrics.jsonl's validation records: kiln.eval.in_loop),
 checkpoints/ (resumable: a rerun with the same training settings continues from the newest complete one,
 and a finished run's trains 0 steps; one with other settings, or with --forcerun train, sets them aside
 under superseded/ and starts over), final-summary.json (summary.json as the run that trained wrote it), and at the end
@@ -27,6 +28,15 @@ from kiln.train.budget import final_summary
 from kiln.train.callbacks import default_callbacks
 from kiln.train.samples import train_sampler
 from kiln.train.trainer import run
+
+
+def in_loop_evals(tokenizer: Path, config) -> list:
+    """eval.in_loop's HumanEval callback when it is on; imported only then (kiln.eval.in_loop)."""
+    if not config.eval.in_loop.every:
+        return []
+    from kiln.eval.in_loop import HumanEvalInLoop
+
+    return [HumanEvalInLoop(tokenizer, config.eval)]
 
 
 def main() -> None:
@@ -66,7 +76,7 @@ def main() -> None:
         args.out,
         max_steps=plan.max_steps if plan else None,
         budget=plan.budget if plan else None,  # re-planned as the run goes (kiln.train.budget)
-        callbacks=default_callbacks(train_sampler(args.tokenizer, train)),
+        callbacks=default_callbacks(train_sampler(args.tokenizer, train), in_loop_evals(args.tokenizer, config)),
     )
     if result.is_main:
         hf.export(load_model(args.out), args.out / "hf", args.tokenizer)

@@ -36,6 +36,12 @@ def _between_keys(cfg: dict) -> list[str]:
         )
     if "dollars" in (train["budget"] or {}) and not cfg["smoke"]["price_per_gpu_hour"]:
         problems.append("train.budget: dollars needs smoke.price_per_gpu_hour, the price of one device-hour, above 0")
+    in_loop = cfg["eval"]["in_loop"]["every"]
+    if in_loop % train["eval_every"]:
+        problems.append(
+            f"eval.in_loop.every: {in_loop} must be a multiple of train.eval_every={train['eval_every']} "
+            "(the in-loop eval runs at validations)"
+        )
     init = train["init_from"]
     if init is not None and len({"run", "checkpoint", "hf"} & set(init)) != 1:
         problems.append("train.init_from: give exactly one of run, checkpoint or hf")

@@ -46,7 +46,7 @@ from kiln.eval.humaneval_infill import (
     subset,
 )
 from kiln.eval.sizes import DECODE_BATCH, check_resolved
-from kiln.generate.decode import generate
+from kiln.generate.decode import Agree, generate
 from kiln.generate.healing import heal
 
 log = logging.getLogger("kiln.eval")
@@ -143,8 +143,11 @@ def _stop_ids(tokenizer) -> frozenset[int]:
     return frozenset(tokenizer.get_added_tokens_decoder())
 
 
-def complete(model, tokenizer, prompts: list[str], max_new: int, sampling: Sampling, generator) -> list[str]:
-    """Each prompt's completion (token healing, as kiln.generate.healing.complete), BATCH at a time."""
+def complete(
+    model, tokenizer, prompts: list[str], max_new: int, sampling: Sampling, generator, agree: Agree | None = None
+) -> list[str]:
+    """Each prompt's completion (token healing, as kiln.generate.healing.complete), DECODE_BATCH at a
+    time; with `agree`, every rank decodes rank 0's tokens (kiln.generate.decode: training's ranks)."""
     healed = [heal(tokenizer, with_bos(tokenizer, tokenizer.encode(p, add_special_tokens=False).ids)) for p in prompts]
     rows = generate(
         model,
@@ -158,6 +161,7 @@ def complete(model, tokenizer, prompts: list[str], max_new: int, sampling: Sampl
         batch_size=DECODE_BATCH,
         first_allowed=[allowed for _, allowed, _ in healed],
         keep_first=bos_id(tokenizer),
+        agree=agree,
     )
     texts = [tokenizer.decode(row, skip_special_tokens=False) for row in rows]
     return [t[len(cut) :] if t.startswith(cut) else t for (_, _, cut), t in zip(healed, texts)]

@@ -81,6 +81,15 @@ def render_plan(plan: dict) -> str:
         rows.append(("precision", plan["precision"]))
     if "eval" in plan:
         rows.append(("eval (predicted)", eval_text(plan["eval"])))
+    if "in_loop_eval" in plan:
+        loop = plan["in_loop_eval"]
+        rows.append(
+            (
+                "in-loop eval (predicted)",
+                f"HumanEval's first {loop['problems']} problems greedy at {loop['evals']:,} steps, "
+                f"{loop['s_each']:.1f} s each: {format_eta(loop['s'])}, {loop['share']:.2%} of the train stage",
+            )
+        )
     if "memory" in plan:
         rows += memory_rows(plan["memory"])
     return "\n".join(["# Plan for the full run", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""])

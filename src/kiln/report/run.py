@@ -11,6 +11,7 @@ import matplotlib
 from kiln.config.run_config import RunConfig
 from kiln.config.train_sections import Budget
 from kiln.eval.metrics import registry
+from kiln.eval.metrics.code.section import IN_LOOP_PASS_AT_1
 from kiln.eval.metrics.heldout.section import Reference
 from kiln.plan.steps import budget_text
 from kiln.plan.tables import checks_table, format_eta
@@ -40,16 +41,27 @@ def loss_figure(
     bits_per_nat: float | None = None,
     cooldown_from: int | None = None,
 ) -> Figure:
-    """The loss curves, with the learning rate, throughput and MFU (TFLOP/s where no peak is known,
-    as on a CPU) of the same log steps beneath; reference lines for the unigram baseline and for a
+    """The loss curves, with the in-loop eval's HumanEval pass@1 (eval.in_loop, where the records have
+    it), the learning rate, throughput and MFU (TFLOP/s where no peak is known, as on a CPU) of the
+    same log steps beneath; reference lines for the unigram baseline and for a
     published figure (eval.reference). With bits_per_nat (the val split's bits per byte for one nat
     per token) a right-hand axis reads the curves in bits per byte. A dotted line through every panel
     marks where wsd's cooldown began (cooldown_from). The legends sit inside their axes, in small
     type, the reference's source wrapped: at the default's 7-inch width a long label outside the
     axes was cut at the figure's edge."""
-    fig, (ax, ax_lr, ax_speed, ax_mfu) = plt.subplots(
-        4, 1, figsize=(7, 8.5), dpi=120, sharex=True, gridspec_kw={"height_ratios": [3, 1, 1, 1]}
+    coded = [r for r in records if IN_LOOP_PASS_AT_1 in r]  # eval.in_loop's validations
+    fig, (ax, *panels) = plt.subplots(
+        4 + bool(coded),
+        1,
+        figsize=(7, 8.5 + 1.6 * bool(coded)),
+        dpi=120,
+        sharex=True,
+        gridspec_kw={"height_ratios": [3, 1, 1, 1] + [1] * bool(coded)},
     )
+    ax_lr, ax_speed, ax_mfu = panels[-3:]
+    if coded:
+        panels[0].plot([r["step"] for r in coded], [100 * r[IN_LOOP_PASS_AT_1] for r in coded], "o-", color="tab:brown")
+        panels[0].set_ylabel("HumanEval\npass@1 (%)")
     val = [r for r in records if "val_loss" in r]  # step 0 too, in a run started from other weights
     records = [r for r in records if "loss" in r]  # training log steps
     steps = [r["step"] for r in records]
@@ -73,7 +85,7 @@ def loss_figure(
     else:
         ax_mfu.plot(steps, [r["tflops"] for r in records], lw=1.2, color="tab:red")
         ax_mfu.set_ylabel("TFLOP/s per device")
-    for a in (ax_lr, ax_speed, ax_mfu):
+    for a in panels:
         a.grid(alpha=0.3)
     ax.plot(steps, [r["loss"] for r in records], label="train loss", lw=1.2)
     if val:
@@ -93,7 +105,7 @@ def loss_figure(
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.grid(alpha=0.3)
     if cooldown_from is not None:
-        for a in (ax, ax_lr, ax_speed, ax_mfu):
+        for a in (ax, *panels):
             a.axvline(cooldown_from, color="black", ls=":", lw=1, label="cooldown begins" if a is ax else None)
     ax.legend(loc="upper right", fontsize="small", framealpha=0.85)
     fig.tight_layout()

@@ -8,6 +8,7 @@ none of them by name: the train stage's are `default_callbacks()`, in this order
 
     Budget       re-plans max_steps from the measured speed (train.budget; nothing in a run planned in steps)
     Validation   validation loss and bits per byte into the record; the sampler's completions
+    (evaluators) the caller's figures beside the validation's (kiln.eval.in_loop: HumanEval pass@1)
     Metrics      the record into metrics.jsonl (and W&B)
     Checkpoints  a checkpoint when the cadence says so
     Preemption   the end of a preempted run, once every rank has saved the same step
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 from kiln import layout
 from kiln.config import checkpoint_format
@@ -201,8 +202,10 @@ class Preemption(Callback):
         raise preemption.stopped(trainer.stop.received, end.due.step, saver.last_checkpoint())
 
 
-def default_callbacks(sampler: Sampler | None = None) -> list[Callback]:
+def default_callbacks(sampler: Sampler | None = None, evaluators: Sequence[Callback] = ()) -> list[Callback]:
     """The train stage's callbacks, in order (module docstring); `sampler`'s completions at each
-    validation (kiln.train.samples.make_sampler; None: no samples.jsonl rows)."""
+    validation (kiln.train.samples.make_sampler; None: no samples.jsonl rows); `evaluators` run after
+    the validation and before the record is written, so what they add to it is logged with it
+    (kiln.eval.in_loop)."""
     metrics, checkpoints = Metrics(), Checkpoints()
-    return [Budget(), Validation(metrics, sampler), metrics, checkpoints, Preemption(checkpoints)]
+    return [Budget(), Validation(metrics, sampler), *evaluators, metrics, checkpoints, Preemption(checkpoints)]

@@ -38,3 +38,16 @@ def test_the_legends_sit_inside_their_axes_and_the_cooldown_is_marked(tmp_path):
         assert any(list(line.get_xdata()) == [1050, 1050] for line in axes.get_lines())
     plot_loss(records(), tmp_path / "loss.png", cooldown_from=None)
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_in_loop_evals_pass_at_1_gets_a_panel_at_its_steps():
+    rows = records(steps=400, cooldown_from=300)
+    for row in rows:
+        if "val_loss" in row and row["step"] % 200 == 0:
+            row["humaneval_pass@1"] = row["step"] / 4000
+    fig = loss_figure(rows, cooldown_from=300)
+    assert len(fig.axes) == 5 and fig.axes[1].get_ylabel() == "HumanEval\npass@1 (%)"
+    (line, cooldown) = fig.axes[1].get_lines()
+    assert list(line.get_xdata()) == [200, 400] and list(line.get_ydata()) == [5.0, 10.0]
+    assert list(cooldown.get_xdata()) == [300, 300]
+    assert len(loss_figure(records()).axes) == 4  # without it, as before

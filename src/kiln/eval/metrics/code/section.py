@@ -7,7 +7,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from kiln.config.declare import EVAL, Number, Section, group, setting
+from kiln.config.declare import EVAL, RUN, Number, Section, group, reads, setting
 
 InfillKind = Literal["single_line", "multi_line", "random_span"]
 FimMode = Literal["psm", "spm"]  # as kiln.data.fim lays a FIM example out
@@ -95,6 +95,27 @@ class HumanEvalInfillSection(Section):
         return value
 
 
+# metrics.jsonl's keys for the in-loop eval (kiln.eval.in_loop writes them, kiln.report.run plots them)
+IN_LOOP_PASS_AT_1, IN_LOOP_SECONDS = "humaneval_pass@1", "in_loop_eval_s"
+IN_LOOP = reads("logged beside the loss; the weights and the data order do not change", train=RUN)
+
+
+class InLoopSection(Section):
+    """HumanEval during training (kiln.eval.in_loop): at the validations of every `every` steps, and at
+    the last step, the training ranks' model completes the first `problems` HumanEval problems greedily;
+    rank 0 runs the programs in the sandbox and logs pass@1 (humaneval_pass@1) and the seconds it took
+    (in_loop_eval_s) beside the validation loss: metrics.jsonl, W&B, the report's plot. Its time is
+    the train stage's (a budget counts it); `kiln plan` prices it. Off by default."""
+
+    KEY: ClassVar[str] = "eval.in_loop"
+    every: int = setting(
+        0, "Steps between in-loop evals, a multiple of train.eval_every; 0 turns them off.", IN_LOOP, ge=0
+    )
+    problems: Problems = setting(20, "The first N HumanEval problems, each completed once, greedily.", IN_LOOP, ge=1)
+    max_new_tokens: int = setting(128, "Tokens per completion.", IN_LOOP, ge=1)
+
+
 class Fields(Section):
+    in_loop: InLoopSection = group(InLoopSection)
     humaneval: HumanEvalSection = group(HumanEvalSection)
     humaneval_infill: HumanEvalInfillSection = group(HumanEvalInfillSection)
