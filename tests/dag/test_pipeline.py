@@ -378,18 +378,22 @@ def test_a_changed_lr_trains_the_changed_lr_and_another_run_shares_the_data(fini
 
 def test_forcerun_train_on_a_finished_run_trains_it_again(finished_run, tmp_path):
     """docs/operations.md's "redo a stage": --forcerun train on a finished run trains from step 0 (the same
-    weights, deterministic on CPU) and keeps the finished run's checkpoints under superseded/."""
+    weights, deterministic on CPU) and keeps the finished run's checkpoints under superseded/. The user
+    turned on HumanEval during training (eval.in_loop, read to run: it alone reruns nothing) and sees
+    its pass@1 in the retrained run's validations at its steps."""
     workdir, run, _ = finished_run
     copy = tmp_path / "copy"
     shutil.copytree(workdir, copy, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete"))
-    redo = snakemake(copy, "--configfile", str(TINY), "--forcerun", "train", "--until", "train")
+    in_loop = "eval={in_loop: {every: 100, problems: 2, max_new_tokens: 8}}"
+    redo = snakemake(copy, "--configfile", str(TINY), "--config", in_loop, "--forcerun", "train", "--until", "train")
     assert redo.returncode == 0, redo.stdout[-3000:] + redo.stderr[-3000:]
     assert planned_rules(redo) == {"train"}
-    assert "a retrain was asked for" in (copy / "results" / "tiny" / "logs" / "train.log").read_text()
+    log = (copy / "results" / "tiny" / "logs" / "train.log").read_text()
+    assert "a retrain was asked for" in log and "HumanEval pass@1" in log
     train = copy / "results" / "tiny" / "train"
-    assert [json.loads(line)["step"] for line in (train / "metrics.jsonl").read_text().splitlines()] == list(
-        range(10, 201, 10)
-    )
+    records = [json.loads(line) for line in (train / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(10, 201, 10))
+    assert [r["step"] for r in records if "humaneval_pass@1" in r] == [100, 200]
     [aside] = (train / "superseded").iterdir()
     assert (aside / "checkpoints" / "step-0000200" / "complete.json").is_file() and (aside / "metrics.jsonl").is_file()
     ours, before = model_weights(train / "model.safetensors"), model_weights(run / "train" / "model.safetensors")
