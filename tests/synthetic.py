@@ -53,6 +53,7 @@ def write_shards(out: Path, train_tokens: np.ndarray | None = None) -> Path:
             "vocab_size": VOCAB,
             "padded_vocab_size": PADDED_VOCAB,
             "splits": splits,
+            "documents": {"eos_id": 0, "bos_id": None},  # _stream ends each word with 0
         },
     )
     return out
