@@ -148,6 +148,8 @@ def test_plan_of_seed_000_reads_what_the_seed_measured():
     assert "micro-batch 6 x 8192" in memory["assumes"] and "activation checkpointing none" in memory["assumes"]
     logits_gib = 4 * 6 * 8192 * 32768 / 2**30
     assert memory["gib_per_gpu"] == pytest.approx(70.2 - logits_gib, rel=0.10)
+    # model.document_mask on a GPU: flex attention's block mask, under a MiB where a dense one would be 768 MiB
+    assert 0 < memory["parts_gib"]["document mask"] < 2**20 / 2**30
 
 
 def test_plan_disk_counts_the_data_both_token_copies_checkpoints_and_milestones():
