@@ -105,3 +105,31 @@ def test_the_setting_needs_the_end_of_text_id_and_is_absent_from_a_config_withou
     assert on.to_dict()["eos_id"] == EOS and ModelConfig(**on.to_dict()) == on  # model_config.json round trip
     off = model_config(SHAPES["llama"], VOCAB, SEQ_LEN, eos_id=EOS)
     assert "document_mask" not in off.to_dict() and "eos_id" not in off.to_dict()  # fingerprints as before
+
+
+def test_compiled_blocks_take_each_steps_block_mask_without_recompiling():
+    """What train compiles on a GPU (fullgraph blocks, kiln.train.parallel.compile_blocks) with flex
+    attention's block mask, one mask per forward: the graph compiled for the first serves the next,
+    and the blocks attend as the eager dense path does. Forward only, with the aot_eager backend:
+    flex attention has no backward on the CPU, and the GPU's Triton kernel is not run here."""
+    import torch._dynamo
+
+    eager, compiled = _model("llama"), _model("llama")  # the same weights (one seed)
+    for block in compiled.blocks:
+        block.compile(backend="aot_eager", fullgraph=True)
+    cos, sin = eager.rope_cos, eager.rope_sin
+
+    def hidden(model: torch.nn.Module, idx: torch.Tensor, flex: bool) -> torch.Tensor:
+        x, mask = model.wte(idx), DocumentMask(idx, EOS, torch.float32, flex=flex)
+        for block in model.blocks:
+            x = block(x, cos, sin, mask)
+        return x
+
+    with torch.no_grad():
+        hidden(compiled, torch.cat(_documents(1))[None], flex=True)  # compiles
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for seed in (2, 3):
+                idx = torch.cat(_documents(seed)).flip(0)[None]  # other documents, other boundaries
+                torch.testing.assert_close(
+                    hidden(compiled, idx, flex=True), hidden(eager, idx, flex=False), rtol=1e-5, atol=1e-5
+                )
