@@ -60,13 +60,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
 
+# What a block's attention reads besides q, k and v (its `cache` argument): a KVCache when decoding, a
+# DocumentMask in a packed row's forward under model.document_mask; None: causal over the whole row.
+Context = KVCache | DocumentMask
+
+
 def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cache: KVCache | DocumentMask | None,
-    layer: int,
-    dropout: float,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Context | None, layer: int, dropout: float
 ) -> torch.Tensor:
     """Causal attention of (B, H, T, D) queries over (B, K, T, D) keys and values, K dividing H, the
     way every family computes it: over the whole row (no cache); within each document of a packed row
@@ -96,12 +96,7 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        cache: KVCache | DocumentMask | None = None,
-        layer: int = 0,
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Context | None = None, layer: int = 0
     ) -> torch.Tensor:
         B, T, C = x.shape
         q = self.q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)

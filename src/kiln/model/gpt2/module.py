@@ -25,7 +25,7 @@ import torch.nn as nn
 from kiln.config.models import ModelConfig
 from kiln.model.documents import DocumentMask, positions
 from kiln.model.kv_cache import KVCache
-from kiln.model.layers import GeluMLP, attend
+from kiln.model.layers import Context, GeluMLP, attend
 from kiln.model.loss import chunk_loss_sum, lm_loss
 
 
@@ -37,7 +37,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | DocumentMask | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Context | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         # (B, T, 3C) -> 3 x (B, H, T, D)
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
@@ -56,7 +56,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
         self.mlp = GeluMLP(cfg)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | DocumentMask | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Context | None = None, layer: int = 0) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), cache, layer)
         return x + self.mlp(self.ln_2(x))
 
