@@ -86,8 +86,9 @@ class ModelSection(Section):
         """Document-aware attention in packed rows: each token attends only to the earlier tokens of its own
         document (block-causal; the end-of-text token belongs to the document it ends), never across
         <|endoftext|> into the previous one. gpt2's learned positions restart at each document; RoPE's are
-        left as they are (relative, so the same scores). A boolean mask on the CPU, flex attention's block
-        mask on a GPU (kiln.model.documents). Default false: plain causal attention over the whole row.""",
+        left as they are (relative, so the same scores). The end-of-text id is the shards' (manifest.json's
+        documents). A dense (B, 1, T, T) mask on the CPU, flex attention's block mask on a GPU
+        (kiln.model.documents). Default false: plain causal attention over the whole row.""",
         MODEL,
     )
 
