@@ -73,7 +73,6 @@ class DocumentMask:
     def __init__(self, idx: torch.Tensor, eos_id: int, dtype: torch.dtype, flex: bool):
         B, T = idx.shape
         self.docs = document_ids(idx, eos_id)  # (B, T)
-        self.flex = flex
         self.dense: torch.Tensor | None = None
         self.block: BlockMask | None = None
         if flex:
@@ -92,7 +91,8 @@ class DocumentMask:
     @classmethod
     def of(cls, cfg: ModelConfig, idx: torch.Tensor) -> DocumentMask | None:
         """The mask of a forward over rows idx (B, T) when the model has model.document_mask, else None.
-        Dense in the dtype the attention runs in (autocast's, else the weights'), flex on a GPU."""
+        Dense in the dtype the attention runs in (autocast's, else torch's default: the weights'); flex
+        on a GPU unless the model has attention dropout."""
         if not cfg.document_mask:
             return None
         require_eos(cfg)
