@@ -175,7 +175,7 @@ def write_shards(tokens_dir: Path, out_dir: Path, seq_len: int, rows_per_shard: 
         "splits": splits,
         "sources": meta["sources"],
         "tokenizer_sha256": meta.get("tokenizer_sha256"),
-        Documents.KEY: asdict(Documents(meta["eos_id"], meta["bos_id"])),
+        Documents.KEY: asdict(Documents(meta["eos_id"], meta.get("bos_id"))),  # bos_id: recorded later
     }
     if meta.get("source_tokenizer_sha256"):  # an hf tokenizer's source (kiln.train.init_from)
         manifest["source_tokenizer_sha256"] = meta["source_tokenizer_sha256"]
