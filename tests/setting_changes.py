@@ -55,6 +55,7 @@ SPECIAL: dict[str, dict] = {
     "model.d_ff": {"model.d_ff": 128},
     "model.qkv_bias": {"model.family": "llama", "model.qkv_bias": True},
     "model.sliding_window": {"model.family": "starcoder2", "model.sliding_window": 4096},
+    "model.document_mask": {"model.document_mask": True},
     "model.rope_scaling": {
         "model.family": "llama",
         "model.rope_scaling": {

@@ -54,6 +54,7 @@ def write_shards(out: Path, train_tokens: np.ndarray | None = None, padded_vocab
             "vocab_size": VOCAB,
             "padded_vocab_size": padded_vocab,
             "splits": splits,
+            "documents": {"eos_id": 0, "bos_id": None},  # _stream ends each word with 0
         },
     )
     return out

@@ -157,6 +157,8 @@ def test_plan_of_seed_000_reads_what_the_seed_measured():
     assert "HumanEval 164 problems, greedy + n=200 sampled" in evals["sizes"]
     loop = plan["in_loop_eval"]  # HumanEval's first 20 problems every 5,000 of its 50,000 steps
     assert (loop["evals"], loop["problems"]) == (10, 20) and 0 < loop["share"] < 0.001
+    # model.document_mask on a GPU: flex attention's block mask, under a MiB where a dense one would be 768 MiB
+    assert 0 < memory["parts_gib"]["document mask"] < 2**20 / 2**30
 
 
 def test_plan_disk_counts_the_data_both_token_copies_checkpoints_and_milestones():

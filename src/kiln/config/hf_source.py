@@ -17,7 +17,8 @@ The vocabulary is the source's as it is (GPT-2's 50,257 rows, not padded): the w
 A run continuing the source trains with its own tokenizer's padded vocabulary; kiln.train.init_from
 copies the source's rows into it (see there). The context is the source's max_position_embeddings
 (GPT-2: n_positions; at most its sliding window); a run replaces it with its shards' seq_len. Dropout is a training choice, not
-a shape: the config's model.dropout (default 0), whatever the source's config says.
+a shape: the config's model.dropout (default 0), whatever the source's config says; so is
+model.document_mask (kiln.model.documents).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from kiln.config.models import ModelConfig, ModelConfigError, RopeScaling, _sect
 from kiln.errors import KilnError
 from kiln.model import registry
 
-NOT_SHAPE = ("dropout",)  # model keys a run sets for itself: never compared with the source
+# Model keys a run sets for itself, never compared with the source: what the same weights train with
+# (dropout; attention within documents, which the source's config.json has no field for)
+NOT_SHAPE = ("dropout", "document_mask")
 
 
 def read_config(folder: Path) -> dict:

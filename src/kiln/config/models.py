@@ -96,6 +96,11 @@ class ModelConfig:
     sliding_window: int | None = None
     dropout: float = 0.0
     tie_embeddings: bool = True  # output head shares the token embedding's weight
+    # Block-causal attention in a packed row: each token attends only within its own document, which
+    # ends at eos_id (kiln.model.documents). eos_id is the shards' end-of-text token
+    # (kiln.data.shards.Documents), set by model_config only while document_mask is on.
+    document_mask: bool = False
+    eos_id: int | None = None
 
     def __post_init__(self) -> None:
         derived = {"n_kv_head": self.n_head if self.n_kv_head is None else self.n_kv_head}
@@ -116,7 +121,12 @@ class ModelConfig:
         return self.d_model // self.n_head
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields, less the document mask's while it is off: model_config.json and the train
+        fingerprint of a run without it stay what they were before it existed."""
+        out = asdict(self)
+        if not self.document_mask:
+            del out["document_mask"], out["eos_id"]
+        return out
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameters from the shape alone, tied weights once (torch-free: a run is priced before any
@@ -163,6 +173,8 @@ def _problems(cfg: ModelConfig) -> list[str]:
             f"computes full causal attention, the same only up to that length: shard.seq_len={cfg.seq_len} "
             "is longer"
         )
+    if cfg.eos_id is not None and not 0 <= cfg.eos_id < cfg.vocab_size:
+        out.append(f"model.document_mask: the end-of-text id {cfg.eos_id} is outside the vocabulary ({cfg.vocab_size})")
     if cfg.d_model % cfg.n_head:
         out.append(f"model.d_model: {cfg.d_model} is not divisible by model.n_head={cfg.n_head}")
     if cfg.n_head % cfg.n_kv_head:
@@ -225,9 +237,15 @@ def _section_fields(section: dict) -> dict[str, Any]:
     return {"family": flavour.family, **flavour.dims, **section}
 
 
-def model_config(section: dict, vocab_size: int, seq_len: int) -> ModelConfig:
-    """The ModelConfig a config's model section means for a given (padded) vocab and seq_len."""
-    return ModelConfig(vocab_size=vocab_size, seq_len=seq_len, **_section_fields(section))
+def model_config(section: dict, vocab_size: int, seq_len: int, eos_id: int | None = None) -> ModelConfig:
+    """The ModelConfig a config's model section means for a given (padded) vocab and seq_len. With
+    model.document_mask, eos_id is the token that ends each document (the shards' own:
+    kiln.data.shards.row_model); without one (a run priced before its data exists) the shape and its
+    counts are the same, and only building the model is an error (kiln.model.documents)."""
+    fields = _section_fields(section)
+    if fields.get("document_mask"):
+        fields["eos_id"] = eos_id
+    return ModelConfig(vocab_size=vocab_size, seq_len=seq_len, **fields)
 
 
 def check_section(section: dict, seq_len: int) -> list[str]:

@@ -78,6 +78,19 @@ class ModelSection(Section):
         nullable=True,
         ge=1,
     )
+    # A model setting, not a train one: it changes the function the network computes on a row, so the
+    # smoke probe, train, validation and eval's scoring of packed rows must all compute it alike, and a
+    # saved model carries it (model_config.json) to whatever loads it. torchtitan keeps it in its model
+    # args (attn_mask_type) for the same reason.
+    document_mask: bool | None = optional(
+        """Document-aware attention in packed rows: each token attends only to the earlier tokens of its own
+        document (block-causal; the end-of-text token belongs to the document it ends), never across
+        <|endoftext|> into the previous one. gpt2's learned positions restart at each document; RoPE's are
+        left as they are (relative, so the same scores). The end-of-text id is the shards' (manifest.json's
+        documents). A dense (B, 1, T, T) mask on the CPU, flex attention's block mask on a GPU
+        (kiln.model.documents). Default false: plain causal attention over the whole row.""",
+        MODEL,
+    )
 
     @field_validator("family", mode="wrap")
     @classmethod

@@ -14,16 +14,22 @@ size in the same pass, and compares rows and sha256 with the shard's manifest en
 (kiln.data.loader.ShardRows) runs it on every shard before serving one of its rows, and the
 `verify` rule on a whole folder (`verify_shards`). Errors name the file, the byte offset, and the
 expected and actual values.
+
+The manifest also says how the rows' documents are delimited (`Documents`: the end-of-text id each ends
+with, the BOS id each starts with), copied from pretokenize's meta.json, so that what trains on the
+rows (model.document_mask: `row_model`) reads it from the folder it trains on.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
+from kiln.config.models import ModelConfig, model_config
 from kiln.data import faults
 from kiln.errors import KilnError
 from kiln.io import read_json, sha256_file, write_json
@@ -34,6 +40,33 @@ HEADER_BYTES = 256
 _HEADER = struct.Struct("<8sIIQQQ")
 _DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 _VERIFY_CHUNK = 16 << 20  # bytes read, hashed and id-checked at a time: a multiple of both itemsizes
+
+
+@dataclass(frozen=True)
+class Documents:
+    """How the documents sit in the rows: each ends with eos_id (the tokenizer's end-of-text token) and,
+    when the tokenizer has a BOS, starts with bos_id. The manifest's "documents" entry."""
+
+    eos_id: int
+    bos_id: int | None
+
+    KEY = "documents"
+
+    @classmethod
+    def of(cls, manifest: dict, where: Path | str = "manifest.json") -> Documents:
+        if cls.KEY not in manifest:
+            raise KilnError(
+                f"{where}: no {cls.KEY} entry (the end-of-text id), which shard folders record since "
+                "model.document_mask: rerun the shard stage (`snakemake --forcerun shard`)"
+            )
+        return cls(**manifest[cls.KEY])
+
+
+def row_model(section: dict, manifest: dict) -> ModelConfig:
+    """The model a config's model section means on the rows a shard manifest describes: their
+    (padded) vocabulary and context, and with model.document_mask the id their documents end with."""
+    eos_id = Documents.of(manifest).eos_id if section.get("document_mask") else None
+    return model_config(section, manifest["padded_vocab_size"], manifest["seq_len"], eos_id)
 
 
 def write_shard(path: Path, rows: np.ndarray, vocab_size: int) -> None:
@@ -142,6 +175,7 @@ def write_shards(tokens_dir: Path, out_dir: Path, seq_len: int, rows_per_shard: 
         "splits": splits,
         "sources": meta["sources"],
         "tokenizer_sha256": meta.get("tokenizer_sha256"),
+        Documents.KEY: asdict(Documents(meta["eos_id"], meta.get("bos_id"))),  # bos_id: recorded later
     }
     if meta.get("source_tokenizer_sha256"):  # an hf tokenizer's source (kiln.train.init_from)
         manifest["source_tokenizer_sha256"] = meta["source_tokenizer_sha256"]

@@ -43,10 +43,10 @@ import numpy as np
 import torch
 
 from kiln.config import checkpoint_format
-from kiln.config.models import model_config
 from kiln.config.run_config import RunConfig
 from kiln.config.smoke_section import Overfit, SmokeSection
 from kiln.config.train_sections import TrainSection
+from kiln.data.shards import row_model
 from kiln.gate import oom
 from kiln.gate.probe import probe, sync
 from kiln.io import read_json
@@ -215,7 +215,7 @@ def run_checks(config: RunConfig, shard_dir: Path, out_dir: Path, marker_id: int
     oom.watch(out_dir, world)  # another rank's OOM ends this one with the same check (kiln.gate.oom)
     # train.micro_batch / activation_checkpointing auto: picked here for this GPU, so the probe times the
     # pick, and the plan hands it to train (kiln.plan.autofit)
-    model = model_config(config.model.as_dict(), manifest["padded_vocab_size"], manifest["seq_len"])
+    model = row_model(config.model.as_dict(), manifest)
     train = device.fit_auto(train, model, world, device.select_device(train.device))
     memory = _estimate_note(
         estimate_for(config.model.as_dict(), train, manifest, world),
@@ -453,7 +453,7 @@ def estimate_for(model: dict, train: TrainSection, manifest: dict, world: int) -
     """kiln.plan.memory's estimate of the run's step as this machine will run it (train.device,
     precision, compile, ranks): printed beside the measured peak, or with an out-of-memory error."""
     dev = device.select_device(train.device)
-    cfg = model_config(model, manifest["padded_vocab_size"], manifest["seq_len"])
+    cfg = row_model(model, manifest)
     return estimate(
         cfg,
         setting_of(

@@ -18,6 +18,7 @@ from kiln.config.models import ModelConfig
 from kiln.errors import KilnError
 from kiln.io import atomic_file, write_json
 from kiln.model import registry
+from kiln.model.documents import require_eos
 
 CONFIG_FILE, WEIGHTS_FILE = "model_config.json", "model.safetensors"
 
@@ -30,6 +31,7 @@ def model_class(family: str) -> type[torch.nn.Module]:
 
 
 def build_model(cfg: ModelConfig) -> torch.nn.Module:
+    require_eos(cfg)  # model.document_mask: its documents' end-of-text id, before any weight is made
     return model_class(cfg.family)(cfg)
 
 

@@ -6,7 +6,9 @@ kiln.model.starcoder2.module); the block is called as block(x, cos, sin, cache, 
 Shapes: B batch, T sequence length, C = d_model, D head dim, V padded vocab.
 
 Attention is causal over the whole packed row, as in kiln.model.gpt2.module: a token may attend to the
-end of the previous document in the same row, the EOS between them marking the boundary.
+end of the previous document in the same row, the EOS between them marking the boundary. With
+model.document_mask it attends only within its own document (kiln.model.documents), and the blocks
+get the mask where a KVCache goes when decoding; RoPE positions are left as they are.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from kiln.config.models import ModelConfig
+from kiln.model.documents import DocumentMask
 from kiln.model.kv_cache import KVCache
 from kiln.model.layers import rope_tables
 from kiln.model.loss import chunk_loss_sum, lm_loss
@@ -24,7 +27,7 @@ from kiln.model.loss import chunk_loss_sum, lm_loss
 
 class RopeDecoder(nn.Module):
     family = ""  # the model.family a subclass builds (kiln.model.registry)
-    block: type[nn.Module]  # called as block(x, cos, sin, cache, layer)
+    block: type[nn.Module]  # called as block(x, cos, sin, cache, layer); cache may be a DocumentMask
     final_norm: type[nn.Module] = nn.RMSNorm  # built as final_norm(d_model, eps=norm_eps)
 
     def __init__(self, cfg: ModelConfig):
@@ -76,8 +79,9 @@ class RopeDecoder(nn.Module):
         x = self.wte(idx)  # (B, T, C)
         if cache is None:
             cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, D)
+            documents = DocumentMask.of(self.config, idx)  # None unless model.document_mask
             for block in self.blocks:
-                x = block(x, cos, sin)
+                x = block(x, cos, sin, documents)
         else:
             pos = cache.begin(T)  # (B, T)
             cos, sin = self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]  # (B, 1, T, D)

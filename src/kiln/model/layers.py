@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kiln.config.models import ModelConfig, RopeScaling
+from kiln.model.documents import DocumentMask
 from kiln.model.kv_cache import KVCache
 
 
@@ -59,6 +60,28 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
 
+# What a block's attention reads besides q, k and v (its `cache` argument): a KVCache when decoding, a
+# DocumentMask in a packed row's forward under model.document_mask; None: causal over the whole row.
+Context = KVCache | DocumentMask
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Context | None, layer: int, dropout: float
+) -> torch.Tensor:
+    """Causal attention of (B, H, T, D) queries over (B, K, T, D) keys and values, K dividing H, the
+    way every family computes it: over the whole row (no cache); within each document of a packed row
+    (a DocumentMask, model.document_mask); or over a KVCache's slots when decoding, which stores k and
+    v first."""
+    # enable_gqa: each group of H/K query heads reads one key/value head without copying it
+    gqa = k.size(1) != q.size(1)
+    if cache is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa, dropout_p=dropout)
+    if isinstance(cache, DocumentMask):
+        return cache.attend(q, k, v, dropout)
+    k, v = cache.update(layer, k, v)  # (B, K, S, D): every slot so far, these T included
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask, is_causal=cache.is_causal, enable_gqa=gqa)
+
+
 class Attention(nn.Module):
     """Grouped-query attention with RoPE: q, k, v and o projections (Llama's, StarCoder2's)."""
 
@@ -73,22 +96,14 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None, layer: int = 0
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Context | None = None, layer: int = 0
     ) -> torch.Tensor:
         B, T, C = x.shape
         q = self.q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, D)
         v = self.v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        # enable_gqa: each group of H/K query heads reads one key/value head without copying it
-        gqa = self.n_kv_head != self.n_head
-        if cache is None:
-            y = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, enable_gqa=gqa, dropout_p=self.dropout if self.training else 0.0
-            )
-        else:
-            k, v = cache.update(layer, k, v)  # (B, K, S, D): every slot so far, these T included
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask, is_causal=cache.is_causal, enable_gqa=gqa)
+        y = attend(q, k, v, cache, layer, self.dropout if self.training else 0.0)
         return self.o(y.transpose(1, 2).reshape(B, T, C))  # (B, H, T, D) -> (B, T, C)
 
 

@@ -48,6 +48,12 @@ L layers):
   backward reaches it (train.activation_checkpointing: full, every block; selective, every other).
 - the loss (kiln.model.loss): the final norm's output, and one chunk's logits at a time in backward
   (bf16 logits, their fp32 copy, log-softmax and gradients: ~LOSS_BYTES_PER_LOGIT per logit).
+- model.document_mask's mask (kiln.model.documents), built once per forward and kept by every layer's
+  attention until the last backward: dense, a (B, 1, T, T) additive mask of a bytes an entry (the CPU,
+  or a GPU with attention dropout: 128 MiB a row at 8k in bf16); on a GPU, flex attention's block
+  mask, four (B, 1, T/128, T/128) int32 tile tables and four counts, and the rows' int32 document ids
+  its mask function reads (~100 KiB a row at 8k). gpt2's embedding also keeps the restarted positions,
+  8 bytes a token.
 
 The peak is walked through the step: the start of backward (every activation, the head's gradient,
 the loss chunk), each layer's backward (activations freed, gradients arriving, a checkpointed block's
@@ -66,6 +72,7 @@ from kiln.model import registry
 
 GIB = 2**30
 AC_MODES = ("none", "full", "selective")  # train.activation_checkpointing
+FLEX_TILE = 128  # flex attention's block mask tile (create_block_mask's BLOCK_SIZE)
 LOSS_BYTES_PER_LOGIT = 12  # a chunk's logits in backward: their tensors at once (measured, bf16 and fp32 alike)
 FIT_FRACTION = 0.9  # of a GPU's memory a step may plan to use: the CUDA context, NCCL and fragmentation
 
@@ -138,6 +145,18 @@ def layer_activation_bytes(cfg: ModelConfig, tokens: int, bf16: bool, compiled: 
     return tokens * registry.get(cfg.family).spec.block_activation_bytes(cfg, bf16, compiled, cuda)
 
 
+def document_mask_bytes(cfg: ModelConfig, micro_batch: int, bf16: bool, cuda: bool) -> int:
+    """What model.document_mask keeps through a step's forward and backward (module docstring); 0 without it."""
+    if not cfg.document_mask:
+        return 0
+    B, T = micro_batch, cfg.seq_len
+    positions = 8 * B * T if registry.get(cfg.family).spec.default_max_positions(cfg) is not None else 0
+    if cuda and cfg.dropout == 0:  # flex attention (kiln.model.documents.DocumentMask.of)
+        tiles = -(-T // FLEX_TILE)
+        return B * 4 * (4 * tiles * tiles + 4 * tiles + T) + positions
+    return (2 if bf16 else 4) * B * T * T + positions
+
+
 def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
     """Peak bytes per rank of one training step of `cfg` under setting `s` (module docstring)."""
     tokens, L, C, V = s.micro_batch * cfg.seq_len, cfg.n_layer, cfg.d_model, cfg.vocab_size
@@ -160,6 +179,7 @@ def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
     # One chunk's logits and their gradients; the chunk's bf16 head copy; the gradient of the final
     # norm's output, (B*T, C) fp32, and the slice's full-size gradient it is summed from.
     loss_chunk = LOSS_BYTES_PER_LOGIT * rows * V + (2 * head if s.bf16 else 0) + 8 * tokens * C
+    mask = document_mask_bytes(cfg, s.micro_batch, s.bf16, s.cuda)  # every layer's attention keeps it
 
     states = {"weights": 4 * n // shard, "optimizer": optimizer_state_bytes(cfg, s.optimizer) // shard}
     buckets = 4 * n if s.parallel == "ddp" and s.world > 1 else 0  # DDP: gradients live in its buckets
@@ -183,6 +203,7 @@ def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
             "gradients": 0 if accumulated else grads,
             "accumulated gradients": accumulated,
             "loss chunk": loss_chunk,
+            "document mask": mask,
         }
     }
     for i in reversed(range(L)):
@@ -193,6 +214,7 @@ def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
             "weight copies": copies + (casts if i in ckpt else 0),
             "gradients": 0 if accumulated else grads + grad(per_layer),
             "accumulated gradients": accumulated,
+            "document mask": mask,
         }
         acts, copies, grads = acts - kept[i], copies - kept_casts[i], grads + grad(per_layer)
     muon = 0

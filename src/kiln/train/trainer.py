@@ -37,10 +37,9 @@ import torch
 
 from kiln import layout
 from kiln.config.batch import split_batch
-from kiln.config.models import model_config
 from kiln.config.run_config import RunConfig
 from kiln.data.loader import ShardRows, TrainBatches, eval_batches
-from kiln.data.shards import tokens_per_byte
+from kiln.data.shards import row_model, tokens_per_byte
 from kiln.errors import RunStopped
 from kiln.model.build import build_model, save_model
 from kiln.plan.steps import BudgetPlan
@@ -114,7 +113,7 @@ class Trainer:
         seed_everything(self.seed)
         self.rows, self.val_rows = ShardRows(shard_dir, "train"), ShardRows(shard_dir, "val")
         manifest = self.rows.manifest
-        self.model_config = model_config(config.model.as_dict(), manifest["padded_vocab_size"], manifest["seq_len"])
+        self.model_config = row_model(config.model.as_dict(), manifest)
         # train.micro_batch / activation_checkpointing auto: picked for this device (the smoke stage
         # picked them already, and train runs its pick: kiln.plan.steps.TrainPlan)
         self.train = train = device.fit_auto(train, self.model_config, self.dist.world, self.dist.device)

@@ -7,9 +7,20 @@ import struct
 import numpy as np
 import pytest
 
-from kiln.data.shards import HEADER_BYTES, MAGIC, VERSION, open_shard, shard_split, verify_shards, write_shard
+from kiln.data.shards import (
+    HEADER_BYTES,
+    MAGIC,
+    VERSION,
+    Documents,
+    open_shard,
+    row_model,
+    shard_split,
+    verify_shards,
+    write_shard,
+    write_shards,
+)
 from kiln.errors import KilnError
-from kiln.io import sha256_file
+from kiln.io import sha256_file, write_json
 
 
 @pytest.mark.parametrize("dtype, vocab", [(np.uint16, 512), (np.uint16, 65536), (np.uint32, 100_000)])
@@ -202,3 +213,26 @@ def test_verify_shards_reports_what_it_checked(tmp_path):
         "train": {"shards": 6, "rows": 45},
         "val": {"shards": 2, "rows": 9},
     }
+
+
+def test_the_manifest_says_how_documents_end_and_a_model_with_document_mask_reads_it(tmp_path):
+    """kiln.data.shards.Documents: pretokenize's eos_id and bos_id, carried into the shard manifest,
+    and from there into the model a run trains on those rows (row_model); only a model with
+    model.document_mask takes the id, and a manifest from before it was recorded says what to rerun."""
+    tokens, shards = tmp_path / "tokens", tmp_path / "shards"
+    tokens.mkdir()
+    shards.mkdir()
+    for split in ("train", "val"):
+        np.arange(40, dtype=np.uint16).tofile(tokens / f"{split}.bin")
+    meta = {"dtype": "uint16", "vocab_size": 60, "padded_vocab_size": 64, "splits": ["train", "val"], "sources": {}}
+    write_json(tokens / "meta.json", meta | {"eos_id": 3, "bos_id": None})
+    manifest = write_shards(tokens, shards, seq_len=7, rows_per_shard=10)
+    assert Documents.of(manifest) == Documents(eos_id=3, bos_id=None)
+    section = {"family": "llama", "n_layer": 1, "n_head": 2, "d_model": 16}
+    assert row_model(section | {"document_mask": True}, manifest).eos_id == 3
+    plain = row_model(section, manifest)
+    assert (plain.vocab_size, plain.seq_len, plain.eos_id) == (64, 7, None)
+    del manifest["documents"]
+    assert row_model(section, manifest) == plain  # a run without the setting does not need the entry
+    with pytest.raises(KilnError, match="forcerun shard"):
+        row_model(section | {"document_mask": True}, manifest)

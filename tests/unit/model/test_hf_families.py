@@ -162,9 +162,10 @@ def test_llama3_scaling_is_transformers_and_changes_the_model(tmp_path):
 
 def test_a_model_section_may_restate_the_source_but_not_contradict_it(tmp_path):
     _stock("qwen2", tmp_path)
-    agreeing = {"family": "llama", "n_layer": 2, "d_model": 64, "n_kv_head": 2, "dropout": 0.1}
+    agreeing = {"family": "llama", "n_layer": 2, "d_model": 64, "n_kv_head": 2, "dropout": 0.1, "document_mask": True}
     cfg = hf_source.source_config(tmp_path, agreeing)
-    assert (cfg.n_layer, cfg.qkv_bias, cfg.dropout) == (2, True, 0.1)  # dropout is the run's
+    assert (cfg.n_layer, cfg.qkv_bias, cfg.dropout, cfg.document_mask) == (2, True, 0.1, True)  # the run's choices
+    assert hf_source.model_section(tmp_path, agreeing)["document_mask"] is True
     with pytest.raises(ModelConfigError) as error:
         hf_source.source_config(tmp_path, {"n_layer": 4, "d_model": 64, "tie_embeddings": True})
     assert error.value.problems == [

@@ -13,7 +13,16 @@ from kiln.config.run_config import RunConfig
 from kiln.config.train_sections import TrainSection
 from kiln.data.shards import shard_split
 from kiln.io import write_json
-from kiln.plan.memory import GIB, Setting, changes_to_fit, estimate, fit_report, fits, setting_of
+from kiln.plan.memory import (
+    GIB,
+    Setting,
+    changes_to_fit,
+    document_mask_bytes,
+    estimate,
+    fit_report,
+    fits,
+    setting_of,
+)
 from kiln.train.cpu_memory import allocated_during, tensor_bytes
 from kiln.train.trainer import Trainer
 
@@ -33,6 +42,7 @@ def _shards(out: Path, vocab: int, seq_len: int, rows: int) -> Path:
             "vocab_size": vocab,
             "padded_vocab_size": vocab,
             "splits": splits,
+            "documents": {"eos_id": 0, "bos_id": None},  # a 0 every ~vocab tokens: documents of ~vocab
         },
     )
     return out
@@ -79,6 +89,16 @@ SHAPES = {
         8,
         512,
         "bf16",
+        "none",
+        False,
+    ),
+    # model.document_mask at a long row and a narrow model: its dense (B, 1, T, T) mask is a third of the step
+    "llama-fp32-document-mask": (
+        {"family": "llama", "n_layer": 2, "n_head": 2, "d_model": 32, "document_mask": True},
+        2048,
+        2,
+        512,
+        "fp32",
         "none",
         False,
     ),
@@ -237,3 +257,53 @@ def test_the_per_layer_count_is_what_autograd_saves_for_kilns_block(bf16, compil
     assert activations == pytest.approx(layer_activation_bytes(cfg, tokens, bf16, compiled), rel=0.02)
     mat, _ = layer_params(cfg)
     assert copies == (2 * mat if bf16 else 0)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("bf16", [True, False])
+def test_the_document_mask_is_kept_once_for_every_layer(family, bf16):
+    """model.document_mask's dense mask (the CPU's path, kiln.model.documents): what autograd keeps for
+    two blocks beside their activations is one mask, in the dtype the attention runs in, not a copy per
+    layer (SDPA's own conversion of a boolean mask would keep one per layer). The GPU's block mask is
+    counted from its tables' shapes: no GPU runs here."""
+    import torch
+
+    from kiln.model.documents import DocumentMask
+    from kiln.model.gpt2 import module as gpt2
+    from kiln.model.layers import rope_tables
+    from kiln.model.llama import module as llama
+    from kiln.plan.memory import layer_activation_bytes
+    from kiln.train.cpu_memory import saved_for_backward
+
+    shape = {"n_layer": 2, "n_head": 4, "d_model": 64}
+    cfg = model_config({"family": family, **shape, "document_mask": True}, 512, 128, eos_id=0)
+    batch = 3
+    torch.manual_seed(0)
+    blocks = [(llama.Block if family == "llama" else gpt2.Block)(cfg) for _ in range(2)]
+    cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
+    x = torch.randn(batch, cfg.seq_len, cfg.d_model, requires_grad=True)
+    idx = torch.randint(0, 16, (batch, cfg.seq_len))
+
+    def forward():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            mask = DocumentMask.of(cfg, idx)
+            y = x
+            for block in blocks:
+                y = block(y, cos, sin, mask) if family == "llama" else block(y, mask)
+            return y
+
+    params = [p for block in blocks for p in block.parameters()]
+    _, saved = saved_for_backward(forward, exclude=[*params, cos, sin])
+    masks = [s for s in saved if s.shape == (batch, 1, cfg.seq_len, cfg.seq_len)]
+    assert len(masks) == 1 and masks[0].dtype == (torch.bfloat16 if bf16 else torch.float32)
+    positions = 8 * batch * cfg.seq_len if family == "gpt2" else 0  # kept by the embedding, not by a block
+    assert masks[0].nbytes == document_mask_bytes(cfg, batch, bf16, cuda=False) - positions
+    weights = {tuple(p.shape) for p in params} | {tuple(p.shape)[::-1] for p in params}
+    tables = {(cfg.seq_len, cfg.head_dim)}
+    activations = sum(s.nbytes for s in saved if s.shape not in weights | tables) - masks[0].nbytes
+    assert activations == pytest.approx(2 * layer_activation_bytes(cfg, batch * cfg.seq_len, bf16, False), rel=0.02)
+    # on a GPU: flex attention's tile tables, a few hundred KiB where the dense mask is 128 MiB a row
+    flagship = model_config({"flavour": "llama3.2-1b", "document_mask": True}, 32768, 8192, eos_id=0)
+    assert document_mask_bytes(flagship, 6, True, cuda=True) < 2**20
+    assert document_mask_bytes(flagship, 6, True, cuda=False) == 6 * 2 * 8192**2
+    assert document_mask_bytes(model_config({"flavour": "llama3.2-1b"}, 32768, 8192), 6, True, cuda=True) == 0

@@ -447,6 +447,25 @@ def test_llama_in_bf16_with_wsd_schedule_lowers_loss(shards, tmp_path):
     assert result.n_params == load_model(tmp_path / "run").num_params(non_embedding=False)
 
 
+def test_document_mask_reads_the_end_of_text_id_from_the_shards_and_trains(shards, tmp_path):
+    """model.document_mask: the id the rows' documents end with comes from the shard manifest
+    (kiln.data.shards.Documents) into the model the run trains and saves; a shard folder from before
+    the manifest recorded it is an error that says to rerun the shard stage."""
+    model = {"family": "llama", "n_layer": 1, "n_head": 2, "d_model": 32, "document_mask": True}
+    run(RunConfig.of(train_sections(model=model, max_steps=10)), shards, tmp_path / "run")
+    records = _records(tmp_path / "run")
+    assert records[-1]["loss"] < records[0]["loss"] - 0.5
+    saved = json.loads((tmp_path / "run" / "model_config.json").read_text())
+    assert saved["document_mask"] is True and saved["eos_id"] == 0  # synthetic words end with 0
+    old = tmp_path / "old-shards"
+    shutil.copytree(shards, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["documents"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(KilnError, match="forcerun shard"):
+        run(RunConfig.of(train_sections(model=model, max_steps=10)), old, tmp_path / "old-run")
+
+
 def test_log_steps_record_throughput_memory_and_no_mfu_on_cpu(shards, tmp_path):
     result = run(RunConfig.of(train_sections(max_steps=4, log_every=2)), shards, tmp_path / "run")
     for r in _records(tmp_path / "run"):

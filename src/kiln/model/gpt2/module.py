@@ -5,9 +5,10 @@ Weights map one to one onto Hugging Face's GPT2LMHeadModel (kiln.model.gpt2.hf),
 store the transpose of ours.
 
 Attention is causal over the whole packed row (`is_causal=True`), so a token may attend to the end
-of the previous document in the same row, as in GPT-2, nanoGPT and llm.c. The EOS token between
-documents marks the boundary and the model learns to discount what precedes it; block-causal masks
-(torchtitan) are a later option.
+of the previous document in the same row, as in GPT-2, nanoGPT and llm.c: the EOS token between
+documents marks the boundary and the model learns to discount what precedes it. With
+model.document_mask it attends only within its own document, and the learned positions restart at
+each document (kiln.model.documents).
 
 Decoding passes a KVCache (kiln.model.kv_cache): each forward then feeds only the new tokens, which
 read their positions and attention mask from the cache and attend over its keys and values.
@@ -20,11 +21,11 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from kiln.config.models import ModelConfig
+from kiln.model.documents import DocumentMask, positions
 from kiln.model.kv_cache import KVCache
-from kiln.model.layers import GeluMLP
+from kiln.model.layers import Context, GeluMLP, attend
 from kiln.model.loss import chunk_loss_sum, lm_loss
 
 
@@ -36,17 +37,11 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Context | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         # (B, T, 3C) -> 3 x (B, H, T, D)
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        if cache is None:
-            y = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-            )
-        else:
-            k, v = cache.update(layer, k, v)  # (B, H, S, D): every slot so far, these T included
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask, is_causal=cache.is_causal)
+        y = attend(q, k, v, cache, layer, self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
         return self.resid_dropout(self.proj(y))
 
@@ -61,7 +56,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
         self.mlp = GeluMLP(cfg)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Context | None = None, layer: int = 0) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), cache, layer)
         return x + self.mlp(self.ln_2(x))
 
@@ -117,11 +112,15 @@ class GPT(nn.Module):
         B, T = idx.shape
         if T > self.config.max_positions:
             raise ValueError(f"sequence of {T} tokens exceeds the model's {self.config.max_positions} positions")
-        pos = torch.arange(T, device=idx.device) if cache is None else cache.begin(T)  # (T,) or (B, T)
+        documents = DocumentMask.of(self.config, idx) if cache is None else None  # model.document_mask
+        if documents is not None:
+            pos = positions(documents.docs)  # (B, T): learned positions restart at each document
+        else:
+            pos = torch.arange(T, device=idx.device) if cache is None else cache.begin(T)  # (T,) or (B, T)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         if cache is None:
             for block in self.blocks:
-                x = block(x)
+                x = block(x, documents)
         else:
             for layer, block in enumerate(self.blocks):
                 x = block(x, cache, layer)

@@ -17,8 +17,7 @@ import torch.nn.functional as F
 
 from kiln.config.models import ModelConfig
 from kiln.model.decoder import RopeDecoder
-from kiln.model.kv_cache import KVCache
-from kiln.model.layers import Attention
+from kiln.model.layers import Attention, Context
 
 
 class SwiGLU(nn.Module):
@@ -43,7 +42,7 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None, layer: int = 0
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Context | None = None, layer: int = 0
     ) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer)
         return x + self.mlp(self.mlp_norm(x))

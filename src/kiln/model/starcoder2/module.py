@@ -17,8 +17,7 @@ import torch.nn as nn
 
 from kiln.config.models import ModelConfig
 from kiln.model.decoder import RopeDecoder
-from kiln.model.kv_cache import KVCache
-from kiln.model.layers import Attention, GeluMLP
+from kiln.model.layers import Attention, Context, GeluMLP
 
 
 class Block(nn.Module):
@@ -33,7 +32,7 @@ class Block(nn.Module):
         self.mlp = GeluMLP(cfg)  # (B, T, C) -> (B, T, F) -> tanh GELU -> (B, T, C)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None, layer: int = 0
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Context | None = None, layer: int = 0
     ) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer)
         return x + self.mlp(self.mlp_norm(x))
