@@ -3,14 +3,23 @@ path (srun + c10d on the allocation's first host) runs for real in tests/slurm/t
 torchrun passing a rank's code and a signal on, in tests/dag/test_kill_resume.py."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from kiln.errors import KilnError
-from kiln.train.launch import command, main, rank_environment, resubmission_refused, run_ranks
+from kiln.train.launch import (
+    SHUTDOWN_TIMEOUT_S,
+    command,
+    main,
+    rank_environment,
+    resubmission_refused,
+    run_ranks,
+)
 
 ONE_NODE = {"nproc_per_node": 4, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": ""}
 
@@ -124,3 +133,40 @@ def test_a_resubmitted_train_job_trains_only_after_a_preemption(tmp_path, capsys
     assert main(["--attempt", "2", *args]) == 76  # a non-finite loss comes back on a resume
     write(None, 0)  # finished; Snakemake failed the job over its outputs: never train it again
     assert main(["--attempt", "2", *args]) == 0
+
+
+# A rank whose handler cannot end it: as a rank blocked in a CUDA call or an NCCL collective, whose
+# Python handler never runs. It says it is ready, then waits far longer than any test.
+DEAF_RANK = """
+import os, pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *args: None)
+pathlib.Path(sys.argv[1], os.environ["RANK"]).touch()
+time.sleep(900)
+"""
+
+
+def test_the_smoke_stages_ranks_are_killed_30_s_after_a_signal_not_trains_10_minutes(tmp_path):
+    """Slurm cancels a smoke job (scancel: SIGTERM to every process of the step): torchrun passes it on,
+    the ranks cannot act on it, and torchrun kills them after the smoke stage's shutdown timeout,
+    since they save nothing; train's 10 minutes would hold the node for nothing."""
+    script = tmp_path / "deaf_rank.py"
+    script.write_text(DEAF_RANK)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "kiln.train.launch", "--train", json.dumps(ONE_NODE | {"nproc_per_node": 2})]
+        + ["--stage", "smoke", "--", str(script), str(tmp_path)],
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(tmp_path.glob("[01]"))) < 2:  # both ranks started and deaf
+            assert launcher.poll() is None and time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.2)
+        os.killpg(launcher.pid, signal.SIGTERM)
+        signalled = time.monotonic()
+        code = launcher.wait(timeout=300)  # train's 600 s would run past this
+        waited = time.monotonic() - signalled
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert code != 0 and waited >= SHUTDOWN_TIMEOUT_S["smoke"] - 1  # killed after its timeout, not before
+    assert SHUTDOWN_TIMEOUT_S["smoke"] <= 60 < SHUTDOWN_TIMEOUT_S["train"]

@@ -24,7 +24,7 @@ rule smoke:
     benchmark:
         P.benchmark("smoke")
     shell:
-        "python -m kiln.train.launch --train {params.launch:q} -- {params.script} --params {params.tracked:q} --untracked {params.untracked:q} --shards {input.shards}"
+        "python -m kiln.train.launch --train {params.launch:q} --stage smoke -- {params.script} --params {params.tracked:q} --untracked {params.untracked:q} --shards {input.shards}"
         " --tokenizer {input.tokenizer} --out {params.out} --threads {params.rank_threads} > {log} 2>&1"
 
 

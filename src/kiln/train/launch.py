@@ -15,8 +15,9 @@ The launcher waits for torchrun and exits with the ranks' own code (kiln.errors.
 a preemption save, 76 after a non-finite step), which a rank leaves in a file the launcher names in
 KILN_EXIT_FILE: torchrun itself reports any failed rank as 1. It makes torchrun pass SIGUSR1 on to the
 ranks too (its defaults are SIGTERM, SIGINT, SIGHUP, SIGQUIT) and give them SHUTDOWN_TIMEOUT_S to save
-before it kills them. It passes no signal on itself: Slurm signals every process of a job step and a
-terminal its foreground group, so torchrun gets each signal already, and a second copy would cut its
+before it kills them: 10 minutes for train's checkpoint, 30 s for the smoke stage (`--stage smoke`).
+It passes no signal on itself: Slurm signals every process of a job step and a terminal its
+foreground group, so torchrun gets each signal already, and a second copy would cut its
 graceful shutdown short. (The train rule execs it, so no shell between Snakemake and it dies first.)
 
 Each rank's environment (rank_environment), unless the user set the variable: the CUDA caching
@@ -58,9 +59,13 @@ from kiln.io import last_json_line
 
 RDZV_BASE_PORT = 29500  # torchrun's default; a Slurm job adds job id % RDZV_PORT_SPAN to it
 RDZV_PORT_SPAN = 1000
-# How long torchrun lets the ranks finish a step and save after it passed a signal on, before SIGKILL
-# (its default is 30 s, short for a large model's checkpoint). Slurm's own kill still bounds it.
-SHUTDOWN_TIMEOUT_S = 600
+# How long torchrun lets the ranks finish a step and save after it passed a signal on, before SIGKILL,
+# by stage: train's ranks save a checkpoint (torchrun's default, 30 s, is short for a large model's);
+# the smoke stage's save nothing, and a rank blocked in a CUDA call or an NCCL collective never runs
+# its handler, so waiting longer only holds the node. Slurm's own kill still bounds either. (When a
+# rank fails rather than a signal arriving, torch 2.13's agent stops the others after a fixed 30 s,
+# whatever this says: measured in docs/benchmarks.md, "A failed rank's neighbours".)
+SHUTDOWN_TIMEOUT_S = {"train": 600, "smoke": 30}
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 LAUNCH_START_ENV = "KILN_LAUNCH_START"  # epoch seconds when the launcher started the stage
 WAIT_THROUGH = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
@@ -143,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the job's log (the rule's); with --record, a job that fails keeps "
         "a copy beside it, since Snakemake deletes the log before the next attempt",
     )
+    parser.add_argument(
+        "--stage",
+        choices=sorted(SHUTDOWN_TIMEOUT_S),
+        default="train",
+        help="the stage whose ranks these are: how long torchrun waits for them after a signal (SHUTDOWN_TIMEOUT_S)",
+    )
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- then the script and its arguments")
     args = parser.parse_args(argv)
     script = args.script[1:] if args.script[:1] == ["--"] else args.script
@@ -161,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kiln.train.launch: {refused[1]}", file=sys.stderr, flush=True)
             return refused[0]
     print("launch:", " ".join(argv_out[: argv_out.index(script[0])]), file=sys.stderr, flush=True)
-    code = run_ranks(argv_out, rank_environment(train["nproc_per_node"]))
+    code = run_ranks(argv_out, rank_environment(train["nproc_per_node"]), SHUTDOWN_TIMEOUT_S[args.stage])
     if args.record is not None:
         _record(args.record, args.attempt, code, _keep_log(args.log) if code else None)
     return code
@@ -243,15 +254,18 @@ def rank_environment(nproc_per_node: int, env: Mapping[str, str] = os.environ, c
     return {key: value for key, value in out.items() if key not in env}
 
 
-def run_ranks(argv: list[str], ranks_env: Mapping[str, str] | None = None) -> int:
+def run_ranks(
+    argv: list[str], ranks_env: Mapping[str, str] | None = None, shutdown_timeout_s: int = SHUTDOWN_TIMEOUT_S["train"]
+) -> int:
     """Run torchrun (or srun) with `argv`, `ranks_env` added to this environment, and return the exit
-    code the ranks reported, else its own."""
+    code the ranks reported, else its own; torchrun gives the ranks shutdown_timeout_s after it passes
+    a signal on."""
     env = dict(os.environ) | dict(ranks_env or {})
     env.setdefault(LAUNCH_START_ENV, repr(time.time()))  # the smoke stage times train's start-up from it
     # torchrun's --signals-to-handle (read from PET_*; older versions read TORCHELASTIC_* directly)
     env.setdefault("PET_SIGNALS_TO_HANDLE", TORCHRUN_SIGNALS)
     env.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", TORCHRUN_SIGNALS)
-    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(shutdown_timeout_s))
     with tempfile.TemporaryDirectory(prefix="kiln-launch-") as folder:
         exit_file = Path(folder) / "exit.json"
         env[EXIT_FILE_ENV] = str(exit_file)
