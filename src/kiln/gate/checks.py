@@ -50,6 +50,7 @@ from kiln.data.shards import row_model
 from kiln.gate import oom
 from kiln.gate.probe import probe, sync
 from kiln.io import read_json
+from kiln.model.sdpa import kernel_name
 from kiln.plan.memory import Estimate, estimate, setting_of
 from kiln.plan.steps import StageTimes
 from kiln.plan.verdict import Check
@@ -362,6 +363,9 @@ def run_checks(config: RunConfig, shard_dir: Path, out_dir: Path, marker_id: int
         precision_tokens_per_s=candidates,
         activation_checkpointing=probe_train.activation_checkpointing,
         host_mb_per_rank=host_mb,
+        attention_kernel=kernel_name(
+            trainer.model_config, trainer.dist.device, torch.bfloat16 if precision == "bf16" else torch.float32
+        ),
         times=asdict(
             StageTimes(
                 step_s=measured.step_time_s, startup_s=startup_s, validation_s=validation_s, checkpoint_s=checkpoint_s

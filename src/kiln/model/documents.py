@@ -31,11 +31,11 @@ KV-cached decoding does not use it: a prompt is one document.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from kiln.config.models import ModelConfig
 from kiln.errors import KilnError
+from kiln.model.sdpa import sdpa
 
 _compiled_flex = None  # torch.compile(flex_attention), made on first use: one compiled kernel per process
 
@@ -104,9 +104,7 @@ class DocumentMask:
         """(B, H, T, D) queries over (B, K, T, D) keys and values, each within its document."""
         gqa = k.size(1) != q.size(1)
         if self.block is None:
-            return F.scaled_dot_product_attention(
-                q, k, v, attn_mask=self.dense.to(q.dtype), dropout_p=dropout, enable_gqa=gqa
-            )
+            return sdpa(q, k, v, attn_mask=self.dense.to(q.dtype), dropout_p=dropout, enable_gqa=gqa)
         flex = flex_attention
         if q.is_cuda and not torch.compiler.is_compiling():  # eager flex would materialise the scores
             global _compiled_flex

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from kiln.config.models import ModelConfig, RopeScaling
 from kiln.model.documents import DocumentMask
 from kiln.model.kv_cache import KVCache
+from kiln.model.sdpa import sdpa
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> torch.Tensor:
@@ -75,11 +76,11 @@ def attend(
     # enable_gqa: each group of H/K query heads reads one key/value head without copying it
     gqa = k.size(1) != q.size(1)
     if cache is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa, dropout_p=dropout)
+        return sdpa(q, k, v, is_causal=True, enable_gqa=gqa, dropout_p=dropout)
     if isinstance(cache, DocumentMask):
         return cache.attend(q, k, v, dropout)
     k, v = cache.update(layer, k, v)  # (B, K, S, D): every slot so far, these T included
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask, is_causal=cache.is_causal, enable_gqa=gqa)
+    return sdpa(q, k, v, attn_mask=cache.mask, is_causal=cache.is_causal, enable_gqa=gqa)
 
 
 class Attention(nn.Module):
