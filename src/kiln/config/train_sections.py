@@ -132,8 +132,9 @@ class TrainSection(Section):
     device: Literal["auto", "cuda", "cpu"] = setting(
         "auto",
         (
-            "Where train, smoke and eval run: auto takes the GPUs when CUDA sees any, else the CPU. On a "
-            "cluster, GPU stages request nproc_per_node GPUs per node unless this is cpu."
+            "Where train, smoke and eval run: auto takes the GPUs when CUDA sees any, else the CPU (but "
+            "several ranks of a CUDA build of torch that sees no GPU stop with the reason: a broken driver, "
+            "not a CPU run). On a cluster, GPU stages request nproc_per_node GPUs per node unless this is cpu."
         ),
         reads(smoke=RUN, train=RUN, eval=RUN),
     )

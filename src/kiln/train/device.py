@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import warnings
 
 import torch
 
@@ -26,12 +27,20 @@ log = logging.getLogger("kiln.train")
 DEVICES = ("auto", "cuda", "cpu")  # train.device
 
 
-def select_device(setting: str = "auto", local_rank: int = 0) -> torch.device:
+def select_device(setting: str = "auto", local_rank: int = 0, ranks: int = 1) -> torch.device:
     """train.device as a torch.device, the one choice smoke, train and eval share: "cuda" is this
     rank's GPU (an error when CUDA sees none, rather than a silent run on the CPU), "cpu" the CPU even
-    beside a GPU, "auto" the GPU when CUDA sees one."""
+    beside a GPU, "auto" the GPU when CUDA sees one. An auto run of several ranks whose torch was
+    built for CUDA but sees no GPU is an error too (gpu_missing): a node whose driver is too old for
+    the wheel would otherwise train a multi-GPU run on its CPUs."""
     if setting not in DEVICES:
         raise ValueError(f"train.device: {setting!r} is not one of {', '.join(DEVICES)}")
+    if setting == "auto" and not torch.cuda.is_available() and ranks > 1 and torch.version.cuda is not None:
+        raise KilnError(
+            f"train.device is auto and the run has {ranks} ranks, but this torch, built for CUDA "
+            f"{torch.version.cuda}, sees no GPU ({gpu_missing()}): it would train on the CPU. Fix the "
+            "node's driver or CUDA_VISIBLE_DEVICES, or set train.device: cpu to train the ranks on the CPU"
+        )
     if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
@@ -40,6 +49,16 @@ def select_device(setting: str = "auto", local_rank: int = 0) -> torch.device:
             "CUDA_VISIBLE_DEVICES empty); set train.device to auto or cpu, or run on a GPU node"
         )
     return torch.device("cuda", local_rank)
+
+
+def gpu_missing() -> str:
+    """Why CUDA sees no GPU, as torch says it when asked (a driver too old for the wheel, none at all),
+    else the usual causes."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.is_available()
+    said = [str(w.message).splitlines()[0] for w in caught]
+    return said[0] if said else "no NVIDIA driver, one too old for this torch, or CUDA_VISIBLE_DEVICES empty"
 
 
 def configure(device: torch.device) -> None:

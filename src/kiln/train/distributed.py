@@ -66,7 +66,7 @@ def init_distributed(device_setting: str = "auto", timeout_s: float = DEFAULT_TI
             f"train: WORLD_SIZE {world} is not a whole number of nodes of LOCAL_WORLD_SIZE {per_node} "
             "ranks (torchrun sets both: every node must run train.nproc_per_node ranks)"
         )
-    device = select_device(device_setting, local_rank)
+    device = select_device(device_setting, local_rank, ranks=world)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():

@@ -70,6 +70,23 @@ def test_train_device_cuda_without_cuda_is_an_error_naming_the_key(no_cuda, monk
         init_distributed("cuda")
 
 
+def test_several_ranks_of_a_cuda_torch_that_sees_no_gpu_stop_instead_of_training_on_the_cpu(no_cuda, monkeypatch):
+    # A GPU node whose driver is too old for the wheel: torch is built for CUDA, CUDA sees nothing.
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    with pytest.raises(
+        KilnError, match=r"train.device is auto and the run has 4 ranks, .*CUDA 12.8.*train.device: cpu"
+    ):
+        device.select_device("auto", ranks=4)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun starts a rank: the trainer's path says the same
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(KilnError, match="the run has 2 ranks"):
+        init_distributed("auto")
+    assert device.select_device("auto", ranks=1) == CPU  # one rank: a laptop's default run still runs
+    assert device.select_device("cpu", ranks=4) == CPU  # asked for
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert device.select_device("auto", ranks=4) == CPU  # a CPU build: the CPU was chosen at install
+
+
 def test_eval_autocasts_to_bf16_on_a_gpu_only(monkeypatch):
     layer = torch.nn.Linear(4, 4)
     with device.eval_autocast(CPU, "bf16")():  # eval on the CPU stays fp32, whatever train used
