@@ -47,6 +47,9 @@ RUNS = {
     "fsdp-accum": ("fsdp", 2, {"activation_checkpointing": "selective", "checkpoint_format": "full"}),
     "fsdp-async": ("fsdp", 4, {"async_checkpoint": True}),  # sharded (auto under fsdp), written in the background
     "ddp-compiled": ("ddp", 2, {"compile": True}),  # each block compiled; accumulation as ddp-accum
+    # seed 000's setting (fsdp + compile), and with selective recomputation: FSDP2 over compiled blocks
+    "fsdp-compiled": ("fsdp", 2, {"compile": True}),
+    "fsdp-compiled-recomputed": ("fsdp", 2, {"compile": True, "activation_checkpointing": "selective"}),
     "fsdp-bf16": ("fsdp", 4, {"precision": "bf16"}),  # bf16 gathers and fp32 reduction: runs, learns
     "fsdp-resumed": ("fsdp", 4, {}),  # resumes from ddp's mid-run (full) checkpoint, saves sharded
     # 12 steps of 8 of the 64 rows cross an epoch boundary after step 8; checkpoints at 6 and 12.
@@ -193,7 +196,9 @@ def test_ddp_broadcasts_no_buffers_before_a_forward(launched):
     assert checks["buffers_kept"], "rank 0's buffers overwrote rank 1's in the forward"
 
 
-@pytest.mark.parametrize("name", ["ddp", "ddp-accum", "fsdp-accum", "ddp-compiled", "fsdp-async"])
+@pytest.mark.parametrize(
+    "name", ["ddp", "ddp-accum", "fsdp-accum", "ddp-compiled", "fsdp-compiled", "fsdp-compiled-recomputed", "fsdp-async"]
+)
 def test_two_ranks_match_one_rank_with_twice_the_batch(launched, name):
     base, _, reference = launched
     wrapped = json.loads((base / name / "result.json").read_text())
