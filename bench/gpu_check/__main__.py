@@ -4,6 +4,7 @@ enforced), as one table. Run the folder, from the repository root:
     python bench/gpu_check                   # one GPU: the budgets sum to 390 s; 2+ GPUs: 430 s
     python bench/gpu_check --only flash,eval --budget-scale 2
     python bench/gpu_check --cpu-dry-run     # no GPU: what runs on the CPU, tiny shapes (CI: tests/bench/test_gpu_check.py)
+    python bench/gpu_check --list-wheels     # what a node needs beside its torch (image), and how to carry it
 
 Each check (checks.CHECKS) runs in a process forked from this one (torch imported once, CUDA first
 touched in the child) under its own time budget (Check.budget_s), and the run as a whole under
@@ -40,6 +41,7 @@ if __package__ in (None, ""):  # `python bench/gpu_check` puts this folder first
 import common
 import torch
 
+from gpu_check import image
 from gpu_check.checks import CHECKS, DEADLINE_S, ENVIRONMENT_S, MIN_START_S, Check
 from gpu_check.procs import run_isolated
 from gpu_check.shared import NO_CUDA, Ctx
@@ -143,6 +145,11 @@ def main() -> None:
     parser.add_argument(
         "--cpu-dry-run", dest="quick", action="store_true", help="hide CUDA; run the CPU-capable parts at tiny shapes"
     )
+    parser.add_argument(
+        "--list-wheels",
+        action="store_true",
+        help="print the wheels a node needs beside its torch, and how to carry them",
+    )
     parser.add_argument("--only", help=f"comma-separated checks: {', '.join(c.slug for c in CHECKS)}")
     parser.add_argument("--out", type=Path, help="logs and scratch files (default: a new temporary folder)")
     parser.add_argument("--budget-scale", type=float, default=1.0, help="multiply every check's time budget")
@@ -152,6 +159,9 @@ def main() -> None:
         help=f"stop starting checks after this many seconds (default {DEADLINE_S} x --budget-scale)",
     )
     args = parser.parse_args()
+    if args.list_wheels:
+        print(image.carry_commands())
+        return
     only = set(args.only.split(",")) if args.only else {c.slug for c in CHECKS}
     if only - {c.slug for c in CHECKS}:
         parser.error(f"--only: unknown checks {', '.join(sorted(only - {c.slug for c in CHECKS}))}")

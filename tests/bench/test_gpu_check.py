@@ -6,6 +6,7 @@ of its own included, and the run's deadline still leaves a row, with the reason,
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import venv
 from pathlib import Path
 
 import pytest
@@ -69,6 +71,47 @@ def test_cpu_dry_run_prints_every_row_and_fails_none(tmp_path):
     assert "ranks' weights equal" in by_check["DDP 2 ranks, NCCL"]
     assert "of DDP's" in by_check["FSDP 2 ranks, NCCL"]
     assert (tmp_path / "snapshot" / "smoke" / "trace.json").exists()  # the smoke probe traced its step
+
+
+def node_image(folder: Path) -> Path:
+    """The python of a venv that holds what a GPU node holds (bench/gpu_check/image.py): torch's
+    distribution and what it requires, NODE_WHEELS and what they require (this environment's files,
+    linked), and Kiln from src/. A module of anything else is absent there, as on the node."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        from gpu_check import image
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    venv.create(folder, symlinks=True)
+    [site] = (folder / "lib").glob("python3*/site-packages")
+    for name in {*image.requirements(("torch",)), *image.requirements(image.NODE_WHEELS)}:
+        dist = importlib.metadata.distribution(name)
+        for top in {Path(f).parts[0] for f in dist.files or [] if not str(f).startswith("..")}:
+            if not (site / top).exists():
+                (site / top).symlink_to(Path(dist.locate_file(top)).resolve())
+    (site / "kiln.pth").write_text(str(REPO / "src") + "\n")
+    return folder / "bin" / "python"
+
+
+def test_a_node_with_torch_and_the_listed_wheels_only_runs_every_row_but_the_pipeline(tmp_path):
+    """The dry run in a venv of only torch, NODE_WHEELS and what they require (node_image): no row
+    fails; the pipeline's, which runs every stage, says what it lacks. `--list-wheels` names what to
+    carry."""
+    python = node_image(tmp_path / "node")
+    command = [str(python), str(REPO / "bench" / "gpu_check"), "--cpu-dry-run", "--out", str(tmp_path / "out")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {r[0]: r[1:] for r in _table(done.stdout)}
+    assert list(rows) == ROWS
+    pipeline = rows.pop("tiny pipeline, train.device=cuda")
+    assert pipeline[0].startswith("skipped: no snakemake, pyarrow") and "every stage" in pipeline[1]
+    assert all(result == "skipped: no CUDA" for result, _, _ in rows.values()), rows
+    wheels = subprocess.run([*GPU_CHECK, "--list-wheels"], capture_output=True, text=True, timeout=60)
+    assert wheels.returncode == 0, wheels.stderr
+    assert "pip download --no-deps --only-binary=:all: -d kiln-wheels" in wheels.stdout
+    for wheel in ("numpy==", "pyyaml==", "safetensors==", "psutil==", "tokenizers==", "pydantic==", "pydantic-core=="):
+        assert wheel in wheels.stdout, wheel
+    assert "torch==" not in wheels.stdout  # the node's own
 
 
 def test_a_deadline_already_spent_still_gives_every_row_a_reason(tmp_path):

@@ -197,7 +197,8 @@ def test_ddp_broadcasts_no_buffers_before_a_forward(launched):
 
 
 @pytest.mark.parametrize(
-    "name", ["ddp", "ddp-accum", "fsdp-accum", "ddp-compiled", "fsdp-compiled", "fsdp-compiled-recomputed", "fsdp-async"]
+    "name",
+    ["ddp", "ddp-accum", "fsdp-accum", "ddp-compiled", "fsdp-compiled", "fsdp-compiled-recomputed", "fsdp-async"],
 )
 def test_two_ranks_match_one_rank_with_twice_the_batch(launched, name):
     base, _, reference = launched
