@@ -61,6 +61,8 @@ class _Source(Section):
         kind = data.get("kind") if isinstance(data, dict) else None
         if not isinstance(kind, str) or kind not in source_kinds.KINDS:
             return data  # not a mapping, or no known kind: the fields' own checks name the problem
+        if "sample_seed" in data and "sample" not in data:
+            raise PydanticCustomError("kiln", "sample_seed seeds a sample: set sample too")
         declared = source_kinds.get(kind)
         keys = ("name", "kind", *declared.keys.model_fields, *_EVERY_SOURCE)
         return _variant(data, kind, keys, declared.required(), declared.defaults())
@@ -69,6 +71,17 @@ class _Source(Section):
 _EVERY_SOURCE = {
     "max_rows": (int | None, optional("Keep at most this many documents.", ge=1)),
     "max_bytes": (int | None, optional("Keep documents up to this many UTF-8 bytes.", ge=1)),
+    "sample": (
+        Number | None,
+        optional(
+            """Keep this fraction of the source's documents, the same ones on every run: a document is kept
+            when a hash of sample_seed and its id falls below it, so the sample is spread over the whole
+            source, not a prefix. max_rows and max_bytes then count the sampled documents.""",
+            gt=0,
+            le=1,
+        ),
+    ),
+    "sample_seed": (int | None, optional("The seed of the sample's hash (0 when unset).", ge=0)),
     # Required here, but every kind fills its own default in (_fill_kind), so a config may leave it out.
     "quality": (
         Literal["code", "prose", "none"],

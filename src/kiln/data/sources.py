@@ -6,7 +6,8 @@ standard library's .py files), local (files on disk, and rows of .jsonl/.json/.p
 Hugging Face dataset, streamed). docs/extending.md adds one.
 
 A `SourceReader` yields one item per record: a `Document`, or None for a record that is not valid
-UTF-8 and is skipped (or a KilnError naming it, when `invalid_utf8` is `fail`). A file above
+UTF-8 and is skipped (or a KilnError naming it, when `invalid_utf8` is `fail`); a source with a
+`sample` yields only the documents its sample keeps (`in_sample`, by id), before any check. A file above
 BIG_TEXT_BYTES is kept as its bytes (kiln.data.utf8text), never also as a Python string. Its `position()` after
 any item is a JSON-able point to resume reading from, so a download picks up after its last complete
 part. Cleaning (empty, too short or long, duplicates) and budgets are the download writer's business
@@ -16,6 +17,7 @@ part. Cleaning (empty, too short or long, duplicates) and budgets are the downlo
 from __future__ import annotations
 
 import bisect
+import hashlib
 import itertools
 import logging
 from dataclasses import dataclass
@@ -110,7 +112,12 @@ class SourceReader:
             items = self.kind.read_stream(self, self._stream, self.records)
         for item in items:
             self.records += 1
-            yield item
+            if item is None or self.sampled(item.id):
+                yield item
+
+    def sampled(self, doc_id: str) -> bool:
+        """Whether the source's sample keeps the document `doc_id` (every one without a sample)."""
+        return self.spec.sample is None or in_sample(doc_id, self.spec.sample, self.spec.sample_seed or 0)
 
     def decode(self, data: bytes, where: str) -> str | None:
         try:
@@ -142,6 +149,14 @@ class SourceReader:
         if repo is not None and not isinstance(repo, str):
             raise KilnError(f"{where}: column {self.spec.repo_column!r} holds {type(repo).__name__}, expected a string")
         return Document(doc_id, text, path, self.spec.name, repo or None)
+
+
+def in_sample(doc_id: str, fraction: float, seed: int) -> bool:
+    """Whether a source's `sample` keeps `doc_id`: a 64-bit sha256 of the seed and the id, below the
+    fraction. Its own prefix keeps it apart from the other hashes of ids (the validation split's), so the
+    sample is not biased towards or away from the held-out documents."""
+    digest = hashlib.sha256(f"kiln.sample\0{seed}\0{doc_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") < fraction * 2**64
 
 
 def transient(spec: Source, exc: BaseException) -> bool:

@@ -110,3 +110,18 @@ def test_a_part_made_under_other_settings_is_refused(corpus, tmp_path):
         part_verdicts(cfg, plan, [folder] * plan.parts)
     with pytest.raises(KilnError, match="1 part folders given, the plan has"):
         part_verdicts(cfg, plan, [folder])
+
+
+def test_a_sampled_source_scatters_to_the_bytes_of_one_job(corpus, tmp_path):
+    """The part jobs check only the sampled documents (by id, as the one job reads them)."""
+    sampled = [
+        {**spec, "sample": 0.6, "sample_seed": 1} if spec["name"] != "capped" else spec for spec in corpus["sources"]
+    ]
+    cfg = download_cfg(sampled, rows_per_part=5, scatter_mb=0.002)
+    write_raw(cfg, tmp_path / "one")
+    one_job = files_of(tmp_path / "one")
+    gathered, parts = scatter(cfg, tmp_path / "scatter")
+    assert gathered == one_job and parts > 3
+    whole = download_cfg(corpus["sources"], rows_per_part=5)
+    manifest, all_rows = json.loads(one_job["manifest.json"]), write_raw(whole, tmp_path / "whole")
+    assert 0 < manifest["sources"]["code"]["rows"] < all_rows["sources"]["code"]["rows"]
