@@ -166,10 +166,10 @@ class DownloadSection(Section):
     )
     scatter_mb: Number = setting(
         8,
-        """Input megabytes per download_part job: each checks a share of the files of a source whose kind
-        reads files, such as stdlib and local (filters, decontamination, hashes, MinHash), and the download
-        job gathers them into the bytes one job writes. Sources with a budget, and streamed ones (hf),
-        are read by the download job.""",
+        """Input megabytes per download_part job: each checks a share of the files of a source (stdlib and
+        local files, an hf dataset's parquet data files) for filters, decontamination, hashes and MinHash,
+        and the download job gathers them into the bytes one job writes. Sources with a budget, and hf
+        streams that cannot be cut by file (one data file, a json builder), are read by the download job.""",
         reads("how many download_part jobs check the input; the bytes equal one job's", download=RUN),
         gt=0,
     )

@@ -1,16 +1,19 @@
 """The download stage as a scatter: a plan, one download_part job per share of the input, a gather.
 
-- The plan (`download_plan`, a Snakemake checkpoint) lists the files of each source whose kind reads
-  files (stdlib, local: kiln.data.source_kinds) and cuts them, in reading order, into shares of about
-  `download.scatter_mb` MB of input.
+- The plan (`download_plan`, a Snakemake checkpoint) lists the files of each source, in reading order,
+  and cuts them into shares of about `download.scatter_mb` MB of input: the files of a kind that reads
+  files (stdlib, local), or the data files of a stream that can be read a file range at a time (an hf
+  dataset of parquet files, resolved to a commit: kiln.data.source_kinds.hf.reader.split_files), each
+  range with the stream's row it starts at, so its documents get the ids one job gives them.
 - Each download_part job (`write_part`) runs the order-free checks on its share's records
   (kiln.data.verdicts: UTF-8, size, quality filters, HumanEval decontamination, content hash and
   MinHash), nearly all of the stage's time, and stores the verdicts.
 - The gather (`part_verdicts`, then kiln.data.raw.write_raw) replays every source in order through
   the ordered decisions (exact and near duplicates, budgets), so it writes the bytes one job writes.
 
-Not scattered, read and checked by the gather as one job reads them:
-- sources of a kind that streams (hf): a stream, read in one order; a cut would have to read it through;
+Not scattered, read and checked by the gather as one job reads them (the plan's log says which, and why):
+- streams that cannot be cut by file: one data file, a builder other than parquet's (json rows are
+  counted only by reading them);
 - sources with a budget (max_rows, max_bytes): the budget counts the documents kept after
   deduplication against everything before, so no share knows where its source stops, and a share
   past that point would be checked for nothing.
@@ -39,9 +42,12 @@ log = logging.getLogger("kiln.download")
 VERDICTS, PART_JSON = "verdicts.parquet", "part.json"
 
 
-def scattered(spec: Source) -> bool:
-    """Whether download_part jobs check this source's records (see the module's note)."""
-    return SourceReader(spec).reads_files and spec.max_rows is None and spec.max_bytes is None
+def not_scattered(spec: Source) -> str | None:
+    """Why the download job reads this source itself, before any file is listed; None when the
+    plan may cut it (see the module's note)."""
+    if spec.max_rows is not None or spec.max_bytes is not None:
+        return "it has a budget (max_rows, max_bytes)"
+    return None
 
 
 def _checks_key(spec: Source, cfg: DownloadSection) -> str:
@@ -57,27 +63,45 @@ def _checks_key(spec: Source, cfg: DownloadSection) -> str:
     return hashlib.sha256(json.dumps(checks, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _shares(files: list[Path], share_bytes: int) -> list[list[Path]]:
-    """The files in reading order, cut after each run reaching share_bytes (a file is never split)."""
-    shares, current, size = [], [], 0
-    for path in files:
-        current.append(path)
-        size += path.stat().st_size
+def _shares(files: list[tuple[str, int, int | None]], share_bytes: int) -> list[dict]:
+    """The files (name, bytes, rows or None) in reading order, cut after each run reaching share_bytes
+    (a file is never split); for a stream's files each share says the stream's row it starts at."""
+    shares, current, size, row = [], [], 0, 0
+    for name, nbytes, rows in files:
+        if not current:
+            shares.append({"files": current} if rows is None else {"files": current, "first_row": row})
+        current.append(name)
+        size += nbytes
+        row += rows or 0
         if size >= share_bytes:
-            shares.append(current)
             current, size = [], 0
-    return shares + ([current] if current else [])
+    return shares
+
+
+def _source_files(spec: Source) -> tuple[list[tuple[str, int, int | None]], str | None]:
+    """The source's files in reading order, each (name, bytes, rows: a stream's, else None); or none
+    and why the download job reads it whole."""
+    why = not_scattered(spec)
+    if why is not None:
+        return [], why
+    reader = SourceReader(spec)
+    if reader.reads_files:
+        return [(str(path), path.stat().st_size, None) for path in reader.files()], None
+    return reader.split()
 
 
 def download_plan(cfg: DownloadSection) -> ScatterPlan:
-    """One stamp per download_part job: its source, its files in reading order, the checks' key."""
+    """One stamp per download_part job: its source, its files in reading order (and a stream's first
+    row), the checks' key."""
     stamps = []
     for spec in cfg.sources:
-        if not scattered(spec):
+        files, why = _source_files(spec)
+        if why is not None:
+            log.info("download_plan: source %r is read by the download job: %s", spec.name, why)
             continue
         key = _checks_key(spec, cfg)
-        for share in _shares(SourceReader(spec).files(), int(cfg.scatter_mb * 2**20)):
-            stamps.append({"source": spec.name, "checks": key, "files": [str(path) for path in share]})
+        for share in _shares(files, int(cfg.scatter_mb * 2**20)):
+            stamps.append({"source": spec.name, "checks": key, **share})
     return ScatterPlan(stamps)
 
 
@@ -92,7 +116,7 @@ def write_part(cfg: DownloadSection, plan: ScatterPlan, index: int, out_dir: Pat
             f"download_part {index}: the plan was made for other download settings (source "
             f"{stamp['source']!r}); rerun download_plan"
         )
-    counts = write_verdicts(spec, cfg, [Path(f) for f in stamp["files"]], Path(out_dir) / VERDICTS)
+    counts = write_verdicts(spec, cfg, stamp, Path(out_dir) / VERDICTS)
     faults.kill_point("download_part")  # KILN_DATA_FAULT: killed with the verdicts written, part.json not
     write_json(Path(out_dir) / PART_JSON, {"stamp": stamp, **counts})
     log.info(
@@ -110,7 +134,8 @@ def part_verdicts(cfg: DownloadSection, plan: ScatterPlan, part_dirs: list[Path]
     plan (the gather's input to kiln.data.raw.write_raw)."""
     if len(part_dirs) != plan.parts:
         raise KilnError(f"download: {len(part_dirs)} part folders given, the plan has {plan.parts}")
-    planned = {spec.name for spec in cfg.sources if scattered(spec)}
+    keys = {spec.name: _checks_key(spec, cfg) for spec in cfg.sources}
+    planned = {stamp["source"] for stamp in plan.stamps if keys.get(stamp["source"]) == stamp["checks"]}
     verdicts: dict[str, list[Path]] = {name: [] for name in planned}
     for index, (stamp, folder) in enumerate(zip(plan.stamps, map(Path, part_dirs))):
         made = read_json(folder / PART_JSON)["stamp"] if (folder / PART_JSON).is_file() else None

@@ -53,7 +53,9 @@ class Reader(Protocol):
 
     A kind that streams defines `open_stream` and `read_stream`; the stream has state_dict() and
     load_state_dict() (datasets.IterableDataset's), and a resumed read continues from the state
-    recorded after the last complete part. Either kind may define `transient`."""
+    recorded after the last complete part. It may also define `split_files` and `read_split`, when its
+    stream is a list of files whose rows are known before reading: download_part jobs then read a
+    range of them each. Either kind may define `transient`."""
 
     def files(self, spec: Source) -> list[Path]:
         """The files the source reads, in reading order."""
@@ -67,6 +69,14 @@ class Reader(Protocol):
 
     def read_stream(self, reader: SourceReader, stream: Any, start: int) -> Iterator[Document | None]:
         """One item per record of `stream`, numbered from `start` (the records read before a resume)."""
+
+    def split_files(self, spec: Source) -> tuple[list[tuple[str, int, int]], str | None]:
+        """Optional: the stream's files in order, each (path or URL, bytes, rows); or none, and why
+        the stream cannot be read a file range at a time."""
+
+    def read_split(self, reader: SourceReader, files: Sequence[str], first_row: int) -> Iterator[Document | None]:
+        """Optional: one item per record of `files` (a range of split_files'), numbered from `first_row`
+        as the whole stream numbers them."""
 
     def transient(self, exc: BaseException) -> bool:
         """Optional: whether a failure is worth another attempt (download.retries); otherwise none is."""
@@ -110,6 +120,26 @@ class SourceReader:
             if position:
                 self._stream.load_state_dict(position["stream"])
             items = self.kind.read_stream(self, self._stream, self.records)
+        yield from self._kept(items)
+
+    def split(self) -> tuple[list[tuple[str, int, int]], str | None]:
+        """A streaming kind's files, each (path or URL, bytes, rows), for download_part jobs to read
+        a range of them each (read_share); or none, and why the stream is read whole."""
+        if not hasattr(self.kind, "split_files"):
+            return [], f"kind {self.spec.kind} streams in one order"
+        return self.kind.split_files(self.spec)
+
+    def read_share(self, files: Sequence[str], first_row: int | None = None) -> Iterator[Document | None]:
+        """A download_part job's share (kiln.data.raw_scatter): some of the files of a kind that reads
+        files, or a range of a stream's files (split) whose first row is `first_row` of the stream."""
+        if self.reads_files:
+            yield from self.read(None, [Path(f) for f in files])
+            return
+        self.records = first_row
+        yield from self._kept(self.kind.read_split(self, files, first_row))
+
+    def _kept(self, items: Iterator[Document | None]) -> Iterator[Document | None]:
+        """The items the sample keeps, every record counted (the position counts records read)."""
         for item in items:
             self.records += 1
             if item is None or self.sampled(item.id):

@@ -133,14 +133,15 @@ class CheckingReader:
             yield doc, check(doc, self.spec, self.cfg)
 
 
-def write_verdicts(spec: Source, cfg: DownloadSection, files: Sequence[Path], path: Path) -> dict[str, int]:
-    """Check the records of `files` (a share of the files of the source `spec`) into the parquet
-    file `path`, in reading order; return how many records there were and how many are candidates."""
+def write_verdicts(spec: Source, cfg: DownloadSection, share: dict, path: Path) -> dict[str, int]:
+    """Check the records of `share` (kiln.data.raw_scatter's: files of the source `spec`, and the first
+    row of a stream's range of files) into the parquet file `path`, in reading order; return how many
+    records there were and how many are candidates."""
     reader = SourceReader(spec, cfg.invalid_utf8)
     with atomic_file(path) as tmp, pq.ParquetWriter(tmp, VERDICT_SCHEMA, compression="zstd") as writer:
         rows: list[tuple[Document | None, Verdict]] = []
         counts = {"records": 0, "candidates": 0}
-        for doc in reader.read(None, files):
+        for doc in reader.read_share(share["files"], share.get("first_row")):
             verdict = check(doc, spec, cfg)
             rows.append((doc, verdict))
             counts["records"] += 1

@@ -12,7 +12,7 @@ import pytest
 from conftest import download_cfg, write_jsonl
 
 from kiln.data.raw import write_raw
-from kiln.data.raw_scatter import PART_JSON, download_plan, part_verdicts, scattered, write_part
+from kiln.data.raw_scatter import PART_JSON, download_plan, not_scattered, part_verdicts, write_part
 from kiln.data.source_kinds.stdlib.reader import stdlib_root
 from kiln.errors import KilnError
 
@@ -85,7 +85,7 @@ def test_the_scatter_writes_the_bytes_of_one_job(corpus, tmp_path, scatter_mb):
 
 def test_the_plan_leaves_budgeted_sources_to_the_gather_and_never_splits_a_file(corpus):
     cfg = download_cfg(corpus["sources"], scatter_mb=0.004)
-    assert [scattered(spec) for spec in cfg.sources] == [True, False, True, True]
+    assert [not_scattered(spec) is None for spec in cfg.sources] == [True, False, True, True]
     plan = download_plan(cfg)
     assert "capped" not in {stamp["source"] for stamp in plan.stamps}
     code_files = [f for stamp in plan.stamps if stamp["source"] == "code" for f in stamp["files"]]
