@@ -41,7 +41,8 @@ rule download_part:
 
 
 # The gather: every source replayed in order through the ordered decisions (exact and near
-# duplicates, budgets); budgeted sources and hf streams that cannot be cut by file are read here.
+# duplicates, budgets); hf streams that cannot be cut by file, and a budget's shares past its
+# expected reach (should the budget reach them), are read here.
 # The bytes one job would write.
 rule download:
     input:

@@ -168,8 +168,9 @@ class DownloadSection(Section):
         8,
         """Input megabytes per download_part job: each checks a share of the files of a source (stdlib and
         local files, an hf dataset's parquet data files) for filters, decontamination, hashes and MinHash,
-        and the download job gathers them into the bytes one job writes. Sources with a budget, and hf
-        streams that cannot be cut by file (one data file, a json builder), are read by the download job.""",
+        and the download job gathers them into the bytes one job writes. A budgeted source's shares past
+        the budget's expected reach, and hf streams that cannot be cut by file (one data file, a json
+        builder), are read by the download job.""",
         reads("how many download_part jobs check the input; the bytes equal one job's", download=RUN),
         gt=0,
     )

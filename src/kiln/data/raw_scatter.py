@@ -11,12 +11,14 @@
 - The gather (`part_verdicts`, then kiln.data.raw.write_raw) replays every source in order through
   the ordered decisions (exact and near duplicates, budgets), so it writes the bytes one job writes.
 
-Not scattered, read and checked by the gather as one job reads them (the plan's log says which, and why):
-- streams that cannot be cut by file: one data file, a builder other than parquet's (json rows are
-  counted only by reading them);
-- sources with a budget (max_rows, max_bytes): the budget counts the documents kept after
-  deduplication against everything before, so no share knows where its source stops, and a share
-  past that point would be checked for nothing.
+A source with a budget (max_rows, max_bytes) stops where the documents it keeps after deduplication
+against everything before reach it, which no share knows: its part jobs check the shares the budget
+is expected to reach (kiln.data.raw_reach), the plan leaves the rest to the gather (ScatterPlan.gather),
+and the gather reads and checks any of those the budget does reach, so the estimate changes no byte.
+
+Not scattered, read and checked by the gather as one job reads them (the plan's log says which, and
+why): streams that cannot be cut by file (one data file; a builder other than parquet's, whose rows are
+counted only by reading them).
 
 A part folder holds verdicts.parquet and part.json (the plan's stamp and the counts): the gather
 takes a part only if its stamp is the plan's.
@@ -30,7 +32,8 @@ import logging
 from pathlib import Path
 
 from kiln.config.data_sections import DownloadSection, Source
-from kiln.data import faults
+from kiln.data import faults, raw_reach
+from kiln.data.raw_reach import File
 from kiln.data.sources import SourceReader
 from kiln.data.verdicts import write_verdicts
 from kiln.errors import KilnError
@@ -40,14 +43,6 @@ from kiln.layout import ScatterPlan
 log = logging.getLogger("kiln.download")
 
 VERDICTS, PART_JSON = "verdicts.parquet", "part.json"
-
-
-def not_scattered(spec: Source) -> str | None:
-    """Why the download job reads this source itself, before any file is listed; None when the
-    plan may cut it (see the module's note)."""
-    if spec.max_rows is not None or spec.max_bytes is not None:
-        return "it has a budget (max_rows, max_bytes)"
-    return None
 
 
 def _checks_key(spec: Source, cfg: DownloadSection) -> str:
@@ -63,46 +58,64 @@ def _checks_key(spec: Source, cfg: DownloadSection) -> str:
     return hashlib.sha256(json.dumps(checks, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _shares(files: list[tuple[str, int, int | None]], share_bytes: int) -> list[dict]:
-    """The files (name, bytes, rows or None) in reading order, cut after each run reaching share_bytes
-    (a file is never split); for a stream's files each share says the stream's row it starts at."""
-    shares, current, size, row = [], [], 0, 0
-    for name, nbytes, rows in files:
-        if not current:
-            shares.append({"files": current} if rows is None else {"files": current, "first_row": row})
-        current.append(name)
-        size += nbytes
-        row += rows or 0
+def _shares(files: list[File], share_bytes: int) -> list[list[File]]:
+    """The files in reading order, cut after each run reaching share_bytes (a file is never split)."""
+    shares, current, size = [], [], 0
+    for file in files:
+        current.append(file)
+        size += file.bytes
         if size >= share_bytes:
+            shares.append(current)
             current, size = [], 0
-    return shares
+    return shares + ([current] if current else [])
 
 
-def _source_files(spec: Source) -> tuple[list[tuple[str, int, int | None]], str | None]:
-    """The source's files in reading order, each (name, bytes, rows: a stream's, else None); or none
-    and why the download job reads it whole."""
-    why = not_scattered(spec)
-    if why is not None:
-        return [], why
+def _stamps(spec: Source, cfg: DownloadSection, shares: list[list[File]]) -> list[dict]:
+    """A stamp per share: its source, the checks' key, its files, and a stream's row it starts at."""
+    key, stamps, row = _checks_key(spec, cfg), [], 0
+    for share in shares:
+        stamp = {"source": spec.name, "checks": key, "files": [file.name for file in share]}
+        if share[0].rows is not None:
+            stamp["first_row"] = row
+            row += sum(file.rows for file in share)
+        stamps.append(stamp)
+    return stamps
+
+
+def _source_files(spec: Source) -> tuple[list[File], str | None]:
+    """The source's files in reading order; or none, and why the download job reads it whole."""
     reader = SourceReader(spec)
     if reader.reads_files:
-        return [(str(path), path.stat().st_size, None) for path in reader.files()], None
-    return reader.split()
+        return [File(str(path), path.stat().st_size, None) for path in reader.files()], None
+    files, why = reader.split()
+    return [File(*file) for file in files], why
 
 
 def download_plan(cfg: DownloadSection) -> ScatterPlan:
     """One stamp per download_part job: its source, its files in reading order (and a stream's first
-    row), the checks' key."""
-    stamps = []
+    row), the checks' key; a budgeted source's shares past the budget's expected reach (kiln.data.raw_reach)
+    are the gather's."""
+    stamps, gather = [], []
     for spec in cfg.sources:
         files, why = _source_files(spec)
         if why is not None:
             log.info("download_plan: source %r is read by the download job: %s", spec.name, why)
             continue
-        key = _checks_key(spec, cfg)
-        for share in _shares(files, int(cfg.scatter_mb * 2**20)):
-            stamps.append({"source": spec.name, "checks": key, **share})
-    return ScatterPlan(stamps)
+        shares = _shares(files, int(cfg.scatter_mb * 2**20))
+        planned = _stamps(spec, cfg, shares)
+        checked = len(shares)
+        if spec.max_rows is not None or spec.max_bytes is not None:
+            checked = raw_reach.reach(spec, shares, raw_reach.measure(spec, cfg, planned))
+            log.info(
+                "download_plan: source %r: its budget is expected to reach %d of its %d shares; the download "
+                "job checks any further one it reaches",
+                spec.name,
+                checked,
+                len(shares),
+            )
+        stamps += planned[:checked]
+        gather += planned[checked:]
+    return ScatterPlan(stamps, gather)
 
 
 def write_part(cfg: DownloadSection, plan: ScatterPlan, index: int, out_dir: Path) -> dict:
@@ -129,20 +142,27 @@ def write_part(cfg: DownloadSection, plan: ScatterPlan, index: int, out_dir: Pat
     return counts
 
 
-def part_verdicts(cfg: DownloadSection, plan: ScatterPlan, part_dirs: list[Path]) -> dict[str, list[Path]]:
-    """Per scattered source, its parts' verdict files in reading order, each checked against the
-    plan (the gather's input to kiln.data.raw.write_raw)."""
+def part_verdicts(cfg: DownloadSection, plan: ScatterPlan, part_dirs: list[Path]) -> dict[str, list[Path | dict]]:
+    """Per scattered source, in reading order, its parts' verdict files, each checked against the
+    plan, then the shares the plan left to the gather (its stamps: read and checked there if the
+    budget reaches them). The gather's input to kiln.data.raw.write_raw."""
     if len(part_dirs) != plan.parts:
         raise KilnError(f"download: {len(part_dirs)} part folders given, the plan has {plan.parts}")
     keys = {spec.name: _checks_key(spec, cfg) for spec in cfg.sources}
-    planned = {stamp["source"] for stamp in plan.stamps if keys.get(stamp["source"]) == stamp["checks"]}
-    verdicts: dict[str, list[Path]] = {name: [] for name in planned}
+    stale = [stamp["source"] for stamp in plan.stamps + plan.gather if keys.get(stamp["source"]) != stamp["checks"]]
+    if stale:
+        raise KilnError(
+            f"download: the plan was made for other download settings (source {stale[0]!r}); rerun download_plan"
+        )
+    verdicts: dict[str, list[Path | dict]] = {stamp["source"]: [] for stamp in plan.stamps + plan.gather}
     for index, (stamp, folder) in enumerate(zip(plan.stamps, map(Path, part_dirs))):
         made = read_json(folder / PART_JSON)["stamp"] if (folder / PART_JSON).is_file() else None
-        if made != stamp or stamp["source"] not in planned:
+        if made != stamp:
             raise KilnError(
                 f"download: {folder} is not part {index} of this plan (made for {made and made['source']!r}, "
                 f"planned {stamp['source']!r}); rerun its download_part job"
             )
         verdicts[stamp["source"]].append(folder / VERDICTS)
+    for stamp in plan.gather:
+        verdicts[stamp["source"]].append(stamp)
     return verdicts

@@ -49,7 +49,7 @@ class Reader(Protocol):
 
     A kind that reads files defines `files` and `read_files`. Its records are those of its files in
     order; a resumed read reads them again and skips those done, and download_part jobs may check
-    shares of its files (kiln.data.raw_scatter) when the source has no budget.
+    shares of its files (kiln.data.raw_scatter).
 
     A kind that streams defines `open_stream` and `read_stream`; the stream has state_dict() and
     load_state_dict() (datasets.IterableDataset's), and a resumed read continues from the state

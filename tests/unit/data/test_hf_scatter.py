@@ -1,7 +1,8 @@
 """An hf source scattered by data file: the plan lists the dataset's parquet data files (a dataset
 repository folder laid out as the Hub serves one, read through `datasets` offline) and cuts them into
 shares, each download_part job reads its range of files with the ids one job gives them, and the
-gather writes the bytes one job writes, with and without a sample. A stream that cannot be cut (one
+gather writes the bytes one job writes, with and without a sample, with a budget whose estimate holds
+or falls short. A stream that cannot be cut (one
 data file, a json builder) stays one job, and the plan says why."""
 
 from __future__ import annotations
@@ -85,7 +86,6 @@ def test_a_stream_that_cannot_be_cut_stays_one_job_and_the_plan_says_why(tmp_pat
     sources = [
         hf_source(one_file),
         {"name": "lines", "kind": "hf", "dataset": "json", "data_files": [str(lines)]},
-        hf_source(one_file, name="capped", max_rows=3),
     ]
     cfg = download_cfg(sources, scatter_mb=0.000001)
     with caplog.at_level(logging.INFO, logger="kiln.download"):
@@ -93,4 +93,28 @@ def test_a_stream_that_cannot_be_cut_stays_one_job_and_the_plan_says_why(tmp_pat
     said = "\n".join(record.getMessage() for record in caplog.records)
     assert "source 'web' is read by the download job: split 'train' is 1 data file" in said
     assert "source 'lines' is read by the download job: its builder (json) is not parquet's" in said
-    assert "source 'capped' is read by the download job: it has a budget" in said
+
+
+@pytest.mark.parametrize("budget", [{"max_rows": 9}, {"max_bytes": 9000, "sample": 0.7}])
+def test_a_budgeted_hf_source_scatters_to_the_bytes_of_one_job(dataset, tmp_path, budget):
+    """Budgets the first files hold: the plan leaves the last files to the gather, which never needs them."""
+    cfg = download_cfg([hf_source(dataset, **budget)], rows_per_part=7, scatter_mb=0.000001)
+    plan = download_plan(cfg)
+    assert plan.gather and [stamp["first_row"] for stamp in plan.stamps + plan.gather] == [0, 5, 11, 18, 26, 35]
+    write_raw(cfg, tmp_path / "one")
+    assert scatter(cfg, tmp_path / "scatter")[0] == files_of(tmp_path / "one")
+
+
+def test_the_gather_reads_the_data_files_a_budget_reaches_past_the_estimate(tmp_path):
+    """Files 2-4 repeat files 0 and 1, which the plan's sample (its own checks: no deduplication)
+    cannot foresee: 14 rows need file 5, which the plan left to the gather."""
+    files = [rows(file, 6) for file in (0, 1, 0, 1, 0, 5)]
+    dataset = write_dataset_folder(tmp_path / "repeats", files)
+    cfg = download_cfg([hf_source(dataset, max_rows=14)], rows_per_part=7, scatter_mb=0.000001)
+    plan = download_plan(cfg)
+    assert len(plan.stamps) == 3 and len(plan.gather) == 3
+    write_raw(cfg, tmp_path / "one")
+    gathered, _ = scatter(cfg, tmp_path / "scatter")
+    assert gathered == files_of(tmp_path / "one")
+    manifest = json.loads(gathered["manifest.json"])["sources"]["web"]
+    assert manifest["rows"] == 14 and manifest["skipped_duplicate"] == 18
