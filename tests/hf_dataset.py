@@ -16,7 +16,7 @@ from tiny import ROOT, TINY, VENV_BIN
 
 CARD = """---
 configs:
-- config_name: default
+- config_name: {config}
   data_files:
   - split: train
     path: data/train-*.parquet
@@ -25,12 +25,15 @@ configs:
 """
 
 
-def write_dataset_folder(folder: Path, files: list[list[dict]], row_group_rows: int = 4) -> Path:
-    """folder/README.md and folder/data/train-NNNNN-of-MMMMM.parquet, one file per list of rows
-    (each row's keys are its columns), in order; small row groups, as large Hub files have many."""
+def write_dataset_folder(
+    folder: Path, files: list[list[dict]], row_group_rows: int = 4, config: str = "default"
+) -> Path:
+    """folder/README.md (its one configuration named `config`) and folder/data/train-NNNNN-of-MMMMM.parquet,
+    one file per list of rows (each row's keys are its columns), in order; small row groups, as large
+    Hub files have many."""
     folder = Path(folder)
     (folder / "data").mkdir(parents=True, exist_ok=True)
-    (folder / "README.md").write_text(CARD)
+    (folder / "README.md").write_text(CARD.format(config=config))
     for index, rows in enumerate(files):
         name = f"train-{index:05d}-of-{len(files):05d}.parquet"
         pq.write_table(pa.Table.from_pylist(rows), folder / "data" / name, row_group_size=row_group_rows)
