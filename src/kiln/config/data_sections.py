@@ -193,7 +193,8 @@ class DownloadSection(Section):
     )
     retries: int = setting(
         5,
-        "Attempts after a network failure of a hub source, each from its last complete part.",
+        """Attempts after a network failure of a hub source, each from its last complete part (a
+        download_part job's, or the plan's listing of the data files: from its start).""",
         reads("a retry resumes from the last complete part", download=RUN),
         ge=0,
     )

@@ -29,12 +29,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from kiln.config.data_sections import DownloadSection, Source
 from kiln.data import faults, raw_reach
 from kiln.data.raw_reach import File
-from kiln.data.sources import SourceReader
+from kiln.data.sources import SourceReader, transient
 from kiln.data.verdicts import write_verdicts
 from kiln.errors import KilnError
 from kiln.io import read_json, write_json
@@ -43,6 +45,7 @@ from kiln.layout import ScatterPlan
 log = logging.getLogger("kiln.download")
 
 VERDICTS, PART_JSON = "verdicts.parquet", "part.json"
+T = TypeVar("T")
 
 
 def _checks_key(spec: Source, cfg: DownloadSection) -> str:
@@ -91,13 +94,29 @@ def _source_files(spec: Source) -> tuple[list[File], str | None]:
     return [File(*file) for file in files], why
 
 
+def _retrying(spec: Source, cfg: DownloadSection, what: str, work: Callable[[], T]) -> T:
+    """`work` again from its start after a network failure of the source's stream, download.retries
+    times with download.retry_backoff_s doubling, as the one job retries from its last part."""
+    attempt = 1
+    while True:
+        try:
+            return work()
+        except Exception as exc:
+            if not transient(spec, exc) or attempt > cfg.retries:
+                raise
+            delay = cfg.retry_backoff_s * 2 ** (attempt - 1)
+            attempt += 1
+            log.warning("%s: source %r: %s; again in %.1f s (attempt %d)", what, spec.name, exc, delay, attempt)
+            time.sleep(delay)
+
+
 def download_plan(cfg: DownloadSection) -> ScatterPlan:
     """One stamp per download_part job: its source, its files in reading order (and a stream's first
     row), the checks' key; a budgeted source's shares past the budget's expected reach (kiln.data.raw_reach)
     are the gather's."""
     stamps, gather = [], []
     for spec in cfg.sources:
-        files, why = _source_files(spec)
+        files, why = _retrying(spec, cfg, "download_plan", lambda: _source_files(spec))
         if why is not None:
             log.info("download_plan: source %r is read by the download job: %s", spec.name, why)
             continue
@@ -105,7 +124,8 @@ def download_plan(cfg: DownloadSection) -> ScatterPlan:
         planned = _stamps(spec, cfg, shares)
         checked = len(shares)
         if spec.max_rows is not None or spec.max_bytes is not None:
-            checked = raw_reach.reach(spec, shares, raw_reach.measure(spec, cfg, planned))
+            kept = _retrying(spec, cfg, "download_plan", lambda: raw_reach.measure(spec, cfg, planned))
+            checked = raw_reach.reach(spec, shares, kept)
             log.info(
                 "download_plan: source %r: its budget is expected to reach %d of its %d shares; the download "
                 "job checks any further one it reaches",
@@ -129,7 +149,9 @@ def write_part(cfg: DownloadSection, plan: ScatterPlan, index: int, out_dir: Pat
             f"download_part {index}: the plan was made for other download settings (source "
             f"{stamp['source']!r}); rerun download_plan"
         )
-    counts = write_verdicts(spec, cfg, stamp, Path(out_dir) / VERDICTS)
+    counts = _retrying(
+        spec, cfg, f"download_part {index}", lambda: write_verdicts(spec, cfg, stamp, Path(out_dir) / VERDICTS)
+    )
     faults.kill_point("download_part")  # KILN_DATA_FAULT: killed with the verdicts written, part.json not
     write_json(Path(out_dir) / PART_JSON, {"stamp": stamp, **counts})
     log.info(

@@ -11,10 +11,13 @@ import json
 import logging
 import random
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import download_cfg, write_jsonl
 from hf_dataset import write_dataset_folder
 from test_download_scatter import files_of, scatter
+from test_raw import flaky_serving, row_text
 
 from kiln.data.raw import write_raw
 from kiln.data.raw_scatter import download_plan
@@ -118,3 +121,23 @@ def test_the_gather_reads_the_data_files_a_budget_reaches_past_the_estimate(tmp_
     assert gathered == files_of(tmp_path / "one")
     manifest = json.loads(gathered["manifest.json"])["sources"]["web"]
     assert manifest["rows"] == 14 and manifest["skipped_duplicate"] == 18
+
+
+def test_a_part_job_retries_its_data_files_after_a_network_failure(tmp_path, monkeypatch):
+    """Parquet data files named by URL (as a Hub dataset's are): the part job reading s1 meets two 503s
+    and reads it again from its start (download.retries), to the one job's bytes."""
+    served = tmp_path / "served"
+    served.mkdir()
+    for k in range(3):
+        pq.write_table(pa.table({"text": [row_text(k, i) for i in range(30)]}), served / f"s{k}.parquet")
+    with flaky_serving(served, monkeypatch) as (base, refuse):
+        spec = {"name": "web", "kind": "hf", "dataset": "parquet"}
+        spec["data_files"] = [f"{base}/s{k}.parquet" for k in range(3)]
+        cfg = download_cfg([spec], rows_per_part=10, scatter_mb=0.000001, retries=3)
+        write_raw(cfg, tmp_path / "one")
+        plan = download_plan(cfg)
+        assert plan.parts == 3 and plan.stamps[1]["first_row"] == 30
+        refuse["s1.parquet"] = 2
+        gathered, _ = scatter(cfg, tmp_path / "scatter")
+        assert refuse["s1.parquet"] == 0  # the failures did happen
+    assert gathered == files_of(tmp_path / "one")
