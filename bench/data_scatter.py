@@ -10,6 +10,8 @@ and a gather, against the stage script as one process (download_rounds).
     python bench/data_scatter.py --quick             # tests/configs/tiny.yaml, 2 cores
     python bench/data_scatter.py --train-tokens 1000000  # under a budget: the part jobs encode the
                                                      # train side only of the parts it is expected to reach
+    python bench/data_scatter.py --hf-parquet-mb 1024  # the download alone, of an hf source: a dataset
+                                                     # folder of parquet data files (below)
 
 Builds the download and tokenizer once (snakemake --until tokenizer) in a scratch folder, then per
 core count, taking turns for --rounds rounds (best kept):
@@ -25,10 +27,18 @@ of this run's mean part size; each node runs --node-cores part jobs at once, eac
 part-job rate (MB of raw text per second, its start-up included); then the gather: its fixed cost
 measured here plus its read and write of the token bytes at the copy rate measured on a scratch
 file of --copy-mb. Snakemake's `jobs:` (profiles/slurm) must allow that many jobs in flight.
+
+--hf-parquet-mb N: the download stage alone, of one hf source read through `datasets`: a dataset
+repository folder laid out as the Hub serves one (a card, parquet data files of --hf-file-mb of text
+each), made of this interpreter's site-packages and standard library .py files, cycled with a header
+naming the round until N MB (a later round's file is a near duplicate of the first's: the part jobs
+check it all the same, the gather drops it). One download_part job per data file. The projection is of
+the seeds' hf sources: seed 000's 90 GB of Python and seed 002's 48 GB of FineWeb-Edu (their max_bytes).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import shutil
@@ -56,6 +66,7 @@ from kiln.layout import Layout, ScatterPlan
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUTS = ("train.bin", "val.bin", "val_ids.txt", "meta.json")
 SEED_TOKENS = 10e9  # seed 000: ~10B tokens of code
+SEED_DOWNLOADS_MB = {"seed 000": 90e3, "seed 002": 48e3}  # their hf sources' max_bytes, in MB
 
 
 def snakemake(workdir: Path, configfile: Path, *args: str) -> float:
@@ -120,7 +131,11 @@ def main() -> int:
     parser.add_argument("--node-cores", type=int, default=64, help="part jobs one node runs at once (projection)")
     parser.add_argument("--copy-mb", type=int, default=1024)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kiln-data-scatter-bench"))
+    parser.add_argument("--hf-parquet-mb", type=int, help="the download of an hf source of this many MB (below)")
+    parser.add_argument("--hf-file-mb", type=int, default=32, help="MB of text per parquet data file")
     args = parser.parse_args()
+    if args.hf_parquet_mb:
+        return hf_download(args)
     if args.quick:
         args.configfile, args.cores, args.rounds, args.copy_mb = ROOT / "tests" / "configs" / "tiny.yaml", "2", 1, 16
         args.workdir = Path(tempfile.mkdtemp(prefix="kiln-data-scatter-"))
@@ -205,7 +220,7 @@ def main() -> int:
         f"\nseed 000: {SEED_TOKENS / 1e9:.0f}B tokens x {bytes_per_token:.2f} bytes/token = {seed_mb / 1e3:.1f} GB in {seed_parts:,} parts"
     )
     print_projection("part jobs", seed_parts, per_part, gather, args.node_cores)
-    download_rounds(args, configfile, layout, cores, seed_mb)
+    download_rounds(args, configfile, layout, cores, {"seed 000": seed_mb})
     shutil.rmtree(args.workdir, ignore_errors=True)
     return 0
 
@@ -251,10 +266,10 @@ def replay_seconds(workdir: Path, configfile: Path, layout: Layout) -> float:
     return elapsed
 
 
-def download_rounds(args, configfile: Path, layout: Layout, cores: list[int], seed_mb: float) -> None:
+def download_rounds(args, configfile: Path, layout: Layout, cores: list[int], seeds_mb: dict[str, float]) -> None:
     """The download stage the same way: its plan, download_part jobs and gather through Snakemake
-    (`--until download --forcerun download`) against the stage script as one process; then seed
-    000's raw text through it, projected (its serial gather measured here in MB/s)."""
+    (`--until download --forcerun download`) against the stage script as one process; then each
+    seed's raw text (`seeds_mb`) through it, projected (its serial gather measured here in MB/s)."""
     print("\n## download: download_part jobs and a gather, against one job", flush=True)
     reference, best, part_s, gather_s = None, {}, [], []
     for _ in range(args.rounds):
@@ -281,13 +296,63 @@ def download_rounds(args, configfile: Path, layout: Layout, cores: list[int], se
     share_mb = input_mb / parts
     per_part = sorted(part_s)[len(part_s) // 2]
     gather_rate = input_mb / replay_seconds(args.workdir, configfile, layout)
-    seed_parts = math.ceil(seed_mb / share_mb)
-    gather = seed_mb / gather_rate
-    print(
-        f"\nseed 000's {seed_mb / 1e3:.1f} GB in {seed_parts:,} shares of {share_mb:.1f} MB, each {per_part:.2f} s "
-        f"(median part job here); the gather replays {gather_rate:.0f} MB/s (in one process, start-up aside)"
+    for seed, seed_mb in seeds_mb.items():
+        seed_parts = math.ceil(seed_mb / share_mb)
+        gather = seed_mb / gather_rate
+        print(
+            f"\n{seed}'s {seed_mb / 1e3:.1f} GB in {seed_parts:,} shares of {share_mb:.1f} MB, each {per_part:.2f} s "
+            f"(median part job here); the gather replays {gather_rate:.0f} MB/s (in one process, start-up aside)"
+        )
+        print_projection("download_part jobs", seed_parts, per_part, gather, args.node_cores)
+
+
+def python_files() -> list[Path]:
+    """This interpreter's site-packages and standard library .py files, in a fixed order."""
+    roots = [Path(sysconfig.get_paths()["purelib"]), Path(sysconfig.get_paths()["stdlib"])]
+    return [path for root in roots for path in sorted(root.rglob("*.py")) if path.is_file()]
+
+
+def write_parquet_dataset(folder: Path, total_mb: int, file_mb: int) -> int:
+    """A dataset repository folder (tests/hf_dataset.py's layout) of total_mb MB of .py files' text in
+    data files of about file_mb MB each; returns how many data files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (folder / "data").mkdir(parents=True)
+    card = (
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path: data/train-*.parquet\n---\n"
     )
-    print_projection("download_part jobs", seed_parts, per_part, gather, args.node_cores)
+    (folder / "README.md").write_text(card)
+    sources, written, files, rows, size = python_files(), 0, 0, [], 0
+    for index in itertools.count():
+        path = sources[index % len(sources)]
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        rows.append({"text": f"# round {index // len(sources)}: {path.name}\n{text}"})
+        size += len(rows[-1]["text"])
+        if size >= file_mb << 20 or written + size >= total_mb << 20:
+            pq.write_table(
+                pa.Table.from_pylist(rows), folder / "data" / f"train-{files:05d}.parquet", row_group_size=256
+            )
+            written, files, rows, size = written + size, files + 1, [], 0
+            if written >= total_mb << 20:
+                return files
+
+
+def hf_download(args) -> int:
+    """--hf-parquet-mb: the download rounds on an hf source of parquet data files, one a part job."""
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    args.workdir.mkdir(parents=True)
+    files = write_parquet_dataset(args.workdir / "dataset", args.hf_parquet_mb, args.hf_file_mb)
+    print(f"{files} parquet data files, {args.hf_parquet_mb} MB of text, in {args.workdir / 'dataset'}", flush=True)
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text(encoding="utf-8"))
+    source = {"name": "code", "kind": "hf", "dataset": str(args.workdir / "dataset"), "quality": "code"}
+    cfg["download"] = cfg.get("download", {}) | {"sources": [source], "scatter_mb": 1e-6}  # a data file a share
+    configfile = args.workdir / "config.yaml"
+    configfile.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    layout = Layout(kiln_config.resolve([configfile], {}), root=args.workdir / "results")
+    download_rounds(args, configfile, layout, [int(c) for c in args.cores.split(",")], SEED_DOWNLOADS_MB)
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":

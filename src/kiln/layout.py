@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.config import settings
@@ -141,20 +141,26 @@ class ScatterPlan:
     """What a scattered stage's plan job tells Snakemake and the part jobs before any part runs: one
     stamp per part job, what it must be made from (download: kiln.data.raw_scatter.download_plan;
     pretokenize: one per raw part, kiln.data.token_plan.Plan.stamp). A Snakemake checkpoint's output:
-    the workflow learns the scatter's width from it, and the gather checks each part's stamp."""
+    the workflow learns the scatter's width from it, and the gather checks each part's stamp. `gather`:
+    shares no part job makes, which the gather makes itself if it needs them (download: those past a
+    budget's expected reach)."""
 
     stamps: list[dict]
+    gather: list[dict] = field(default_factory=list)
 
     @property
     def parts(self) -> int:
         return len(self.stamps)
 
     def save(self, path: Path) -> None:
-        write_json(path, {"parts": self.parts, "stamps": self.stamps})
+        write_json(
+            path, {"parts": self.parts, "stamps": self.stamps} | ({"gather": self.gather} if self.gather else {})
+        )
 
     @classmethod
     def load(cls, path: Path) -> "ScatterPlan":
-        return cls(read_json(path)["stamps"])
+        saved = read_json(path)
+        return cls(saved["stamps"], saved.get("gather", []))
 
 
 def data_key(cfg: dict, stage: str) -> str:

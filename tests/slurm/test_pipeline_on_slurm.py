@@ -74,14 +74,14 @@ HOLD_STEP = 150  # a log step (the ranks read the signal's flag there, not one l
 pytestmark = pytest.mark.slurm
 
 
-def snakemake_argv(workdir: Path, *args: str, slurm: bool = True) -> list[str]:
+def snakemake_argv(workdir: Path, *args: str, slurm: bool = True, configfile: Path = TINY) -> list[str]:
     argv = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir)]
     if slurm:
         # the plugin's first status check waits 40 s by default; the cluster answers at once
         argv += ["--profile", str(ROOT / "profiles" / "slurm"), "--slurm-init-seconds-before-status-checks", "2"]
     else:
         argv += ["--cores", "2"]
-    return [*argv, *args, "--configfile", str(TINY)]
+    return [*argv, *args, "--configfile", str(configfile)]
 
 
 def sweep_argv(workdir: Path, *args: str, slurm: bool = True) -> list[str]:

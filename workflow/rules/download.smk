@@ -1,6 +1,7 @@
 # The download stage is three kinds of job: a plan, one download_part job per share of the input
 # files, and the download job that gathers them (kiln.data.raw_scatter). The plan is a checkpoint: it
-# lists the stdlib and local sources' files, so it says how many part jobs there are.
+# lists the sources' files (stdlib, local, an hf dataset's parquet data files), so it says how many part
+# jobs there are.
 checkpoint download_plan:
     output:
         plan=P.scatter_plan("download"),
@@ -40,7 +41,9 @@ rule download_part:
 
 
 # The gather: every source replayed in order through the ordered decisions (exact and near
-# duplicates, budgets); hf and budgeted sources are read here. The bytes one job would write.
+# duplicates, budgets); hf streams that cannot be cut by file, and a budget's shares past its
+# expected reach (should the budget reach them), are read here.
+# The bytes one job would write.
 rule download:
     input:
         plan=P.scatter_plan("download"),

@@ -1,8 +1,9 @@
 """download stage: gather each configured source's documents, cleaned, as parquet parts plus a manifest.
 
 Writes <out>/<source>/part-NNNNN.parquet (id, text, metadata{path, source, repo}) and <out>/manifest.json
-(rows, bytes and sha256 per part, what was skipped and why). The stdlib and local sources come checked
-by the download_part jobs (--parts); the rest are read and checked here (kiln.data.raw_scatter). Parts
+(rows, bytes and sha256 per part, what was skipped and why). The sources' shares come checked by the
+download_part jobs (--parts); the rest (streams that cannot be cut by file, a budget's shares past its
+expected reach) are read and checked here (kiln.data.raw_scatter). Parts
 are staged beside the output in .<out>.partial and the folder is renamed into place when complete; a
 rerun after an interruption resumes after the last complete part.
 """

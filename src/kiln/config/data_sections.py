@@ -61,6 +61,8 @@ class _Source(Section):
         kind = data.get("kind") if isinstance(data, dict) else None
         if not isinstance(kind, str) or kind not in source_kinds.KINDS:
             return data  # not a mapping, or no known kind: the fields' own checks name the problem
+        if "sample_seed" in data and "sample" not in data:
+            raise PydanticCustomError("kiln", "sample_seed seeds a sample: set sample too")
         declared = source_kinds.get(kind)
         keys = ("name", "kind", *declared.keys.model_fields, *_EVERY_SOURCE)
         return _variant(data, kind, keys, declared.required(), declared.defaults())
@@ -69,6 +71,17 @@ class _Source(Section):
 _EVERY_SOURCE = {
     "max_rows": (int | None, optional("Keep at most this many documents.", ge=1)),
     "max_bytes": (int | None, optional("Keep documents up to this many UTF-8 bytes.", ge=1)),
+    "sample": (
+        Number | None,
+        optional(
+            """Keep this fraction of the source's documents, the same ones on every run: a document is kept
+            when a hash of sample_seed and its id falls below it, so the sample is spread over the whole
+            source, not a prefix. max_rows and max_bytes then count the sampled documents.""",
+            gt=0,
+            le=1,
+        ),
+    ),
+    "sample_seed": (int | None, optional("The seed of the sample's hash (0 when unset).", ge=0)),
     # Required here, but every kind fills its own default in (_fill_kind), so a config may leave it out.
     "quality": (
         Literal["code", "prose", "none"],
@@ -153,10 +166,11 @@ class DownloadSection(Section):
     )
     scatter_mb: Number = setting(
         8,
-        """Input megabytes per download_part job: each checks a share of the files of a source whose kind
-        reads files, such as stdlib and local (filters, decontamination, hashes, MinHash), and the download
-        job gathers them into the bytes one job writes. Sources with a budget, and streamed ones (hf),
-        are read by the download job.""",
+        """Input megabytes per download_part job: each checks a share of the files of a source (stdlib and
+        local files, an hf dataset's parquet data files) for filters, decontamination, hashes and MinHash,
+        and the download job gathers them into the bytes one job writes. A budgeted source's shares past
+        the budget's expected reach, and hf streams that cannot be cut by file (one data file, a json
+        builder), are read by the download job.""",
         reads("how many download_part jobs check the input; the bytes equal one job's", download=RUN),
         gt=0,
     )
@@ -179,7 +193,8 @@ class DownloadSection(Section):
     )
     retries: int = setting(
         5,
-        "Attempts after a network failure of a hub source, each from its last complete part.",
+        """Attempts after a network failure of a hub source, each from its last complete part (a
+        download_part job's, or the plan's listing of the data files: from its start).""",
         reads("a retry resumes from the last complete part", download=RUN),
         ge=0,
     )

@@ -148,7 +148,7 @@ class _SourceWriter:
         progress: dict,
         seen: set[int] | None,
         near: NearDupIndex | None,
-        verdicts: list[Path] | None = None,
+        verdicts: list[Path | dict] | None = None,
     ):
         self.spec, self.cfg, self.staging, self.progress, self.seen = spec, cfg, staging, progress, seen
         self.near, self.verdicts = near, verdicts
@@ -309,10 +309,11 @@ def _staged_index(cfg: DownloadSection, staging: Path, progress: dict) -> tuple[
     return seen, near
 
 
-def write_raw(cfg: DownloadSection, out_dir: Path, verdicts: dict[str, list[Path]] | None = None) -> dict:
+def write_raw(cfg: DownloadSection, out_dir: Path, verdicts: dict[str, list[Path | dict]] | None = None) -> dict:
     """Run the download section `cfg` into out_dir (replaced whole at the end); return the manifest.
-    `verdicts`: per scattered source, its download_part jobs' verdict files in reading order (the
-    gather, kiln.data.raw_scatter); the other sources are read and checked here."""
+    `verdicts`: per scattered source, its download_part jobs' verdict files in reading order, then any
+    share the plan left to the gather (kiln.data.raw_scatter: checked here if its budget reaches it);
+    the other sources are read and checked here."""
     verdicts = verdicts or {}
     out_dir = Path(out_dir)
     staging = out_dir.parent / f".{out_dir.name}.partial"

@@ -6,7 +6,8 @@ standard library's .py files), local (files on disk, and rows of .jsonl/.json/.p
 Hugging Face dataset, streamed). docs/extending.md adds one.
 
 A `SourceReader` yields one item per record: a `Document`, or None for a record that is not valid
-UTF-8 and is skipped (or a KilnError naming it, when `invalid_utf8` is `fail`). A file above
+UTF-8 and is skipped (or a KilnError naming it, when `invalid_utf8` is `fail`); a source with a
+`sample` yields only the documents its sample keeps (`in_sample`, by id), before any check. A file above
 BIG_TEXT_BYTES is kept as its bytes (kiln.data.utf8text), never also as a Python string. Its `position()` after
 any item is a JSON-able point to resume reading from, so a download picks up after its last complete
 part. Cleaning (empty, too short or long, duplicates) and budgets are the download writer's business
@@ -16,6 +17,7 @@ part. Cleaning (empty, too short or long, duplicates) and budgets are the downlo
 from __future__ import annotations
 
 import bisect
+import hashlib
 import itertools
 import logging
 from dataclasses import dataclass
@@ -47,11 +49,13 @@ class Reader(Protocol):
 
     A kind that reads files defines `files` and `read_files`. Its records are those of its files in
     order; a resumed read reads them again and skips those done, and download_part jobs may check
-    shares of its files (kiln.data.raw_scatter) when the source has no budget.
+    shares of its files (kiln.data.raw_scatter).
 
     A kind that streams defines `open_stream` and `read_stream`; the stream has state_dict() and
     load_state_dict() (datasets.IterableDataset's), and a resumed read continues from the state
-    recorded after the last complete part. Either kind may define `transient`."""
+    recorded after the last complete part. It may also define `split_files` and `read_split`, when its
+    stream is a list of files whose rows are known before reading: download_part jobs then read a
+    range of them each. Either kind may define `transient`."""
 
     def files(self, spec: Source) -> list[Path]:
         """The files the source reads, in reading order."""
@@ -65,6 +69,14 @@ class Reader(Protocol):
 
     def read_stream(self, reader: SourceReader, stream: Any, start: int) -> Iterator[Document | None]:
         """One item per record of `stream`, numbered from `start` (the records read before a resume)."""
+
+    def split_files(self, spec: Source) -> tuple[list[tuple[str, int, int]], str | None]:
+        """Optional: the stream's files in order, each (path or URL, bytes, rows); or none, and why
+        the stream cannot be read a file range at a time."""
+
+    def read_split(self, reader: SourceReader, files: Sequence[str], first_row: int) -> Iterator[Document | None]:
+        """Optional: one item per record of `files` (a range of split_files'), numbered from `first_row`
+        as the whole stream numbers them."""
 
     def transient(self, exc: BaseException) -> bool:
         """Optional: whether a failure is worth another attempt (download.retries); otherwise none is."""
@@ -108,9 +120,34 @@ class SourceReader:
             if position:
                 self._stream.load_state_dict(position["stream"])
             items = self.kind.read_stream(self, self._stream, self.records)
+        yield from self._kept(items)
+
+    def split(self) -> tuple[list[tuple[str, int, int]], str | None]:
+        """A streaming kind's files, each (path or URL, bytes, rows), for download_part jobs to read
+        a range of them each (read_share); or none, and why the stream is read whole."""
+        if not hasattr(self.kind, "split_files"):
+            return [], f"kind {self.spec.kind} streams in one order"
+        return self.kind.split_files(self.spec)
+
+    def read_share(self, files: Sequence[str], first_row: int | None = None) -> Iterator[Document | None]:
+        """A download_part job's share (kiln.data.raw_scatter): some of the files of a kind that reads
+        files, or a range of a stream's files (split) whose first row is `first_row` of the stream."""
+        if self.reads_files:
+            yield from self.read(None, [Path(f) for f in files])
+            return
+        self.records = first_row
+        yield from self._kept(self.kind.read_split(self, files, first_row))
+
+    def _kept(self, items: Iterator[Document | None]) -> Iterator[Document | None]:
+        """The items the sample keeps, every record counted (the position counts records read)."""
         for item in items:
             self.records += 1
-            yield item
+            if item is None or self.sampled(item.id):
+                yield item
+
+    def sampled(self, doc_id: str) -> bool:
+        """Whether the source's sample keeps the document `doc_id` (every one without a sample)."""
+        return self.spec.sample is None or in_sample(doc_id, self.spec.sample, self.spec.sample_seed or 0)
 
     def decode(self, data: bytes, where: str) -> str | None:
         try:
@@ -142,6 +179,14 @@ class SourceReader:
         if repo is not None and not isinstance(repo, str):
             raise KilnError(f"{where}: column {self.spec.repo_column!r} holds {type(repo).__name__}, expected a string")
         return Document(doc_id, text, path, self.spec.name, repo or None)
+
+
+def in_sample(doc_id: str, fraction: float, seed: int) -> bool:
+    """Whether a source's `sample` keeps `doc_id`: a 64-bit sha256 of the seed and the id, below the
+    fraction. Its own prefix keeps it apart from the other hashes of ids (the validation split's), so the
+    sample is not biased towards or away from the held-out documents."""
+    digest = hashlib.sha256(f"kiln.sample\0{seed}\0{doc_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") < fraction * 2**64
 
 
 def transient(spec: Source, exc: BaseException) -> bool:

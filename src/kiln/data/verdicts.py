@@ -15,6 +15,7 @@ ordered decisions, so both write the same bytes.
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -31,6 +32,8 @@ from kiln.data.sources import Document, SourceReader
 from kiln.data.utf8text import BIG_TEXT_BYTES, Utf8Text, string_column, texts_of
 from kiln.errors import KilnError
 from kiln.io import atomic_file
+
+log = logging.getLogger("kiln.download")
 
 # Reasons a document is dropped before the ordered decisions, each a Counts field of kiln.data.raw.
 EARLY = ("non_utf8", "empty", "short", "long")
@@ -133,14 +136,15 @@ class CheckingReader:
             yield doc, check(doc, self.spec, self.cfg)
 
 
-def write_verdicts(spec: Source, cfg: DownloadSection, files: Sequence[Path], path: Path) -> dict[str, int]:
-    """Check the records of `files` (a share of the files of the source `spec`) into the parquet
-    file `path`, in reading order; return how many records there were and how many are candidates."""
+def write_verdicts(spec: Source, cfg: DownloadSection, share: dict, path: Path) -> dict[str, int]:
+    """Check the records of `share` (kiln.data.raw_scatter's: files of the source `spec`, and the first
+    row of a stream's range of files) into the parquet file `path`, in reading order; return how many
+    records there were and how many are candidates."""
     reader = SourceReader(spec, cfg.invalid_utf8)
     with atomic_file(path) as tmp, pq.ParquetWriter(tmp, VERDICT_SCHEMA, compression="zstd") as writer:
         rows: list[tuple[Document | None, Verdict]] = []
         counts = {"records": 0, "candidates": 0}
-        for doc in reader.read(None, files):
+        for doc in reader.read_share(share["files"], share.get("first_row")):
             verdict = check(doc, spec, cfg)
             rows.append((doc, verdict))
             counts["records"] += 1
@@ -174,29 +178,45 @@ def _verdict_table(rows: list[tuple[Document | None, Verdict]]) -> pa.Table:
 
 
 class VerdictReader:
-    """A scattered source's records with their stored verdicts, in order: the download_part jobs'
-    files one after another (the gather's replay). `position` counts records, as SourceReader's does."""
+    """A scattered source's records with their verdicts, in order: the download_part jobs' files one
+    after another (the gather's replay), then any share the plan left to the gather (a budgeted
+    source's past the budget's expected reach, kiln.data.raw_reach), read and checked here only if the
+    budget reaches it. `position` counts records, as SourceReader's does."""
 
-    def __init__(self, spec: Source, cfg: DownloadSection, paths: Sequence[Path]):
-        self.spec, self.cfg, self.paths = spec, cfg, list(paths)
+    def __init__(self, spec: Source, cfg: DownloadSection, segments: Sequence[Path | dict]):
+        self.spec, self.cfg, self.segments = spec, cfg, list(segments)
         self.records = 0
 
     def position(self) -> dict:
         return {"records": self.records}
 
     def read(self, position: dict | None) -> Iterator[tuple[Document | None, Verdict]]:
-        skip = self.records = position["records"] if position else 0
-        for path in self.paths:
-            parquet = pq.ParquetFile(path)
-            if skip >= parquet.metadata.num_rows:  # a resumed gather passes whole files unread
-                skip -= parquet.metadata.num_rows
+        self.records = self._skip = position["records"] if position else 0  # a resumed gather skips those
+        for segment in self.segments:
+            yield from self._checked(segment) if isinstance(segment, dict) else self._replayed(Path(segment))
+
+    def _checked(self, share: dict) -> Iterator[tuple[Document | None, Verdict]]:
+        log.info(
+            "source %s: its budget reaches past the plan's estimate: %s checked here", self.spec.name, share["files"]
+        )
+        for doc in SourceReader(self.spec, self.cfg.invalid_utf8).read_share(share["files"], share.get("first_row")):
+            if self._skip:
+                self._skip -= 1
                 continue
-            for batch in parquet.iter_batches(batch_size=_BATCH_ROWS):
-                if skip >= batch.num_rows:
-                    skip -= batch.num_rows
-                    continue
-                yield from self._records(pa.Table.from_batches([batch]), skip)
-                skip = 0
+            self.records += 1
+            yield doc, check(doc, self.spec, self.cfg)
+
+    def _replayed(self, path: Path) -> Iterator[tuple[Document | None, Verdict]]:
+        parquet = pq.ParquetFile(path)
+        if self._skip >= parquet.metadata.num_rows:  # a resumed gather passes whole files unread
+            self._skip -= parquet.metadata.num_rows
+            return
+        for batch in parquet.iter_batches(batch_size=_BATCH_ROWS):
+            if self._skip >= batch.num_rows:
+                self._skip -= batch.num_rows
+                continue
+            start, self._skip = self._skip, 0
+            yield from self._records(pa.Table.from_batches([batch]), start)
 
     def _records(self, table: pa.Table, start: int) -> Iterator[tuple[Document | None, Verdict]]:
         columns = {name: table.column(name).to_pylist() for name in VERDICT_SCHEMA.names if name != "text"}

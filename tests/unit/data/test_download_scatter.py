@@ -1,6 +1,7 @@
 """The download stage as a plan, one download_part job per share of the input files and a gather:
 the same bytes as the one job, whatever the shares cut across (exact and near duplicates, quality
-filters, invalid UTF-8, a budgeted source between scattered ones); a part made under other settings is
+filters, invalid UTF-8, a budgeted source between others); a budget's shares past its expected reach
+left to the gather, which reads them only if the budget gets there; a part made under other settings is
 refused. (The workflow runs it this way: tests/dag/test_pipeline.py and the Slurm test run the jobs.)"""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 from conftest import download_cfg, write_jsonl
 
 from kiln.data.raw import write_raw
-from kiln.data.raw_scatter import PART_JSON, download_plan, part_verdicts, scattered, write_part
+from kiln.data.raw_scatter import PART_JSON, download_plan, part_verdicts, write_part
 from kiln.data.source_kinds.stdlib.reader import stdlib_root
 from kiln.errors import KilnError
 
@@ -78,16 +79,16 @@ def test_the_scatter_writes_the_bytes_of_one_job(corpus, tmp_path, scatter_mb):
     assert code["skipped_filter"] == {"long_lines": 1} and code["skipped_non_utf8"] == 1 and code["skipped_empty"] == 1
     assert records["skipped_non_utf8"] == 1 and records["skipped_duplicate"] == 5  # capped's 4, and module_01
     assert manifest["sources"]["capped"]["rows"] == 4 and manifest["sources"]["capped"]["skipped_duplicate"] == 1
-    assert parts == 3 if scatter_mb == 100 else parts > 3  # 100 MB: one part job per scattered source
+    assert parts == 4 if scatter_mb == 100 else parts > 4  # 100 MB: one part job per source
     if scatter_mb == 0.001:  # about 1 KB: one or two files a part job
         assert parts >= (16 + 1 + len(list((stdlib_root() / "json").glob("*.py")))) // 2
 
 
-def test_the_plan_leaves_budgeted_sources_to_the_gather_and_never_splits_a_file(corpus):
+def test_the_plan_cuts_every_source_in_reading_order_and_never_splits_a_file(corpus):
     cfg = download_cfg(corpus["sources"], scatter_mb=0.004)
-    assert [scattered(spec) for spec in cfg.sources] == [True, False, True, True]
     plan = download_plan(cfg)
-    assert "capped" not in {stamp["source"] for stamp in plan.stamps}
+    assert list(dict.fromkeys(stamp["source"] for stamp in plan.stamps)) == ["code", "capped", "records", "std"]
+    assert plan.gather == []  # capped's one share: the first is always checked by a part job
     code_files = [f for stamp in plan.stamps if stamp["source"] == "code" for f in stamp["files"]]
     assert code_files == sorted(str(p) for p in Path(corpus["sources"][0]["paths"][0]).iterdir())
     sizes = [sum(Path(f).stat().st_size for f in stamp["files"]) for stamp in plan.stamps if stamp["source"] == "code"]
@@ -110,3 +111,18 @@ def test_a_part_made_under_other_settings_is_refused(corpus, tmp_path):
         part_verdicts(cfg, plan, [folder] * plan.parts)
     with pytest.raises(KilnError, match="1 part folders given, the plan has"):
         part_verdicts(cfg, plan, [folder])
+
+
+def test_a_sampled_source_scatters_to_the_bytes_of_one_job(corpus, tmp_path):
+    """The part jobs check only the sampled documents (by id, as the one job reads them)."""
+    sampled = [
+        {**spec, "sample": 0.6, "sample_seed": 1} if spec["name"] != "capped" else spec for spec in corpus["sources"]
+    ]
+    cfg = download_cfg(sampled, rows_per_part=5, scatter_mb=0.002)
+    write_raw(cfg, tmp_path / "one")
+    one_job = files_of(tmp_path / "one")
+    gathered, parts = scatter(cfg, tmp_path / "scatter")
+    assert gathered == one_job and parts > 3
+    whole = download_cfg(corpus["sources"], rows_per_part=5)
+    manifest, all_rows = json.loads(one_job["manifest.json"]), write_raw(whole, tmp_path / "whole")
+    assert 0 < manifest["sources"]["code"]["rows"] < all_rows["sources"]["code"]["rows"]

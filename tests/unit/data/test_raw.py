@@ -5,10 +5,13 @@ through `datasets` streaming like a hub dataset."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
 import threading
+from pathlib import Path
+from typing import Iterator
 
 import datasets
 import pyarrow.parquet as pq
@@ -173,23 +176,33 @@ class FlakyHandler(http.server.SimpleHTTPRequestHandler):
         super().do_GET()
 
 
-@pytest.fixture()
-def flaky_server(tmp_path, monkeypatch):
-    """(base URL, refuse counts) of a server over tmp_path/served holding three 30-row jsonl files."""
-    monkeypatch.setattr(datasets.config, "STREAMING_READ_MAX_RETRIES", 1)  # let Kiln's retries do the work
+@contextlib.contextmanager
+def flaky_serving(served: Path, monkeypatch) -> Iterator[tuple[str, dict[str, int]]]:
+    """(base URL, refuse counts) of a FlakyHandler server over the folder `served`, with datasets' own
+    retries cut to one, so Kiln's retries do the work."""
+    monkeypatch.setattr(datasets.config, "STREAMING_READ_MAX_RETRIES", 1)
     monkeypatch.setattr(datasets.config, "STREAMING_READ_RETRY_INTERVAL", 0)
     monkeypatch.setattr(datasets.config, "STREAMING_READ_SERVER_UNAVAILABLE_RETRY_INTERVAL", 0)
-    served = tmp_path / "served"
-    for k in range(3):
-        write_jsonl(served / f"s{k}.jsonl", [{"text": row_text(k, i)} for i in range(30)])
     refuse: dict[str, int] = {}
     handler = type("Handler", (FlakyHandler,), {"refuse": refuse})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(served)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", refuse
-    server.shutdown()
-    thread.join()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", refuse
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+@pytest.fixture()
+def flaky_server(tmp_path, monkeypatch):
+    """(base URL, refuse counts) of a server over tmp_path/served holding three 30-row jsonl files."""
+    served = tmp_path / "served"
+    for k in range(3):
+        write_jsonl(served / f"s{k}.jsonl", [{"text": row_text(k, i)} for i in range(30)])
+    with flaky_serving(served, monkeypatch) as serving:
+        yield serving
 
 
 def hub_like(base: str) -> dict:

@@ -30,7 +30,7 @@ from kiln.errors import KilnError
 
 
 class Keys(BaseModel):
-    """A kind's keys (beyond name, kind and those every source has: max_rows, max_bytes, quality), each a
+    """A kind's keys (beyond name, kind and those every source has: max_rows, max_bytes, sample, quality), each a
     field declared with setting(default, description, **bounds) or optional(description). Keys that
     several kinds share are declared once, on a base class they inherit (local's RowColumns)."""
 
