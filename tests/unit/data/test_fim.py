@@ -17,10 +17,15 @@ ALWAYS = Fim(rate=1.0, psm=0.5, spm=0.25, middle_only=0.25, min_chars=0)
 TEXT = "def add(a, b):\n    return a + b\n" * 10
 
 
+class Span(str):
+    """A document's characters among the pieces: told apart from a sentinel by its type, as fim_pieces
+    tells them (a span is a range, a sentinel a string), since a document may spell "<fim_middle>"."""
+
+
 def fim(text: str, seed: int, doc_id: str, cfg: Fim) -> tuple[str, list]:
-    """fim_pieces with each span replaced by its characters."""
+    """fim_pieces with each span replaced by its characters (a Span)."""
     mode, pieces = fim_pieces(len(text), seed, doc_id, cfg)
-    return mode, [p if isinstance(p, str) else text[p[0] : p[1]] for p in pieces]
+    return mode, [p if isinstance(p, str) else Span(text[p[0] : p[1]]) for p in pieces]
 
 
 def test_fim_pieces_is_deterministic_in_seed_and_doc_id():
@@ -40,8 +45,8 @@ def test_fim_pieces_layout_by_mode():
     for i in range(200):
         mode, pieces = fim(TEXT, 0, f"d{i}", ALWAYS)
         seen.add(mode)
-        specials = [p for p in pieces if p in (PREFIX, MIDDLE, SUFFIX)]
-        texts = [p for p in pieces if p not in (PREFIX, MIDDLE, SUFFIX)]
+        specials = [p for p in pieces if not isinstance(p, Span)]
+        texts = [p for p in pieces if isinstance(p, Span)]
         assert all(texts)  # no empty text pieces
         if mode == "psm":
             assert specials == [PREFIX, SUFFIX, MIDDLE]
@@ -58,10 +63,10 @@ def unfim(pieces: list) -> str:
     """Remove the sentinels and put the parts back in document order, by the sentinel before each."""
     parts, label = {}, None
     for piece in pieces:
-        if piece in (PREFIX, MIDDLE, SUFFIX):
-            label = piece
-        else:
+        if isinstance(piece, Span):
             parts[label] = piece
+        else:
+            label = piece
     return parts[None] if None in parts else parts.get(PREFIX, "") + parts.get(MIDDLE, "") + parts.get(SUFFIX, "")
 
 
