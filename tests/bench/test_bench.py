@@ -55,7 +55,6 @@ PRINTS = {
         "| pretokenize on | MiB | peak RSS MiB, stage process |",
         "| one 1 MiB document + 20 small |",
     ],
-    "in_loop_eval.py": ["| part | seconds |", "| eval.in_loop.every | share of training |", "| 1000 |"],
     "eval_memory.py": ["| part | implementation | split | tokens | peak RSS (MB) |", "| contamination | old |"],
     "generate.py": ["| loop | new tokens/s | seconds | same output as baseline |", "cached batched / uncached"],
     "memory_estimate.py": [
