@@ -33,8 +33,8 @@ import numpy as np
 
 from kiln.data.fim import MIDDLE, PREFIX, SUFFIX
 from kiln.eval.humaneval import Problem, Sampling
-from kiln.eval.infill import LAYOUTS
-from kiln.eval.infill import match_scores as infill_scores
+from kiln.eval.middles import LAYOUTS
+from kiln.eval.middles import match_scores as infill_scores
 
 RANDOM_SPAN_SEED = 42  # the seed that reproduces the released random-span file
 RANDOM_SPANS_PER_PROBLEM = 10  # Appendix E: 1640 tasks balance evaluation variance and sampling time

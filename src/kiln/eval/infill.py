@@ -14,7 +14,6 @@ training sample did.
 
 from __future__ import annotations
 
-import difflib
 import random
 from collections import defaultdict
 from dataclasses import dataclass
@@ -25,13 +24,13 @@ from kiln.config.train_sections import InitFrom
 from kiln.data.fim import MIDDLE, MODES, PREFIX, SUFFIX
 from kiln.data.sources import Document
 from kiln.data.tokenizer import EOS, bos_id, role_id, with_bos
+from kiln.eval.middles import LAYOUTS, match_scores
 from kiln.generate.decode import generate
 from kiln.io import stable_hash
 
 MAX_MIDDLE_TOKENS = 64
 BATCH = 16  # prompts decoded together: each holds up to seq_len cache slots per layer
 SPAN_LINES = {"single": (1, 1), "multi": (2, 4)}
-LAYOUTS = ("psm", "spm")
 
 
 @dataclass(frozen=True)
@@ -104,16 +103,6 @@ def _prompt(problem: InfillProblem, tokenizer, layout: str, budget: int) -> list
     suf_part = [tid(SUFFIX)] + suf[:keep_suf]
     body = pre_part + suf_part if layout == "psm" else suf_part + pre_part
     return with_bos(tokenizer, body + [tid(MIDDLE)])
-
-
-def edit_similarity(a: str, b: str) -> float:
-    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
-
-
-def match_scores(completion: str, expected: str) -> dict[str, float | bool]:
-    """Exact match and edit similarity of a middle, both up to trailing whitespace."""
-    got, want = completion.rstrip(), expected.rstrip()
-    return {"exact_match": got == want, "edit_similarity": edit_similarity(got, want)}
 
 
 @torch.no_grad()

@@ -13,9 +13,10 @@ from kiln.config.train_sections import InitFrom
 from kiln.data.fim import MIDDLE, PREFIX, SUFFIX
 from kiln.data.sources import Document
 from kiln.eval import contamination
-from kiln.eval.infill import _prompt, edit_similarity, make_problems, not_run_reason
+from kiln.eval.infill import _prompt, make_problems, not_run_reason
 from kiln.eval.lm_tasks import LOCAL_TASKS, current_names
 from kiln.eval.metrics.heldout.section import Reference
+from kiln.eval.middles import edit_similarity
 from kiln.eval.perplexity import bits_per_byte
 from kiln.eval.stream import TokenFile
 

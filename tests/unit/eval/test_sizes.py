@@ -3,6 +3,11 @@ sampled n a GPU eval affords within its share of the train stage."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from conftest import typed_section
 
@@ -64,3 +69,17 @@ def test_the_eval_stage_prices_samples_against_the_train_stage_on_its_own_card()
     short = summary | {"steps": 50}  # a short run cannot afford the samples: greedy only
     assert sizes.for_run(cfg, LLAMA_1B, "NVIDIA H100 80GB HBM3", short).humaneval.samples == 0
     assert sizes.for_run(cfg, LLAMA_1B, "Some Future GPU", summary).humaneval.samples == 0  # not priced
+
+
+def test_kiln_plan_prices_the_eval_without_importing_torch():
+    """`kiln plan` runs on a login node in a fraction of a second: pricing the eval counts HumanEval's
+    and HumanEval-Infilling's tasks torch-free (kiln.eval.middles, not kiln.eval.infill)."""
+    seed = Path(__file__).resolve().parents[3] / "config" / "experiments" / "swallow-code-llama-1b.yaml"
+    code = (
+        "import sys; from kiln.main import main; "
+        f"assert main(['plan', '--configfile', {str(seed)!r}, '--json']) == 0; "
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["eval"]["humaneval"]["problems"] == 164
