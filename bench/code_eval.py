@@ -80,7 +80,7 @@ def h100_prediction(section, sandbox_s: float) -> dict:
     cfg_eval = sizes.resolve(
         section.replace(humaneval=he, humaneval_infill=section.humaneval_infill.replace(problems=0)), True
     )
-    machine = sizes.Machine(gpu.tflops * 1e12, gpu.bandwidth_tbs * 1e12, 0.4)
+    machine = sizes.Machine.of(gpu, 0.4)
     priced = sizes.price(cfg_eval, cfg, machine)["humaneval"]
     execute_s = priced["programs"] * sandbox_s / sizes.SANDBOX_WORKERS
     return {

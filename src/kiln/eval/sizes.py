@@ -33,7 +33,7 @@ from kiln.config.models import ModelConfig
 from kiln.errors import KilnError
 from kiln.eval.humaneval import load_problems
 from kiln.eval.humaneval_infill import multi_line_tasks, random_span_tasks, single_line_tasks, subset
-from kiln.plan.peaks import gpu_of
+from kiln.plan.peaks import GPU, gpu_of
 
 log = logging.getLogger("kiln.eval")
 
@@ -86,6 +86,11 @@ class Machine:
     peak_flops: float
     bandwidth_bytes_s: float
     mfu: float
+
+    @classmethod
+    def of(cls, gpu: GPU, mfu: float) -> Machine:
+        """A card of kiln.plan.peaks at an assumed (or measured) MFU."""
+        return cls(gpu.tflops * 1e12, gpu.bandwidth_tbs * 1e12, mfu)
 
 
 def _decode_step_s(model: ModelConfig, machine: Machine) -> float:
@@ -194,7 +199,7 @@ def for_run(cfg: EvalSection, model: ModelConfig, device_name: str | None, summa
     if gpu is None:
         log.warning("eval: %s is not in kiln.plan.peaks: HumanEval samples: auto runs greedy only", device_name)
     else:
-        machine = Machine(gpu.tflops * 1e12, gpu.bandwidth_tbs * 1e12, summary.get("mfu") or 0.4)
+        machine = Machine.of(gpu, summary.get("mfu") or 0.4)
         samples = samples_within(cfg, model, machine, train_seconds(summary))
     resolved = resolve(cfg, on_gpu=True, samples=samples)
     log.info("eval sizes on %s: %s", device_name, describe(resolved))

@@ -19,7 +19,7 @@ from kiln.plan.peaks import gpu_of
 
 LLAMA_1B = model_config({"flavour": "llama3.2-1b"}, vocab_size=32768, seq_len=8192)
 H100 = gpu_of("NVIDIA H100 80GB HBM3")
-MACHINE = sizes.Machine(H100.tflops * 1e12, H100.bandwidth_tbs * 1e12, 0.4)
+MACHINE = sizes.Machine.of(H100, 0.4)
 
 
 def test_auto_is_a_few_problems_on_a_cpu_and_the_published_sizes_on_a_gpu_and_a_set_size_stays():
