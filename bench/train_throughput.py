@@ -1,20 +1,24 @@
-"""Tokens/s of Kiln's train step against a plain eager PyTorch loop (nanoGPT's recipe) on the same
-model, batch, precision and machine, in one run.
+"""Tokens/s of Kiln's train step against nanoGPT's loop, eager and compiled whole, on the same model,
+batch, precision and machine, in one run.
 
     python bench/train_throughput.py                                    # CPU: the default config's model
-    python bench/train_throughput.py --compile true                     # ... with torch.compile
+    python bench/train_throughput.py --compile true                     # ... Kiln's arm with torch.compile
     python bench/train_throughput.py --quick     # a 1-layer model, 1 step a round: what tests/bench/test_bench.py runs
     # one H100/H200 (compile on by default on CUDA):
     python bench/train_throughput.py --flavour llama3.2-1b --vocab 32768 --seq-len 8192 --micro-batch 6 --steps 10 --rounds 3 --warmup 5
     python bench/train_throughput.py --flavour gpt2-124m --vocab 50257 --seq-len 1024 --micro-batch 16 --steps 20 --rounds 3 --warmup 5
 
 Ours is kiln.train.trainer.Trainer.train_step, as the train stage runs it (data from memory-mapped
-shards, bf16 autocast, compile per train.compile, fused AdamW and pinned copies on CUDA, gradient
-clipping). The baseline is nanoGPT's train.py loop on a fresh model of the same class, shape and
-seed: random windows of a token memmap, autocast, loss.backward, clip_grad_norm_, AdamW (fused on
-CUDA, as nanoGPT does), eager. Both run the same number of steps in alternating rounds (so a noisy neighbour hits
-both alike; on CUDA, where two large models may not fit together, one loop after the other); the
-figure is the median round. The data is random tokens in a temporary shard folder.
+shards, bf16 autocast, compile per train.compile, the loss whole or in chunks as the memory plan
+allows, fused AdamW and pinned copies on CUDA, gradient clipping). The baselines are nanoGPT's
+train.py loop on a fresh model of the same class, shape and seed: random windows of a token memmap,
+autocast, the model's logits and nanoGPT's plain F.cross_entropy over them, loss.backward,
+clip_grad_norm_, AdamW (fused on CUDA, as nanoGPT does); once eager, once compiled whole
+(`torch.compile(model)`, nanoGPT's --compile, the loss inside the graph). The loops run the same
+number of steps in alternating rounds (so a noisy neighbour hits them alike; on CUDA, where two large
+models may not fit together, one loop after the other); the figure is the median round. The data is
+random tokens in a temporary shard folder. --baselines eager skips the compiled loop (its ~30 s of
+compilation on a CPU).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 import common  # bench/ is sys.path[0]
 import numpy as np
 import torch
+import torch.nn.functional as F
 import yaml
 
 from kiln import config as kiln_config
@@ -42,10 +47,10 @@ from kiln.train.trainer import Trainer
 DEFAULT_MODEL = yaml.safe_load(kiln_config.EMBEDDED_DEFAULT.read_text(encoding="utf-8"))[
     "model"
 ]  # the embedded default's
-BASELINE, OURS = "nanoGPT eager loop", "kiln Trainer.train_step"
+EAGER, COMPILED, OURS = "nanoGPT eager loop", "nanoGPT loop compiled whole", "kiln Trainer.train_step"
 # --quick: a 1-layer model on tiny batches, one step a round (train_sections reads `model`)
 QUICK = dict(model={"n_layer": 1, "n_head": 2, "d_model": 32}, vocab=512, seq_len=32, micro_batch=2)
-QUICK |= dict(compile="false", steps=1, rounds=1, warmup=1)
+QUICK |= dict(compile="false", steps=1, rounds=1, warmup=1, baselines=["eager"])
 
 
 def synthetic_shards(out: Path, vocab: int, seq_len: int, rows: int, seed: int) -> Path:
@@ -81,15 +86,30 @@ def train_sections(args) -> dict:
     )
 
 
-class NanoGPTLoop:
-    """nanoGPT's train.py inner loop, eager, on a fresh model of the same shape and seed."""
+class PlainLoss(torch.nn.Module):
+    """nanoGPT's loss: the model's whole logits (B, T, V), then F.cross_entropy over them."""
 
-    def __init__(self, trainer: Trainer, shard_dir: Path, train: dict, seed: int):
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits, _ = self.model(x)
+        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+
+class NanoGPTLoop:
+    """nanoGPT's train.py inner loop on a fresh model of the same shape and seed, eager or compiled whole."""
+
+    def __init__(self, trainer: Trainer, shard_dir: Path, train: dict, seed: int, compiled: bool = False):
         torch.manual_seed(seed)
         self.device, self.B, self.T = trainer.dist.device, train["micro_batch"], trainer.model_config.seq_len
         with torch.device(self.device):
             self.model = build_model(trainer.model_config)
         self.model.train()
+        self.loss = PlainLoss(self.model)
+        if compiled:
+            self.loss = torch.compile(self.loss)
         self.data = open_shard(shard_dir / "train-00000.bin").reshape(-1)  # one token stream
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
@@ -112,12 +132,16 @@ class NanoGPTLoop:
     def train_step(self) -> torch.Tensor:
         x, y = self.get_batch()
         with self.ctx():
-            _, loss = self.model(x, y)
+            loss = self.loss(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss
+
+
+def baseline_names(args) -> tuple[str, ...]:
+    return tuple({"eager": EAGER, "compiled": COMPILED}[b] for b in args.baselines)
 
 
 def timed_round(step, steps: int, dev: torch.device) -> float:
@@ -159,6 +183,13 @@ def main() -> None:
     parser.add_argument("--compile", choices=["auto", "true", "false"], default="auto", help="ours only")
     parser.add_argument("--steps", type=int, default=2, help="steps per timed round")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
+    parser.add_argument(
+        "--baselines",
+        nargs="+",
+        choices=["eager", "compiled"],
+        default=["eager", "compiled"],
+        help="nanoGPT's loops to run",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=1337)
     args = parser.parse_args()
@@ -173,19 +204,29 @@ def main() -> None:
         )
         sections = train_sections(args)
         ours = Trainer(RunConfig.of(sections), shards)
-        base = NanoGPTLoop(ours, shards, sections["train"], args.seed)
+        loops = {EAGER: False, COMPILED: True}
+        loops = {
+            name: compiled for name, compiled in loops.items() if (EAGER, COMPILED)[compiled] in baseline_names(args)
+        }
 
         def ours_step() -> torch.Tensor:
             return ours.train_step()[0]  # the loss; no host sync inside
 
         if ours.dist.device.type == "cuda":  # one model at a time: two 1B models and their activations do not fit
-            seconds = measure({BASELINE: base.train_step}, args, ours.dist.device)
-            del base
-            torch.cuda.empty_cache()
+            seconds = {}
+            for name, compiled in loops.items():
+                base = NanoGPTLoop(ours, shards, sections["train"], args.seed, compiled)
+                seconds |= measure({name: base.train_step}, args, ours.dist.device)
+                del base
+                torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
             seconds |= measure({OURS: ours_step}, args, ours.dist.device)
         else:
-            seconds = measure({BASELINE: base.train_step, OURS: ours_step}, args, ours.dist.device)
+            steps = {
+                name: NanoGPTLoop(ours, shards, sections["train"], args.seed, compiled).train_step
+                for name, compiled in loops.items()
+            }
+            seconds = measure(steps | {OURS: ours_step}, args, ours.dist.device)
         tokens = args.steps * args.micro_batch * args.seq_len
         flops, peak = flops_per_token(ours.model), peak_flops(ours.dist.device)
         name = (
@@ -207,8 +248,8 @@ def main() -> None:
                 f"| {loop} | {rate[loop]:,.0f} | {tokens / max(times):,.0f}-{tokens / min(times):,.0f} | "
                 f"{flops * rate[loop] / 1e12:.2f} | {mfu} |"
             )
-        ratio = rate[OURS] / rate[BASELINE]
-        print(f"\nours / baseline: {ratio:.2f}x; peak memory {memory_mb(ours.dist.device):,.0f} MB")
+        against = ", ".join(f"{rate[OURS] / rate[name]:.2f}x the {name}" for name in loops)
+        print(f"\nours: {against}; peak memory {memory_mb(ours.dist.device):,.0f} MB")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from train_throughput import synthetic_shards  # bench/ is on sys.path (__main__)
+from train_throughput import COMPILED, EAGER, OURS, synthetic_shards  # bench/ is on sys.path (__main__)
 
 from gpu_check import image
 from gpu_check.llama import (
@@ -350,23 +350,28 @@ def _bench(script: str, argv: list[str]) -> str:
 
 
 def check_train_bench(ctx: Ctx) -> list[tuple[str, str]]:
+    """bench/train_throughput.py at gpt2-124m's micro-batch 16: Kiln's step against nanoGPT's loop
+    compiled whole (the eager loop left out: the budget has room for one baseline's compile)."""
     shape = (
         ["--vocab", "512", "--seq-len", "64", "--micro-batch", "4"]
         if ctx.dry
         else ["--flavour", "gpt2-124m", "--vocab", "50257", "--seq-len", "1024", "--micro-batch", "16"]
     )
     rounds = (
-        ["--steps", "1", "--rounds", "1", "--warmup", "1"]
-        if ctx.dry
-        else ["--steps", "10", "--rounds", "2", "--warmup", "3"]
+        ["--steps", "1", "--rounds", "1", "--warmup", "1", "--baselines", "eager"]
+        if ctx.dry  # inductor's C++ build of a whole model takes minutes on 2 cores
+        else ["--steps", "10", "--rounds", "2", "--warmup", "3", "--baselines", "compiled"]
     )
     ctx.note("bench/train_throughput.py: nanoGPT's loop and Kiln's")
     text = _bench("train_throughput.py", shape + rounds)
-    rates = [
-        line.split("|")[2].strip() for line in text.splitlines() if line.startswith("| ") and "tokens/s" not in line
-    ]  # the loops' rows: baseline, then ours
-    ratio = float(text.split("ours / baseline: ")[1].split("x")[0])
-    return [ctx.verdict(ctx.dry or ratio >= 1.0, f"nanoGPT {rates[0]} vs Kiln {rates[1]} tok/s: {ratio:.2f}x")]
+    rates = {
+        line.split("|")[1].strip(): line.split("|")[2].strip() for line in text.splitlines() if line.startswith("| ")
+    }
+    baseline = COMPILED if COMPILED in rates else EAGER
+    ratio = float(text.split("ours: ")[1].split("x the " + baseline)[0].split(", ")[-1])
+    return [
+        ctx.verdict(ctx.dry or ratio >= 1.0, f"{baseline} {rates[baseline]} vs Kiln {rates[OURS]} tok/s: {ratio:.2f}x")
+    ]
 
 
 def check_generate_bench(ctx: Ctx) -> list[tuple[str, str]]:
@@ -393,7 +398,9 @@ class Check:
     gpus: int = 1  # GPUs it needs: with fewer its rows are skipped, saying so
 
 
-TRAIN_BENCH_S = 20  # the gpt2 check's share for bench/train_throughput.py (its compiled step is already built)
+# The gpt2 check's share for bench/train_throughput.py: Kiln's compiled step is already built; nanoGPT's
+# loop compiled whole compiles here (Kiln's per-block compile took ~20 s on the H200).
+TRAIN_BENCH_S = 50
 CHECKS = (
     Check(
         "flash",
@@ -418,9 +425,9 @@ CHECKS = (
             "compiles per block; loss within 0.5%, grad norm within 5% of eager (bf16)",
             f"~{LLM_C_GPT2_TOKENS_PER_S // 1000}k tok/s/GPU (llm.c, one H100)",
             "host copy read before later work ends; tok/s >= .item()'s",
-            "Kiln >= 1.0x the nanoGPT eager loop",
+            "Kiln >= 1.0x nanoGPT's loop compiled whole",
         ),
-        70,
+        100,
         check_compile_and_gpt2,
     ),
     Check(
@@ -442,7 +449,7 @@ CHECKS = (
             f"MFU >= {MFU_TARGET_TORCHTITAN:.1%} (the same target)",
             f"kiln.plan.memory within {ESTIMATE_TOLERANCE:.0%} of max_memory_allocated, eager and compiled",
         ),
-        60,  # 27 s on the first H200 run (2026-12-04), its compile included
+        45,  # 27 s on the first H200 run (2026-12-04), its compile included
         check_llama_mfu,
     ),
     Check(
@@ -467,5 +474,5 @@ CHECKS = (
     ),
 )
 ENVIRONMENT_S = 15  # the probe of CUDA and the GPUs
-DEADLINE_S = 450  # the whole run, enforced: 7.5 minutes (the budgets: 390 s with one GPU, 430 s with 2+)
+DEADLINE_S = 470  # the whole run, enforced: under 8 minutes (the budgets: 405 s with one GPU, 445 s with 2+)
 MIN_START_S = 5  # a check is not started with less of the deadline left

@@ -78,7 +78,7 @@ PRINTS = {
     "shard_verify.py": ["verify pass (sha256 + ids, one read)", "| loader | open s | first batch s |"],
     "stage_times.py": ["| stage | wall s | CPU s | max RSS MiB |", "| report | not run |", "| **total** |"],
     "sweep.py": ["| job | s |", "| download (once) |", "| **sweep wall time** (snakemake start to end) |"],
-    "train_throughput.py": ["| loop | tokens/s (median) | min-max | TFLOP/s | MFU |", "ours / baseline: "],
+    "train_throughput.py": ["| loop | tokens/s (median) | min-max | TFLOP/s | MFU |", "ours: "],
 }
 
 

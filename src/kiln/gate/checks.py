@@ -51,7 +51,7 @@ from kiln.gate import oom
 from kiln.gate.probe import probe, sync
 from kiln.io import read_json
 from kiln.model.sdpa import kernel_name
-from kiln.plan.memory import Estimate, estimate, setting_of
+from kiln.plan.memory import Estimate, estimate
 from kiln.plan.steps import StageTimes
 from kiln.plan.verdict import Check
 from kiln.train import checkpoint, device, faults
@@ -458,16 +458,7 @@ def estimate_for(model: dict, train: TrainSection, manifest: dict, world: int) -
     precision, compile, ranks): printed beside the measured peak, or with an out-of-memory error."""
     dev = device.select_device(train.device)
     cfg = row_model(model, manifest)
-    return estimate(
-        cfg,
-        setting_of(
-            train,
-            cuda=dev.type == "cuda",
-            world=world,
-            bf16=device.use_bf16(train.precision, dev),
-            compiled=device.use_compile(train.compile, dev),
-        ),
-    )
+    return estimate(cfg, device.step_setting(train, cfg, world, dev))
 
 
 def _estimate_note(est: Estimate, cuda: bool) -> str:

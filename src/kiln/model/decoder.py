@@ -40,6 +40,7 @@ class RopeDecoder(nn.Module):
         self.norm = self.final_norm(cfg.d_model, eps=cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.chunk_loss = chunk_loss_sum  # compiled by kiln.train.parallel.compile_blocks on a compiled run
+        self.loss_rows: int | None = None  # rows per loss chunk; the trainer's pick (kiln.plan.memory.loss_rows)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         # Derived from the config, so not saved (persistent=False) and rebuilt on every load.
@@ -94,4 +95,4 @@ class RopeDecoder(nn.Module):
             return self.lm_head(x), None  # (B, T, V); (B, 1, V) with a cache
         # No logits with targets: the chunked loss never holds (B, T, V) of them (kiln.model.loss), and
         # none are returned for a caller to keep alive through backward.
-        return None, lm_loss(x, self.lm_head.weight, targets, chunk_loss=self.chunk_loss)
+        return None, lm_loss(x, self.lm_head.weight, targets, self.loss_rows, self.chunk_loss)

@@ -100,6 +100,7 @@ class Setting:
     cuda: bool = True  # on a CPU, attention with dropout runs SDPA's math kernel (below)
     grad_accum: int = 1  # micro-batches per optimizer step on each rank (FSDP: whole gradients between them)
     optimizer: str = "adamw"  # train.optimizer: muon keeps one moment for the blocks' matrices, not two
+    loss_rows: int | None = None  # rows per chunk of the loss (loss_rows below); None: LOSS_CHUNK_ELEMENTS' chunks
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
     outside = tokens * (8 + registry.get(cfg.family).spec.final_norm_bytes(cfg))
     if cfg.dropout > 0 and not s.compiled:
         outside += tokens * C
-    rows = min(tokens, loss_chunk_rows(V))
+    rows = min(tokens, s.loss_rows or loss_chunk_rows(V))
     # One chunk's logits and their gradients; the chunk's bf16 head copy; the gradient of the final
     # norm's output, (B*T, C) fp32, and the slice's full-size gradient it is summed from.
     loss_chunk = LOSS_BYTES_PER_LOGIT * rows * V + (2 * head if s.bf16 else 0) + 8 * tokens * C
@@ -256,6 +257,19 @@ def fits(est: Estimate, memory_gib: float) -> bool:
     return est.total <= FIT_FRACTION * memory_gib * GIB
 
 
+def loss_rows(cfg: ModelConfig, s: Setting, memory_gib: float) -> int | None:
+    """Rows per chunk of the training loss (kiln.model.loss) for the step `s` on a GPU of memory_gib:
+    the whole micro-batch at once where the step fits with all its logits, None (chunks of
+    LOSS_CHUNK_ELEMENTS logits) where it does not. Chunks cost speed: the head's forward again in
+    backward, and a pass over its weight (bf16 cast, fp32 gradient add) per chunk; on an H200 GPT-2
+    124M ran 352k tok/s in 4 chunks against 418k whole at batch 16, 453k against 508k at 64, with
+    27.5 GiB at its peak (docs/benchmarks.md, "Loss chunks on the H200"). On a CPU the chunks stay:
+    there they were the faster (0.65-0.70x the time of the whole loss at V 32,768, their logits
+    staying in cache) besides the smaller."""
+    whole = replace(s, loss_rows=s.micro_batch * cfg.seq_len)
+    return whole.loss_rows if s.cuda and fits(estimate(cfg, whole), memory_gib) else None
+
+
 def changes_to_fit(cfg: ModelConfig, s: Setting, memory_gib: float, limit: int = 4) -> list[tuple[str, Estimate]]:
     """Settings that bring the step within FIT_FRACTION of memory_gib, cheapest first: single changes
     (selective, then full activation checkpointing; a smaller micro-batch, the global batch kept by
@@ -297,7 +311,9 @@ def changes_to_fit(cfg: ModelConfig, s: Setting, memory_gib: float, limit: int =
 
 def fit_report(cfg: ModelConfig, s: Setting, gpu_name: str, memory_gib: float) -> dict:
     """The estimate and whether it fits on a GPU of memory_gib, with what to change when it does not
-    (the plain form `kiln plan --json` prints and kiln.plan.tables renders)."""
+    (the plain form `kiln plan --json` prints and kiln.plan.tables renders), with the loss whole
+    where it fits (loss_rows)."""
+    s = replace(s, loss_rows=loss_rows(cfg, s, memory_gib))
     est = estimate(cfg, s)
     ok = fits(est, memory_gib)
     return {
@@ -307,7 +323,8 @@ def fit_report(cfg: ModelConfig, s: Setting, gpu_name: str, memory_gib: float) -
         "assumes": f"micro-batch {s.micro_batch} x {cfg.seq_len}, {'bf16' if s.bf16 else 'fp32'}, "
         f"{'compiled' if s.compiled else 'eager'}, activation checkpointing {s.activation_checkpointing}, "
         f"{s.world} rank{'s' if s.world > 1 else ''} ({s.parallel})"
-        + (f", {s.grad_accum} micro-batches a step" if s.grad_accum > 1 else ""),
+        + (f", {s.grad_accum} micro-batches a step" if s.grad_accum > 1 else "")
+        + (", the loss whole" if s.loss_rows else ", the loss in chunks"),
         "gpu": gpu_name,
         "gpu_memory_gib": memory_gib,
         "usable_gib": FIT_FRACTION * memory_gib,

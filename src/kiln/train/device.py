@@ -14,13 +14,14 @@ import ctypes
 import logging
 import os
 import warnings
+from dataclasses import replace
 
 import torch
 
 from kiln.config.models import ModelConfig
 from kiln.config.train_sections import TrainSection
 from kiln.errors import KilnError
-from kiln.plan import autofit
+from kiln.plan import autofit, memory
 from kiln.plan.memory import GIB
 
 log = logging.getLogger("kiln.train")
@@ -143,6 +144,37 @@ def fit_auto(train: TrainSection, model: ModelConfig, world: int, device: torch.
     if why is not None and os.environ.get("RANK", "0") == "0":
         log.info("train.micro_batch / activation_checkpointing %s", why)
     return picked
+
+
+def step_setting(
+    train: TrainSection, model: ModelConfig, world: int, device: torch.device, grad_accum: int = 1
+) -> memory.Setting:
+    """kiln.plan.memory's Setting of `train` (its micro-batch concrete) as this device runs it: its
+    precision, compile, and the loss whole where the memory plan has room for all a micro-batch's
+    logits on a GPU (kiln.plan.memory.loss_rows)."""
+    setting = memory.setting_of(
+        train,
+        cuda=device.type == "cuda",
+        world=world,
+        bf16=use_bf16(train.precision, device),
+        compiled=use_compile(train.compile, device),
+        grad_accum=grad_accum,
+    )
+    return replace(setting, loss_rows=memory.loss_rows(model, setting, memory_gib(device, train.nproc_per_node)))
+
+
+def fit_loss(train: TrainSection, model: ModelConfig, world: int, grad_accum: int, device: torch.device) -> int | None:
+    """Rows per chunk of the training loss on this device (step_setting), logged on a GPU: the whole
+    micro-batch, or None for the default chunks."""
+    rows = step_setting(train, model, world, device, grad_accum).loss_rows
+    if device.type == "cuda" and os.environ.get("RANK", "0") == "0":
+        log.info(
+            "the loss: %s",
+            f"whole, {rows:,} rows a micro-batch (the memory plan has room for their logits)"
+            if rows
+            else "in chunks (the memory plan has no room for a micro-batch's whole logits)",
+        )
+    return rows
 
 
 def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:

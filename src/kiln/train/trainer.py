@@ -123,6 +123,9 @@ class Trainer:
         )
         with torch.device(self.dist.device):  # initialised where it trains: no host copy of a 1B model
             self.model = build_model(self.model_config)
+        self.model.loss_rows = device.fit_loss(
+            train, self.model_config, self.dist.world, self.batch_split.grad_accum, self.dist.device
+        )
         seed_rank_stream(self.seed, self.dist.rank)  # same init on every rank; dropout from here differs
         self.bf16 = device.use_bf16(train.precision, self.dist.device)
         self.autocast = device.autocast(self.dist.device, self.bf16)

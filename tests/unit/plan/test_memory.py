@@ -21,6 +21,7 @@ from kiln.plan.memory import (
     estimate,
     fit_report,
     fits,
+    loss_rows,
     setting_of,
 )
 from kiln.train.cpu_memory import allocated_during, tensor_bytes
@@ -181,6 +182,24 @@ def test_the_flagship_does_not_fit_an_h100_and_the_advice_fits():
     assert fit_report(cfg, s, "H200", 141)["fits"]
     tight = changes_to_fit(cfg, s, 24)  # nothing single fits 24 GiB: a combination
     assert len(tight) == 1 and " + " in tight[0][0] and fits(tight[0][1], 24)
+
+
+def test_the_loss_is_whole_where_the_step_fits_with_its_logits_and_chunked_where_not():
+    """Issue 46, item 2: GPT-2 124M at micro-batch 16 and 64 x 1024 fits an H100 with all its logits (the
+    H200 measured 27.5 GiB at 64), so its loss is one chunk; on a 16 GiB card, or a CPU, the chunks
+    stay. The flagship's step does not fit an H100 either way: chunks. kiln plan's report says which."""
+    gpt2 = model_config({"flavour": "gpt2-124m"}, 50304, 1024)
+    for micro in (16, 64):
+        assert loss_rows(gpt2, Setting(micro_batch=micro), 80) == micro * 1024
+    assert loss_rows(gpt2, Setting(micro_batch=16), 16) is None
+    assert loss_rows(gpt2, Setting(micro_batch=16, cuda=False, compiled=False), 80) is None
+    whole = estimate(gpt2, Setting(micro_batch=16, loss_rows=16 * 1024))
+    chunked = estimate(gpt2, Setting(micro_batch=16))
+    assert whole.parts["loss chunk"] - chunked.parts["loss chunk"] == 12 * (16 * 1024 - 5336) * 50304
+    assert fit_report(gpt2, Setting(micro_batch=16), "H100", 80)["assumes"].endswith("the loss whole")
+    cfg, s = _flagship()
+    assert loss_rows(cfg, s, 80) is None
+    assert fit_report(cfg, s, "H100", 80)["assumes"].endswith("the loss in chunks")
 
 
 def test_setting_of_a_train_section_on_a_gpu_and_on_the_cpu():

@@ -76,6 +76,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.chunk_loss = chunk_loss_sum  # compiled by kiln.train.parallel.compile_blocks on a compiled run
+        self.loss_rows: int | None = None  # rows per loss chunk; the trainer's pick (kiln.plan.memory.loss_rows)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # saves V*C parameters, as in GPT-2
         self.apply(self._init_weights)
@@ -131,4 +132,4 @@ class GPT(nn.Module):
             return self.lm_head(x), None  # (B, T, V); (B, 1, V) with a cache
         # No logits with targets: the chunked loss never holds (B, T, V) of them (kiln.model.loss), and
         # none are returned for a caller to keep alive through backward.
-        return None, lm_loss(x, self.lm_head.weight, targets, chunk_loss=self.chunk_loss)
+        return None, lm_loss(x, self.lm_head.weight, targets, self.loss_rows, self.chunk_loss)
