@@ -108,10 +108,12 @@ def test_model_loss_and_gradients_equal_the_plain_loss_on_its_logits(cfg):
 
 
 @MODELS
-def test_model_forward_with_targets_keeps_no_logits_for_backward(cfg, monkeypatch):
+def test_model_forward_with_targets_keeps_no_logits_for_backward_unless_told_they_fit(cfg, monkeypatch):
     """What is alive between forward and backward (the activations the step keeps) is a fraction of
     one (B, T, V) fp32 tensor (33.6 MB here, at V 16,384, in chunks of 128 rows): the plain loss
-    would keep two of them."""
+    would keep two of them. With model.loss_rows at the micro-batch's rows (the trainer's pick where
+    they fit, kiln.plan.memory.loss_rows) the loss is one chunk, not checkpointed: its logits are kept
+    for backward, and the loss is the same."""
     import kiln.model.loss
 
     monkeypatch.setattr(kiln.model.loss, "loss_chunk_rows", lambda vocab: 128)  # 4 chunks of these 512 rows
@@ -124,24 +126,7 @@ def test_model_forward_with_targets_keeps_no_logits_for_backward(cfg, monkeypatc
     logits_fp32 = B * cfg.seq_len * cfg.vocab_size * 4
     assert alloc.end < logits_fp32 / 4, (alloc.end, logits_fp32)
     loss.backward()
-
-
-@MODELS
-def test_a_model_told_its_whole_micro_batch_fits_keeps_its_logits_in_one_chunk(cfg, monkeypatch):
-    """model.loss_rows (the trainer's pick, kiln.plan.memory.loss_rows): set to the micro-batch's
-    rows, the loss is one chunk, not checkpointed, its logits kept for backward, where the default
-    would cut these 512 rows into 4 chunks; the loss is the same."""
-    import kiln.model.loss
-
-    monkeypatch.setattr(kiln.model.loss, "loss_chunk_rows", lambda vocab: 128)
-    cfg = ModelConfig(**{**cfg.to_dict(), "vocab_size": 16384})
-    torch.manual_seed(0)
-    model = build_model(cfg).train()
-    B = 8
-    idx, targets = torch.randint(0, cfg.vocab_size, (2, B, cfg.seq_len))
-    chunked, alloc_chunked = allocated_during(lambda: model(idx, targets)[1])
     model.loss_rows = B * cfg.seq_len
     whole, alloc_whole = allocated_during(lambda: model(idx, targets)[1])
-    logits_fp32 = B * cfg.seq_len * cfg.vocab_size * 4
-    assert alloc_chunked.end < logits_fp32 / 4 and alloc_whole.end >= logits_fp32, (alloc_chunked.end, alloc_whole.end)
-    torch.testing.assert_close(whole, chunked, rtol=1e-5, atol=1e-5)
+    assert alloc_whole.end >= logits_fp32, (alloc_whole.end, logits_fp32)
+    torch.testing.assert_close(whole, loss, rtol=1e-5, atol=1e-5)
