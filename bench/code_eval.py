@@ -42,6 +42,7 @@ from kiln.data.tokenizer_build import train_bpe
 from kiln.eval import code, sandbox, sizes
 from kiln.eval.humaneval import GREEDY, load_problems, program
 from kiln.model.build import build_model
+from kiln.plan.decode import Machine
 from kiln.plan.peaks import gpu_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +81,7 @@ def h100_prediction(section, sandbox_s: float) -> dict:
     cfg_eval = sizes.resolve(
         section.replace(humaneval=he, humaneval_infill=section.humaneval_infill.replace(problems=0)), True
     )
-    machine = sizes.Machine.of(gpu, 0.4)
+    machine = Machine.of(gpu, 0.4)
     priced = sizes.price(cfg_eval, cfg, machine)["humaneval"]
     execute_s = priced["programs"] * sandbox_s / sizes.SANDBOX_WORKERS
     return {

@@ -27,6 +27,8 @@ import torch
 from kiln.config.models import ModelConfig
 from kiln.generate.decode import generate
 from kiln.model.build import build_model
+from kiln.plan.decode import Machine, decode_tokens_per_s
+from kiln.plan.peaks import gpu_of
 
 DEFAULT_MODEL = {"n_layer": 4, "n_head": 4, "d_model": 256}  # config/config.yaml's model
 UNCACHED, CACHED_ONE, CACHED_BATCH = "uncached, one by one", "cached, one by one", "cached, batched"
@@ -108,6 +110,12 @@ def main() -> None:
         f"\ncached batched / uncached one by one: {rate[CACHED_BATCH] / rate[UNCACHED]:.1f}x "
         f"(cached one by one: {rate[CACHED_ONE] / rate[UNCACHED]:.1f}x)"
     )
+    gpu = gpu_of(torch.cuda.get_device_name(args.device)) if args.device.startswith("cuda") else None
+    if gpu is not None:  # the rate the eval's price assumes on this card (kiln.plan.decode)
+        priced = decode_tokens_per_s(cfg, Machine.of(gpu, mfu=0.4), args.prompts)
+        print(
+            f"priced: {priced:,.0f} new tokens/s on {gpu.fragment}; cached batched is {rate[CACHED_BATCH] / priced:.2f}x the price"
+        )
 
 
 if __name__ == "__main__":

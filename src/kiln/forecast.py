@@ -30,6 +30,7 @@ from kiln.data.tokenizer import padded_vocab_size
 from kiln.errors import KilnError
 from kiln.eval import sizes
 from kiln.plan import autofit
+from kiln.plan.decode import Machine
 from kiln.plan.memory import fit_report, optimizer_state_bytes, setting_of
 from kiln.plan.peaks import GPU, GPUS, gpu_of
 from kiln.plan.steps import StageTimes, build_plan
@@ -100,7 +101,7 @@ def eval_price(run: RunConfig, model, gpu: GPU, train_s: float) -> dict:
     """The eval's sizes as a GPU resolves them and their price (kiln.eval.sizes): {"sizes", "s", "share"
     of the train stage's time, benchmarks' parts}. A run trained without FIM from random weights is
     priced without infilling, which its eval does not run (kiln.eval.infill.not_run_reason)."""
-    machine = sizes.Machine.of(gpu, run.plan.mfu)
+    machine = Machine.of(gpu, run.plan.mfu)
     priced = run.eval
     no_fim = run.pretokenize.fim.rate == 0 and run.train.init_from is None
     if no_fim:
@@ -120,7 +121,7 @@ def in_loop_price(run: RunConfig, model, gpu: GPU, max_steps: int, train_s: floa
     in_loop = run.eval.in_loop
     if not in_loop.every:
         return None
-    machine = sizes.Machine.of(gpu, run.plan.mfu)
+    machine = Machine.of(gpu, run.plan.mfu)
     slice_ = run.eval.replace(
         humaneval=run.eval.humaneval.replace(
             problems=in_loop.problems, samples=0, max_new_tokens=in_loop.max_new_tokens

@@ -16,9 +16,8 @@ train stage it predicts. The eval stage decides n with the same rule from what i
 that trained longer than planned may afford more samples, never more than its share.
 
 The price is a prediction with its assumptions named (no GPU has measured Kiln's decoding yet):
-decoding reads the bf16 weights once a step, at DECODE_BANDWIDTH of the card's HBM bandwidth, and
-launches at least LAUNCH_S_PER_LAYER of kernels a layer (eager PyTorch: a small model is launch-bound);
-a step decodes DECODE_BATCH prompts for max_new_tokens (the most a batch runs: a batch stops early
+a decode step costs what kiln.plan.decode says (the bf16 weights read at half the card's bandwidth,
+or the kernel launches of an eager step, whichever is more); a step decodes DECODE_BATCH prompts for max_new_tokens (the most a batch runs: a batch stops early
 only when every row has); prompts cost their forward FLOPs at plan.mfu; each program costs
 SANDBOX_S_PER_PROGRAM of one CPU in kiln.eval.sandbox, on SANDBOX_WORKERS at once.
 """
@@ -26,14 +25,14 @@ SANDBOX_S_PER_PROGRAM of one CPU in kiln.eval.sandbox, on SANDBOX_WORKERS at onc
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from kiln.config.eval_sections import EvalSection
 from kiln.config.models import ModelConfig
 from kiln.errors import KilnError
 from kiln.eval.humaneval import load_problems
 from kiln.eval.humaneval_infill import multi_line_tasks, random_span_tasks, single_line_tasks, subset
-from kiln.plan.peaks import GPU, gpu_of
+from kiln.plan.decode import Machine, decode_step_s
+from kiln.plan.peaks import gpu_of
 
 log = logging.getLogger("kiln.eval")
 
@@ -44,8 +43,6 @@ SAMPLE_LADDER = (200, 100, 50, 20, 10)  # the Codex paper's n first
 KINDS = {"single_line": single_line_tasks, "multi_line": multi_line_tasks, "random_span": random_span_tasks}
 
 DECODE_BATCH = 16  # prompts decoded together (kiln.eval.code, kiln.eval.infill)
-DECODE_BANDWIDTH = 0.5  # of the HBM bandwidth a decode step's weight read reaches
-LAUNCH_S_PER_LAYER = 100e-6  # ~15 eager kernels a layer at ~7 us each: the floor of a decode step
 PROMPT_BYTES_PER_TOKEN = 3.5  # Python on a code BPE (seed 000's ~3.6)
 SANDBOX_S_PER_PROGRAM = 0.098  # docs/benchmarks.md, "Code evals": one program on one CPU
 SANDBOX_WORKERS = 15  # kiln.eval.code.workers() on a GPU node's 16 CPUs
@@ -76,26 +73,6 @@ def check_resolved(cfg: EvalSection) -> None:
     ]
     if left:
         raise KilnError(f"eval: {', '.join(left)} still auto: resolve the sizes first (kiln.eval.sizes.resolve)")
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What the price assumes of the GPU: its dense bf16 peak, its HBM bandwidth and the MFU the
-    plan assumes for the prompts' forward passes."""
-
-    peak_flops: float
-    bandwidth_bytes_s: float
-    mfu: float
-
-    @classmethod
-    def of(cls, gpu: GPU, mfu: float) -> Machine:
-        """A card of kiln.plan.peaks at an assumed (or measured) MFU."""
-        return cls(gpu.tflops * 1e12, gpu.bandwidth_tbs * 1e12, mfu)
-
-
-def _decode_step_s(model: ModelConfig, machine: Machine) -> float:
-    weights = 2 * model.num_params(non_embedding=True)  # bf16 bytes a step reads: blocks and the head
-    return max(weights / (DECODE_BANDWIDTH * machine.bandwidth_bytes_s), model.n_layer * LAUNCH_S_PER_LAYER)
 
 
 def _batches(prompts: int) -> int:
@@ -135,7 +112,7 @@ def workload(cfg: EvalSection) -> dict:
 def price(cfg: EvalSection, model: ModelConfig, machine: Machine) -> dict:
     """The predicted seconds of the code evals of a resolved cfg on one GPU (module note), by benchmark
     and in all: {benchmark: {prompts, programs, decode_s, prompt_s, sandbox_s, s}, "s": total}."""
-    step_s = _decode_step_s(model, machine)
+    step_s = decode_step_s(model, machine)
     forward_flops = 2 * model.num_params(non_embedding=True)  # a prompt token's forward pass
     out: dict = {}
     for name, part in workload(cfg).items():

@@ -270,6 +270,17 @@ def loss_rows(cfg: ModelConfig, s: Setting, memory_gib: float) -> int | None:
     return whole.loss_rows if s.cuda and fits(estimate(cfg, whole), memory_gib) else None
 
 
+def largest_micro_batch(cfg: ModelConfig, s: Setting, memory_gib: float, most: int = 8) -> tuple[int, Estimate]:
+    """The largest micro-batch up to `most` whose step `s` fits in FIT_FRACTION of memory_gib, the loss
+    whole or in chunks as loss_rows decides at that size, and its estimate (1 row's when none fits)."""
+    for micro in range(most, 0, -1):
+        t = replace(s, micro_batch=micro)
+        est = estimate(cfg, replace(t, loss_rows=loss_rows(cfg, t, memory_gib)))
+        if fits(est, memory_gib):
+            return micro, est
+    return 1, est
+
+
 def changes_to_fit(cfg: ModelConfig, s: Setting, memory_gib: float, limit: int = 4) -> list[tuple[str, Estimate]]:
     """Settings that bring the step within FIT_FRACTION of memory_gib, cheapest first: single changes
     (selective, then full activation checkpointing; a smaller micro-batch, the global batch kept by

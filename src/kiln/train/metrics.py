@@ -13,8 +13,9 @@ FLOPs per token, two conventions, both reported (log records, the smoke report, 
   2*Q, so its own count is 6*(N - embeddings) + 12*L*H*Q*T: Kiln's attention term, and lower than
   Kiln's only by the tied embedding. Seed 000 ran the transformers backend, so this column is the
   one to hold against its log; it is not "torchtitan's MFU" for a native torchtitan model.
-The same run reads higher MFU under Kiln's: seed 000's Llama-3.2-1B at seq 8192, 55.3k tokens/s
-per H100, is 52.9% here and 41.7% under the transformers-backend count (what its log printed).
+The same run reads higher MFU under Kiln's: seed 000's Llama-3.2-1B at seq 8192, 55.8k tokens/s per
+H100 (kiln.plan.anchors.SEED_000), is 53.4% here and 42.0% under the transformers-backend count; its
+log line at 55,314 tokens/s printed "mfu: 41.66%", which this count reproduces (tests/unit/plan/test_anchors.py).
 
 MFU divides achieved FLOP/s per device by the device's dense bf16 peak (kiln.plan.peaks). CPUs have
 no entry: MFU is reported on known GPUs only (nanoGPT's hard-coded A100 figure reports >100% on an H100).

@@ -15,11 +15,13 @@ from kiln.config.models import model_config
 from kiln.errors import KilnError
 from kiln.eval import sizes
 from kiln.eval.code import run_code_evals
+from kiln.plan.anchors import SEED_000
+from kiln.plan.decode import Machine
 from kiln.plan.peaks import gpu_of
 
 LLAMA_1B = model_config({"flavour": "llama3.2-1b"}, vocab_size=32768, seq_len=8192)
 H100 = gpu_of("NVIDIA H100 80GB HBM3")
-MACHINE = sizes.Machine.of(H100, 0.4)
+MACHINE = Machine.of(H100, 0.4)
 
 
 def test_auto_is_a_few_problems_on_a_cpu_and_the_published_sizes_on_a_gpu_and_a_set_size_stays():
@@ -59,8 +61,9 @@ def test_the_price_grows_with_the_draws_and_the_samples_are_the_most_the_share_a
 
 def test_the_eval_stage_prices_samples_against_the_train_stage_on_its_own_card():
     cfg = typed_section("eval", {})
-    summary = {"steps": 50_000, "tokens_per_step": 196_608, "tokens_per_s": 4 * 55_800, "mfu": 0.4}  # seed 000
-    assert sizes.train_seconds(summary) == pytest.approx(50_000 * 196_608 / (4 * 55_800))
+    tokens_per_s = 4 * SEED_000.tokens_per_s_per_gpu
+    summary = {"steps": 50_000, "tokens_per_step": 196_608, "tokens_per_s": tokens_per_s, "mfu": 0.4}  # seed 000
+    assert sizes.train_seconds(summary) == pytest.approx(50_000 * 196_608 / tokens_per_s)
     assert sizes.train_seconds({"spent_s": 420.0, "steps": 9, "tokens_per_s": 1.0}) == 420.0  # a budgeted stage
     on_cpu = sizes.for_run(cfg, LLAMA_1B, None, summary)
     assert (on_cpu.humaneval.problems, on_cpu.humaneval.samples) == (4, 0)

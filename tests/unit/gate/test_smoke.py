@@ -23,6 +23,7 @@ from kiln.config.batch import BatchSplit
 from kiln.config.run_config import RunConfig
 from kiln.errors import KilnError
 from kiln.gate.checks import run_checks
+from kiln.plan.anchors import SEED_000
 from kiln.plan.steps import full_run_plan
 from kiln.plan.tables import render_plan
 
@@ -158,7 +159,7 @@ def test_plan_reproduces_seed_000():
     plan = full_run_plan(
         batch=BatchSplit(world=4, micro_batch=6, seq_len=8192, grad_accum=1),
         max_steps=50_000,
-        tokens_per_s=4 * 55_800,
+        tokens_per_s=4 * SEED_000.tokens_per_s_per_gpu,
         n_params=1_040_254_976,
         train_tokens=10_000_000_000,
         checkpoint_bytes=12 * 1_040_254_976,

@@ -21,6 +21,7 @@ from kiln.plan.memory import (
     estimate,
     fit_report,
     fits,
+    largest_micro_batch,
     loss_rows,
     setting_of,
 )
@@ -200,6 +201,16 @@ def test_the_loss_is_whole_where_the_step_fits_with_its_logits_and_chunked_where
     cfg, s = _flagship()
     assert loss_rows(cfg, s, 80) is None
     assert fit_report(cfg, s, "H100", 80)["assumes"].endswith("the loss in chunks")
+
+
+def test_the_gpu_checks_llama_micro_batch_is_the_largest_the_compiled_estimate_fits():
+    """llama3.2-1b at seq 8192 on one GPU, compiled (the GPU check's llama row): 5 rows on an H100, the
+    loss in chunks (6 would need 77 GiB of its 72 usable); 8 on an H200, where even the whole loss fits."""
+    cfg = model_config({"flavour": "llama3.2-1b"}, 32768, 8192)
+    micro, est = largest_micro_batch(cfg, Setting(micro_batch=1), 80)
+    assert micro == 5 and fits(est, 80) and not fits(estimate(cfg, Setting(micro_batch=6)), 80)
+    micro, est = largest_micro_batch(cfg, Setting(micro_batch=1), 141)
+    assert micro == 8 and est.parts["loss chunk"] > 12 * 8 * 8192 * 32768 and fits(est, 141)
 
 
 def test_setting_of_a_train_section_on_a_gpu_and_on_the_cpu():

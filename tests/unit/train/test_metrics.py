@@ -9,6 +9,7 @@ from kiln import layout
 from kiln.config.models import model_config
 from kiln.errors import KilnError
 from kiln.model.build import build_model
+from kiln.plan.anchors import SEED_000_LOG
 from kiln.plan.peaks import gpu_of, peak_flops_of
 from kiln.plan.tables import format_eta
 from kiln.train.metrics import MetricsSink, Throughput, flops_per_token, flops_per_token_torchtitan, peak_flops
@@ -63,11 +64,11 @@ def test_no_peak_and_so_no_mfu_on_cpu():
 
 
 def test_mfu_is_per_device_flops_over_the_peak():
-    # Seed 000: 55,314 tokens/s per H100 on Llama-3.2-1B at seq 8192 -> 52.9% under this count.
-    flops = flops_per_token(_meta_model("llama3.2-1b", 32768, 8192))
-    rates = Throughput(flops, 989e12, world=2).rates(2 * 55_314.0)
+    # Seed 000's log line: 55,314 tokens/s per H100 on Llama-3.2-1B at seq 8192 -> 52.9% under this count.
+    flops, tps = flops_per_token(_meta_model("llama3.2-1b", 32768, 8192)), SEED_000_LOG.tokens_per_s_per_gpu
+    rates = Throughput(flops, 989e12, world=2).rates(2 * tps)
     assert rates["mfu"] == pytest.approx(0.529, abs=0.001)
-    assert rates["tflops"] == pytest.approx(flops * 55_314 / 1e12)
+    assert rates["tflops"] == pytest.approx(flops * tps / 1e12)
 
 
 def test_torchtitans_count_halves_attention_and_leaves_the_tied_embedding_out():
@@ -84,7 +85,7 @@ def test_mfu_under_both_counts_reads_what_the_seeds_torchtitan_log_printed():
     """Seed 000's log: 55,314 tokens/s per H100 -> "mfu: 41.66%" (torchtitan); 52.9% under Kiln's."""
     llama = _meta_model("llama3.2-1b", 32768, 8192)
     meter = Throughput(flops_per_token(llama), 989e12, 1, flops_per_token_torchtitan(llama))
-    rates = meter.rates(55_314.0)
+    rates = meter.rates(SEED_000_LOG.tokens_per_s_per_gpu)
     assert rates["mfu"] == pytest.approx(0.529, abs=0.001)
     assert rates["mfu_torchtitan"] == pytest.approx(0.4166, abs=0.0005)
 
