@@ -27,6 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from train_throughput import synthetic_shards  # bench/ is on sys.path (__main__)
 
 from gpu_check import image
+from gpu_check.fsdp_one_rank import check_fsdp_one_rank
 from gpu_check.llama import (
     ESTIMATE_TOLERANCE,
     LOSS_PEAK_RATIO,
@@ -458,6 +459,13 @@ CHECKS = (
     ),
     Check("generate-bench", ("bench/generate.py",), (">= 5x the uncached loop",), 15, check_generate_bench),
     Check(
+        "fsdp-one-rank",
+        ("FSDP2 on one rank, NCCL, compiled, DCP resume",),
+        ("losses within 2% of the plain rank's; resumed within 0.5% of the run's own",),
+        35,
+        check_fsdp_one_rank,
+    ),
+    Check(
         "two-ranks",
         ("two-rank smoke, NCCL", "DDP 2 ranks, NCCL", "FSDP 2 ranks, NCCL"),
         ("every smoke check passes", "ranks' weights equal after the steps", "losses within 2% of DDP's"),
@@ -467,5 +475,5 @@ CHECKS = (
     ),
 )
 ENVIRONMENT_S = 15  # the probe of CUDA and the GPUs
-DEADLINE_S = 450  # the whole run, enforced: 7.5 minutes (the budgets: 390 s with one GPU, 430 s with 2+)
+DEADLINE_S = 480  # the whole run, enforced: 8 minutes (the budgets: 425 s with one GPU, 465 s with 2+)
 MIN_START_S = 5  # a check is not started with less of the deadline left

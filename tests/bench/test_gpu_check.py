@@ -36,6 +36,7 @@ ROWS = [
     "eval on GPU vs CPU",
     "tiny pipeline, train.device=cuda",
     "bench/generate.py",
+    "FSDP2 on one rank, NCCL, compiled, DCP resume",
     "two-rank smoke, NCCL",
     "DDP 2 ranks, NCCL",
     "FSDP 2 ranks, NCCL",
@@ -70,6 +71,8 @@ def test_cpu_dry_run_prints_every_row_and_fails_none(tmp_path):
     assert "checks passed" in by_check["two-rank smoke, NCCL"] and "FAILED" not in by_check["two-rank smoke, NCCL"]
     assert "ranks' weights equal" in by_check["DDP 2 ranks, NCCL"]
     assert "of DDP's" in by_check["FSDP 2 ranks, NCCL"]
+    # train.fsdp_one_rank on gloo: fully_shard over one rank, compiled (aot_eager), its DCP shards resumed
+    assert "DCP shards resumed: 2 steps" in by_check["FSDP2 on one rank, NCCL, compiled, DCP resume"]
     assert (tmp_path / "snapshot" / "smoke" / "trace.json").exists()  # the smoke probe traced its step
 
 
