@@ -103,7 +103,7 @@ def child(plan: dict) -> None:
         "RssAnon_before": before["RssAnon"],
     }
     Path(plan["out"], f"rank{trainer.dist.rank}.json").write_text(json.dumps(row))
-    shutdown(trainer.dist.world, synced=True)
+    shutdown(synced=True)
 
 
 def main() -> None:

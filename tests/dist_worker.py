@@ -228,7 +228,7 @@ def main() -> None:
             (Path(spec["out"]) / "report.json").write_text(json.dumps(report))
     if d.is_main:
         Path(plan["checks_out"]).write_text(json.dumps(checks))
-    shutdown(d.world, synced=True)  # a normal end on every rank
+    shutdown(synced=True)  # a normal end on every rank
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def main() -> None:
         out[strategy] = {"ranks": ranks, "adam_steps": adam_steps, "losses": result.losses}
     if dist.get_rank() == 0:
         (base / "result.json").write_text(json.dumps(out))
-    shutdown(dist.get_world_size(), synced=True)
+    shutdown(synced=True)
 
 
 if __name__ == "__main__":

@@ -140,7 +140,7 @@ def main() -> None:
             (out / "result.json").write_text(json.dumps({"losses": result.losses}))
     if d.is_main:
         Path(plan["checks_out"]).write_text(json.dumps(checks))
-    shutdown(d.world, synced=True)
+    shutdown(synced=True)
 
 
 if __name__ == "__main__":

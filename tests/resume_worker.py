@@ -40,7 +40,7 @@ def main() -> None:
         except KilnError as exc:
             got[case["name"]] = {"error": str(exc)}
     Path(plan["out"], f"rank{d.rank}.json").write_text(json.dumps(got))
-    shutdown(d.world, synced=True)
+    shutdown(synced=True)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ SPECIAL: dict[str, dict] = {
         },
     },
     "train.async_checkpoint": {"train.async_checkpoint": True, "train.checkpoint_format": "sharded"},
+    "train.fsdp_one_rank": {"train.fsdp_one_rank": True, "train.parallel": "fsdp"},
     "smoke.price_per_gpu_hour": {"smoke.price_per_gpu_hour": 3.09},
     "smoke.profile_step": {"smoke.profile_step": 3},
     "plan.gpu": {"plan.gpu": "A100"},

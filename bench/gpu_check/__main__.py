@@ -1,7 +1,7 @@
-"""The GPU check: the CUDA paths no CPU test reaches, on one H100/H200 in under 8 minutes (7.5
-enforced), as one table. Run the folder, from the repository root:
+"""The GPU check: the CUDA paths no CPU test reaches, on one H100/H200 in 8 minutes (enforced), as
+one table. Run the folder, from the repository root:
 
-    python bench/gpu_check                   # one GPU: the budgets sum to 390 s; 2+ GPUs: 430 s
+    python bench/gpu_check                   # one GPU: the budgets sum to 425 s; 2+ GPUs: 465 s
     python bench/gpu_check --only flash,eval --budget-scale 2
     python bench/gpu_check --cpu-dry-run     # no GPU: what runs on the CPU, tiny shapes (CI: tests/bench/test_gpu_check.py)
     python bench/gpu_check --list-wheels     # what a node needs beside its torch (image), and how to carry it
@@ -22,7 +22,7 @@ check runs its CPU-capable part at tiny shapes: it FAILs if that part breaks, el
 CUDA" with what the CPU part measured.
 
 The folder: checks (every check and the CHECKS table), llama (issue 13's llama3.2-1b checks), ranks
-(the two-rank check and its torchrun worker), shared (the checks' context and helpers), procs (each
+(the two-rank check and its torchrun worker), fsdp_one_rank (FSDP2 and DCP on one GPU), shared (the checks' context and helpers), procs (each
 check in a process of its own, and everything it started ended).
 """
 

@@ -170,7 +170,7 @@ def main() -> None:
     result["fsdp"] = _steps("fsdp", plan)
     if d.is_main:
         Path(plan["result"]).write_text(json.dumps(result))
-    shutdown(d.world, synced=True)
+    shutdown(synced=True)
 
 
 if __name__ == "__main__":

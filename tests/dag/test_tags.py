@@ -100,6 +100,7 @@ CONTEXT = {
     "train.keep_checkpoint_every": {"train.keep_checkpoints": 1},  # a milestone beyond the newest kept
     "eval.in_loop.problems": {"eval.in_loop.every": 6},  # the in-loop eval's slice, with the eval on
     "eval.in_loop.max_new_tokens": {"eval.in_loop.every": 6},
+    "train.fsdp_one_rank": {"train.parallel": "fsdp"},  # the plain rank under fsdp: sharded checkpoints too
 }
 
 # Read to run, but the arithmetic's order moves with it: weights, losses and the numbers in a report
@@ -130,6 +131,10 @@ RECORDED = {
         PROBE_ROWS + "; a checkpoint holds each rank's RNG and data position",
     ),
     "train.parallel": (("report.json.checkpoint_written_bytes",), "an FSDP checkpoint is written as shards"),
+    "train.fsdp_one_rank": (
+        ("report.json.checkpoint_written_bytes",),
+        "DCP's metadata describes the parameters as DTensors of a 1-rank mesh",
+    ),
     "train.compile": (("report.json.checks[",), "the probe adds a check that the compiled step matches the eager one"),
     "train.activation_checkpointing": (
         ("report.json.activation_checkpointing",),

@@ -43,7 +43,7 @@ def main() -> None:
     try:
         report = run_checks(config, args.shards, args.out, marker_id=marker)
     except BaseException:
-        shutdown(world)
+        shutdown()
         raise
     checks = report.pop("checks")
     train, smoke = config.train, config.smoke
@@ -55,7 +55,7 @@ def main() -> None:
         if rank0:
             print(checks_table(checks))
         raise RanksOutOfMemory(f"smoke: preflight FAILED: {preflight.figure}. {preflight.detail}")
-    shutdown(world, synced=True)  # (a rank that exits right after its last collective can hang)
+    shutdown(synced=True)  # (a rank that exits right after its last collective can hang)
     if not rank0:
         return
     print(checks_table(checks))

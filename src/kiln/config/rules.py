@@ -63,6 +63,8 @@ def _between_keys(cfg: dict) -> list[str]:
             f"train.async_checkpoint: needs sharded checkpoints, but train.checkpoint_format is "
             f"{train['checkpoint_format']} under train.parallel {train['parallel']} (full); set it to sharded"
         )
+    if train["fsdp_one_rank"] and train["parallel"] != "fsdp":
+        problems.append(f"train.fsdp_one_rank: needs train.parallel fsdp, got {train['parallel']}")
     smoke = cfg["smoke"]
     if smoke["warmup_steps"] >= smoke["steps"]:
         problems.append(f"smoke.warmup_steps: {smoke['warmup_steps']} must be below smoke.steps={smoke['steps']}")

@@ -143,6 +143,18 @@ class TrainSection(Section):
         "ddp replicates the model on every rank; fsdp (FSDP2) shards it, for models that do not fit.",
         reads("DDP or FSDP, the same step", smoke=RUN, train=RUN),
     )
+    fsdp_one_rank: bool = setting(
+        False,
+        (
+            "With train.parallel fsdp on a single rank (one GPU): fully_shard the model over a mesh of that "
+            "one rank anyway, in a process group of one (NCCL on a GPU, gloo on the CPU), so one device runs "
+            "what FSDP2 runs on several: its mixed precision, its hooks around compiled blocks, DCP's "
+            "sharded checkpoints written and read collectively. Nothing is split, so it saves no memory and "
+            "costs a little time; it is for checking the FSDP path on one GPU (bench/gpu_check). Off, one "
+            "rank trains the plain module. No effect on several ranks."
+        ),
+        reads("the FSDP step on one rank is the plain one's", smoke=RUN, train=RUN),
+    )
     collective_timeout_s: Number = setting(
         600,
         (

@@ -148,8 +148,10 @@ class Saver:
         self._pending: Future | None = None
         self._commits = ThreadPoolExecutor(1, thread_name_prefix="kiln-checkpoint") if async_save else None
         # The background writes' collectives get their own (CPU) group, so they never interleave with
-        # the training step's on the default one (torchtitan does the same).
-        self._group = dist.new_group(backend="gloo") if async_save and world > 1 else None
+        # the training step's on the default one (torchtitan does the same). DCP is collective wherever
+        # there is a process group: several ranks, or one rank's group of one (train.fsdp_one_rank).
+        self._collective = dist.is_initialized()
+        self._group = dist.new_group(backend="gloo") if async_save and self._collective else None
 
     def last_checkpoint(self) -> str:
         """The newest checkpoint under the root, once an async save in flight is in place: where a rerun
@@ -170,12 +172,12 @@ class Saver:
             tmp = stack.enter_context(atomic_dir(self.root / name, durable=True)) if self.rank == 0 else None
             tmp = broadcast_object(tmp, self.world)
             if self._commits is None:
-                dcp.save(shards, checkpoint_id=tmp / SHARDS, no_dist=self.world == 1)
+                dcp.save(shards, checkpoint_id=tmp / SHARDS, no_dist=not self._collective)
                 if self.rank == 0:
                     _write_state(tmp, state, self.faults)
             else:  # returns once the shards are copied to host memory: training may change them now
                 written = dcp.async_save(
-                    shards, checkpoint_id=tmp / SHARDS, process_group=self._group, no_dist=self.world == 1
+                    shards, checkpoint_id=tmp / SHARDS, process_group=self._group, no_dist=not self._collective
                 )
                 self._pending = self._commits.submit(self._commit, stack.pop_all(), tmp, state, written)
                 return

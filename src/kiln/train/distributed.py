@@ -53,10 +53,13 @@ class Dist:
         return self.rank == 0
 
 
-def init_distributed(device_setting: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> Dist:
+def init_distributed(
+    device_setting: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S, group_of_one: bool = False
+) -> Dist:
     """This process's rank, device (train.device: auto, cuda or cpu) and node count, joining the
     process group when there are several ranks, its collectives failing after timeout_s
-    (train.collective_timeout_s)."""
+    (train.collective_timeout_s). Alone, a group of this one rank when group_of_one
+    (train.fsdp_one_rank: FSDP2's mesh and DCP's collectives need one), its store in this process."""
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -69,11 +72,12 @@ def init_distributed(device_setting: str = "auto", timeout_s: float = DEFAULT_TI
     device = select_device(device_setting, local_rank, ranks=world)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if world > 1 and not dist.is_initialized():
+    if (world > 1 or group_of_one) and not dist.is_initialized():
         dist.init_process_group(
             backend="nccl" if device.type == "cuda" else "gloo",
             device_id=device if device.type == "cuda" else None,
             timeout=timedelta(seconds=timeout_s),
+            **({} if world > 1 else {"store": dist.HashStore(), "rank": 0, "world_size": 1}),
         )
     return Dist(rank, local_rank, world, device, world // per_node)
 
@@ -166,10 +170,11 @@ def all_to_all_async(
     return dist.all_to_all_single(output, input, output_splits, input_splits, group=group, async_op=True)
 
 
-def set_collective_timeout(timeout_s: float, world: int) -> None:
-    """From now on a collective of the default group fails after timeout_s. torch has no public call
-    for it; torchtitan uses this one (distributed_c10d._set_pg_timeout) after its first step too."""
-    if world > 1 and dist.is_initialized():
+def set_collective_timeout(timeout_s: float) -> None:
+    """From now on a collective of the default group, if any, fails after timeout_s. torch has no
+    public call for it; torchtitan uses this one (distributed_c10d._set_pg_timeout) after its first
+    step too."""
+    if dist.is_initialized():
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s))
 
 
@@ -196,8 +201,8 @@ def collective_deadline(timeout_s: float, first_step_s: float):
         ) from exc
 
 
-def shutdown(world: int, synced: bool = False) -> None:
-    """Leave the process group; synced: every rank got here the same way (a run that finished or
+def shutdown(synced: bool = False) -> None:
+    """Leave the process group, if any (several ranks, or train.fsdp_one_rank's group of one); synced: every rank got here the same way (a run that finished or
     stopped itself), not through an error only some ranks raised.
 
     gloo's worker threads let go of a finished collective's tensors under the GIL, and the group's
@@ -205,7 +210,7 @@ def shutdown(world: int, synced: bool = False) -> None:
     threads: a rank that exited within a few ms of its last collective hung there for good (seen
     after the final checkpoint's RNG gather; pytorch/pytorch#56297). When synced, a barrier and a
     short sleep, both without the GIL, let the threads finish first."""
-    if world > 1 and dist.is_initialized():
+    if dist.is_initialized():
         if synced:
             dist.barrier()
             time.sleep(0.05)

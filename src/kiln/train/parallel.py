@@ -17,6 +17,17 @@ RNG state is replayed on recompute, so dropout draws the same masks (tests/unit/
   are sharded across ranks and gathered block by block, for models that do not fit DDP. With bf16
   the gathered parameters are bf16 and gradients are reduced in fp32. On several nodes it is HSDP
   (`device_mesh`): sharded across the ranks of a node, replicated across nodes.
+- One rank trains the plain module under either (nothing to replicate or shard), unless
+  train.fsdp_one_rank (`shard_one_rank`): then fsdp shards it over a 1-rank mesh anyway, with the
+  mixed-precision policy of several ranks, in the group of one that kiln.train.distributed makes for
+  it. Nothing is split, but one GPU then runs seed 000's path as 8 do: FSDP2's hooks around the
+  compiled blocks, DTensor parameters, DCP's collective sharded save and load (bench/gpu_check's
+  fsdp-one-rank row). A switch beside fsdp, not a third strategy: the step is fsdp's. Off by default:
+  it buys one rank no memory and costs it the hooks, so a world-1 fsdp config (a workstation's smoke
+  probe) keeps the plain module. Tagged RUN, as train.parallel is: in fp32 the weights came out the
+  plain rank's bit for bit on the CPU, in bf16 they differ as FSDP's from DDP's (bf16 parameters
+  against autocast's casts) (tests/unit/train/test_fsdp_one_rank.py, tests/dag/test_tags.py), so a
+  switch reruns no training.
 
 Checkpoint state comes in two forms (kiln.train.checkpoint writes either; any run reads both), both
 through torch.distributed.checkpoint's helpers, which key optimizer state by parameter name:
@@ -69,16 +80,23 @@ NO_BUFFER_SYNC = (
 
 
 def parallelize(
-    model: nn.Module, d: Dist, *, strategy: str, compile_model: bool, activation_checkpointing: str, bf16: bool
+    model: nn.Module,
+    d: Dist,
+    *,
+    strategy: str,
+    compile_model: bool,
+    activation_checkpointing: str,
+    bf16: bool,
+    shard_one_rank: bool = False,
 ) -> nn.Module:
     """The module the training step calls. `model` itself stays the one to read parameters and
-    state from (fully_shard changes it in place; DDP wraps it)."""
+    state from (fully_shard changes it in place; DDP wraps it). shard_one_rank: train.fsdp_one_rank."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown parallel strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
     apply_activation_checkpointing(model, activation_checkpointing)
     if compile_model:
         compile_blocks(model)
-    if d.world == 1:  # nothing to replicate or shard across
+    if d.world == 1 and not (strategy == "fsdp" and shard_one_rank):  # nothing to replicate or shard across
         return model
     if strategy == "fsdp":
         policy = (

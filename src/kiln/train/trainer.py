@@ -106,8 +106,8 @@ class Trainer:
         # Until this Trainer's first step is done, the first step's allowance (compilation, shard
         # checks, a resume's hash); then train.collective_timeout_s (train_step).
         first_step_s = max(train.first_step_timeout_s, train.collective_timeout_s)
-        self.dist = init_distributed(train.device, first_step_s)
-        set_collective_timeout(first_step_s, self.dist.world)  # a group an earlier Trainer made (smoke)
+        self.dist = init_distributed(train.device, first_step_s, group_of_one=train.fsdp_one_rank)
+        set_collective_timeout(first_step_s)  # a group an earlier Trainer made (smoke)
         self._first_step_done = False
         device.configure(self.dist.device)
         seed_everything(self.seed)
@@ -136,6 +136,7 @@ class Trainer:
             compile_model=device.use_compile(train.compile, self.dist.device),
             activation_checkpointing=train.activation_checkpointing,
             bf16=self.bf16,
+            shard_one_rank=train.fsdp_one_rank,
         )
         self.optimizer = build_optimizer(self.model, train, self.dist.device.type)  # AdamW, or Muon + AdamW
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -274,7 +275,7 @@ class Trainer:
         self.step += 1
         self.tokens_seen += self.batch_split.tokens_per_step
         if not self._first_step_done:  # compiled, checked and in step: the running job's bound from here
-            set_collective_timeout(self.train.collective_timeout_s, self.dist.world)
+            set_collective_timeout(self.train.collective_timeout_s)
             self._first_step_done = True
         return mean_loss, grad_norm, lr
 
@@ -481,7 +482,7 @@ def run(
         raise
     finally:
         trainer.stop.restore()
-        shutdown(trainer.dist.world, synced)
+        shutdown(synced)
     # The final checkpoint's copy off the node (rank 0; at most kiln.train.mirror.FINAL_WAIT_S), once
     # every rank has left the process group: no rank waits for it in a collective, whose timeout
     # (train.collective_timeout_s) is shorter. The run counts as finished only after it: the train

@@ -130,6 +130,7 @@ def _error(cfg: dict) -> str:
             lambda c: c["train"].update(async_checkpoint=True),  # ddp: auto is the full format
             "train.async_checkpoint: needs sharded checkpoints, but train.checkpoint_format is auto under train.parallel ddp",
         ),
+        (lambda c: c["train"].update(fsdp_one_rank=True), "train.fsdp_one_rank: needs train.parallel fsdp, got ddp"),
         (lambda c: c["train"].update(rdzv_endpoint="n0"), "train.rdzv_endpoint: String should match pattern"),
         (
             lambda c: c["train"].update(schedule="linear"),
