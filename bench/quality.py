@@ -8,6 +8,10 @@ same machine, tokenizer, training documents and held-out documents, in one run.
         # one thread, so that two recipes at equal steps train side by side (each from its own clone)
     python bench/quality.py --plain-shapes 4x64x2 4x128x4 --plain-lrs 2e-3 4e-3 8e-3   # tune the baseline
     python bench/quality.py --quick     # a tiny run without Snakemake (quick_run): what tests/bench/test_bench.py runs
+    python bench/quality.py --stall 318:40     # Kiln's arm quiet and again stalled 40 s at step 318, one plain loop
+    python bench/quality.py --skip-plain --direct --threads 1 --run-name quality-qk \
+        --config "train={budget: null, max_steps: 500}" "model={family: llama, n_layer: 4, n_head: 2, d_model: 64, qk_norm: true}"
+        # a recipe arm in this process on the default's shards (direct_run), one thread: the arms' screen
 
 Ours: `snakemake --until train` on the config (run name quality-bench, so results/<default run> is left
 alone): download, tokenizer, pretokenize, shard, the smoke gate (which turns a budget into steps and
@@ -33,10 +37,12 @@ split (tokens/val_ids.txt, the same files Kiln's eval reports on) and pip's own 
 
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -121,6 +127,85 @@ def quick_run(args) -> Layout:
     benchmark.parent.mkdir(parents=True)
     benchmark.write_text(f"s\tcpu_time\n{time.perf_counter() - start:.2f}\t0\n")
     return paths
+
+
+def direct_run(args) -> Layout:
+    """--direct: Kiln's arm in this process, without Snakemake: the train stage's function
+    (kiln.train.trainer.run) for train.max_steps on the shards an earlier run of the same data settings
+    built (results/data/...), precision auto as bf16 (what the smoke stage picks on this CPU). Its model
+    is scored as it is (kiln.model.build.load_model), not through the Hugging Face export, so that the
+    options the export refuses (model.logit_softcap, model.value_embeddings) are scored too. With
+    --threads 1 two arms train side by side at equal steps, each at one core's speed whatever the other
+    does (docs/benchmarks.md, "OpenMP's spin-wait beside a neighbour")."""
+    from kiln.io import write_json
+    from kiln.train.callbacks import default_callbacks
+    from kiln.train.trainer import run
+
+    overrides = dict(text.split("=", 1) for text in args.config) | {"run_name": args.run_name}
+    cfg = kiln_config.resolve([args.configfile], overrides)
+    paths = Layout(cfg, root=args.results)
+    shards = paths.folder("shard")
+    if not (shards / "manifest.json").is_file():
+        raise SystemExit(f"--direct: no shards at {shards}; build them first (snakemake --until shard)")
+    typed = RunConfig.of(settings.stage_config(cfg, "train"))
+    if typed.train.budget is not None or typed.train.max_steps is None:
+        raise SystemExit(
+            "--direct trains train.max_steps, with no budget: --config 'train={budget: null, max_steps: N}'"
+        )
+    train = paths.folder("train")
+    shutil.rmtree(train, ignore_errors=True)
+    train.mkdir(parents=True)
+    start = time.perf_counter()
+    result = run(typed, shards, train, callbacks=default_callbacks())
+    seconds = time.perf_counter() - start
+    write_json(train / "summary.json", dataclasses.asdict(result))
+    benchmark = Path(paths.benchmark("train"))
+    benchmark.parent.mkdir(parents=True, exist_ok=True)
+    benchmark.write_text(f"s\tcpu_time\n{seconds:.2f}\t0\n")
+    return paths
+
+
+def kiln_arm(args, stall: str | None = None) -> Layout:
+    """Kiln's arm as --quick, --direct or Snakemake runs it (or, --skip-kiln, as an earlier run left it).
+    With `stall` (STEP:SECONDS), the same run under KILN_FAULT=stall@STEP:SECONDS as run <run-name>-stall
+    (a --quick one under its own results folder): the quiet and the stalled run side by side."""
+    if stall is None:
+        if args.quick or args.direct:
+            return quick_run(args) if args.quick else direct_run(args)
+        return layout_of(args) if args.skip_kiln else run_kiln(args)
+    stalled = argparse.Namespace(**vars(args) | {"run_name": f"{args.run_name}-stall"})
+    if args.quick:
+        stalled.results = args.results / "stall"
+    before = os.environ.get("KILN_FAULT")
+    os.environ["KILN_FAULT"] = f"stall@{stall}"  # read by the train stage's Trainer.fit, in or out of this process
+    try:
+        return kiln_arm(stalled)
+    finally:
+        os.environ.pop("KILN_FAULT") if before is None else os.environ.update(KILN_FAULT=before)
+
+
+def kiln_row(paths: Layout, sets: dict, direct: bool) -> dict:
+    """An arm's train stage (its wall time, tokens) and its bits per byte on each set: through its
+    Hugging Face export, or (direct) its own model."""
+    train_dir = paths.folder("train")
+    if direct:
+        from kiln.model.build import load_model
+
+        ours = load_model(train_dir)
+        logits_of = lambda x: ours(x)[0]  # noqa: E731
+    else:
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(train_dir / "hf").eval()
+        logits_of = lambda x: hf(x).logits  # noqa: E731
+    summary = json.loads((train_dir / "summary.json").read_text())
+    seq_len = json.loads((train_dir / "model_config.json").read_text())["seq_len"]
+    return {
+        "wall_s": stage_seconds(paths, "train"),
+        "tokens": summary["tokens_seen"],
+        "tokens_per_s": summary["tokens_per_s"],
+        **{name: stream_bits_per_byte(logits_of, ids, nb, seq_len) for name, (ids, nb) in sets.items()},
+    }
 
 
 def run_kiln(args) -> Layout:
@@ -317,6 +402,19 @@ def main() -> None:
     parser.add_argument("--cores", default="all", help="Snakemake's --cores for Kiln's arm (1: two arms side by side)")
     parser.add_argument("--skip-kiln", action="store_true", help="score the existing results/<run-name> train output")
     parser.add_argument("--skip-plain", action="store_true", help="Kiln's arm only")
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="Kiln's arm in this process on existing shards, scored as it is (direct_run)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch's CPU threads in this process (0: torch's default)"
+    )
+    parser.add_argument(
+        "--stall",
+        metavar="STEP:SECONDS",
+        help="a second Kiln arm, the same run under KILN_FAULT=stall@STEP:SECONDS (kiln.train.faults), beside the first",
+    )
     parser.add_argument("--plain-seconds", type=float, help="the baseline's wall time (default: Kiln's train stage's)")
     parser.add_argument("--plain-precision", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument(
@@ -332,15 +430,18 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
     args.results = ROOT / "results"
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     if args.quick:
         args.results, args.plain_seconds = Path(tempfile.mkdtemp(prefix="kiln-quality-")), 0.5
         PLAIN.update(QUICK_PLAIN)
         args.plain_shapes, args.plain_lrs = [shape_text(PLAIN)], [1e-3, 2e-3]  # the search path, two trials
-        paths = quick_run(args)
-    else:
-        paths = layout_of(args) if args.skip_kiln else run_kiln(args)
-    train_dir = paths.folder("train")
+        args.stall = args.stall or "4:0.1"  # the stall arm's path too
+    arms = {"kiln": kiln_arm(args)}
+    if args.stall:
+        arms[f"kiln, stall@{args.stall}"] = kiln_arm(args, stall=args.stall)
+    paths = arms["kiln"]
     kiln_seconds = stage_seconds(paths, "train")
     tokenizer = load_tokenizer(paths.output("tokenizer", "tokenizer.json"))
     encoder = Encoder(tokenizer, "tiktoken")
@@ -348,21 +449,7 @@ def main() -> None:
     pip = pip_texts(QUICK_PIP_FILES if args.quick else None)
     sets = {"held-out stdlib": token_stream(encoder, held_texts), "pip/_internal": token_stream(encoder, pip)}
 
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(train_dir / "hf").eval()
-    summary = json.loads((train_dir / "summary.json").read_text())
-    seq_len = json.loads((train_dir / "model_config.json").read_text())["seq_len"]
-    rows = {
-        "kiln": {
-            "wall_s": kiln_seconds,
-            "tokens": summary["tokens_seen"],
-            "tokens_per_s": summary["tokens_per_s"],
-            **{
-                name: stream_bits_per_byte(lambda x: hf(x).logits, ids, nb, seq_len) for name, (ids, nb) in sets.items()
-            },
-        }
-    }
+    rows = {arm: kiln_row(arm_paths, sets, args.direct) for arm, arm_paths in arms.items()}
     trials = []
     if not args.skip_plain:
         seconds = args.plain_seconds or kiln_seconds
@@ -398,8 +485,8 @@ def main() -> None:
             + " | ".join(f"{r[s]:.4f}" for s in sets)
             + " |"
         )
-    if "plain" in rows:
-        print("ratio kiln/plain: " + ", ".join(f"{s} {rows['kiln'][s] / rows['plain'][s]:.3f}x" for s in sets))
+    for arm in arms if "plain" in rows else ():
+        print(f"ratio {arm}/plain: " + ", ".join(f"{s} {rows[arm][s] / rows['plain'][s]:.3f}x" for s in sets))
     if args.out:
         args.out.write_text(json.dumps({"arms": rows, "plain_trials": trials}, indent=2))
     if args.quick:

@@ -4,6 +4,7 @@ batch, precision and machine, in one run.
     python bench/train_throughput.py                                    # CPU: the default config's model
     python bench/train_throughput.py --compile true                     # ... Kiln's arm with torch.compile
     python bench/train_throughput.py --quick     # a 1-layer model, 1 step a round: what tests/bench/test_bench.py runs
+    python bench/train_throughput.py --arm 'model={qk_norm: true}' --rounds 15   # a recipe arm against the default
     # one H100/H200 (compile on by default on CUDA):
     python bench/train_throughput.py --flavour llama3.2-1b --vocab 32768 --seq-len 8192 --micro-batch 6 --steps 10 --rounds 3 --warmup 5
     python bench/train_throughput.py --flavour gpt2-124m --vocab 50257 --seq-len 1024 --micro-batch 16 --steps 20 --rounds 3 --warmup 5
@@ -19,6 +20,11 @@ number of steps in alternating rounds (so a noisy neighbour hits them alike; on 
 models may not fit together, one loop after the other); the figure is the median round. The data is
 random tokens in a temporary shard folder. --baselines eager skips the compiled loop (its ~30 s of
 compilation on a CPU).
+
+--arm KEY=YAML... times a second Kiln train step instead of the baselines: the same sections with these
+overrides merged in (a model option, a train setting), in alternating rounds with the first, and prints
+its tokens/s over the first's: what a recipe arm's steps are scaled by to train for the default's time
+(docs/benchmarks.md, "Recipe arms at equal wall time").
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ DEFAULT_MODEL = yaml.safe_load(kiln_config.EMBEDDED_DEFAULT.read_text(encoding="
     "model"
 ]  # the embedded default's
 EAGER, COMPILED, OURS = "nanoGPT eager loop", "nanoGPT loop compiled whole", "kiln Trainer.train_step"
+ARM = "kiln Trainer.train_step, --arm"
 # --quick: a 1-layer model on tiny batches, one step a round (train_sections reads `model`)
 QUICK = dict(model={"n_layer": 1, "n_head": 2, "d_model": 32}, vocab=512, seq_len=32, micro_batch=2)
 QUICK |= dict(compile="false", steps=1, rounds=1, warmup=1, baselines=["eager"])
@@ -72,7 +79,8 @@ def synthetic_shards(out: Path, vocab: int, seq_len: int, rows: int, seed: int) 
     return out
 
 
-def train_sections(args) -> dict:
+def train_sections(args, arm: dict | None = None) -> dict:
+    """The train stage's sections for the bench's model and batch; `arm`'s sections merged over them."""
     model = {"flavour": args.flavour} if args.flavour else getattr(args, "model", None) or DEFAULT_MODEL
     train = {
         "micro_batch": args.micro_batch,
@@ -81,8 +89,13 @@ def train_sections(args) -> dict:
         "precision": args.precision,
         "compile": args.compile,
     }
+    arm = arm or {}
     return kiln_config.stage_sections(
-        "train", seed=args.seed, shard={"seq_len": args.seq_len}, model=model, train=train
+        "train",
+        seed=args.seed,
+        shard={"seq_len": args.seq_len},
+        model=model | arm.get("model", {}),
+        train=train | arm.get("train", {}),
     )
 
 
@@ -192,6 +205,9 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument(
+        "--arm", nargs="+", metavar="SECTION=YAML", help="time Kiln's step with these overrides against Kiln's own"
+    )
     args = parser.parse_args()
     if args.quick:
         vars(args).update(QUICK)
@@ -212,6 +228,16 @@ def main() -> None:
         def ours_step() -> torch.Tensor:
             return ours.train_step()[0]  # the loss; no host sync inside
 
+        if args.arm:
+            arm = {key: yaml.safe_load(value) for key, value in (text.split("=", 1) for text in args.arm)}
+            other = Trainer(RunConfig.of(train_sections(args, arm)), shards)
+            seconds = measure({OURS: ours_step, ARM: lambda: other.train_step()[0]}, args, ours.dist.device)
+            tokens = args.steps * args.micro_batch * args.seq_len
+            rate = {loop: tokens / statistics.median(times) for loop, times in seconds.items()}
+            print(f"| loop | tokens/s (median of {args.rounds}) |\n|---|---:|")
+            print("\n".join(f"| {loop} | {r:,.0f} |" for loop, r in rate.items()))
+            print(f"\narm / ours: {rate[ARM] / rate[OURS]:.3f}x ({' '.join(args.arm)})")
+            return
         if ours.dist.device.type == "cuda":  # one model at a time: two 1B models and their activations do not fit
             seconds = {}
             for name, compiled in loops.items():

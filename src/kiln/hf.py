@@ -1,9 +1,10 @@
 """Hugging Face transformers interop: export to folders that `AutoModelForCausalLM.from_pretrained(dir)`
-loads (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, Starcoder2ForCausalLM), and import such
+loads (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Starcoder2ForCausalLM), and import such
 folders back, stock checkpoints too (their shape read by kiln.config.hf_source). What is each family's
 (its config.json, its parameter names) is its mapping, kiln.model.<family>.hf: a llama-family model
-with q/k/v biases (model.qkv_bias) exports as Qwen2, Llama 3.1's RoPE scaling (model.rope_scaling) as
-rope_type "llama3".
+with q/k/v biases (model.qkv_bias) exports as Qwen2, one with QK-norm (model.qk_norm) as Qwen3, Llama
+3.1's RoPE scaling (model.rope_scaling) as rope_type "llama3"; model.logit_softcap and
+model.value_embeddings are refused.
 
 An export holds config.json, model.safetensors (a tied head stored once, as transformers does) and,
 given the run's tokenizer.json, the tokenizer as a PreTrainedTokenizerFast with Kiln's special
@@ -78,6 +79,7 @@ def export(model: torch.nn.Module, out_dir: Path, tokenizer_json: Path | None = 
     padded = model.config.vocab_size
     rows = padded if tokenizer_json is None else export_vocab_size(tokenizer_json, padded)
     cfg = dataclasses.replace(model.config, vocab_size=rows)
+    hf_config(cfg)  # first: a model transformers cannot represent is refused, naming the setting
     zeros_for_missing = registry.get(cfg.family).hf.weight_names(cfg).zeros_for_missing
     ours = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     if rows < padded:  # Kiln's padding rows, which no token has, stay behind

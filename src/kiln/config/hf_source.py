@@ -27,13 +27,14 @@ import dataclasses
 import json
 from pathlib import Path
 
-from kiln.config.models import ModelConfig, ModelConfigError, RopeScaling, _section_fields
+from kiln.config.models import RECIPE_OPTIONS, ModelConfig, ModelConfigError, RopeScaling, _section_fields
 from kiln.errors import KilnError
 from kiln.model import registry
 
 # Model keys a run sets for itself, never compared with the source: what the same weights train with
-# (dropout; attention within documents, which the source's config.json has no field for)
-NOT_SHAPE = ("dropout", "document_mask")
+# (dropout; attention within documents, which the source's config.json has no field for; how the
+# projections were initialised, which the source's weights replace)
+NOT_SHAPE = ("dropout", "document_mask", "zero_init_projections")
 
 
 def read_config(folder: Path) -> dict:
@@ -82,6 +83,7 @@ def model_section(folder: Path, section: dict | None = None) -> dict:
         out["rope_scaling"] = dataclasses.asdict(cfg.rope_scaling)
     if cfg.qkv_bias:
         out["qkv_bias"] = True
+    out |= {key: value for key, value in cfg.to_dict().items() if key in RECIPE_OPTIONS}  # those set: qk_norm, relu2
     return out | {key: section[key] for key in NOT_SHAPE if section and key in section}
 
 

@@ -9,7 +9,7 @@ from the shards' seq_len. Torch-free, so validating a config stays cheap.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
 from kiln.errors import KilnError
@@ -101,6 +101,19 @@ class ModelConfig:
     # (kiln.data.shards.Documents), set by model_config only while document_mask is on.
     document_mask: bool = False
     eos_id: int | None = None
+    # The GPT-2 speedrun's (modded-nanogpt) and OLMo 2's recipe options, each off by default; a family
+    # builds those its spec lists in OPTIONS (llama: all). qk_norm: RMSNorm over each head's query and
+    # key before RoPE (OLMo 2, Qwen3). mlp_activation: the gated MLP's activation, silu (SwiGLU) or relu2
+    # (squared ReLU, modded-nanogpt's, gated here as transformers' hidden_act relu2 computes it).
+    # zero_init_projections: attention's and the MLP's output projections start at zero (modded-nanogpt),
+    # so each block starts as the identity. logit_softcap: the head's logits become cap * tanh(logits /
+    # cap) (Gemma 2, modded-nanogpt). value_embeddings: the first this-many blocks each add their own
+    # token embedding to attention's values (modded-nanogpt's value embeddings, one table a block).
+    qk_norm: bool = False
+    mlp_activation: str = "silu"
+    zero_init_projections: bool = False
+    logit_softcap: float | None = None
+    value_embeddings: int = 0
 
     def __post_init__(self) -> None:
         derived = {"n_kv_head": self.n_head if self.n_kv_head is None else self.n_kv_head}
@@ -121,25 +134,25 @@ class ModelConfig:
         return self.d_model // self.n_head
 
     def to_dict(self) -> dict:
-        """The fields, less the document mask's while it is off: model_config.json and the train
-        fingerprint of a run without it stay what they were before it existed."""
-        out = asdict(self)
-        if not self.document_mask:
-            del out["document_mask"], out["eos_id"]
-        return out
+        """The fields, less the options (OPTIONS) left at their defaults: model_config.json and the train
+        fingerprint of a run without them stay what they were before they existed."""
+        defaults = {f.name: f.default for f in fields(self)}
+        return {k: v for k, v in asdict(self).items() if k not in OPTIONS or v != defaults[k]}
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameters from the shape alone, tied weights once (torch-free: a run is priced before any
         model is built); equal to the built model's num_params (tests/unit/config/test_registry.py).
         non_embedding leaves out the tables only looked up, never multiplied (positions, and the
-        token table unless it is the head): the N of the 6N FLOPs-per-token estimate."""
+        token table unless it is the head, model.value_embeddings' tables): the N of the 6N
+        FLOPs-per-token estimate."""
         V, d = self.vocab_size, self.d_model
         parts = registry.get(self.family).spec.params(self)
         head = 0 if self.tie_embeddings else V * d
-        total = self.n_layer * parts.block + parts.final_norm + V * d + parts.positions + head
+        values = self.value_embeddings * V * self.n_kv_head * self.head_dim
+        total = self.n_layer * parts.block + parts.final_norm + V * d + parts.positions + head + values
         if not non_embedding:
             return total
-        return total - parts.positions - head
+        return total - parts.positions - head - values
 
     def flops_per_token(self) -> float:
         """Training FLOPs per token, Kiln's MFU convention: 6N for the matmuls forward and backward,
@@ -154,6 +167,34 @@ class ModelConfig:
         causal mask. torchtitan's native llama3 passes head_dims = 2Q: 12 L H Q T, as Kiln counts."""
         n = self.num_params(non_embedding=True) - (self.vocab_size * self.d_model if self.tie_embeddings else 0)
         return 6 * n + 6 * self.n_layer * self.n_head * self.head_dim * self.seq_len
+
+
+# Fields added after saved configs existed, left out of to_dict at their defaults: the document mask
+# (eos_id is set only with it) and the recipe options, which a family builds only if its spec's OPTIONS
+# lists them.
+RECIPE_OPTIONS = ("qk_norm", "mlp_activation", "zero_init_projections", "logit_softcap", "value_embeddings")
+OPTIONS = ("document_mask", "eos_id", *RECIPE_OPTIONS)
+MLP_ACTIVATIONS = ("silu", "relu2")
+
+
+def _option_problems(cfg: ModelConfig) -> list[str]:
+    """The recipe options' rules: each set one is built by the family (its spec's OPTIONS), and in range."""
+    defaults = {f.name: f.default for f in fields(cfg)}
+    built = getattr(registry.get(cfg.family).spec, "OPTIONS", ())
+    out = [
+        f"model.{name}: the {cfg.family} family does not build it (leave it at {defaults[name]!r})"
+        for name in RECIPE_OPTIONS
+        if getattr(cfg, name) != defaults[name] and name not in built
+    ]
+    if cfg.mlp_activation not in MLP_ACTIVATIONS:
+        out.append(f"model.mlp_activation: {cfg.mlp_activation!r} is not one of {', '.join(MLP_ACTIVATIONS)}")
+    if cfg.logit_softcap is not None and cfg.logit_softcap <= 0:
+        out.append(f"model.logit_softcap: must be positive, got {cfg.logit_softcap}")
+    if not 0 <= cfg.value_embeddings <= cfg.n_layer:
+        out.append(
+            f"model.value_embeddings: must be between 0 and model.n_layer={cfg.n_layer}, got {cfg.value_embeddings}"
+        )
+    return out
 
 
 def _problems(cfg: ModelConfig) -> list[str]:
@@ -179,7 +220,7 @@ def _problems(cfg: ModelConfig) -> list[str]:
         out.append(f"model.d_model: {cfg.d_model} is not divisible by model.n_head={cfg.n_head}")
     if cfg.n_head % cfg.n_kv_head:
         out.append(f"model.n_kv_head: model.n_head={cfg.n_head} is not a multiple of {cfg.n_kv_head}")
-    return out + registry.get(cfg.family).spec.problems(cfg)
+    return out + _option_problems(cfg) + registry.get(cfg.family).spec.problems(cfg)
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,39 @@ class ModelSection(Section):
         MODEL,
     )
 
+    # The GPT-2 speedrun's (modded-nanogpt) and OLMo 2's recipe options (kiln.config.models.RECIPE_OPTIONS),
+    # off while unset; llama builds each, the other families refuse them.
+    qk_norm: bool | None = optional(
+        """llama only: an RMSNorm over each head's query and key before RoPE, one gain per head dim (OLMo 2's,
+        Qwen3's); exports as Qwen3ForCausalLM. Default false.""",
+        MODEL,
+    )
+    mlp_activation: Literal["silu", "relu2"] | None = optional(
+        """llama only: the gated MLP's activation, down(act(gate(x)) * up(x)): silu (SwiGLU, the default) or
+        relu2 (squared ReLU, modded-nanogpt's; transformers' hidden_act relu2).""",
+        MODEL,
+    )
+    zero_init_projections: bool | None = optional(
+        """llama only: attention's and the MLP's output projections (attn.o, mlp.down) start at zero, so each
+        block starts as the identity (modded-nanogpt); default false: GPT-2's 0.02/sqrt(2 n_layer).""",
+        MODEL,
+    )
+    logit_softcap: Number | None = optional(
+        """llama only: the head's logits become cap * tanh(logits / cap), in the loss and in generation
+        (Gemma 2's, modded-nanogpt's 15 to 30). transformers' Llama has no such field: a model with it trains
+        and is evaluated, but its Hugging Face export fails. Unset or null: no cap.""",
+        MODEL,
+        nullable=True,
+        gt=0,
+    )
+    value_embeddings: int | None = optional(
+        """llama only: the first this-many blocks each add their own token embedding (vocabulary x key/value
+        width) to attention's values (modded-nanogpt's value embeddings). transformers has no such table: a
+        model with it trains and is evaluated, but its Hugging Face export fails. Default 0.""",
+        MODEL,
+        ge=0,
+    )
+
     @field_validator("family", mode="wrap")
     @classmethod
     def _registered_family(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:

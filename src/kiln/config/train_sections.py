@@ -333,6 +333,15 @@ class TrainSection(Section):
         ),
         MUON_STEP,
     )
+    normuon: bool | None = optional(
+        (
+            "optimizer muon only: NorMuon's normalisation (arXiv:2510.05491, modded-nanogpt's): each orthogonalised"
+            " update is divided row-wise (column-wise for a wide matrix) by the root of an exponential average"
+            " (decay 0.95) of its mean square, then rescaled to the update's own norm. One rank, or DDP; not FSDP2."
+            " Default false."
+        ),
+        MUON_STEP,
+    )
     grad_clip: Number = setting(1.0, "Max global gradient norm; 0 turns clipping off.", STEP, ge=0)
     precision: Literal["auto", "bf16", "fp32"] = setting(
         "bf16",

@@ -84,7 +84,10 @@ def attend(
 
 
 class Attention(nn.Module):
-    """Grouped-query attention with RoPE: q, k, v and o projections (Llama's, StarCoder2's)."""
+    """Grouped-query attention with RoPE: q, k, v and o projections (Llama's, StarCoder2's). With
+    model.qk_norm, each head's query and key pass an RMSNorm over the head dim before RoPE, one gain
+    shared by the heads (OLMo 2's and Qwen3's q_norm and k_norm). `value`, a block's value embedding
+    (model.value_embeddings, (B, T, K*D)), is added to the values."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -94,15 +97,29 @@ class Attention(nn.Module):
         self.k = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=qkv_bias)
         self.v = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=qkv_bias)
         self.o = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=cfg.bias)
+        if cfg.qk_norm:
+            self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+            self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+        self.qk_norm = cfg.qk_norm
         self.dropout = cfg.dropout
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Context | None = None, layer: int = 0
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: Context | None = None,
+        layer: int = 0,
+        value: torch.Tensor | None = None,
     ) -> torch.Tensor:
         B, T, C = x.shape
-        q = self.q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = self.k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, D)
-        v = self.v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, D)
+        q = self.q(x).view(B, T, self.n_head, self.head_dim)  # (B, T, H, D)
+        k = self.k(x).view(B, T, self.n_kv_head, self.head_dim)  # (B, T, K, D)
+        v = self.v(x) if value is None else self.v(x) + value  # (B, T, K*D)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, K, T, D)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = attend(q, k, v, cache, layer, self.dropout if self.training else 0.0)
         return self.o(y.transpose(1, 2).reshape(B, T, C))  # (B, H, T, D) -> (B, T, C)

@@ -30,6 +30,13 @@ a Kiln step needs that torch's step lacks. kiln.train.optim decides which parame
    forward and again for backward, the gradients reduce-scattered). With one rank nothing is sent,
    and the matrices are updated one at a time. kiln.plan.memory counts the results held in flight.
 
+4. NorMuon (train.normuon, arXiv:2510.05491, as modded-nanogpt runs it), off by default: each
+   orthogonalised update is divided row-wise (column-wise for a wide matrix) by the root of an
+   exponential average (NORMUON_BETA2) of its mean square, then rescaled to the update's own norm, so
+   that every neuron moves alike without the step's size changing. It runs where the whole matrix is
+   (one rank; under DDP on every rank alike after the broadcast, so every rank's state is the same);
+   FSDP2's row blocks are refused.
+
 The arithmetic is torch's own (its Newton-Schulz and learning-rate adjustment, the same lerp forms), so
 an unflagged step equals torch.optim.Muon's bit for bit, and so do DDP's and FSDP's on the same
 gradients (tests/unit/train/test_optimizers.py). State and hyperparameters are torch.optim.Muon's
@@ -50,10 +57,16 @@ from torch.optim.optimizer import _to_scalar
 
 from kiln.train.distributed import all_to_all_async, broadcast_async
 
+NORMUON_BETA2 = 0.95  # NorMuon's second-moment decay (modded-nanogpt's)
+
 
 class Muon(torch.optim.Muon):
     """torch.optim.Muon that honours `found_inf` (a device tensor, nonzero: apply nothing) and
-    orthogonalises each matrix, whole, on one rank."""
+    orthogonalises each matrix, whole, on one rank; with normuon, NorMuon's normalisation after it."""
+
+    def __init__(self, params, normuon: bool = False, **kwargs):
+        super().__init__(params, **kwargs)
+        self.normuon = normuon
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -71,7 +84,8 @@ class Muon(torch.optim.Muon):
             self._init_group(group, params, grads, bufs)
             for param, grad, buf in zip(params, grads, bufs):
                 key = (param.device_mesh, tuple(param.placements)) if isinstance(param, DTensor) else None
-                batches.setdefault(key, []).append(_Matrix(param, grad, buf, group))
+                state = self.state[param] if self.normuon else None
+                batches.setdefault(key, []).append(_Matrix(param, grad, buf, group, state))
         for batch in batches.values():
             _step(batch, _Ranks.of(batch[0].param), skip)
         return loss
@@ -108,6 +122,7 @@ class _Matrix:
     grad: Tensor
     buf: Tensor
     group: dict
+    normuon: dict | None = None  # the parameter's optimizer state under NorMuon, which keeps its second moment there
 
 
 @dataclass
@@ -150,6 +165,8 @@ def _step(batch: list[_Matrix], ranks: _Ranks, skip: Tensor | None) -> None:
             _apply(m, _newton_schulz(_momentum(m, skip, True), m.group), skip)
         return
     owner = owners([tuple(m.param.shape) for m in batch], ranks.world)
+    if ranks.sharded and batch[0].normuon is not None:
+        raise NotImplementedError("train.normuon: NorMuon needs whole matrices; FSDP2 shards them (train.parallel ddp)")
     keep = [ranks.sharded or o == ranks.rank for o in owner]
     updates = [_momentum(m, skip, k) for m, k in zip(batch, keep)]
     if ranks.sharded:
@@ -174,7 +191,22 @@ def _newton_schulz(update: Tensor, group: dict) -> Tensor:
     return _zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
 
 
+def _normalised(ortho: Tensor, state: dict, skip: Tensor | None) -> Tensor:
+    """NorMuon: the orthogonalised update over the root of its rows' (a wide matrix's columns') averaged
+    mean square, rescaled to the update's Frobenius norm (fp32); the average is committed unless `skip`."""
+    o = ortho.float()
+    dim = -1 if o.size(-2) >= o.size(-1) else -2
+    mean_square = o.square().mean(dim=dim, keepdim=True)  # (rows, 1), or (1, columns) for a wide matrix
+    buf = state.setdefault("normuon_second_moment", torch.zeros_like(mean_square))
+    new_buf = buf.lerp(mean_square, 1 - NORMUON_BETA2)
+    buf.copy_(new_buf if skip is None else torch.where(skip, buf, new_buf))
+    scaled = o * new_buf.clamp_min(1e-10).rsqrt()
+    return scaled * (o.norm() / scaled.norm().clamp_min(1e-10))
+
+
 def _apply(m: _Matrix, ortho: Tensor, skip: Tensor | None) -> None:
+    if m.normuon is not None:
+        ortho = _normalised(ortho, m.normuon, skip)
     lr, weight_decay = _to_scalar(m.group["lr"]), m.group["weight_decay"]
     p = _local(m.param)
     adjusted = _adjust_lr(lr, m.group["adjust_lr_fn"], m.param.shape)

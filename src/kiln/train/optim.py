@@ -63,6 +63,7 @@ def build_optimizer(model: torch.nn.Module, train: TrainSection, device_type: st
         weight_decay=train.muon_weight_decay,
         nesterov=True,
         adjust_lr_fn=train.muon_adjust_lr,
+        normuon=bool(train.normuon),
     )
     taken = {id(p) for p in hidden}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in taken]

@@ -125,7 +125,7 @@ ACCEPTED = {
 # name -> (regex the error must match: the field, its value, and what Kiln supports)
 REFUSED = {
     "EleutherAI--pythia-1b": (
-        r"model_type 'gpt_neox' is not one Kiln imports \(supported: gpt2, llama, qwen2, starcoder2\)"
+        r"model_type 'gpt_neox' is not one Kiln imports \(supported: gpt2, llama, qwen2, qwen3, starcoder2\)"
     ),
 }
 

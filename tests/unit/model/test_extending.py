@@ -143,7 +143,7 @@ def test_a_family_without_a_mapping_trains_but_is_neither_exported_nor_imported(
     model = build_model(model_config(SHAPE, vocab_size=VOCAB, seq_len=SEQ_LEN))
     ids = torch.randint(0, VOCAB, (2, SEQ_LEN))
     model(ids, ids)[1].backward()
-    assert registry.model_types() == ("gpt2", "llama", "qwen2", "starcoder2")
+    assert registry.model_types() == ("gpt2", "llama", "qwen2", "qwen3", "starcoder2")
     with pytest.raises(KilnError, match=r"model.family olmo: no Hugging Face mapping \(kiln.model.olmo.hf does not"):
         hf.export(model, tmp_path / "hf")
 
@@ -171,4 +171,4 @@ def test_an_unknown_or_twice_registered_family_is_named():
     with pytest.raises(KilnError, match="model family 'llama' is registered twice"):
         registry.register("llama", "elsewhere.llama", "Llama", "again")
     assert registry.importing("bert") is None
-    assert registry.model_types() == ("gpt2", "llama", "qwen2", "starcoder2")
+    assert registry.model_types() == ("gpt2", "llama", "qwen2", "qwen3", "starcoder2")

@@ -10,7 +10,15 @@ import torch
 from conftest import typed_section
 from hf_folder import write_hf_folder
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen3ForCausalLM,
+)
 
 from kiln import hf
 from kiln.config.models import model_config
@@ -26,7 +34,18 @@ SMALL = {  # registry flavours shrunk by overrides: the same code paths as the f
     "gpt2-custom": {"n_layer": 2, "n_head": 2, "d_model": 32},  # bias-free: exports zero biases
     "llama3.2-1b": {"flavour": "llama3.2-1b", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "d_model": 64, "d_ff": 96},
     "llama-untied": {"flavour": "debug", "n_layer": 1, "d_model": 64, "n_head": 4, "tie_embeddings": False},
+    # the recipe options transformers has: QK-norm as Qwen3, squared ReLU as hidden_act relu2
+    "llama-qk-norm-relu2": {
+        "n_layer": 2,
+        "n_head": 4,
+        "d_model": 64,
+        "family": "llama",
+        "qk_norm": True,
+        "mlp_activation": "relu2",
+    },
+    "llama-relu2": {"n_layer": 2, "n_head": 4, "d_model": 64, "family": "llama", "mlp_activation": "relu2"},
 }
+CLASSES = {"gpt2-124m": GPT2LMHeadModel, "gpt2-custom": GPT2LMHeadModel, "llama-qk-norm-relu2": Qwen3ForCausalLM}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest.py)
@@ -53,7 +72,7 @@ def test_export_loads_in_transformers_with_matching_logits(name, tmp_path, token
     hf.export(model, tmp_path / "hf", tokenizer_path)
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     family = model.config.family
-    assert type(theirs) is (GPT2LMHeadModel if family == "gpt2" else LlamaForCausalLM)
+    assert type(theirs) is CLASSES.get(name, LlamaForCausalLM)
     assert theirs.config.vocab_size == VOCAB
     assert theirs.num_parameters() >= model.num_params(non_embedding=False)  # + zero biases if bias-free
     idx = _ids()
@@ -154,7 +173,8 @@ def test_import_errors_name_the_file_and_what_is_missing(tmp_path):
         hf.load(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(
-        KilnError, match=r"model_type 'bert' is not one Kiln imports \(supported: gpt2, llama, qwen2, starcoder2\)"
+        KilnError,
+        match=r"model_type 'bert' is not one Kiln imports \(supported: gpt2, llama, qwen2, qwen3, starcoder2\)",
     ):
         hf.load(tmp_path)
 
@@ -188,3 +208,11 @@ def test_a_run_on_an_hf_sources_tokenizer_exports_the_sources_rows_and_file(tmp_
         torch.testing.assert_close(back(idx)[0], ours, rtol=0, atol=1e-5)
         theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
         torch.testing.assert_close(theirs(idx).logits, ours, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("option", [{"logit_softcap": 30.0}, {"value_embeddings": 1}])
+def test_an_option_transformers_cannot_represent_fails_the_export_by_name(option, tmp_path):
+    model = _trained_looking({"n_layer": 2, "n_head": 4, "d_model": 64, "family": "llama", **option})
+    with pytest.raises(KilnError, match=f"model.{next(iter(option))}: the Hugging Face export cannot represent it"):
+        hf.export(model, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()

@@ -188,7 +188,7 @@ def test_a_model_section_may_restate_the_source_but_not_contradict_it(tmp_path):
     "family,change,message",
     [
         ("qwen2", {"use_sliding_window": True}, "use_sliding_window = True is not supported"),
-        ("llama3", {"hidden_act": "gelu"}, r"hidden_act = 'gelu' is not supported \(Kiln supports silu\)"),
+        ("llama3", {"hidden_act": "gelu"}, r"hidden_act = 'gelu' is not supported \(Kiln supports silu or relu2\)"),
         ("llama3", {"attention_bias": True}, r"attention_bias = True is not supported \(Kiln supports False"),
         ("llama3", {"head_dim": 32}, r"head_dim = 32 is not supported \(Kiln supports hidden_size / num_attention"),
         ("llama3", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type = 'yarn' is not supported"),
@@ -208,7 +208,7 @@ def test_a_model_section_may_restate_the_source_but_not_contradict_it(tmp_path):
         (
             "gpt2",
             {"model_type": "mistral"},
-            r"model_type 'mistral' is not one Kiln imports \(supported: gpt2, llama, qwen2, starcoder2\)",
+            r"model_type 'mistral' is not one Kiln imports \(supported: gpt2, llama, qwen2, qwen3, starcoder2\)",
         ),
     ],
 )

@@ -17,18 +17,29 @@ import torch.nn.functional as F
 
 from kiln.config.models import ModelConfig
 from kiln.model.decoder import RopeDecoder
-from kiln.model.layers import Attention, Context
+from kiln.model.layers import Attention
+
+
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    """Squared ReLU (Primer; modded-nanogpt's MLP), transformers' hidden_act "relu2"."""
+    return F.relu(x).square()
+
+
+ACTIVATIONS = {"silu": F.silu, "relu2": relu2}  # model.mlp_activation
 
 
 class SwiGLU(nn.Module):
+    """Llama's gated MLP, down(act(gate(x)) * up(x)): SiLU (SwiGLU) unless model.mlp_activation says relu2."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+        self.act = ACTIVATIONS[cfg.mlp_activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))  # (B, T, C) -> (B, T, F) -> (B, T, C)
+        return self.down(self.act(self.gate(x)) * self.up(x))  # (B, T, C) -> (B, T, F) -> (B, T, C)
 
 
 class Block(nn.Module):
@@ -41,10 +52,10 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Context | None = None, layer: int = 0
-    ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer)
+    def forward(self, x: torch.Tensor, *attention_inputs, **value) -> torch.Tensor:
+        """x (B, T, C); attention_inputs are cos, sin and the cache and layer if given, `value` the
+        block's value embedding if it has one (kiln.model.layers.Attention.forward)."""
+        x = x + self.attn(self.attn_norm(x), *attention_inputs, **value)
         return x + self.mlp(self.mlp_norm(x))
 
 

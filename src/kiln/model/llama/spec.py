@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from kiln.config.models import ModelConfig
 
 SWIGLU_MULTIPLE = 256  # Llama rounds its SwiGLU width up to a multiple of this (multiple_of)
+# kiln.config.models.RECIPE_OPTIONS this family builds: every one
+OPTIONS = ("qk_norm", "mlp_activation", "zero_init_projections", "logit_softcap", "value_embeddings")
 
 
 def default_d_ff(cfg: ModelConfig) -> int:
@@ -45,6 +47,7 @@ def params(cfg: ModelConfig) -> Params:
     d, f, hd = cfg.d_model, cfg.d_ff, cfg.head_dim
     attn = d * cfg.n_head * hd + 2 * d * cfg.n_kv_head * hd + cfg.n_head * hd * d  # q, k, v, o
     attn += (cfg.n_head + 2 * cfg.n_kv_head) * hd * int(cfg.qkv_bias)  # q, k, v biases
+    attn += 2 * hd * int(cfg.qk_norm)  # the query's and key's per-head RMSNorm gains
     mlp = 3 * d * f  # gate, up, down
     norm = d  # RMSNorm gain
     return Params(block=attn + mlp + 2 * norm, final_norm=norm)
@@ -54,7 +57,7 @@ def block_weights(cfg: ModelConfig) -> tuple[int, int]:
     """(matmul weights, all parameters); the latter leaves out Qwen2's q/k/v biases, 3 vectors a block."""
     d, f, k = cfg.d_model, cfg.d_ff, cfg.n_kv_head * cfg.head_dim
     mat = 2 * d * d + 2 * d * k + 3 * d * f
-    return mat, mat + 2 * d
+    return mat, mat + 2 * d + 2 * cfg.head_dim * int(cfg.qk_norm)
 
 
 def block_activation_bytes(cfg: ModelConfig, bf16: bool, compiled: bool, cuda: bool) -> int:
