@@ -56,6 +56,13 @@ SPECIAL: dict[str, dict] = {
     "model.qkv_bias": {"model.family": "llama", "model.qkv_bias": True},
     "model.sliding_window": {"model.family": "starcoder2", "model.sliding_window": 4096},
     "model.document_mask": {"model.document_mask": True},
+    # issue 44's recipe options: the llama family builds them (the others refuse them by name)
+    "model.qk_norm": {"model.family": "llama", "model.qk_norm": True},
+    "model.mlp_activation": {"model.family": "llama", "model.mlp_activation": "relu2"},
+    "model.zero_init_projections": {"model.family": "llama", "model.zero_init_projections": True},
+    "model.logit_softcap": {"model.family": "llama", "model.logit_softcap": 30.0},
+    "model.value_embeddings": {"model.family": "llama", "model.value_embeddings": 1},
+    "train.normuon": {"train.optimizer": "muon", "train.normuon": True},
     "model.rope_scaling": {
         "model.family": "llama",
         "model.rope_scaling": {

@@ -436,6 +436,7 @@ def _time_checkpoint(trainer: Trainer, train: TrainSection, out_dir: Path) -> tu
         1,
         rank=d.rank,
         world=d.world,
+        collective=d.grouped,
         async_save=train.async_checkpoint,
     )
     try:

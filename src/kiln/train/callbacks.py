@@ -172,6 +172,7 @@ class Checkpoints(Callback):
             train.keep_checkpoints,
             rank=trainer.dist.rank,
             world=trainer.dist.world,
+            collective=trainer.dist.grouped,
             async_save=train.async_checkpoint,
             faults=trainer.faults,
             on_saved=trainer.mirror.submit,

@@ -140,6 +140,7 @@ class Saver:
         faults: Faults = NONE,
         on_saved: Callable[[Path], None] | None = None,
         milestone_every: int = 0,
+        collective: bool | None = None,
     ):
         self.root, self.sharded, self.keep, self.faults = Path(root), fmt == "sharded", keep, faults
         self.milestone_every = milestone_every  # steps whose checkpoints pruning keeps (0: none)
@@ -148,9 +149,11 @@ class Saver:
         self._pending: Future | None = None
         self._commits = ThreadPoolExecutor(1, thread_name_prefix="kiln-checkpoint") if async_save else None
         # The background writes' collectives get their own (CPU) group, so they never interleave with
-        # the training step's on the default one (torchtitan does the same). DCP is collective wherever
-        # there is a process group: several ranks, or one rank's group of one (train.fsdp_one_rank).
-        self._collective = dist.is_initialized()
+        # the training step's on the default one (torchtitan does the same). DCP is collective in the
+        # run's process group (Dist.grouped: several ranks, or train.fsdp_one_rank's group of one; by
+        # default, several ranks): not in one a library formed on its own, whose collective DCP would
+        # write other metadata than a one-rank run's.
+        self._collective = world > 1 if collective is None else collective
         self._group = dist.new_group(backend="gloo") if async_save and self._collective else None
 
     def last_checkpoint(self) -> str:

@@ -47,6 +47,7 @@ class Dist:
     world: int
     device: torch.device
     nnodes: int = 1  # torchrun's nodes: WORLD_SIZE / LOCAL_WORLD_SIZE (FSDP shards within one, kiln.train.parallel)
+    grouped: bool = False  # in a process group of Kiln's: several ranks, or train.fsdp_one_rank's group of one
 
     @property
     def is_main(self) -> bool:
@@ -79,7 +80,7 @@ def init_distributed(
             timeout=timedelta(seconds=timeout_s),
             **({} if world > 1 else {"store": dist.HashStore(), "rank": 0, "world_size": 1}),
         )
-    return Dist(rank, local_rank, world, device, world // per_node)
+    return Dist(rank, local_rank, world, device, world // per_node, grouped=world > 1 or group_of_one)
 
 
 def collective_device(backend: str, device: torch.device) -> torch.device:
