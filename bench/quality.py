@@ -133,8 +133,8 @@ def direct_run(args) -> Layout:
     """--direct: Kiln's arm in this process, without Snakemake: the train stage's function
     (kiln.train.trainer.run) for train.max_steps on the shards an earlier run of the same data settings
     built (results/data/...), precision auto as bf16 (what the smoke stage picks on this CPU). Its model
-    is scored as it is (kiln.model.build.load_model), not through the Hugging Face export, so that the
-    options the export refuses (model.logit_softcap, model.value_embeddings) are scored too. With
+    is scored as it is (kiln.model.build.load_model), not through the Hugging Face export (the options
+    the export could not represent were screened this way: docs/benchmarks.md, "Recipe arms"). With
     --threads 1 two arms train side by side at equal steps, each at one core's speed whatever the other
     does (docs/benchmarks.md, "OpenMP's spin-wait beside a neighbour")."""
     from kiln.io import write_json

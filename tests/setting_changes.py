@@ -60,8 +60,6 @@ SPECIAL: dict[str, dict] = {
     "model.qk_norm": {"model.family": "llama", "model.qk_norm": True},
     "model.mlp_activation": {"model.family": "llama", "model.mlp_activation": "relu2"},
     "model.zero_init_projections": {"model.family": "llama", "model.zero_init_projections": True},
-    "model.logit_softcap": {"model.family": "llama", "model.logit_softcap": 30.0},
-    "model.value_embeddings": {"model.family": "llama", "model.value_embeddings": 1},
     "train.normuon": {"train.optimizer": "muon", "train.normuon": True},
     "model.rope_scaling": {
         "model.family": "llama",

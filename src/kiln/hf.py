@@ -3,8 +3,7 @@ loads (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, St
 folders back, stock checkpoints too (their shape read by kiln.config.hf_source). What is each family's
 (its config.json, its parameter names) is its mapping, kiln.model.<family>.hf: a llama-family model
 with q/k/v biases (model.qkv_bias) exports as Qwen2, one with QK-norm (model.qk_norm) as Qwen3, Llama
-3.1's RoPE scaling (model.rope_scaling) as rope_type "llama3"; model.logit_softcap and
-model.value_embeddings are refused.
+3.1's RoPE scaling (model.rope_scaling) as rope_type "llama3".
 
 An export holds config.json, model.safetensors (a tied head stored once, as transformers does) and,
 given the run's tokenizer.json, the tokenizer as a PreTrainedTokenizerFast with Kiln's special

@@ -106,14 +106,10 @@ class ModelConfig:
     # key before RoPE (OLMo 2, Qwen3). mlp_activation: the gated MLP's activation, silu (SwiGLU) or relu2
     # (squared ReLU, modded-nanogpt's, gated here as transformers' hidden_act relu2 computes it).
     # zero_init_projections: attention's and the MLP's output projections start at zero (modded-nanogpt),
-    # so each block starts as the identity. logit_softcap: the head's logits become cap * tanh(logits /
-    # cap) (Gemma 2, modded-nanogpt). value_embeddings: the first this-many blocks each add their own
-    # token embedding to attention's values (modded-nanogpt's value embeddings, one table a block).
+    # so each block starts as the identity.
     qk_norm: bool = False
     mlp_activation: str = "silu"
     zero_init_projections: bool = False
-    logit_softcap: float | None = None
-    value_embeddings: int = 0
 
     def __post_init__(self) -> None:
         derived = {"n_kv_head": self.n_head if self.n_kv_head is None else self.n_kv_head}
@@ -143,16 +139,14 @@ class ModelConfig:
         """Parameters from the shape alone, tied weights once (torch-free: a run is priced before any
         model is built); equal to the built model's num_params (tests/unit/config/test_registry.py).
         non_embedding leaves out the tables only looked up, never multiplied (positions, and the
-        token table unless it is the head, model.value_embeddings' tables): the N of the 6N
-        FLOPs-per-token estimate."""
+        token table unless it is the head): the N of the 6N FLOPs-per-token estimate."""
         V, d = self.vocab_size, self.d_model
         parts = registry.get(self.family).spec.params(self)
         head = 0 if self.tie_embeddings else V * d
-        values = self.value_embeddings * V * self.n_kv_head * self.head_dim
-        total = self.n_layer * parts.block + parts.final_norm + V * d + parts.positions + head + values
+        total = self.n_layer * parts.block + parts.final_norm + V * d + parts.positions + head
         if not non_embedding:
             return total
-        return total - parts.positions - head - values
+        return total - parts.positions - head
 
     def flops_per_token(self) -> float:
         """Training FLOPs per token, Kiln's MFU convention: 6N for the matmuls forward and backward,
@@ -172,7 +166,7 @@ class ModelConfig:
 # Fields added after saved configs existed, left out of to_dict at their defaults: the document mask
 # (eos_id is set only with it) and the recipe options, which a family builds only if its spec's OPTIONS
 # lists them.
-RECIPE_OPTIONS = ("qk_norm", "mlp_activation", "zero_init_projections", "logit_softcap", "value_embeddings")
+RECIPE_OPTIONS = ("qk_norm", "mlp_activation", "zero_init_projections")
 OPTIONS = ("document_mask", "eos_id", *RECIPE_OPTIONS)
 MLP_ACTIVATIONS = ("silu", "relu2")
 
@@ -188,12 +182,6 @@ def _option_problems(cfg: ModelConfig) -> list[str]:
     ]
     if cfg.mlp_activation not in MLP_ACTIVATIONS:
         out.append(f"model.mlp_activation: {cfg.mlp_activation!r} is not one of {', '.join(MLP_ACTIVATIONS)}")
-    if cfg.logit_softcap is not None and cfg.logit_softcap <= 0:
-        out.append(f"model.logit_softcap: must be positive, got {cfg.logit_softcap}")
-    if not 0 <= cfg.value_embeddings <= cfg.n_layer:
-        out.append(
-            f"model.value_embeddings: must be between 0 and model.n_layer={cfg.n_layer}, got {cfg.value_embeddings}"
-        )
     return out
 
 

@@ -109,21 +109,6 @@ class ModelSection(Section):
         block starts as the identity (modded-nanogpt); default false: GPT-2's 0.02/sqrt(2 n_layer).""",
         MODEL,
     )
-    logit_softcap: Number | None = optional(
-        """llama only: the head's logits become cap * tanh(logits / cap), in the loss and in generation
-        (Gemma 2's, modded-nanogpt's 15 to 30). transformers' Llama has no such field: a model with it trains
-        and is evaluated, but its Hugging Face export fails. Unset or null: no cap.""",
-        MODEL,
-        nullable=True,
-        gt=0,
-    )
-    value_embeddings: int | None = optional(
-        """llama only: the first this-many blocks each add their own token embedding (vocabulary x key/value
-        width) to attention's values (modded-nanogpt's value embeddings). transformers has no such table: a
-        model with it trains and is evaluated, but its Hugging Face export fails. Default 0.""",
-        MODEL,
-        ge=0,
-    )
 
     @field_validator("family", mode="wrap")
     @classmethod

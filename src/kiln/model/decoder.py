@@ -22,7 +22,7 @@ from kiln.config.models import ModelConfig
 from kiln.model.documents import DocumentMask
 from kiln.model.kv_cache import KVCache
 from kiln.model.layers import rope_tables
-from kiln.model.loss import chunk_loss_sum, lm_loss, softcap
+from kiln.model.loss import chunk_loss_sum, lm_loss
 
 
 class RopeDecoder(nn.Module):
@@ -36,9 +36,6 @@ class RopeDecoder(nn.Module):
             raise ValueError(f"{type(self).__name__} builds the {self.family} family, not {cfg.family}")
         self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        # model.value_embeddings: one table a block, for the first that many blocks (none: no parameters)
-        kv_width = cfg.n_kv_head * cfg.head_dim
-        self.value_embeds = nn.ModuleList(nn.Embedding(cfg.vocab_size, kv_width) for _ in range(cfg.value_embeddings))
         self.blocks = nn.ModuleList(self.block(cfg) for _ in range(cfg.n_layer))
         self.norm = self.final_norm(cfg.d_model, eps=cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -54,7 +51,7 @@ class RopeDecoder(nn.Module):
 
     def reset_parameters(self) -> None:
         """GPT-2's scheme (normal 0.02; residual projections 0.02/sqrt(2L), or zero with
-        model.zero_init_projections); norm gains 1, biases 0; value embeddings as the token table."""
+        model.zero_init_projections); norm gains 1, biases 0."""
         for name, p in self.named_parameters():
             if name.endswith(".bias"):
                 nn.init.zeros_(p)
@@ -68,20 +65,12 @@ class RopeDecoder(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02)
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameters counted once (tied weights once); non_embedding leaves out the tables only looked
-        up (the token table when untied, the value embeddings), the N of the 6N FLOPs-per-token estimate."""
+        """Parameters counted once (tied weights once); non_embedding leaves out the token table
+        when it is only looked up (untied), the N of the 6N FLOPs-per-token estimate."""
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            n -= sum(p.numel() for p in self.value_embeds.parameters())
         if non_embedding and not self.config.tie_embeddings:
             n -= self.wte.weight.numel()
         return n
-
-    def _block_inputs(self, idx: torch.Tensor) -> list[dict]:
-        """Each block's keyword inputs beyond x, cos, sin, cache and layer: its value embedding of
-        the ids (B, T, K*D) where model.value_embeddings gives it one."""
-        values = [{"value": table(idx)} for table in self.value_embeds]
-        return values + [{}] * (len(self.blocks) - len(values))
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
         """idx (B, T) ids -> (logits (B, T, V), None); with targets (B, T), (None, the mean
@@ -95,19 +84,18 @@ class RopeDecoder(nn.Module):
         if cache is None:
             cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, D)
             documents = DocumentMask.of(self.config, idx)  # None unless model.document_mask
-            for block, inputs in zip(self.blocks, self._block_inputs(idx)):
-                x = block(x, cos, sin, documents, **inputs)
+            for block in self.blocks:
+                x = block(x, cos, sin, documents)
         else:
             pos = cache.begin(T)  # (B, T)
             cos, sin = self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]  # (B, 1, T, D)
-            for layer, (block, inputs) in enumerate(zip(self.blocks, self._block_inputs(idx))):
-                x = block(x, cos, sin, cache, layer, **inputs)
+            for layer, block in enumerate(self.blocks):
+                x = block(x, cos, sin, cache, layer)
             cache.commit(T)
             x = x[:, -1:]  # (B, 1, C)
         x = self.norm(x)
-        cap = self.config.logit_softcap
         if targets is None:
-            return softcap(self.lm_head(x), cap), None  # (B, T, V); (B, 1, V) with a cache
+            return self.lm_head(x), None  # (B, T, V); (B, 1, V) with a cache
         # No logits with targets: the chunked loss never holds (B, T, V) of them (kiln.model.loss), and
         # none are returned for a caller to keep alive through backward.
-        return None, lm_loss(x, self.lm_head.weight, targets, self.loss_rows, self.chunk_loss, cap=cap)
+        return None, lm_loss(x, self.lm_head.weight, targets, self.loss_rows, self.chunk_loss)

@@ -86,8 +86,7 @@ def attend(
 class Attention(nn.Module):
     """Grouped-query attention with RoPE: q, k, v and o projections (Llama's, StarCoder2's). With
     model.qk_norm, each head's query and key pass an RMSNorm over the head dim before RoPE, one gain
-    shared by the heads (OLMo 2's and Qwen3's q_norm and k_norm). `value`, a block's value embedding
-    (model.value_embeddings, (B, T, K*D)), is added to the values."""
+    shared by the heads (OLMo 2's and Qwen3's q_norm and k_norm)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -104,22 +103,15 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        cache: Context | None = None,
-        layer: int = 0,
-        value: torch.Tensor | None = None,
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Context | None = None, layer: int = 0
     ) -> torch.Tensor:
         B, T, C = x.shape
         q = self.q(x).view(B, T, self.n_head, self.head_dim)  # (B, T, H, D)
         k = self.k(x).view(B, T, self.n_kv_head, self.head_dim)  # (B, T, K, D)
-        v = self.v(x) if value is None else self.v(x) + value  # (B, T, K*D)
+        v = self.v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, D)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, K, T, D)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = attend(q, k, v, cache, layer, self.dropout if self.training else 0.0)
         return self.o(y.transpose(1, 2).reshape(B, T, C))  # (B, H, T, D) -> (B, T, C)

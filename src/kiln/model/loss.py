@@ -36,22 +36,13 @@ from torch.utils.checkpoint import checkpoint
 from kiln.config.models import loss_chunk_rows
 
 
-def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
-    """model.logit_softcap: cap * tanh(logits / cap), logits squashed smoothly into (-cap, cap) (Gemma 2,
-    modded-nanogpt); the logits themselves when cap is None."""
-    return logits if cap is None else cap * torch.tanh(logits / cap)
-
-
-def chunk_loss_sum(
-    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, cap: float | None = None
-) -> torch.Tensor:
-    """(n, C) hidden states, (V, C) head weight, (n,) ids -> the summed cross-entropy of the n rows (fp32),
-    the logits soft-capped at `cap` (model.logit_softcap) after their upcast."""
+def chunk_loss_sum(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(n, C) hidden states, (V, C) head weight, (n,) ids -> the summed cross-entropy of the n rows (fp32)."""
     logits = F.linear(h, weight)  # (n, V): bf16 under autocast, as the plain head computes it
-    return F.cross_entropy(softcap(logits.float(), cap), targets, reduction="sum")
+    return F.cross_entropy(logits.float(), targets, reduction="sum")
 
 
-ChunkLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float | None], torch.Tensor]
+ChunkLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def lm_loss(
@@ -60,22 +51,21 @@ def lm_loss(
     targets: torch.Tensor,
     chunk_rows: int | None = None,
     chunk_loss: ChunkLoss = chunk_loss_sum,
-    cap: float | None = None,
 ) -> torch.Tensor:
     """Mean next-token cross-entropy of hidden (B, T, C), the final norm's output, through the head
-    `weight` (V, C) against targets (B, T): equal to F.cross_entropy(softcap(F.linear(hidden, weight)
-    .float(), cap).flatten(0, 1), targets.flatten()), without its (N, V) tensors alive at once. Every
-    target counts (Kiln's rows have no padding: no ignore_index)."""
+    `weight` (V, C) against targets (B, T): equal to F.cross_entropy(F.linear(hidden, weight).float()
+    .flatten(0, 1), targets.flatten()), without its (N, V) tensors alive at once. Every target counts
+    (Kiln's rows have no padding: no ignore_index)."""
     h, y = hidden.flatten(0, 1), targets.reshape(-1)  # (N, C), (N,)
     n_rows = h.size(0)
     rows = chunk_rows or loss_chunk_rows(weight.size(0))
     if n_rows <= rows:
         # One chunk: its logits are what backward uses first, so recomputing them would free nothing
         # at the peak (the same 12 bytes a logit either way, measured) and only cost the matmul again.
-        return chunk_loss(h, weight, y, cap) / n_rows
+        return chunk_loss(h, weight, y) / n_rows
     total = torch.zeros((), device=h.device, dtype=torch.float32)
     for start in range(0, n_rows, rows):
         total = total + checkpoint(
-            chunk_loss, h[start : start + rows], weight, y[start : start + rows], cap, use_reentrant=False
+            chunk_loss, h[start : start + rows], weight, y[start : start + rows], use_reentrant=False
         )
     return total / n_rows

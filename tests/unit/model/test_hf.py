@@ -208,11 +208,3 @@ def test_a_run_on_an_hf_sources_tokenizer_exports_the_sources_rows_and_file(tmp_
         torch.testing.assert_close(back(idx)[0], ours, rtol=0, atol=1e-5)
         theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
         torch.testing.assert_close(theirs(idx).logits, ours, rtol=0, atol=1e-4)
-
-
-@pytest.mark.parametrize("option", [{"logit_softcap": 30.0}, {"value_embeddings": 1}])
-def test_an_option_transformers_cannot_represent_fails_the_export_by_name(option, tmp_path):
-    model = _trained_looking({"n_layer": 2, "n_head": 4, "d_model": 64, "family": "llama", **option})
-    with pytest.raises(KilnError, match=f"model.{next(iter(option))}: the Hugging Face export cannot represent it"):
-        hf.export(model, tmp_path / "hf")
-    assert not (tmp_path / "hf").exists()

@@ -2,8 +2,7 @@
 with biases on the query, key and value projections, model.qkv_bias) and Qwen3ForCausalLM (Llama's shape
 with RMSNorm on each head's query and key, model.qk_norm), torch-free (kiln.model.registry.HF):
 config.json both ways and the parameter names. Llama 3.1/3.2's RoPE scaling (rope_type "llama3") is
-model.rope_scaling; hidden_act relu2 is model.mlp_activation relu2. model.logit_softcap and
-model.value_embeddings have no field in these classes: such a model does not export."""
+model.rope_scaling; hidden_act relu2 is model.mlp_activation relu2."""
 
 from __future__ import annotations
 
@@ -18,11 +17,6 @@ if TYPE_CHECKING:
     from kiln.config.models import ModelConfig
 
 MODEL_TYPES = ("llama", "qwen2", "qwen3")
-# Options transformers' classes cannot represent: exporting a model with one is an error naming it
-NOT_EXPORTED = {
-    "logit_softcap": "transformers' LlamaForCausalLM and Qwen3ForCausalLM have no logit soft-cap",
-    "value_embeddings": "transformers has no value-embedding tables",
-}
 SECTION_KEYS = ("rope_theta",)
 
 # Our name inside block i -> theirs inside model.layers.i
@@ -59,9 +53,6 @@ def weight_names(cfg: ModelConfig) -> WeightNames:
 
 
 def to_hf(cfg: ModelConfig, common: dict) -> dict:
-    for name, why in NOT_EXPORTED.items():
-        if getattr(cfg, name):
-            raise KilnError(f"model.{name}: the Hugging Face export cannot represent it ({why}); leave it unset")
     llama = rope_decoder_config(cfg, common) | {"rms_norm_eps": cfg.norm_eps, "hidden_act": cfg.mlp_activation}
     if cfg.qk_norm and cfg.qkv_bias:
         raise KilnError("model.qk_norm with model.qkv_bias: Qwen3's attention_bias puts a bias on the output too")

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from kiln.config.models import ModelConfig
 from kiln.model.decoder import RopeDecoder
-from kiln.model.layers import Attention
+from kiln.model.layers import Attention, Context
 
 
 def relu2(x: torch.Tensor) -> torch.Tensor:
@@ -52,10 +52,10 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x: torch.Tensor, *attention_inputs, **value) -> torch.Tensor:
-        """x (B, T, C); attention_inputs are cos, sin and the cache and layer if given, `value` the
-        block's value embedding if it has one (kiln.model.layers.Attention.forward)."""
-        x = x + self.attn(self.attn_norm(x), *attention_inputs, **value)
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Context | None = None, layer: int = 0
+    ) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer)
         return x + self.mlp(self.mlp_norm(x))
 
 

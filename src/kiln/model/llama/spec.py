@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 SWIGLU_MULTIPLE = 256  # Llama rounds its SwiGLU width up to a multiple of this (multiple_of)
 # kiln.config.models.RECIPE_OPTIONS this family builds: every one
-OPTIONS = ("qk_norm", "mlp_activation", "zero_init_projections", "logit_softcap", "value_embeddings")
+OPTIONS = ("qk_norm", "mlp_activation", "zero_init_projections")
 
 
 def default_d_ff(cfg: ModelConfig) -> int:
