@@ -74,6 +74,7 @@ def synthetic_shards(out: Path, vocab: int, seq_len: int, rows: int, seed: int) 
             "vocab_size": vocab,
             "padded_vocab_size": padded,
             "splits": splits,
+            "documents": {"eos_id": 0, "bos_id": None},  # token 0 ends a document (model.document_mask)
         },
     )
     return out
