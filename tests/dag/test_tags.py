@@ -165,6 +165,8 @@ ELSEWHERE = {
 # Reruns its stage, but a run this small cannot show it: its outputs come out equal, and the test
 # checks they do (an entry goes when its setting starts to show).
 AT_SCALE = {
+    ("model.document_mask", "smoke"): "the smoke probe's rows of 32 tokens here hold no end of a document: "
+    "its mask is the causal one (the train stage's rows show it)",
     **{
         ("run_name", stage): f"names the run's folder: {stage} writes the same into results/<the new name>/"
         for stage in ("smoke", "train", "eval_data")
