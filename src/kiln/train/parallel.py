@@ -60,6 +60,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from kiln.errors import ConfigError
 from kiln.model.loss import chunk_loss_sum
 from kiln.plan.memory import checkpointed_blocks
 from kiln.train.distributed import Dist
@@ -162,9 +163,27 @@ def compile_blocks(model: nn.Module, backend: str | Callable = "inductor") -> No
     per-chunk function is compiled too (kiln.model.loss: its own graph, static shapes: the full chunk
     and at most one shorter last one). What stays eager: the embedding and the final norm.
     bench/gpu_check calls this too, with the aot_eager backend in its CPU dry run."""
+    if backend == "inductor" and next(model.parameters()).device.type == "cpu":
+        require_cpp_compiler()
     for block in model.blocks:
         block.compile(backend=backend, fullgraph=True)  # a graph break in a block is an error, not a slow path
     model.chunk_loss = torch.compile(chunk_loss_sum, backend=backend, dynamic=False)
+
+
+def require_cpp_compiler() -> None:
+    """Inductor writes C++ for a CPU's kernels and builds them with the host's compiler: without one the
+    first step would fail deep inside torch, after the data and model are up. Fail first, by the key."""
+    from torch._inductor import exc
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    try:
+        get_cpp_compiler()
+    except exc.InvalidCxxCompiler:
+        raise ConfigError(
+            "train.compile: torch.compile on a CPU needs a C++ compiler (inductor builds its kernels with "
+            "g++ or clang++; torch._inductor.config.cpp.cxx names the ones searched), and none was found: "
+            "install one (apt-get install g++) or set train.compile: false"
+        ) from None
 
 
 def grad_sync(wrapped: nn.Module, sync: bool):
