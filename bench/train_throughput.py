@@ -5,6 +5,7 @@ batch, precision and machine, in one run.
     python bench/train_throughput.py --compile true                     # ... Kiln's arm with torch.compile
     python bench/train_throughput.py --quick     # a 1-layer model, 1 step a round: what tests/bench/test_bench.py runs
     python bench/train_throughput.py --arm 'model={qk_norm: true}' --rounds 15   # a recipe arm against the default
+    python bench/train_throughput.py --arm 'tokenizer={vocab_size: 4096}' 'shard={seq_len: 512}' 'train={micro_batch: 8}'
     # one H100/H200 (compile on by default on CUDA):
     python bench/train_throughput.py --flavour llama3.2-1b --vocab 32768 --seq-len 8192 --micro-batch 6 --steps 10 --rounds 3 --warmup 5
     python bench/train_throughput.py --flavour gpt2-124m --vocab 50257 --seq-len 1024 --micro-batch 16 --steps 20 --rounds 3 --warmup 5
@@ -22,7 +23,8 @@ random tokens in a temporary shard folder. --baselines eager skips the compiled 
 compilation on a CPU).
 
 --arm KEY=YAML... times a second Kiln train step instead of the baselines: the same sections with these
-overrides merged in (a model option, a train setting), in alternating rounds with the first, and prints
+overrides merged in (a model option, a train setting; `tokenizer={vocab_size: N}` and `shard={seq_len: T}`
+train on synthetic shards of their own), in alternating rounds with the first, and prints
 its tokens/s over the first's: what a recipe arm's steps are scaled by to train for the default's time
 (docs/benchmarks.md, "Recipe arms at equal wall time").
 """
@@ -50,9 +52,8 @@ from kiln.train import device
 from kiln.train.metrics import flops_per_token, memory_mb, peak_flops
 from kiln.train.trainer import Trainer
 
-DEFAULT_MODEL = yaml.safe_load(kiln_config.EMBEDDED_DEFAULT.read_text(encoding="utf-8"))[
-    "model"
-]  # the embedded default's
+EMBEDDED = yaml.safe_load(kiln_config.EMBEDDED_DEFAULT.read_text(encoding="utf-8"))  # config/config.yaml
+DEFAULT_MODEL = EMBEDDED["model"]
 EAGER, COMPILED, OURS = "nanoGPT eager loop", "nanoGPT loop compiled whole", "kiln Trainer.train_step"
 ARM = "kiln Trainer.train_step, --arm"
 # --quick: a 1-layer model on tiny batches, one step a round (train_sections reads `model`)
@@ -94,7 +95,7 @@ def train_sections(args, arm: dict | None = None) -> dict:
     return kiln_config.stage_sections(
         "train",
         seed=args.seed,
-        shard={"seq_len": args.seq_len},
+        shard={"seq_len": args.seq_len} | arm.get("shard", {}),
         model=model | arm.get("model", {}),
         train=train | arm.get("train", {}),
     )
@@ -184,10 +185,15 @@ def measure(loops: dict, args, dev: torch.device) -> dict[str, list[float]]:
 
 def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
     """The model and batch a train-step bench runs: --flavour, --vocab, --seq-len, --micro-batch."""
-    parser.add_argument("--flavour", help="a registry flavour (default: the default config's 4x256 GPT)")
-    parser.add_argument("--vocab", type=int, default=8192, help="tokenizer vocabulary (padded to 64 for the model)")
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--flavour", help="a registry flavour (default: the default config's model)")
+    parser.add_argument(
+        "--vocab",
+        type=int,
+        default=EMBEDDED["tokenizer"]["vocab_size"],
+        help="tokenizer vocabulary (padded to 64 for the model; default: the default config's)",
+    )
+    parser.add_argument("--seq-len", type=int, default=EMBEDDED["shard"]["seq_len"])
+    parser.add_argument("--micro-batch", type=int, default=EMBEDDED["train"]["micro_batch"])
 
 
 def main() -> None:
@@ -231,10 +237,23 @@ def main() -> None:
 
         if args.arm:
             arm = {key: yaml.safe_load(value) for key, value in (text.split("=", 1) for text in args.arm)}
-            other = Trainer(RunConfig.of(train_sections(args, arm)), shards)
+            vocab = arm.get("tokenizer", {}).get("vocab_size", args.vocab)
+            seq_len = arm.get("shard", {}).get("seq_len", args.seq_len)
+            if (vocab, seq_len) != (args.vocab, args.seq_len):  # the arm's rows: shards of their own
+                micro_batch = arm.get("train", {}).get("micro_batch", args.micro_batch)
+                (Path(tmp) / "arm").mkdir()
+                arm_shards = synthetic_shards(
+                    Path(tmp) / "arm", vocab, seq_len, rows=max(64, 4 * micro_batch), seed=args.seed
+                )
+            else:
+                arm_shards = shards
+            other = Trainer(RunConfig.of(train_sections(args, arm)), arm_shards)
             seconds = measure({OURS: ours_step, ARM: lambda: other.train_step()[0]}, args, ours.dist.device)
-            tokens = args.steps * args.micro_batch * args.seq_len
-            rate = {loop: tokens / statistics.median(times) for loop, times in seconds.items()}
+            tokens = {  # a micro-batch's tokens, each loop's own (the arm may change its rows' length)
+                OURS: ours.train.micro_batch * ours.model_config.seq_len,
+                ARM: other.train.micro_batch * other.model_config.seq_len,
+            }
+            rate = {loop: args.steps * tokens[loop] / statistics.median(times) for loop, times in seconds.items()}
             print(f"| loop | tokens/s (median of {args.rounds}) |\n|---|---:|")
             print("\n".join(f"| {loop} | {r:,.0f} |" for loop, r in rate.items()))
             print(f"\narm / ours: {rate[ARM] / rate[OURS]:.3f}x ({' '.join(args.arm)})")

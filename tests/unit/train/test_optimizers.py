@@ -251,7 +251,7 @@ def test_muon_keeps_one_moment_for_the_blocks_matrices_in_the_estimates():
         predict(kiln_config.validate(copy.deepcopy(raw) | {"train": raw["train"] | o}))
         for o in ({"optimizer": "adamw"}, MUON)
     ]
-    model = model_config(raw["model"], 8192, raw["shard"]["seq_len"])
+    model = model_config(raw["model"], raw["tokenizer"]["vocab_size"], raw["shard"]["seq_len"])
     assert plans[0]["checkpoint_bytes"] == 12 * model.num_params(non_embedding=False)
     assert plans[0]["checkpoint_bytes"] - plans[1]["checkpoint_bytes"] == 4 * model.n_layer * layer_params(model)[0]
 
