@@ -33,19 +33,19 @@ def test_one_rank_compiles_each_block_not_the_whole_model():
     assert all("_orig_mod" not in name for name in model.state_dict())
 
 
-def test_compiling_on_a_cpu_without_a_cpp_compiler_names_the_setting(monkeypatch):
+def test_compiling_on_a_cpu_without_a_cpp_compiler_names_the_setting():
     """Inductor builds a CPU's kernels with the host's C++ compiler: with none on the machine (here:
     the only compiler inductor searches for does not exist), compile_blocks says so by train.compile
     before anything is compiled, instead of the first step failing inside torch."""
     from torch._inductor import config as inductor_config
     from torch._inductor.cpp_builder import cpp_compiler_search
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", ("kiln-no-such-compiler",))
-    cpp_compiler_search.cache_clear()  # its answer for the real search is cached
     model = build_model(model_config(LLAMA, 64, 16))
+    cpp_compiler_search.cache_clear()  # its answer for the real search is cached
     try:
-        with pytest.raises(ConfigError, match=r"^train\.compile: .*C\+\+ compiler.*train\.compile: false"):
-            parallel.compile_blocks(model)
+        with inductor_config.patch({"cpp.cxx": ("kiln-no-such-compiler",)}):
+            with pytest.raises(ConfigError, match=r"^train\.compile: .*C\+\+ compiler.*train\.compile: false"):
+                parallel.compile_blocks(model)
     finally:
         cpp_compiler_search.cache_clear()
     assert all(block._compiled_call_impl is None for block in model.blocks)
