@@ -47,8 +47,8 @@ QUICK = [
     "shard={seq_len: 64}",
     "model={n_layer: 2, n_head: 2, d_model: 64}",
     "smoke={steps: 12, min_loss_drop: 0.05, overfit: {rows: 4, max_steps: 150, max_loss: 1.5}}",
-    "train={budget: {minutes: 0.5}, micro_batch: 16, batch_tokens: 1024, precision: fp32, warmup_steps: 2, "
-    "log_every: 10, eval_every: 100, eval_batches: 4, checkpoint_every: 200, "
+    "train={budget: {minutes: 0.5}, micro_batch: 16, batch_tokens: 1024, precision: fp32, compile: false, "
+    "warmup_steps: 2, log_every: 10, eval_every: 100, eval_batches: 4, checkpoint_every: 200, "
     "samples: {prompts: ['import json\\n'], max_new_tokens: 8}}",
     "wandb={mode: disabled}",
 ]

@@ -167,7 +167,7 @@ def main() -> None:
         tmp = Path(tmp)
         if args.quick:
             raw["model"], raw["shard"]["seq_len"] = QUICK["model"], QUICK["seq_len"]
-            raw["train"] |= {"micro_batch": 8, "batch_tokens": None, "warmup_steps": 2}
+            raw["train"] |= {"micro_batch": 8, "batch_tokens": None, "warmup_steps": 2, "compile": False}
             PROBE.update(warmup=1, timed=2)
             shards, seconds = byte_shards(tmp / "shards", QUICK["seq_len"]), QUICK["seconds"]
             max_steps = QUICK["max_steps"]
