@@ -116,7 +116,18 @@ MEASURED_FIGURES = {
 }
 
 
+# A duration printed to the second or minute (the report's plan table: "0m00s"): two quick runs may
+# both print the same, and a third, slowed by a neighbouring test lane, one second more.
+DURATION = re.compile(r"\b\d+m\d{2}s\b|\b\d+h\d{2}m\b")
+
+
 def noise(stage: str, first: dict, second: dict) -> set[str]:
-    """The locations two runs of one config disagree on, and those that measure (MEASURED_FIGURES): not
-    the config's doing."""
-    return set(differences(first, second)) | MEASURED_FIGURES.get(stage, set())
+    """The locations two runs of one config disagree on, and those that measure (MEASURED_FIGURES, and
+    text that prints a duration): not the config's doing."""
+    timed = {
+        place
+        for run in (first, second)
+        for place, value in run.items()
+        if isinstance(value, str) and DURATION.search(value)
+    }
+    return set(differences(first, second)) | MEASURED_FIGURES.get(stage, set()) | timed
