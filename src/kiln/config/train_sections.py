@@ -253,7 +253,8 @@ class TrainSection(Section):
             "before its first step, so its curve starts where the source's ended; the report names the "
             "source."
         ),
-        reads("also whether eval tests infilling", smoke=OUTPUT, train=OUTPUT, eval_data=OUTPUT),
+        # not the smoke stage's: its probe starts from a random init, as the init-loss check needs
+        reads("also whether eval tests infilling", train=OUTPUT, eval_data=OUTPUT),
     )
     lr: Number = setting(
         0.0006,
