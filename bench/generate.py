@@ -30,7 +30,8 @@ from kiln.model.build import build_model
 from kiln.plan.decode import Machine, decode_tokens_per_s
 from kiln.plan.peaks import gpu_of
 
-DEFAULT_MODEL = {"n_layer": 4, "n_head": 4, "d_model": 256}  # the shape docs/benchmarks.md's figures were measured at (an early default of config/config.yaml)
+# The shape docs/benchmarks.md's figures were measured at (an early default of config/config.yaml).
+DEFAULT_MODEL = {"n_layer": 4, "n_head": 4, "d_model": 256}
 UNCACHED, CACHED_ONE, CACHED_BATCH = "uncached, one by one", "cached, one by one", "cached, batched"
 
 
