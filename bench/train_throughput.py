@@ -2,7 +2,7 @@
 batch, precision and machine, in one run.
 
     python bench/train_throughput.py                                    # CPU: the default config's model
-    python bench/train_throughput.py --compile true                     # ... Kiln's arm with torch.compile
+    python bench/train_throughput.py --compile false                    # ... Kiln's step eager (the config compiles)
     python bench/train_throughput.py --quick     # a 1-layer model, 1 step a round: what tests/bench/test_bench.py runs
     python bench/train_throughput.py --arm 'model={qk_norm: true}' --rounds 15   # a recipe arm against the default
     python bench/train_throughput.py --arm 'tokenizer={vocab_size: 4096}' 'shard={seq_len: 512}' 'train={micro_batch: 8}'
@@ -200,7 +200,12 @@ def main() -> None:
     parser = common.parser(__doc__, rounds=25, rounds_help="timed rounds per loop, alternating")
     add_shape_arguments(parser)
     parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
-    parser.add_argument("--compile", choices=["auto", "true", "false"], default="auto", help="ours only")
+    parser.add_argument(
+        "--compile",
+        choices=["auto", "true", "false"],
+        default=str(EMBEDDED["train"].get("compile", "auto")).lower(),
+        help="ours only (default: the default config's train.compile)",
+    )
     parser.add_argument("--steps", type=int, default=2, help="steps per timed round")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
     parser.add_argument(
