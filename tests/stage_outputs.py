@@ -105,13 +105,15 @@ def differences(a: dict, b: dict, noise: set[str] = frozenset(), rel: float = 0.
 
 
 # Measurements, which two runs may or may not disagree on: the smoke gate's preflight figure states the
-# measured peak memory, its data check the measured share of step time spent waiting, and the probe's
-# peak memory is the process's (on a CPU its resident set, which moves with the allocator's timing).
+# measured peak memory, its data check the measured share of step time spent waiting, the probe's peak
+# memory is the process's (on a CPU its resident set, which moves with the allocator's timing), and the
+# host memory a rank held is its peak resident set plus its compile workers' (kiln.train.metrics).
 MEASURED_FIGURES = {
     "smoke": {
         "report.json.checks[preflight].figure",
         "report.json.checks[data].figure",
         "report.json.probe.peak_memory_mb",
+        "report.json.host_mb_per_rank",
     }
 }
 
