@@ -262,7 +262,7 @@ class TrainSection(Section):
             "Peak learning rate (AdamW's; under muon, the rate of the parameters AdamW keeps). The default is"
             " GPT-3's for its 125M model (Brown et al. 2020, Table 2.1), which nanoGPT and llm.c train GPT-2 "
             "124M at; larger models want less (GPT-3: 3e-4 at 350M, 2.5e-4 at 760M, 2e-4 at 1.3B). A run sets"
-            " its own: config/config.yaml's 0.016 is tuned for a small model on a CPU budget "
+            " its own: config/config.yaml's 0.008 is tuned for a small model on a CPU budget "
             '(docs/benchmarks.md, "The default\'s recipe").'
         ),
         STEP,
