@@ -9,6 +9,7 @@ same machine, tokenizer, training documents and held-out documents, in one run.
     python bench/quality.py --plain-shapes 4x64x2 4x128x4 --plain-lrs 2e-3 4e-3 8e-3   # tune the baseline
     python bench/quality.py --quick     # a tiny run without Snakemake (quick_run): what tests/bench/test_bench.py runs
     python bench/quality.py --stall 318:40     # Kiln's arm quiet and again stalled 40 s at step 318, one plain loop
+    python bench/quality.py --stall 15%:40     # ... the stall at 15% of the steps the quiet arm trained
     python bench/quality.py --skip-plain --direct --threads 1 --run-name quality-qk \
         --config "train={budget: null, max_steps: 500}" "model={family: llama, n_layer: 4, n_head: 2, d_model: 64, qk_norm: true}"
         # a recipe arm in this process on the default's shards (direct_run), one thread: the arms' screen
@@ -182,6 +183,21 @@ def kiln_arm(args, stall: str | None = None) -> Layout:
         return kiln_arm(stalled)
     finally:
         os.environ.pop("KILN_FAULT") if before is None else os.environ.update(KILN_FAULT=before)
+
+
+def stall_at(stall: str, quiet: Layout) -> str:
+    """--stall's STEP:SECONDS as KILN_FAULT takes it: a STEP written as a share ("15%") is that share
+    of the steps the quiet arm trained (its train/summary.json), so the stall falls at the same point
+    of the run whatever this machine's speed made of the budget."""
+    step, sep, seconds = stall.partition(":")
+    if not step.endswith("%"):
+        return stall
+    try:
+        share = float(step[:-1]) / 100
+    except ValueError:
+        raise SystemExit(f"--stall: {step!r} is not a step or a share of the steps, e.g. 318 or 15%") from None
+    steps = json.loads((quiet.folder("train") / "summary.json").read_text())["steps"]
+    return f"{max(1, round(share * steps))}{sep}{seconds}"
 
 
 def kiln_row(paths: Layout, sets: dict, direct: bool) -> dict:
@@ -413,7 +429,8 @@ def main() -> None:
     parser.add_argument(
         "--stall",
         metavar="STEP:SECONDS",
-        help="a second Kiln arm, the same run under KILN_FAULT=stall@STEP:SECONDS (kiln.train.faults), beside the first",
+        help="a second Kiln arm, the same run under KILN_FAULT=stall@STEP:SECONDS (kiln.train.faults), beside the "
+        "first; STEP may be a share of the first arm's steps, e.g. 15%%",
     )
     parser.add_argument("--plain-seconds", type=float, help="the baseline's wall time (default: Kiln's train stage's)")
     parser.add_argument("--plain-precision", choices=["bf16", "fp32"], default="bf16")
@@ -437,10 +454,11 @@ def main() -> None:
         args.results, args.plain_seconds = Path(tempfile.mkdtemp(prefix="kiln-quality-")), 0.5
         PLAIN.update(QUICK_PLAIN)
         args.plain_shapes, args.plain_lrs = [shape_text(PLAIN)], [1e-3, 2e-3]  # the search path, two trials
-        args.stall = args.stall or "4:0.1"  # the stall arm's path too
+        args.stall = args.stall or "50%:0.1"  # the stall arm's path too: at step 4 of 8
     arms = {"kiln": kiln_arm(args)}
     if args.stall:
-        arms[f"kiln, stall@{args.stall}"] = kiln_arm(args, stall=args.stall)
+        stall = stall_at(args.stall, arms["kiln"])
+        arms[f"kiln, stall@{stall}"] = kiln_arm(args, stall=stall)
     paths = arms["kiln"]
     kiln_seconds = stage_seconds(paths, "train")
     tokenizer = load_tokenizer(paths.output("tokenizer", "tokenizer.json"))

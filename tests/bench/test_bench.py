@@ -66,6 +66,7 @@ PRINTS = {
     "quality.py": [
         "| arm | wall s | tokens | tokens/s | bpb held-out stdlib | bpb pip/_internal |",
         "ratio kiln/plain: ",
+        "| kiln, stall@4:0.1 |",  # --quick's 50%:0.1, a share of its 8 steps
     ],
     "near_dup.py": ["| near-dup | documents/s | seconds | peak RSS MiB |", "Kiln / datasketch: "],
     "optimizer.py": ["| optimizer | lr (AdamW) | muon_lr |"],
