@@ -70,11 +70,6 @@ PRINTS = {
     ],
     "near_dup.py": ["| near-dup | documents/s | seconds | peak RSS MiB |", "Kiln / datasketch: "],
     "optimizer.py": ["| optimizer | lr (AdamW) | muon_lr |"],
-    "rerun_cost.py": [
-        "| case | change | jobs | rerun s |",
-        "| presentation (train.log_every) | `--config train={log_every: 20}` | none |",
-        "| price (smoke.price_per_gpu_hour) | `--config smoke={price_per_gpu_hour: 2.5}` | plan, report |",
-    ],
     "resume_memory.py": ["| rank | RSS growth |", "| 1 |"],
     "shard_verify.py": ["verify pass (sha256 + ids, one read)", "| loader | open s | first batch s |"],
     "stage_times.py": ["| stage | wall s | CPU s | max RSS MiB |", "| report | not run |", "| **total** |"],

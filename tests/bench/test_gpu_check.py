@@ -52,33 +52,6 @@ def _table(stdout: str) -> list[list[str]]:
     return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines[1:]]
 
 
-def test_cpu_dry_run_prints_every_row_and_fails_none(tmp_path):
-    command = [*GPU_CHECK, "--cpu-dry-run", "--out", str(tmp_path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=HANG_S)
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = _table(done.stdout)
-    assert [r[0] for r in rows] == ROWS
-    for check, result, figure, expected in rows:
-        assert result == "skipped: no CUDA", (check, result, figure)
-        assert figure.startswith("CPU part: ") and expected, check
-    by_check = {r[0]: r[2] for r in rows}
-    assert "flash" in by_check["flash SDPA"] and "_fused_adamw_" in by_check["fused AdamW"]
-    assert "merged into tiny.yaml's train section" in by_check["tiny pipeline, train.device=cuda"]
-    assert "chunked vs" in by_check["chunked loss memory, flagship logits"]
-    assert "estimated" in by_check["memory estimate llama3.2-1b seq 8192"]
-    assert "torchtitan transformers-backend count" in by_check["MFU gpt2-124m seq 1024"]
-    assert "with later work still queued: True" in by_check["host run-ahead, stop flag read"]
-    # compiled as train compiles at world 1 (kiln.train.parallel.compile_blocks): block by block, one graph for all
-    assert "per block: 2 dynamo graph(s) for 2 blocks and the loss" in by_check["torch.compile gpt2-124m"]
-    # the two-rank worker ran under torchrun (gloo here): the gate passed, DDP's ranks agree, FSDP matches DDP
-    assert "checks passed" in by_check["two-rank smoke, NCCL"] and "FAILED" not in by_check["two-rank smoke, NCCL"]
-    assert "ranks' weights equal" in by_check["DDP 2 ranks, NCCL"]
-    assert "of DDP's" in by_check["FSDP 2 ranks, NCCL"]
-    # train.fsdp_one_rank on gloo: fully_shard over one rank, compiled (aot_eager), its DCP shards resumed
-    assert "DCP shards resumed: 2 steps" in by_check["FSDP2 on one rank, NCCL, compiled, DCP resume"]
-    assert (tmp_path / "snapshot" / "smoke" / "trace.json").exists()  # the smoke probe traced its step
-
-
 def node_image(folder: Path) -> Path:
     """The python of a venv that holds what a GPU node holds (bench/gpu_check/image.py): torch's
     distribution and what it requires, NODE_WHEELS and what they require (this environment's files,
@@ -100,24 +73,53 @@ def node_image(folder: Path) -> Path:
 
 
 def test_a_node_with_torch_and_the_listed_wheels_only_runs_every_row_but_the_pipeline(tmp_path):
-    """The dry run in a venv of only torch, NODE_WHEELS and what they require (node_image): no row
-    fails; the pipeline's, which runs every stage, says what it lacks. `--list-wheels` names what to
-    carry."""
+    """The whole dry run in a venv of only torch, NODE_WHEELS and what they require (node_image), as a
+    GPU node runs it: every row is printed and none fails; each check's CPU part ran and gave its
+    figure; the pipeline's row, which runs every stage, says what the node lacks (the next test runs
+    it where the packages are). `--list-wheels` names what to carry."""
     python = node_image(tmp_path / "node")
     command = [str(python), str(REPO / "bench" / "gpu_check"), "--cpu-dry-run", "--out", str(tmp_path / "out")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stdout + done.stderr
-    rows = {r[0]: r[1:] for r in _table(done.stdout)}
-    assert list(rows) == ROWS
-    pipeline = rows.pop("tiny pipeline, train.device=cuda")
-    assert pipeline[0].startswith("skipped: no snakemake, pyarrow") and "every stage" in pipeline[1]
-    assert all(result == "skipped: no CUDA" for result, _, _ in rows.values()), rows
+    rows = _table(done.stdout)
+    assert [r[0] for r in rows] == ROWS
+    by_check = {check: (result, figure, expected) for check, result, figure, expected in rows}
+    result, figure, _ = by_check.pop("tiny pipeline, train.device=cuda")
+    assert result.startswith("skipped: no snakemake, pyarrow") and "every stage" in figure
+    for check, (result, figure, expected) in by_check.items():
+        assert result == "skipped: no CUDA", (check, result, figure)
+        assert figure.startswith("CPU part: ") and expected, check
+    figures = {check: figure for check, (_, figure, _) in by_check.items()}
+    assert "flash" in figures["flash SDPA"] and "_fused_adamw_" in figures["fused AdamW"]
+    assert "chunked vs" in figures["chunked loss memory, flagship logits"]
+    assert "estimated" in figures["memory estimate llama3.2-1b seq 8192"]
+    assert "torchtitan transformers-backend count" in figures["MFU gpt2-124m seq 1024"]
+    assert "with later work still queued: True" in figures["host run-ahead, stop flag read"]
+    # compiled as train compiles at world 1 (kiln.train.parallel.compile_blocks): block by block, one graph for all
+    assert "per block: 2 dynamo graph(s) for 2 blocks and the loss" in figures["torch.compile gpt2-124m"]
+    # the two-rank worker ran under torchrun (gloo here): the gate passed, DDP's ranks agree, FSDP matches DDP
+    assert "checks passed" in figures["two-rank smoke, NCCL"] and "FAILED" not in figures["two-rank smoke, NCCL"]
+    assert "ranks' weights equal" in figures["DDP 2 ranks, NCCL"]
+    assert "of DDP's" in figures["FSDP 2 ranks, NCCL"]
+    # train.fsdp_one_rank on gloo: fully_shard over one rank, compiled (aot_eager), its DCP shards resumed
+    assert "DCP shards resumed: 2 steps" in figures["FSDP2 on one rank, NCCL, compiled, DCP resume"]
+    assert (tmp_path / "out" / "snapshot" / "smoke" / "trace.json").exists()  # the smoke probe traced its step
     wheels = subprocess.run([*GPU_CHECK, "--list-wheels"], capture_output=True, text=True, timeout=60)
     assert wheels.returncode == 0, wheels.stderr
     assert "pip download --no-deps --only-binary=:all: -d kiln-wheels" in wheels.stdout
     for wheel in ("numpy==", "pyyaml==", "safetensors==", "psutil==", "tokenizers==", "pydantic==", "pydantic-core=="):
         assert wheel in wheels.stdout, wheel
     assert "torch==" not in wheels.stdout  # the node's own
+
+
+def test_the_pipeline_row_runs_where_the_data_and_eval_packages_are(tmp_path):
+    """The one row the node image skips, in this environment: `--only pipeline` prints it, not failed."""
+    command = [*GPU_CHECK, "--cpu-dry-run", "--only", "pipeline", "--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=HANG_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [[check, result, figure, expected]] = _table(done.stdout)
+    assert (check, result) == ("tiny pipeline, train.device=cuda", "skipped: no CUDA") and expected
+    assert figure.startswith("CPU part: ") and "merged into tiny.yaml's train section" in figure
 
 
 def test_a_deadline_already_spent_still_gives_every_row_a_reason(tmp_path):
