@@ -22,10 +22,10 @@ run: $(STAMP)
 test-fast: $(STAMP)
 	pytest -q tests/unit -m "not slow and not process"
 
-# Every test, in five lanes at once (tests/conftest.py marks each test by its folder): the Snakemake
+# Every test, in four lanes at once (tests/conftest.py marks each test by its folder): the Snakemake
 # DAG runs (tests/dag), the stage tags' runs (tests/dag/test_tags.py, marked tags), the Slurm
 # cluster's (tests/slurm: they mostly wait on the scheduler and the executor plugin's status polling),
-# the bench scripts' quick runs (tests/bench: half the rest's time when they ran in it), and the rest. Each lane's output is printed after the rest's; the target fails if any lane did.
+# and the rest. Each lane's output is printed after the rest's; the target fails if any lane did.
 # Plain `pytest` runs the same tests one after the other.
 # The lanes ask for more threads than the 2 cores have (each runs torch and Snakemake jobs of 2 threads):
 # torch's OpenMP threads then spin-wait for each other at every op for cores another lane holds.
@@ -35,11 +35,10 @@ test: export GOMP_SPINCOUNT := 1000
 LANE_dag := dag and not tags
 LANE_tags := tags
 LANE_slurm := slurm
-LANE_bench := bench
-LANES := dag tags slurm bench  # beside them, the rest: -m "not dag and not slurm and not bench"
+LANES := dag tags slurm  # beside them, the rest: -m "not dag and not slurm"
 test: $(STAMP)
 	@$(foreach lane,$(LANES),pytest -q -m "$(LANE_$(lane))" > .pytest-$(lane).log 2>&1 & echo $$! > .pytest-$(lane).pid;) \
-	pytest -q -m "not dag and not slurm and not bench"; code=$$?; \
+	pytest -q -m "not dag and not slurm"; code=$$?; \
 	for lane in $(LANES); do \
 		wait $$(cat .pytest-$$lane.pid); lane_code=$$?; rm -f .pytest-$$lane.pid; \
 		echo "=== the $$lane lane (run beside the above; log: .pytest-$$lane.log) ==="; \
