@@ -341,13 +341,17 @@ class Cluster:
         return [dict(zip(SACCT_FIELDS, line.split("|"))) for line in out.splitlines() if line.strip()]
 
     def wait_done(self, job_ids, timeout: float = 60) -> list[dict]:
-        """Wait until sacct has every job in a final state (the record reaches slurmdbd a moment
-        after the job ends) and return those rows."""
+        """Wait until sacct has every job in a final state and under its name, and return those rows.
+        The record reaches slurmdbd a moment after the job ends; under load it can arrive first
+        without the job's name, which slurmdbd then stores as "allocation" until the job's own start
+        record fills it in (as_mysql_job_start). Every job the tests submit is named."""
         want = {str(j) for j in job_ids}
         deadline = time.monotonic() + timeout
         while True:
             rows = [r for r in self.sacct(job_ids) if r["JobID"] in want]
-            if len(rows) == len(want) and all(r["State"].split()[0] in DONE_STATES for r in rows):
+            if len(rows) == len(want) and all(
+                r["State"].split()[0] in DONE_STATES and r["JobName"] != "allocation" for r in rows
+            ):
                 return rows
             if time.monotonic() > deadline:
                 raise SlurmError(f"jobs {sorted(want)} not finished after {timeout}s: {rows}")
