@@ -354,7 +354,9 @@ class Cluster:
             ):
                 return rows
             if time.monotonic() > deadline:
-                raise SlurmError(f"jobs {sorted(want)} not finished after {timeout}s: {rows}")
+                raise SlurmError(
+                    f"jobs {sorted(want)} not finished (or not yet under their names) after {timeout}s: {rows}"
+                )
             time.sleep(0.5)
 
     def node_states(self) -> dict[str, list[str]]:
