@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -41,6 +42,16 @@ def _identity(path: Path, entry: dict, vocab_size: int | None) -> tuple:
     return str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, entry["sha256"], entry["rows"], vocab_size
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
 STAMP_POLL_S = 0.05
 STAMP_WAIT_S = 600.0  # past it, a rank checks a shard itself rather than wait for the rank that owns it
 
@@ -56,16 +67,29 @@ class NodeShare:
     local_world: int
     folder: Path
 
+    PREFIX = "kiln-shard-checks-"
+
     @classmethod
     def from_env(cls) -> "NodeShare | None":
         """torchrun's: LOCAL_RANK and LOCAL_WORLD_SIZE; None for a lone process. The stamps' folder is
-        this launch's on this node: the run id and the node's torchrun agent, every local rank's parent."""
+        this launch's on this node: the run id and the node's torchrun agent, every local rank's parent.
+        No rank can tell when the node's others are done with it, so a job leaves its folder behind;
+        local rank 0 of the next job on the node removes those of agents no longer alive."""
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if local_world < 2:
             return None
+        local_rank, root = int(os.environ.get("LOCAL_RANK", "0")), Path(tempfile.gettempdir())
+        if local_rank == 0:
+            cls._remove_dead_agents_folders(root)
         job = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}-{os.getppid()}"
-        folder = Path(tempfile.gettempdir()) / f"kiln-shard-checks-{job}"
-        return cls(int(os.environ.get("LOCAL_RANK", "0")), local_world, folder)
+        return cls(local_rank, local_world, root / f"{cls.PREFIX}{job}")
+
+    @classmethod
+    def _remove_dead_agents_folders(cls, root: Path) -> None:
+        for folder in root.glob(f"{cls.PREFIX}*"):
+            agent = folder.name.rpartition("-")[2]
+            if agent.isdigit() and not _alive(int(agent)):
+                shutil.rmtree(folder, ignore_errors=True)  # another user's stays: theirs to remove
 
     def owns(self, i: int) -> bool:
         return i % self.local_world == self.local_rank

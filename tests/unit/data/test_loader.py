@@ -5,6 +5,7 @@ checksum have passed (an id past the vocabulary, a flipped byte, a swapped shard
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 
@@ -341,3 +342,29 @@ def test_a_bad_shard_another_rank_of_the_node_checked_is_refused_with_its_messag
     _poke(own_shards / "train-00002.bin", 0, 999)  # shard 2: local rank 0's (2 % 2)
     errors = _take_all_in_threads(_node_ranks(own_shards, monkeypatch, tmp_path))
     assert all(isinstance(e, KilnError) and "train-00002.bin: sha256" in str(e) for e in errors), errors
+
+
+def test_local_rank_0_removes_the_stamp_folders_of_agents_no_longer_alive(monkeypatch, tmp_path):
+    """A job's stamps outlive it (no rank knows when the node's others are done): the next job's local
+    rank 0 removes the folders named after a torchrun agent that has exited, not a live one's, and
+    the other local ranks remove nothing."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from kiln.data.loader import NodeShare
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = tmp_path / f"{NodeShare.PREFIX}run-a-{gone.pid}"
+    live = tmp_path / f"{NodeShare.PREFIX}run-b-{os.getpid()}"
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "stamp").write_text("passed")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert NodeShare.from_env().local_rank == 1 and dead.exists() and live.exists()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    share = NodeShare.from_env()
+    assert not dead.exists() and live.exists() and share.folder.parent == tmp_path
