@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import warm_python
+import warm_python as warm_python_server
 
 from kiln import config as kiln_config
 from kiln.layout import Layout
@@ -32,30 +32,30 @@ def snakemake(workdir: Path, *args: str, env: dict[str, str | None] | None = Non
     rules run python, torchrun and kiln from it) and `env`'s variables set (None: unset). Returns the
     CompletedProcess, output captured.
 
-    The jobs' `python` is tests/warm_python.py's shim, so a job forks from an interpreter that has
-    imported torch and Kiln already (~2 s a job, half of the tiny run's wall time), and a one-rank train
-    job runs its script without torchrun. The tests of what processes do (kills, preemption, the
-    launcher's records, torchrun's ranks, the Slurm jobs) start them cold with their own commands, as a
-    user's shell does: tests/dag/test_kill_resume.py, test_data_stage_kills.py, tests/process,
-    tests/slurm."""
-    path = [str(_warm_bin()), VENV_BIN, os.environ.get("PATH", "")]
+    Snakemake and its jobs start through tests/warm_python.py's shim (`python -m snakemake`, and the
+    jobs' `python`), so each forks from an interpreter that has imported Snakemake, torch and Kiln
+    already: ~1.5 s saved on Snakemake's start, ~2 s on each job's (half of the tiny run's wall time).
+    A one-rank train job runs its script without torchrun; a launch of several ranks runs torchrun
+    cold, as a user's does (tests/dag/test_kill_resume.py). tests/process and tests/slurm start their
+    processes with their own commands."""
+    path = [str(warm_python().parent), VENV_BIN, os.environ.get("PATH", "")]
     environ = dict(os.environ, PATH=os.pathsep.join(path))
     for key, value in (env or {}).items():
         if value is None:
             environ.pop(key, None)
         else:
             environ[key] = value
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir)]
+    cmd = [str(warm_python()), "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir)]
     return subprocess.run([*cmd, "--cores", "2", *args], capture_output=True, text=True, env=environ, timeout=timeout)
 
 
-_WARM: list[Path] = []  # the shim's folder, once this process has started the server
+_WARM: list[Path] = []  # the shim, once this process has started the server
 
 
-def _warm_bin() -> Path:
-    """The warm `python` shim's folder: the server started on first use, ended with this process."""
+def warm_python() -> Path:
+    """tests/warm_python.py's `python` shim: the server started on first use, ended with this process."""
     if not _WARM:
-        server, shim_bin = warm_python.start(Path(tempfile.mkdtemp(prefix="kiln-warm-")))
+        server, shim_bin = warm_python_server.start(Path(tempfile.mkdtemp(prefix="kiln-warm-")))
         atexit.register(os.killpg, server.pid, signal.SIGKILL)
-        _WARM.append(shim_bin)
+        _WARM.append(shim_bin / "python")
     return _WARM[0]

@@ -1,9 +1,9 @@
-"""A `python` that starts warm, for the DAG tests' stage jobs (tests/tiny.py's snakemake, and the hundreds
-of tests/dag/test_tags.py).
+"""A `python` that starts warm, for the DAG tests' Snakemake and its stage jobs (tests/tiny.py's
+snakemake, the hundreds of tests/dag/test_tags.py, tests/dag/test_run_configs.py's dry runs).
 
 Each job of a rule is `python <script> ...` or `python -m kiln.train.launch ... -- <script> ...`, and
 a fresh interpreter spends ~2 s importing torch and Kiln before the stage's own work (a fraction of a
-second on the tests' configs). Here one server process imports every stage script's modules once and
+second on the tests' configs); `python -m snakemake` spends ~1.5 s importing Snakemake. Here one server process imports every stage script's modules once and
 forks a child per job: the child takes the job's stdin, stdout and stderr (the shim passes them over a
 Unix socket), its working directory, environment and argv, and runs the script as `python` would
 (runpy, as __main__). The shim, put first on PATH as `python`, waits for the child's exit code and
@@ -76,8 +76,9 @@ def write_shim(bin_dir: Path, socket_path: Path) -> Path:
 
 
 # What a stage imports only when it needs it (seconds each): lm-eval's tasks, transformers' tokenizer
-# class for the Hugging Face export.
-LAZY = ("lm_eval", "lm_eval.models", "lm_eval.tasks", "transformers")
+# class for the Hugging Face export; and Snakemake's command line, for `python -m snakemake` itself
+# (tests/tiny.py's snakemake: ~1.5 s of imports, pandas and sqlalchemy among them, each run).
+LAZY = ("lm_eval", "lm_eval.models", "lm_eval.tasks", "transformers", "snakemake.cli")
 
 
 def _preload() -> None:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tiny
 
 from kiln import config as kiln_config
 from kiln.config import settings
@@ -44,7 +45,7 @@ ENV = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
 def dry_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     result = subprocess.run(
         [
-            sys.executable,
+            str(tiny.warm_python()),  # `python`, its imports done once for every dry run (tests/tiny.py)
             "-m",
             "snakemake",
             "-s",
