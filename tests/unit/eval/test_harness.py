@@ -103,6 +103,33 @@ def test_local_tasks_run_through_simple_evaluate(docs, checkpoint, tokenizer, to
 
 
 @pytest.mark.slow
+def test_the_metric_runs_the_local_tasks_together_and_reports_a_hub_task_it_cannot_load(
+    docs, checkpoint, tokenizer, tokenizer_path, tmp_path
+):
+    """The eval stage's lm_eval metric: the local tasks in one call, a hub task alone (lm-eval's own
+    task index is read for it); one the harness cannot fetch (the Hub is off here) is marked
+    unavailable, and the local tasks keep their figures."""
+    from types import SimpleNamespace
+
+    from kiln.eval.metrics.lm_eval.compute import measure
+
+    tasks = ["kiln_heldout_perplexity", "hellaswag", "kiln_heldout_next_line"]
+    ctx = SimpleNamespace(
+        cfg=SimpleNamespace(lm_eval=SimpleNamespace(tasks=tasks, limit=2)),
+        paths=SimpleNamespace(model=checkpoint, tokenizer=tokenizer_path),
+        work_dir=tmp_path / "eval",
+        data=SimpleNamespace(task_data=write_task_data(docs, tmp_path / "eval_data", 1, 3, tokenizer)),
+        device=torch.device("cpu"),
+        precision="fp32",
+    )
+    results = measure(ctx).metrics["lm_eval"]
+    assert set(results) == set(tasks)
+    assert list(results["hellaswag"]) == ["unavailable"] and results["hellaswag"]["unavailable"]
+    assert 0 < results["kiln_heldout_perplexity"]["bits_per_byte,none"] < 20
+    assert "exact_match,none" in results["kiln_heldout_next_line"]
+
+
+@pytest.mark.slow
 def test_hf_export_through_lm_eval_hf_agrees(docs, checkpoint, tokenizer, tokenizer_path, tmp_path):
     """The same weights scored by lm-eval's own `hf` model (transformers) and by `kiln` agree."""
     from kiln.hf import export

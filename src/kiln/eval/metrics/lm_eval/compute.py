@@ -29,13 +29,16 @@ def measure(ctx: Context) -> EvalOutput:
         "device": str(ctx.device),
         "precision": ctx.precision,
     }
-    results = {}
+    # The local tasks in one call (each call loads the model and collects lm-eval's environment
+    # report, ~2 s); a hub task alone, so that one it cannot fetch leaves the others their figures.
+    local = [task for task in tasks if task in LOCAL_TASKS]
+    results = run_lm_eval("kiln", model_args, local, tasks_dir, limit=cfg.limit) if local else {}
     for task in tasks:
+        if task in LOCAL_TASKS:
+            continue
         try:
             results.update(run_lm_eval("kiln", model_args, [task], tasks_dir, limit=cfg.limit))
         except Exception as exc:  # lm-eval raises many kinds for a task it cannot fetch or build
-            if task in LOCAL_TASKS:
-                raise
             log.warning("lm-eval task %s unavailable: %s", task, exc)
             results[task] = {"unavailable": str(exc)[:300]}
     release_cast_weights()  # lm-eval's model's
