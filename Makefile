@@ -25,9 +25,12 @@ test-fast: $(STAMP)
 # Every test, in four lanes at once, each given its folders (collecting only those: ~13 s of CPU a lane
 # collecting the whole tree): the Snakemake DAG runs (tests/dag), the stage tags' runs
 # (tests/dag/test_tags.py), the Slurm cluster's (tests/slurm: they mostly wait on the scheduler and the
-# executor plugin's status polling), and the rest. Each lane's output is printed after the rest's; the
-# target fails if any lane did. Plain `pytest` runs the same tests one after the other
-# (tests/conftest.py marks each test by its folder, so `-m dag` and the like pick a lane too).
+# executor plugin's status polling) followed by the process tests (tests/process: torchrun's ranks, the
+# stage scripts), and the rest (tests/unit, tests/bench). The lanes are balanced by their measured
+# times under load (docs/benchmarks.md, "The test suite's lanes"): the longest lane is the suite's time.
+# Each lane's output is printed after the rest's; the target fails if any lane did. Plain `pytest`
+# runs the same tests one after the other (tests/conftest.py marks each test by its folder, so `-m dag`
+# and the like pick them too).
 # The lanes ask for more threads than the 2 cores have (each runs torch and Snakemake jobs of 2 threads):
 # torch's OpenMP threads then spin-wait for each other at every op for cores another lane holds.
 # Spinning 1,000 rounds instead of 300,000 before sleeping: four 2-thread tiny training loops at once
@@ -35,11 +38,11 @@ test-fast: $(STAMP)
 test: export GOMP_SPINCOUNT := 1000
 LANE_dag := tests/dag --ignore=tests/dag/test_tags.py
 LANE_tags := tests/dag/test_tags.py
-LANE_slurm := tests/slurm
+LANE_slurm := tests/slurm tests/process
 LANES := dag tags slurm  # beside them, the rest: every other folder
 test: $(STAMP)
 	@$(foreach lane,$(LANES),pytest -q $(LANE_$(lane)) > .pytest-$(lane).log 2>&1 & echo $$! > .pytest-$(lane).pid;) \
-	pytest -q --ignore=tests/dag --ignore=tests/slurm; code=$$?; \
+	pytest -q --ignore=tests/dag --ignore=tests/slurm --ignore=tests/process; code=$$?; \
 	for lane in $(LANES); do \
 		wait $$(cat .pytest-$$lane.pid); lane_code=$$?; rm -f .pytest-$$lane.pid; \
 		echo "=== the $$lane lane (run beside the above; log: .pytest-$$lane.log) ==="; \
