@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -143,6 +144,21 @@ signal.signal(signal.SIGTERM, lambda *args: None)
 pathlib.Path(sys.argv[1], os.environ["RANK"]).touch()
 time.sleep(900)
 """
+
+
+def test_torchruns_own_files_go_in_the_launchers_folder_and_leave_with_it(tmp_path):
+    """torchrun makes a folder per run for its ranks' error files, in /tmp by default, and never removes
+    it (one per train job on a node); the launcher points it into its own temporary folder."""
+    note = tmp_path / "error_file"
+    script = tmp_path / "rank.py"
+    script.write_text(
+        f"import os, pathlib\npathlib.Path({str(note)!r}).write_text(os.environ['TORCHELASTIC_ERROR_FILE'])\n"
+    )
+    assert run_ranks(command(ONE_NODE | {"nproc_per_node": 1}, [str(script)])) == 0
+    error_file = Path(note.read_text())
+    assert "kiln-launch-" in str(error_file), error_file
+    [launch_folder] = [p for p in error_file.parents if p.name.startswith("kiln-launch-")]
+    assert error_file.is_relative_to(launch_folder / "torchelastic") and not launch_folder.exists()
 
 
 def test_the_smoke_stages_ranks_are_killed_30_s_after_a_signal_not_trains_10_minutes(tmp_path):

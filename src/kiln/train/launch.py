@@ -269,6 +269,9 @@ def run_ranks(
     with tempfile.TemporaryDirectory(prefix="kiln-launch-") as folder:
         exit_file = Path(folder) / "exit.json"
         env[EXIT_FILE_ENV] = str(exit_file)
+        # torchrun's --log-dir (its ranks' error files): by default a new /tmp/torchelastic_* per run,
+        # never removed; here it goes with this folder (on the other nodes of an srun step, that path)
+        env.setdefault("PET_LOG_DIR", str(Path(folder) / "torchelastic"))
         proc = subprocess.Popen(argv, env=env)
         # These reached torchrun too: wait for the ranks to save and exit.
         previous = {sig: signal.signal(sig, _note_signal) for sig in WAIT_THROUGH}
