@@ -29,8 +29,8 @@ def measure(ctx: Context) -> EvalOutput:
         "device": str(ctx.device),
         "precision": ctx.precision,
     }
-    # The local tasks in one call (each call loads the model and collects lm-eval's environment
-    # report, ~2 s); a hub task alone, so that one it cannot fetch leaves the others their figures.
+    # The local tasks in one call (each call loads lm-eval's copy of the model and builds its task
+    # index); a hub task alone, so that one it cannot fetch leaves the others their figures.
     local = [task for task in tasks if task in LOCAL_TASKS]
     results = run_lm_eval("kiln", model_args, local, tasks_dir, limit=cfg.limit) if local else {}
     for task in tasks:
