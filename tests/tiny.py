@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import warm_python as warm_python_server
+import warm_python
 
 from kiln import config as kiln_config
 from kiln.layout import Layout
@@ -38,24 +38,24 @@ def snakemake(workdir: Path, *args: str, env: dict[str, str | None] | None = Non
     A one-rank train job runs its script without torchrun; a launch of several ranks runs torchrun
     cold, as a user's does (tests/dag/test_kill_resume.py). tests/process and tests/slurm start their
     processes with their own commands."""
-    path = [str(warm_python().parent), VENV_BIN, os.environ.get("PATH", "")]
+    path = [str(warm_shim().parent), VENV_BIN, os.environ.get("PATH", "")]
     environ = dict(os.environ, PATH=os.pathsep.join(path))
     for key, value in (env or {}).items():
         if value is None:
             environ.pop(key, None)
         else:
             environ[key] = value
-    cmd = [str(warm_python()), "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir)]
+    cmd = [str(warm_shim()), "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir)]
     return subprocess.run([*cmd, "--cores", "2", *args], capture_output=True, text=True, env=environ, timeout=timeout)
 
 
 _WARM: list[Path] = []  # the shim, once this process has started the server
 
 
-def warm_python() -> Path:
+def warm_shim() -> Path:
     """tests/warm_python.py's `python` shim: the server started on first use, ended with this process."""
     if not _WARM:
-        server, shim_bin = warm_python_server.start(Path(tempfile.mkdtemp(prefix="kiln-warm-")))
+        server, shim_bin = warm_python.start(Path(tempfile.mkdtemp(prefix="kiln-warm-")))
         atexit.register(os.killpg, server.pid, signal.SIGKILL)
         _WARM.append(shim_bin / "python")
     return _WARM[0]

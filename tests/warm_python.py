@@ -3,8 +3,8 @@ snakemake, the hundreds of tests/dag/test_tags.py, tests/dag/test_run_configs.py
 
 Each job of a rule is `python <script> ...` or `python -m kiln.train.launch ... -- <script> ...`, and
 a fresh interpreter spends ~2 s importing torch and Kiln before the stage's own work (a fraction of a
-second on the tests' configs); `python -m snakemake` spends ~1.5 s importing Snakemake. Here one server process imports every stage script's modules once and
-forks a child per job: the child takes the job's stdin, stdout and stderr (the shim passes them over a
+second on the tests' configs); `python -m snakemake` spends ~1.5 s importing Snakemake. Here one
+server process imports every stage script's modules once and forks a child per job: the child takes the job's stdin, stdout and stderr (the shim passes them over a
 Unix socket), its working directory, environment and argv, and runs the script as `python` would
 (runpy, as __main__). The shim, put first on PATH as `python`, waits for the child's exit code and
 exits with it, so Snakemake sees an ordinary process.

@@ -111,7 +111,7 @@ def remove_dead_temps(folder: str | Path, name: str | None = None) -> list[Path]
     folder, host, removed = Path(folder), socket.gethostname(), []
     for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
         match = _TMP.match(entry.name)
-        if not match or match["host"] not in (None, host) or _alive(int(match["pid"])):
+        if not match or match["host"] not in (None, host) or process_alive(int(match["pid"])):
             continue
         if name is not None and match["name"] != name:
             continue
@@ -123,7 +123,8 @@ def remove_dead_temps(folder: str | Path, name: str | None = None) -> list[Path]
     return removed
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this host (this one included; another user's counts as running)."""
     if pid == os.getpid():
         return True
     try:

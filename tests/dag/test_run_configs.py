@@ -45,7 +45,7 @@ ENV = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
 def dry_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     result = subprocess.run(
         [
-            str(tiny.warm_python()),  # `python`, its imports done once for every dry run (tests/tiny.py)
+            str(tiny.warm_shim()),  # `python`, its imports done once for every dry run (tests/tiny.py)
             "-m",
             "snakemake",
             "-s",

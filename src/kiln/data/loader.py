@@ -25,7 +25,7 @@ import torch
 
 from kiln.data.shards import open_shard, verify_shard
 from kiln.errors import KilnError
-from kiln.io import atomic_file, read_json
+from kiln.io import atomic_file, process_alive, read_json
 
 # Shards this process has seen pass, keyed by what changes when the file does: a second loader over the
 # same folder (the smoke stage builds two trainers) does not read them again.
@@ -40,16 +40,6 @@ def forget_checked() -> None:
 def _identity(path: Path, entry: dict, vocab_size: int | None) -> tuple:
     st = os.stat(path)
     return str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, entry["sha256"], entry["rows"], vocab_size
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
 
 
 STAMP_POLL_S = 0.05
@@ -88,7 +78,7 @@ class NodeShare:
     def _remove_dead_agents_folders(cls, root: Path) -> None:
         for folder in root.glob(f"{cls.PREFIX}*"):
             agent = folder.name.rpartition("-")[2]
-            if agent.isdigit() and not _alive(int(agent)):
+            if agent.isdigit() and not process_alive(int(agent)):
                 shutil.rmtree(folder, ignore_errors=True)  # another user's stays: theirs to remove
 
     def owns(self, i: int) -> bool:

@@ -33,9 +33,7 @@ def measure(ctx: Context) -> EvalOutput:
     # index); a hub task alone, so that one it cannot fetch leaves the others their figures.
     local = [task for task in tasks if task in LOCAL_TASKS]
     results = run_lm_eval("kiln", model_args, local, tasks_dir, limit=cfg.limit) if local else {}
-    for task in tasks:
-        if task in LOCAL_TASKS:
-            continue
+    for task in (task for task in tasks if task not in LOCAL_TASKS):
         try:
             results.update(run_lm_eval("kiln", model_args, [task], tasks_dir, limit=cfg.limit))
         except Exception as exc:  # lm-eval raises many kinds for a task it cannot fetch or build
