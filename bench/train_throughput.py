@@ -5,6 +5,7 @@ batch, precision and machine, in one run.
     python bench/train_throughput.py --compile false                    # ... Kiln's step eager (the config compiles)
     python bench/train_throughput.py --quick     # a 1-layer model, 1 step a round: what tests/bench/test_bench.py runs
     python bench/train_throughput.py --arm 'model={qk_norm: true}' --rounds 15   # a recipe arm against the default
+    python bench/train_throughput.py --sdpa --rounds 11   # SDPA's CPU kernel against the written-out attention
     python bench/train_throughput.py --arm 'tokenizer={vocab_size: 4096}' 'shard={seq_len: 512}' 'train={micro_batch: 8}'
     # one H100/H200 (compile on by default on CUDA):
     python bench/train_throughput.py --flavour llama3.2-1b --vocab 32768 --seq-len 8192 --micro-batch 6 --steps 10 --rounds 3 --warmup 5
@@ -26,7 +27,9 @@ compilation on a CPU).
 overrides merged in (a model option, a train setting; `tokenizer={vocab_size: N}` and `shard={seq_len: T}`
 train on synthetic shards of their own), in alternating rounds with the first, and prints
 its tokens/s over the first's: what a recipe arm's steps are scaled by to train for the default's time
-(docs/benchmarks.md, "Recipe arms at equal wall time").
+(docs/benchmarks.md, "Recipe arms at equal wall time"). --sdpa makes the arm attend through SDPA's
+kernel where a CPU's compiled step writes attention out for inductor (kiln.model.sdpa.blockwise_causal):
+whether that pays on this CPU.
 """
 
 from __future__ import annotations
@@ -220,6 +223,12 @@ def main() -> None:
     parser.add_argument(
         "--arm", nargs="+", metavar="SECTION=YAML", help="time Kiln's step with these overrides against Kiln's own"
     )
+    parser.add_argument(
+        "--sdpa",
+        action="store_true",
+        help="the arm (alone, or with --arm's overrides) attends through SDPA's kernel, not the written-out "
+        "attention a CPU's compiled step runs (kiln.model.sdpa.blockwise_causal)",
+    )
     args = parser.parse_args()
     if args.quick:
         vars(args).update(QUICK)
@@ -240,8 +249,8 @@ def main() -> None:
         def ours_step() -> torch.Tensor:
             return ours.train_step()[0]  # the loss; no host sync inside
 
-        if args.arm:
-            arm = {key: yaml.safe_load(value) for key, value in (text.split("=", 1) for text in args.arm)}
+        if args.arm or args.sdpa:
+            arm = {key: yaml.safe_load(value) for key, value in (text.split("=", 1) for text in args.arm or [])}
             vocab = arm.get("tokenizer", {}).get("vocab_size", args.vocab)
             seq_len = arm.get("shard", {}).get("seq_len", args.seq_len)
             if (vocab, seq_len) != (args.vocab, args.seq_len):  # the arm's rows: shards of their own
@@ -253,6 +262,9 @@ def main() -> None:
             else:
                 arm_shards = shards
             other = Trainer(RunConfig.of(train_sections(args, arm)), arm_shards)
+            if args.sdpa:  # SDPA's kernel where a CPU's compiled step writes attention out (kiln.model.sdpa)
+                for block in other.model.blocks:
+                    block.attn.blockwise = False
             seconds = measure({OURS: ours_step, ARM: lambda: other.train_step()[0]}, args, ours.dist.device)
             tokens = {  # a micro-batch's tokens, each loop's own (the arm may change its rows' length)
                 OURS: ours.train.micro_batch * ours.model_config.seq_len,
@@ -261,7 +273,8 @@ def main() -> None:
             rate = {loop: args.steps * tokens[loop] / statistics.median(times) for loop, times in seconds.items()}
             print(f"| loop | tokens/s (median of {args.rounds}) |\n|---|---:|")
             print("\n".join(f"| {loop} | {r:,.0f} |" for loop, r in rate.items()))
-            print(f"\narm / ours: {rate[ARM] / rate[OURS]:.3f}x ({' '.join(args.arm)})")
+            what = " ".join([*(args.arm or []), *(["SDPA's attention kernel"] if args.sdpa else [])])
+            print(f"\narm / ours: {rate[ARM] / rate[OURS]:.3f}x ({what})")
             return
         if ours.dist.device.type == "cuda":  # one model at a time: two 1B models and their activations do not fit
             seconds = {}

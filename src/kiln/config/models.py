@@ -31,6 +31,27 @@ def loss_chunk_rows(vocab_size: int) -> int:
     return max(1, LOSS_CHUNK_ELEMENTS // vocab_size)
 
 
+# A CPU's compiled step computes plain causal attention itself, written out in blocks of QUERY_BLOCK
+# queries for inductor to fuse (kiln.model.sdpa.blockwise_causal): 1.15x the default's step against
+# SDPA's CPU flash kernel (docs/benchmarks.md, "Attention in a CPU's compiled step"). Rows of 512 make
+# two blocks, 3/4 of the square; one block of 512 gained 2%, blocks of 128 as much as 256. Longer rows
+# keep SDPA's kernel, whose memory is linear in the row: the blocks keep their probabilities for
+# backward, about 3 x B x H x T^2 bytes a layer (kiln.plan.memory.blockwise_bytes).
+QUERY_BLOCK = 256
+BLOCKWISE_MAX_LEN = 1024
+
+
+def blockwise_attention(cfg: ModelConfig, *, cuda: bool, compiled: bool) -> bool:
+    """Whether a training row of `cfg` takes kiln.model.sdpa.blockwise_causal: a CPU's step compiled by
+    inductor, plain causal attention (no document mask, no dropout) over rows of at most BLOCKWISE_MAX_LEN."""
+    return compiled and not cuda and not cfg.document_mask and cfg.dropout == 0 and cfg.seq_len <= BLOCKWISE_MAX_LEN
+
+
+def query_blocks(seq_len: int) -> list[tuple[int, int]]:
+    """blockwise_causal's blocks: (start, end) of each block's queries, which attend to keys 0..end-1."""
+    return [(start, min(start + QUERY_BLOCK, seq_len)) for start in range(0, seq_len, QUERY_BLOCK)]
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """Llama 3.1's RoPE frequency scaling (Hugging Face's rope_type "llama3"), read from a checkpoint

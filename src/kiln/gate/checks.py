@@ -364,7 +364,10 @@ def run_checks(config: RunConfig, shard_dir: Path, out_dir: Path, marker_id: int
         activation_checkpointing=probe_train.activation_checkpointing,
         host_mb_per_rank=host_mb,
         attention_kernel=kernel_name(
-            trainer.model_config, trainer.dist.device, torch.bfloat16 if precision == "bf16" else torch.float32
+            trainer.model_config,
+            trainer.dist.device,
+            torch.bfloat16 if precision == "bf16" else torch.float32,
+            compiled=device.use_compile(probe_train.compile, trainer.dist.device),
         ),
         times=asdict(
             StageTimes(

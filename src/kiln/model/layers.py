@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from kiln.config.models import ModelConfig, RopeScaling
 from kiln.model.documents import DocumentMask
 from kiln.model.kv_cache import KVCache
-from kiln.model.sdpa import sdpa
+from kiln.model.sdpa import blockwise_causal, sdpa
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> torch.Tensor:
@@ -67,15 +67,24 @@ Context = KVCache | DocumentMask
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Context | None, layer: int, dropout: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: Context | None,
+    layer: int,
+    dropout: float,
+    blockwise: bool = False,
 ) -> torch.Tensor:
     """Causal attention of (B, H, T, D) queries over (B, K, T, D) keys and values, K dividing H, the
     way every family computes it: over the whole row (no cache); within each document of a packed row
     (a DocumentMask, model.document_mask); or over a KVCache's slots when decoding, which stores k and
-    v first."""
+    v first. blockwise (the attention module's, set by kiln.train.parallel.compile_blocks on a CPU):
+    a whole row's attention in a graph being compiled is kiln.model.sdpa.blockwise_causal."""
     # enable_gqa: each group of H/K query heads reads one key/value head without copying it
     gqa = k.size(1) != q.size(1)
     if cache is None:
+        if blockwise and dropout == 0 and torch.compiler.is_compiling():
+            return blockwise_causal(q, k, v)
         return sdpa(q, k, v, is_causal=True, enable_gqa=gqa, dropout_p=dropout)
     if isinstance(cache, DocumentMask):
         return cache.attend(q, k, v, dropout)
@@ -101,6 +110,7 @@ class Attention(nn.Module):
             self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
         self.qk_norm = cfg.qk_norm
         self.dropout = cfg.dropout
+        self.blockwise = False  # kiln.model.sdpa.blockwise_causal when compiled (attend)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Context | None = None, layer: int = 0
@@ -113,7 +123,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, K, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = attend(q, k, v, cache, layer, self.dropout if self.training else 0.0)
+        y = attend(q, k, v, cache, layer, self.dropout if self.training else 0.0, self.blockwise)
         return self.o(y.transpose(1, 2).reshape(B, T, C))  # (B, H, T, D) -> (B, T, C)
 
 

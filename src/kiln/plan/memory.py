@@ -66,7 +66,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from kiln.config.models import ModelConfig, loss_chunk_rows
+from kiln.config.models import ModelConfig, blockwise_attention, loss_chunk_rows, query_blocks
 from kiln.config.train_sections import TrainSection
 from kiln.model import registry
 
@@ -146,6 +146,19 @@ def layer_activation_bytes(cfg: ModelConfig, tokens: int, bf16: bool, compiled: 
     return tokens * registry.get(cfg.family).spec.block_activation_bytes(cfg, bf16, compiled, cuda)
 
 
+def blockwise_bytes(cfg: ModelConfig, micro_batch: int, bf16: bool) -> int:
+    """What one layer's blockwise_causal (a CPU's compiled step, kiln.model.sdpa) keeps beyond SDPA's
+    q, k, v and output, as inductor's partitioner keeps it: each block's probabilities in fp32 (for
+    softmax's backward) and again in the autocast dtype (for the product with v; the same tensor in
+    fp32), and its keys in that dtype, for every row and head."""
+    a = 2 if bf16 else 4
+    per_head = sum(
+        (end - start) * end * (4 + (a if bf16 else 0)) + a * cfg.head_dim * end
+        for start, end in query_blocks(cfg.seq_len)
+    )
+    return micro_batch * cfg.n_head * per_head
+
+
 def document_mask_bytes(cfg: ModelConfig, micro_batch: int, bf16: bool, cuda: bool) -> int:
     """What model.document_mask keeps through a step's forward and backward (module docstring); 0 without it."""
     if not cfg.document_mask:
@@ -167,6 +180,8 @@ def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
     mat, per_layer = layer_params(cfg)
     ckpt = set(checkpointed_blocks(s.activation_checkpointing, L))
     full_layer = layer_activation_bytes(cfg, tokens, s.bf16, s.compiled, s.cuda)
+    if blockwise_attention(cfg, cuda=s.cuda, compiled=s.compiled):
+        full_layer += blockwise_bytes(cfg, s.micro_batch, s.bf16)
     kept = [4 * C * tokens if i in ckpt else full_layer for i in range(L)]  # a checkpointed block: its input
     casts = 2 * mat if s.bf16 and not fsdp else 0  # a block's bf16 weight copies, kept by its matmuls
     kept_casts = [0 if i in ckpt else casts for i in range(L)]

@@ -60,6 +60,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from kiln.config.models import blockwise_attention
 from kiln.errors import ConfigError
 from kiln.model.loss import chunk_loss_sum
 from kiln.plan.memory import checkpointed_blocks
@@ -163,9 +164,13 @@ def compile_blocks(model: nn.Module, backend: str | Callable = "inductor") -> No
     per-chunk function is compiled too (kiln.model.loss: its own graph, static shapes: the full chunk
     and at most one shorter last one). What stays eager: the embedding and the final norm.
     bench/gpu_check calls this too, with the aot_eager backend in its CPU dry run."""
-    if backend == "inductor" and next(model.parameters()).device.type == "cpu":
+    device = next(model.parameters()).device
+    if backend == "inductor" and device.type == "cpu":
         require_cpp_compiler()
+    # inductor on a CPU: attention written out for it to fuse (kiln.model.sdpa.blockwise_causal)
+    blockwise = backend == "inductor" and blockwise_attention(model.config, cuda=device.type == "cuda", compiled=True)
     for block in model.blocks:
+        block.attn.blockwise = blockwise
         block.compile(backend=backend, fullgraph=True)  # a graph break in a block is an error, not a slow path
     model.chunk_loss = torch.compile(chunk_loss_sum, backend=backend, dynamic=False)
 

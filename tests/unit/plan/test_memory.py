@@ -104,8 +104,9 @@ SHAPES = {
         "none",
         False,
     ),
-    # what train runs on a GPU: compiled. aot_eager_decomp_partition runs inductor's decompositions and
-    # min-cut partitioner (so it keeps the tensors inductor keeps) without generating C++.
+    # compiled, as train runs on a GPU and (with its written-out attention) on a CPU.
+    # aot_eager_decomp_partition runs inductor's decompositions and min-cut partitioner (so it keeps the
+    # tensors inductor keeps) without generating C++.
     "llama-bf16-compiled": (
         {"family": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "d_model": 256},
         512,
@@ -125,7 +126,9 @@ def test_estimate_is_within_15_percent_of_real_cpu_train_steps(name, tmp_path):
         RunConfig.of(_sections(model, seq_len, micro, precision, ac, compile_model=False)),
         _shards(tmp_path, vocab, seq_len, 4 * micro),
     )
-    if compiled:
+    if compiled:  # with the attention a CPU's compiled step runs (compile_blocks, inductor)
+        for block in trainer.model.blocks:
+            block.attn.blockwise = True
         trainer.model.compile(backend="aot_eager_decomp_partition")
     trainer.train_step()  # allocates AdamW's moments, compiles
     resident = tensor_bytes(
@@ -337,3 +340,40 @@ def test_the_document_mask_is_kept_once_for_every_layer(family, bf16):
     assert document_mask_bytes(flagship, 6, True, cuda=True) < 2**20
     assert document_mask_bytes(flagship, 6, True, cuda=False) == 6 * 2 * 8192**2
     assert document_mask_bytes(model_config({"flavour": "llama3.2-1b"}, 32768, 8192), 6, True, cuda=True) == 0
+
+
+@pytest.mark.parametrize("seq_len, bf16", [(384, True), (512, False)])
+def test_the_written_out_attention_keeps_its_probabilities(seq_len, bf16):
+    """A CPU's compiled step attends through kiln.model.sdpa.blockwise_causal, whose blocks keep their
+    probabilities for backward: what autograd keeps for one block beyond SDPA's is blockwise_bytes,
+    within 3% (inductor's partitioner, as the per-layer test above)."""
+    import torch
+
+    from kiln.model.layers import rope_tables
+    from kiln.model.llama import module as llama
+    from kiln.plan.memory import blockwise_bytes
+    from kiln.train.cpu_memory import saved_for_backward
+
+    cfg = model_config({"family": "llama", "n_layer": 1, "n_head": 4, "n_kv_head": 2, "d_model": 128}, 512, seq_len)
+    kept = {}
+    for blockwise in (False, True):
+        torch.manual_seed(0)
+        torch._dynamo.reset()
+        block = llama.Block(cfg)
+        block.attn.blockwise = blockwise
+        cos, sin = rope_tables(cfg.head_dim, seq_len, cfg.rope_theta)
+        fn = torch.compile(block, backend="aot_eager_decomp_partition")
+        x = torch.randn(3, seq_len, cfg.d_model, requires_grad=True)
+
+        def forward():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                return fn(x, cos, sin)
+
+        forward().sum().backward()  # compiles
+        _, saved = saved_for_backward(forward, exclude=[*block.parameters(), cos, sin])
+        kept[blockwise] = sum(s.nbytes for s in saved)
+    assert kept[True] - kept[False] == pytest.approx(blockwise_bytes(cfg, 3, bf16), rel=0.03)
+    on_cpu = Setting(micro_batch=3, bf16=bf16, compiled=True, cuda=False)
+    assert estimate(cfg, on_cpu).total - estimate(cfg, replace(on_cpu, cuda=True)).total >= blockwise_bytes(
+        cfg, 3, bf16
+    )

@@ -109,3 +109,34 @@ def test_the_compiled_loss_equals_the_eager_one_with_its_gradients():
     torch.testing.assert_close(losses[1], losses[0])
     for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
         torch.testing.assert_close(b.grad, a.grad, msg=name)
+
+
+def test_inductor_on_a_cpu_writes_attention_out_and_computes_the_same_loss_and_gradients():
+    """compile_blocks with inductor on a CPU turns each block's attention to blockwise_causal (kiln.model.sdpa),
+    which the traced graph takes instead of SDPA; another backend (bench/gpu_check's dry run) keeps SDPA.
+    Traced with aot_eager here (inductor's kernels would only add minutes): the loss and every gradient
+    as the eager model's with SDPA, over rows of 300 (two blocks of queries, the second short) and
+    grouped-query heads."""
+    torch.manual_seed(0)
+    cfg = model_config(LLAMA, 64, 300)
+    eager, compiled = build_model(cfg), build_model(cfg)
+    compiled.load_state_dict(eager.state_dict())
+    parallel.compile_blocks(compiled)  # inductor: blockwise on, nothing compiled until called
+    assert all(block.attn.blockwise for block in compiled.blocks)
+    parallel.compile_blocks(eager, backend="aot_eager")
+    assert not any(block.attn.blockwise for block in eager.blocks)
+    torch._dynamo.reset()
+    for block in compiled.blocks:
+        block.compile(backend="aot_eager", fullgraph=True)  # the same graph, traced without inductor
+    idx = torch.randint(0, 64, (2, 300))
+    with patch(
+        "torch.nn.functional.scaled_dot_product_attention", wraps=torch.nn.functional.scaled_dot_product_attention
+    ) as sdpa:
+        compiled_loss = compiled(idx, idx)[1]
+    assert sdpa.call_count == 0  # the written-out attention was traced
+    eager_loss = eager(idx, idx)[1]
+    for loss in (eager_loss, compiled_loss):
+        loss.backward()
+    torch.testing.assert_close(compiled_loss, eager_loss)
+    for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, msg=name, rtol=1e-4, atol=1e-5)

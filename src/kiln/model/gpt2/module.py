@@ -36,12 +36,13 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.blockwise = False  # kiln.model.sdpa.blockwise_causal when compiled (kiln.model.layers.attend)
 
     def forward(self, x: torch.Tensor, cache: Context | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         # (B, T, 3C) -> 3 x (B, H, T, D)
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        y = attend(q, k, v, cache, layer, self.dropout if self.training else 0.0)
+        y = attend(q, k, v, cache, layer, self.dropout if self.training else 0.0, self.blockwise)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
         return self.resid_dropout(self.proj(y))
 
