@@ -165,6 +165,7 @@ def test_model_beats_the_unigram_baseline(finished_run):
         "loss.png",
         "unigram",
         "## Smoke gate",
+        "Attention: SDPA's ",  # tiny.yaml trains eager: SDPA's CPU kernel, named
         "Plan against the full run",
         "Samples during training",
         "### Per source",

@@ -84,7 +84,7 @@ class Measurements:
     checkpoint_written_bytes: int = 0  # on disk, the checkpoint timed for times.checkpoint_s (0: an older report)
     activation_checkpointing: str = "none"  # what the probe ran: train's, or auto's pick (an older report: none)
     host_mb_per_rank: float = 0.0  # the most host memory a rank held, compile workers' included (0: an older report)
-    attention_kernel: str = ""  # the SDPA kernel a training row gets here (kiln.model.sdpa; "": an older report)
+    attention_kernel: str = ""  # kiln.model.sdpa.kernel_name's for a training row ("": an older report)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Measurements:

@@ -217,7 +217,9 @@ def _smoke_section(smoke: SmokeReport, plan: dict, train: dict) -> list[str]:
     """The gate's checks, and what the smoke stage planned against what the full run took."""
     lines = ["## Smoke gate", "", f"Gate: **{smoke.summary}**.", "", checks_table(smoke.checks)]
     if smoke.measurements is not None and smoke.measurements.attention_kernel:
-        lines += ["", f"Attention: SDPA's {smoke.measurements.attention_kernel} kernel (kiln.model.sdpa)."]
+        kernel = smoke.measurements.attention_kernel
+        named = f"SDPA's {kernel} kernel" if kernel.isupper() else kernel  # else flex_attention, blockwise_causal
+        lines += ["", f"Attention: {named} (kiln.model.sdpa)."]
     if "eta_s" not in plan or smoke.measurements is None:
         return lines
     mfu = lambda v: "n/a" if v is None else f"{v:.1%}"  # noqa: E731
