@@ -138,7 +138,11 @@ RECORDED = {
         ("report.json.checkpoint_written_bytes",),
         "DCP's metadata describes the parameters as DTensors of a 1-rank mesh",
     ),
-    "train.compile": (("report.json.checks[",), "the probe adds a check that the compiled step matches the eager one"),
+    "train.compile": (
+        ("report.json.checks[", "report.json.attention_kernel"),
+        "the probe adds a check that the compiled step matches the eager one, and names the attention a CPU's "
+        "compiled step writes out (kiln.model.sdpa.blockwise_causal)",
+    ),
     "train.activation_checkpointing": (
         ("report.json.activation_checkpointing",),
         "the probe records the checkpointing it ran",
