@@ -36,7 +36,7 @@ def loss_chunk_rows(vocab_size: int) -> int:
 # SDPA's CPU flash kernel (docs/benchmarks.md, "Attention in a CPU's compiled step"). Rows of 512 make
 # two blocks, 3/4 of the square; one block of 512 gained 2%, blocks of 128 as much as 256. Longer rows
 # keep SDPA's kernel, whose memory is linear in the row: the blocks keep their probabilities for
-# backward, about 3 x B x H x T^2 bytes a layer (kiln.plan.memory.blockwise_bytes).
+# backward, 6 bytes an entry: 4.5 x B x H x T^2 bytes a layer at rows of 512 (kiln.plan.memory.blockwise_bytes).
 QUERY_BLOCK = 256
 BLOCKWISE_MAX_LEN = 1024
 

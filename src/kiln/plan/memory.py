@@ -54,6 +54,9 @@ L layers):
   mask, four (B, 1, T/128, T/128) int32 tile tables and four counts, and the rows' int32 document ids
   its mask function reads (~100 KiB a row at 8k). gpt2's embedding also keeps the restarted positions,
   8 bytes a token.
+- a CPU's compiled step's attention (kiln.model.sdpa.blockwise_causal, rows of at most 1,024): every
+  layer keeps its blocks' probabilities, fp32 and their bf16 copy, 6 bytes an entry (blockwise_bytes:
+  40 MB a layer for the embedded default's 16 rows of 512, 2 heads).
 
 The peak is walked through the step: the start of backward (every activation, the head's gradient,
 the loss chunk), each layer's backward (activations freed, gradients arriving, a checkpointed block's
@@ -152,10 +155,8 @@ def blockwise_bytes(cfg: ModelConfig, micro_batch: int, bf16: bool) -> int:
     softmax's backward) and again in the autocast dtype (for the product with v; the same tensor in
     fp32), and its keys in that dtype, for every row and head."""
     a = 2 if bf16 else 4
-    per_head = sum(
-        (end - start) * end * (4 + (a if bf16 else 0)) + a * cfg.head_dim * end
-        for start, end in query_blocks(cfg.seq_len)
-    )
+    entry = 4 + a if bf16 else 4  # fp32 probabilities (and their bf16 copy)
+    per_head = sum((end - start) * end * entry + a * cfg.head_dim * end for start, end in query_blocks(cfg.seq_len))
     return micro_batch * cfg.n_head * per_head
 
 
