@@ -166,6 +166,18 @@ def test_report_shows_the_gate_and_its_checks():
     assert "| MFU, torchtitan transformers-backend count (6(N - embeddings) + 6·L·H·Q·T) | n/a | 16.0% |" in text
 
 
+def test_report_names_sdpas_kernel_and_kilns_own_attention_apart():
+    """smoke/report.json's attention_kernel in report.md: SDPA's backends by name, Kiln's own paths
+    (a CPU's compiled step: blockwise_causal) not as SDPA's."""
+    for kernel, line in [
+        ("FLASH_ATTENTION", "Attention: SDPA's FLASH_ATTENTION kernel (kiln.model.sdpa)."),
+        ("blockwise_causal", "Attention: blockwise_causal (kiln.model.sdpa)."),
+    ]:
+        measured = replace(MEASURED, attention_kernel=kernel)
+        text = "\n".join(_smoke_section(SmokeReport.judge(checks(), measured, enforce=True), {}, {}))
+        assert line in text, kernel
+
+
 def test_the_report_stage_does_not_import_torch():
     code = (
         "import sys; import kiln.report.run, kiln.plan.verdict, kiln.plan.tables; "
