@@ -83,7 +83,7 @@ def attend(
     # enable_gqa: each group of H/K query heads reads one key/value head without copying it
     gqa = k.size(1) != q.size(1)
     if cache is None:
-        if blockwise and dropout == 0 and torch.compiler.is_compiling():
+        if blockwise and torch.compiler.is_compiling():  # set only without dropout (blockwise_attention)
             return blockwise_causal(q, k, v)
         return sdpa(q, k, v, is_causal=True, enable_gqa=gqa, dropout_p=dropout)
     if isinstance(cache, DocumentMask):
