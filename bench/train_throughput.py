@@ -13,7 +13,8 @@ batch, precision and machine, in one run.
 
 Ours is kiln.train.trainer.Trainer.train_step, as the train stage runs it (data from memory-mapped
 shards, bf16 autocast, compile per train.compile, the loss whole or in chunks as the memory plan
-allows, fused AdamW and pinned copies on CUDA, gradient clipping). The baselines are nanoGPT's
+allows, the default config's train.optimizer (Muon on the blocks' matrices, fused AdamW on the rest),
+pinned copies on CUDA, gradient clipping). The baselines are nanoGPT's
 train.py loop on a fresh model of the same class, shape and seed: random windows of a token memmap,
 autocast, the model's logits and nanoGPT's plain F.cross_entropy over them, loss.backward,
 clip_grad_norm_, AdamW (fused on CUDA, as nanoGPT does); once eager, once compiled whole
@@ -88,6 +89,7 @@ def train_sections(args, arm: dict | None = None) -> dict:
     """The train stage's sections for the bench's model and batch; `arm`'s sections merged over them."""
     model = {"flavour": args.flavour} if args.flavour else getattr(args, "model", None) or DEFAULT_MODEL
     train = {
+        "optimizer": EMBEDDED["train"]["optimizer"],  # what the default's step runs (the baselines: AdamW)
         "micro_batch": args.micro_batch,
         "max_steps": 10**6,
         "warmup_steps": 10,

@@ -29,6 +29,7 @@ from kiln.forecast import predict
 from kiln.model.build import build_model, load_model
 from kiln.plan.memory import Setting, estimate, layer_params, setting_of
 from kiln.train import checkpoint, fingerprint, launch
+from kiln.train import muon as kiln_muon
 from kiln.train.muon import Muon, ns_cost, owners, rounds
 from kiln.train.optim import build_optimizer, hidden_matrices
 from kiln.train.schedule import lr_at
@@ -110,6 +111,27 @@ def test_an_unflagged_muon_step_is_torch_muons_bit_for_bit():
         ours.step(), theirs.step()
     for p, q in zip(hidden_matrices(m), hidden_matrices(ref)):
         assert torch.equal(p, q) and torch.equal(ours.state[p]["momentum_buffer"], theirs.state[q]["momentum_buffer"])
+
+
+@pytest.mark.parametrize("stack_elements", [1, 2 * 32 * 32, 1 << 22])
+def test_muon_orthogonalises_same_shaped_matrices_in_stacks_with_torchs_bits(monkeypatch, stack_elements):
+    # one matrix a stack, two of the 32 x 32 a stack, every same-shaped matrix in one: torch's bits each time
+    monkeypatch.setattr(kiln_muon, "STACK_ELEMENTS", stack_elements)
+    m, x = _llama_and_grads()
+    ref = copy.deepcopy(m)
+    ours = Muon(hidden_matrices(m), lr=0.02, momentum=0.95)
+    theirs = torch.optim.Muon(hidden_matrices(ref), lr=0.02, momentum=0.95)
+    stacks = []
+    real = kiln_muon._stacked_newton_schulz
+    monkeypatch.setattr(kiln_muon, "_stacked_newton_schulz", lambda u, g: stacks.append(tuple(u.shape)) or real(u, g))
+    _backward(m, x), _backward(ref, x)
+    ours.step(), theirs.step()
+    assert all(torch.equal(p, q) for p, q in zip(hidden_matrices(m), hidden_matrices(ref)))
+    shapes = [tuple(p.shape) for p in hidden_matrices(m)]  # 2 layers of q, k, v, o, gate, up, down
+    assert sum(n for n, *_ in stacks) == len(shapes) == 14
+    assert all(n * r * c <= max(stack_elements, r * c) for n, r, c in stacks)
+    if stack_elements == 1 << 22:
+        assert sorted(stacks) == sorted((shapes.count(s), *s) for s in set(shapes))
 
 
 def _snapshot(m, opt) -> list[torch.Tensor]:
