@@ -216,9 +216,10 @@ def _stacks(batch: list[_Matrix]) -> list[list[_Matrix]]:
 
 
 def _stacked_newton_schulz(updates: Tensor, group: dict) -> Tensor:
-    """torch's _zeropower_via_newtonschulz on each matrix of a stack (n, rows, cols), batched: the same
-    operations in the same order (the norm per matrix, then ns_steps of the Gram matrix, its update
-    and the product), so each result has torch's bits on a CPU (tests/unit/train/test_optimizers.py)."""
+    """torch's _zeropower_via_newtonschulz (which takes one 2-D matrix) on each matrix of a stack (n, rows,
+    cols), batched: the same operations in the same order (the norm per matrix, then ns_steps of the Gram
+    matrix, its update and the product), so each result has torch's bits on a CPU
+    (tests/unit/train/test_optimizers.py; so too with oneDNN capped at AVX2 or AVX-512, and off)."""
     a, b, c = group["ns_coefficients"]
     ortho = updates.bfloat16()
     tall = ortho.size(-2) > ortho.size(-1)
