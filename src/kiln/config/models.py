@@ -41,6 +41,21 @@ QUERY_BLOCK = 256
 BLOCKWISE_MAX_LEN = 1024
 
 
+# The attention paths kiln.model.sdpa.kernel_name reports that are not one of SDPA's backends (those it
+# names as torch's SDPBackend does, FLASH_ATTENTION and so on), with what report.md calls them.
+BLOCKWISE_CAUSAL, FLEX_ATTENTION = "blockwise_causal", "flex_attention"
+OWN_ATTENTION = {
+    BLOCKWISE_CAUSAL: "blockwise_causal, causal attention written out for inductor",
+    FLEX_ATTENTION: "flex_attention, within each document",
+}
+
+
+def attention_description(kernel: str) -> str:
+    """What report.md calls the attention kernel the smoke stage measured: Kiln's own paths by name,
+    any other as SDPA's backend."""
+    return OWN_ATTENTION.get(kernel, f"SDPA's {kernel} kernel")
+
+
 def blockwise_attention(cfg: ModelConfig, *, cuda: bool, compiled: bool) -> bool:
     """Whether a training row of `cfg` takes kiln.model.sdpa.blockwise_causal: a CPU's step compiled by
     inductor, plain causal attention (no document mask, no dropout) over rows of at most BLOCKWISE_MAX_LEN."""

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kiln.config.models import ModelConfig, blockwise_attention, query_blocks
+from kiln.config.models import BLOCKWISE_CAUSAL, FLEX_ATTENTION, ModelConfig, blockwise_attention, query_blocks
 
 SDPA_PRIORITY = [
     SDPBackend.CUDNN_ATTENTION,
@@ -62,9 +62,9 @@ def kernel_name(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, comp
     where a document mask takes flex attention's path (kiln.model.documents); "blockwise_causal" in a
     CPU's compiled step (kiln.config.models.blockwise_attention)."""
     if blockwise_attention(cfg, cuda=device.type == "cuda", compiled=compiled):
-        return "blockwise_causal"
+        return BLOCKWISE_CAUSAL
     if cfg.document_mask and device.type == "cuda" and cfg.dropout == 0:
-        return "flex_attention"
+        return FLEX_ATTENTION
     q = torch.zeros(1, cfg.n_head, cfg.seq_len, cfg.head_dim, device=device, dtype=dtype)
     kv = torch.zeros(1, cfg.n_kv_head, cfg.seq_len, cfg.head_dim, device=device, dtype=dtype)
     mask = torch.zeros(1, 1, cfg.seq_len, cfg.seq_len, device=device, dtype=dtype) if cfg.document_mask else None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import matplotlib
 
+from kiln.config.models import attention_description
 from kiln.config.run_config import RunConfig
 from kiln.config.train_sections import Budget
 from kiln.eval.metrics import registry
@@ -217,9 +218,7 @@ def _smoke_section(smoke: SmokeReport, plan: dict, train: dict) -> list[str]:
     """The gate's checks, and what the smoke stage planned against what the full run took."""
     lines = ["## Smoke gate", "", f"Gate: **{smoke.summary}**.", "", checks_table(smoke.checks)]
     if smoke.measurements is not None and smoke.measurements.attention_kernel:
-        kernel = smoke.measurements.attention_kernel
-        named = f"SDPA's {kernel} kernel" if kernel.isupper() else kernel  # else flex_attention, blockwise_causal
-        lines += ["", f"Attention: {named} (kiln.model.sdpa)."]
+        lines += ["", f"Attention: {attention_description(smoke.measurements.attention_kernel)} (kiln.model.sdpa)."]
     if "eta_s" not in plan or smoke.measurements is None:
         return lines
     mfu = lambda v: "n/a" if v is None else f"{v:.1%}"  # noqa: E731

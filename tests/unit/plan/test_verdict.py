@@ -168,10 +168,14 @@ def test_report_shows_the_gate_and_its_checks():
 
 def test_report_names_sdpas_kernel_and_kilns_own_attention_apart():
     """smoke/report.json's attention_kernel in report.md: SDPA's backends by name, Kiln's own paths
-    (a CPU's compiled step: blockwise_causal) not as SDPA's."""
+    (a CPU's compiled step: blockwise_causal; a document mask: flex_attention) not as SDPA's."""
     for kernel, line in [
         ("FLASH_ATTENTION", "Attention: SDPA's FLASH_ATTENTION kernel (kiln.model.sdpa)."),
-        ("blockwise_causal", "Attention: blockwise_causal (kiln.model.sdpa)."),
+        (
+            "blockwise_causal",
+            "Attention: blockwise_causal, causal attention written out for inductor (kiln.model.sdpa).",
+        ),
+        ("flex_attention", "Attention: flex_attention, within each document (kiln.model.sdpa)."),
     ]:
         measured = replace(MEASURED, attention_kernel=kernel)
         text = "\n".join(_smoke_section(SmokeReport.judge(checks(), measured, enforce=True), {}, {}))
