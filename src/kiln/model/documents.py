@@ -17,7 +17,9 @@ Two ways to compute it, with the same result:
   the mask as 128 x 128 tiles where a tile wholly across documents is skipped and one wholly inside a
   document needs no mask: a few KiB per row where the dense mask is T^2 elements (128 MiB a row at
   8k in bf16), and one compiled kernel. flex_attention is compiled here unless the blocks already
-  are (train.compile).
+  are (train.compile), and run compiled even where the caller turned compiling off
+  (`torch.compiler.set_stance("force_eager")`: the smoke gate's validations, sampling): flex's eager
+  path materialises the scores, (B, H, T, T) fp32, 51.5 GB at seed 000's 6 x 32 x 8192^2.
 
 Positions: RoPE is relative, so a document's scores are the same at any offset in the row, and its
 positions are left as they are (torchtitan does not restart them by default either). gpt2's learned
@@ -30,6 +32,9 @@ KV-cached decoding does not use it: a prompt is one document.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
@@ -38,6 +43,7 @@ from kiln.errors import KilnError
 from kiln.model.sdpa import sdpa
 
 _compiled_flex = None  # torch.compile(flex_attention), made on first use: one compiled kernel per process
+_flex_devices = frozenset({"cuda"})  # device types whose document mask is flex's (kiln.rehearse adds the CPU)
 
 
 def document_ids(idx: torch.Tensor, eos_id: int) -> torch.Tensor:
@@ -63,6 +69,41 @@ def require_eos(cfg: ModelConfig) -> None:
             "model.document_mask: the end-of-text id is unknown (kiln.config.models.model_config got none); "
             "a run reads it from its shards' manifest.json (kiln.data.shards.row_model)"
         )
+
+
+def takes_flex(device: torch.device) -> bool:
+    """Whether rows on `device` take flex's block mask (a GPU), not the dense one."""
+    return device.type in _flex_devices
+
+
+@contextlib.contextmanager
+def flex_on(device_type: str):
+    """Within it, rows on device_type take flex's branch too: kiln.rehearse runs a GPU's step on fake
+    CPU tensors, and the GPU's attention with it."""
+    global _flex_devices
+    before = _flex_devices
+    _flex_devices = before | {device_type}
+    try:
+        yield
+    finally:
+        _flex_devices = before
+
+
+def compiled_flex():
+    """flex_attention compiled, once per process, run compiled whatever stance its caller set: a
+    force_eager stance would turn this compile off too, and flex would take its eager path, which
+    materialises the scores (tests/unit/model/test_documents.py; kiln.rehearse charges that path)."""
+    global _compiled_flex
+    if _compiled_flex is None:
+        kernel = torch.compile(flex_attention)
+
+        @functools.wraps(flex_attention)
+        def run(*args, **kwargs):
+            with torch.compiler.set_stance("default"):
+                return kernel(*args, **kwargs)
+
+        _compiled_flex = run
+    return _compiled_flex
 
 
 class DocumentMask:
@@ -98,16 +139,13 @@ class DocumentMask:
         require_eos(cfg)
         kind = idx.device.type
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else torch.get_default_dtype()
-        return cls(idx, cfg.eos_id, dtype, flex=idx.is_cuda and cfg.dropout == 0)
+        return cls(idx, cfg.eos_id, dtype, flex=takes_flex(idx.device) and cfg.dropout == 0)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> torch.Tensor:
         """(B, H, T, D) queries over (B, K, T, D) keys and values, each within its document."""
         gqa = k.size(1) != q.size(1)
         if self.block is None:
             return sdpa(q, k, v, attn_mask=self.dense.to(q.dtype), dropout_p=dropout, enable_gqa=gqa)
-        flex = flex_attention
-        if q.is_cuda and not torch.compiler.is_compiling():  # eager flex would materialise the scores
-            global _compiled_flex
-            _compiled_flex = _compiled_flex or torch.compile(flex_attention)
-            flex = _compiled_flex
+        # inside a compiled block flex is traced into the block's graph; outside, its own compiled kernel
+        flex = flex_attention if torch.compiler.is_compiling() else compiled_flex()
         return flex(q, k, v, block_mask=self.block, enable_gqa=gqa)

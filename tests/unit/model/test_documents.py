@@ -1,8 +1,8 @@
 """model.document_mask (kiln.model.documents): a packed row computes each of its documents as that
 document alone would: for a RoPE family with its positions left as they are (RoPE is relative), for
 gpt2 with its learned positions restarted at each document. On the path the CPU runs (the dense
-mask); flex attention's block mask is checked against it at the attention itself (eager, on the CPU:
-the GPU's compiled kernel is not run here)."""
+mask); flex attention's block mask is checked against it at the attention itself (compiled by
+inductor for the CPU: the GPU's Triton kernel is not run here)."""
 
 import pytest
 import torch
@@ -133,3 +133,26 @@ def test_compiled_blocks_take_each_steps_block_mask_without_recompiling():
                 torch.testing.assert_close(
                     hidden(compiled, idx, flex=True), hidden(eager, idx, flex=False), rtol=1e-5, atol=1e-5
                 )
+
+
+def test_flex_runs_compiled_where_the_caller_turned_compiling_off(monkeypatch):
+    """The smoke gate validates under torch.compiler.set_stance("force_eager") (kiln.gate.checks), which
+    turns off every compile inside it, flex's own included: flex would then take its eager path, which
+    materialises the scores, (B, H, T, T) fp32, 51.5 GB at seed 000's 6 x 32 x 8192^2, an OOM before
+    the first training step. The document mask's flex kernel is compiled there all the same."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from kiln.model import documents
+
+    monkeypatch.setattr(documents, "_compiled_flex", None)  # compiled afresh here, not from a cache
+    torch._dynamo.reset()
+    counters.clear()
+    idx = torch.cat(_documents(1))[None, :32]
+    q = k = v = torch.randn(1, 2, idx.size(1), 8)
+    mask = DocumentMask(idx, EOS, torch.float32, flex=True)
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+        out = mask.attend(q, k, v, dropout=0.0)
+    assert counters["frames"]["ok"] >= 1, "flex ran eagerly under the force_eager stance"
+    dense = DocumentMask(idx, EOS, torch.float32, flex=False).attend(q, k, v, dropout=0.0)
+    torch.testing.assert_close(out, dense, rtol=1e-5, atol=1e-5)
