@@ -36,6 +36,18 @@ def split_batch(batch_tokens: int | None, micro_batch: int, seq_len: int, world:
         raise KilnError(
             f"train.batch_tokens: {batch_tokens} is not a multiple of {world} ranks x "
             f"train.micro_batch {micro_batch} x shard.seq_len {seq_len} = {per_pass} tokens "
-            f"(nearest that are: {' or '.join(map(str, nearest))})"
+            f"(nearest that are: {' or '.join(map(str, nearest))}){_same_batch(batch_tokens, micro_batch, seq_len, world)}"
         )
     return BatchSplit(world, micro_batch, seq_len, batch_tokens // per_pass)
+
+
+def _same_batch(batch_tokens: int, micro_batch: int, seq_len: int, world: int) -> str:
+    """The other fix: the largest micro-batch below micro_batch at which these ranks make the same
+    global batch (a run moved to more nodes keeps its trajectory: seed 000's 196,608 tokens on 8
+    ranks of 8,192-token rows is micro-batch 3), or nothing when there is none."""
+    rows, left = divmod(batch_tokens, world * seq_len)
+    fits = [m for m in range(min(micro_batch - 1, rows), 0, -1) if not left and rows % m == 0]
+    if not fits:
+        return ""
+    m = fits[0]
+    return f"; or keep the batch with train.micro_batch: {m} ({rows // m} micro-batch{'es' if rows // m > 1 else ''} a step)"

@@ -8,6 +8,7 @@ import yaml
 
 from kiln import config as kiln_config
 from kiln.config import ConfigError
+from kiln.errors import KilnError
 
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = sorted(ROOT.glob("config/**/*.yaml")) + sorted((ROOT / "tests" / "configs").glob("*.yaml"))
@@ -229,3 +230,15 @@ def test_config_overrides_read_as_the_user_typed_them_in_lists_too():
         },
         "train": {"samples": {"prompts": ["def main():", "x = 1"]}},
     }
+
+
+def test_seed_000_on_two_nodes_stops_at_validation_naming_the_micro_batch_that_keeps_its_batch():
+    """config/experiments/swallow-code-llama-1b.yaml is 4 ranks x 6 rows x 8,192 tokens = 196,608; on
+    two nodes 8 ranks x 6 rows is twice that, so the config stops before any job, naming both fixes:
+    a batch that divides, or micro-batch 3, which keeps the seed's batch (and its trajectory)."""
+    with pytest.raises(KilnError) as caught:
+        kiln_config.resolve([ROOT / "config" / "experiments" / "swallow-code-llama-1b.yaml"], {"train": "{nnodes: 2}"})
+    said = str(caught.value)
+    assert "train.batch_tokens: 196608 is not a multiple of 8 ranks" in said
+    assert "nearest that are: 393216" in said
+    assert "keep the batch with train.micro_batch: 3 (1 micro-batch a step)" in said
