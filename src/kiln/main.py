@@ -2,6 +2,7 @@
 Snakemake). Each command lives in its own module, which adds its subparser in `register`.
 
     kiln plan --configfile config/experiments/swallow-code-llama-1b.yaml   # price a run before it starts
+    kiln rehearse --configfile config/experiments/swallow-code-llama-1b.yaml   # its GPU memory, on this CPU
     kiln status results/stdlib-code                                        # where a run stands
     kiln export results/stdlib-code                                        # its Hugging Face folder again
 """
@@ -14,6 +15,7 @@ import sys
 
 from kiln import forecast
 from kiln.errors import KilnError
+from kiln.rehearse import command as rehearse
 from kiln.report import export, status
 
 
@@ -21,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kiln", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
     forecast.register(commands)
+    rehearse.register(commands)
     status.register(commands)
     export.register(commands)
     args = parser.parse_args(argv)

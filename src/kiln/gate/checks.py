@@ -248,7 +248,7 @@ def run_checks(config: RunConfig, shard_dir: Path, out_dir: Path, marker_id: int
         started = time.perf_counter()
         with torch.compiler.set_stance("force_eager"):
             leak = causality_leak(trainer.model, vocab, seq_len, trainer.dist.device, trainer.seed)
-            init = trainer.evaluate(smoke.val_batches)
+        init = validate_eagerly(trainer, smoke.val_batches).item()
         extra_s += time.perf_counter() - started
         checks.append(
             Check(
@@ -303,8 +303,7 @@ def run_checks(config: RunConfig, shard_dir: Path, out_dir: Path, marker_id: int
     if device.use_compile(train.compile, trainer.dist.device):
         checks.append(_recompiles(measured.graphs_in_timed_steps, measured.measured_steps))
     started = time.perf_counter()
-    with torch.compiler.set_stance("force_eager"):  # a correctness figure: no graphs compiled for it
-        after = trainer.evaluate(smoke.val_batches)
+    after = validate_eagerly(trainer, smoke.val_batches).item()
     validation_s = (time.perf_counter() - started) * train.eval_batches / smoke.val_batches
     val_drop = init - after
     train_drop = losses[0] - losses[-1]
@@ -389,6 +388,15 @@ def run_checks(config: RunConfig, shard_dir: Path, out_dir: Path, marker_id: int
         )
     )
     return report
+
+
+def validate_eagerly(trainer: Trainer, n_batches: int) -> torch.Tensor:
+    """The gate's held-out loss (a device tensor), eager: a correctness figure, for which no graph is
+    compiled (the validation's shapes would make dynamo mark the training step's dynamic). Only the
+    document mask's flex kernel stays compiled (kiln.model.documents.compiled_flex). kiln.rehearse
+    runs this on fake tensors at the full run's shapes."""
+    with torch.compiler.set_stance("force_eager"):
+        return trainer.validation_loss(n_batches)
 
 
 def launch_start() -> float:

@@ -47,6 +47,7 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -133,9 +134,12 @@ def device_mesh(device_type: str, world: int, nnodes: int) -> DeviceMesh:
     does, so a row is a node: each block's all-gather and reduce-scatter stay on the node's fast links,
     and only one all-reduce of the sharded gradients per step crosses nodes, at the price of each node
     holding a whole copy of the sharded state."""
-    if nnodes > 1:
-        return init_device_mesh(device_type, (nnodes, world // nnodes), mesh_dim_names=("replicate", "shard"))
-    return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
+    # The mesh is host metadata of real ranks: made outside a fake-tensor mode (kiln.rehearse), where
+    # reading its rank tensor back would be data-dependent.
+    with unset_fake_temporarily():
+        if nnodes > 1:
+            return init_device_mesh(device_type, (nnodes, world // nnodes), mesh_dim_names=("replicate", "shard"))
+        return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:

@@ -279,11 +279,17 @@ class Trainer:
             self._first_step_done = True
         return mean_loss, grad_norm, lr
 
-    @torch.no_grad()
     def evaluate(self, n_batches: int | None = None) -> float:
         """Mean validation loss over the first n_batches (default train.eval_batches) batches of
-        every rank's share. The targets are shifted here, not by _split, so a shift bug in the
-        training path cannot hide from this figure (the smoke gate relies on it)."""
+        every rank's share, read back to the host (validation_loss)."""
+        return self.validation_loss(n_batches).item()
+
+    @torch.no_grad()
+    def validation_loss(self, n_batches: int | None = None) -> torch.Tensor:
+        """evaluate's work on the device, the same on every rank: the mean loss as a device tensor
+        (kiln.rehearse runs it on fake tensors, which have no value to read). The targets are shifted
+        here, not by _split, so a shift bug in the training path cannot hide from this figure (the
+        smoke gate relies on it)."""
         self.model.eval()
         total, count = torch.zeros((), device=self.dist.device), 0
         micro = self.train.micro_batch
@@ -296,7 +302,7 @@ class Trainer:
             total += loss
             count += 1
         self.model.train()
-        return mean_across_ranks(total / max(count, 1), self.dist.world).item()
+        return mean_across_ranks(total / max(count, 1), self.dist.world)
 
     def fit(self, out_dir: Path, *, callbacks: Sequence[Callback] = ()) -> RunResult:
         """Train to max_steps, resuming from the newest checkpoint under out_dir/checkpoints, and save

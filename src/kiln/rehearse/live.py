@@ -1,0 +1,108 @@
+"""Live device bytes of a step run on fake tensors: what the caching allocator would hold, its peak,
+and the largest tensor with the module that made it.
+
+A TorchDispatchMode above torch's FakeTensorMode sees every op's outputs: a tensor with storage not
+seen before is an allocation of its storage's bytes, rounded up to the 512-byte blocks of CUDA's
+caching allocator, freed when the storage's last reference goes (a weakref finalizer), as the
+allocator frees a block back to its pool. Views share their base's storage and cost nothing.
+Fragmentation, the CUDA context and NCCL's buffers are not counted: kiln.plan.memory.FIT_FRACTION
+leaves them their share of the card.
+
+flex attention is a higher-order op: its fake kernel returns the output and log-sum-exp, which is what
+the GPU's compiled kernel allocates. Called under a force_eager stance it would take flex's eager path
+on the GPU, which materialises the scores, at least two (B, H, Tq, Tkv) fp32 tensors at once (the
+scores and the masked scores, torch._higher_order_ops.flex_attention.math_attention): those are
+charged for the call's length and named as its largest tensor. The rehearsal runs with dynamo off,
+so the stance a caller set is the one flex sees (kiln.model.documents.compiled_flex sets its own).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch._higher_order_ops.flex_attention import flex_attention as flex_attention_hop
+from torch.distributed._tools.mod_tracker import ModTracker
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+BLOCK = 512  # bytes: the CUDA caching allocator's rounding of every block
+
+
+def allocated(nbytes: int) -> int:
+    return BLOCK * math.ceil(nbytes / BLOCK)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One allocation: its shape, dtype, bytes and the module (or function) that made it."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    made_by: str
+
+    def describe(self) -> str:
+        return f"{tuple(self.shape)} {self.dtype}, {self.nbytes / 2**30:.2f} GiB"
+
+
+class LiveBytes(TorchDispatchMode):
+    """Enter inside a FakeTensorMode (and with a ModTracker entered, which names the module). `live`
+    and `peak` are bytes; `reset_peak` starts a phase at what is live."""
+
+    supports_higher_order_operators = True
+
+    def __init__(self, modules: ModTracker):
+        super().__init__()
+        self.modules = modules
+        self.live = self.peak = 0
+        self.largest: Tensor | None = None
+        self._seen: weakref.WeakSet = weakref.WeakSet()
+
+    def reset_peak(self) -> None:
+        self.peak, self.largest = self.live, None
+
+    def count(self, tensors) -> None:
+        """Count tensors made before this mode was entered (or outside it) that are still alive."""
+        for t in tensors:
+            self._add(t)
+
+    def _where(self) -> str:
+        parents = [p for p in self.modules.parents if p != "Global"]
+        where = max(parents, key=len) if parents else "outside any module"
+        return where + (" (backward)" if self.modules.is_bw else "")
+
+    def _add(self, t: torch.Tensor, made_by: str | None = None) -> None:
+        storage = t.untyped_storage()
+        if storage in self._seen:
+            return
+        self._seen.add(storage)
+        nbytes = allocated(storage.nbytes())
+        self.live += nbytes
+        weakref.finalize(storage, self._free, nbytes)
+        self._note(Tensor(tuple(t.shape), str(t.dtype).removeprefix("torch."), nbytes, made_by or self._where()))
+
+    def _note(self, made: Tensor, transient: int = 0) -> None:
+        self.peak = max(self.peak, self.live + transient)
+        if self.largest is None or made.nbytes > self.largest.nbytes:
+            self.largest = made
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is flex_attention_hop and torch._dynamo.eval_frame._stance.stance == "force_eager":
+            q, k = args[0], args[1]
+            B, H, Tq, _ = q.shape
+            scores = B * H * Tq * k.size(-2) * 4  # fp32
+            self._note(
+                Tensor((B, H, Tq, k.size(-2)), "float32", scores, "flex_attention's eager path (scores)"), 2 * scores
+            )
+        out = func(*args, **kwargs)
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._add(t)
+        return out

@@ -1,0 +1,258 @@
+"""A run's GPU-side work at its real shapes and world size, on this CPU, with no data and no GPU.
+
+The train stage's own objects do the work: a Trainer (kiln.train.trainer) built from the run's
+config, its model made and readied by kiln.train.parallel (DDP, or FSDP2 / HSDP on the mesh of
+nnodes x nproc_per_node), its optimizer, its train_step, its validation, and the smoke gate's eager
+validation (kiln.gate.checks.validate_eagerly). Around them:
+- torch's fake process group of the run's world size, as this process's rank 0 (torchtitan's
+  COMM_MODE=fake_backend dry run): collectives return at once, shapes as the real ones;
+- FakeTensorMode: tensors carry shape, dtype and device, no memory;
+- the branches a GPU takes: bf16, the document mask through flex attention (kiln.model.documents.flex_on),
+  train.micro_batch / activation_checkpointing auto as the card resolves them, the loss whole or in
+  chunks as the card's memory plan decides (kiln.plan.memory.loss_rows). The fake tensors live on
+  the CPU: FSDP2's CUDA streams and a CUDA build's random init cannot run in a CPU build of torch;
+- a shard folder of random ids at the run's vocabulary and context, documents of about 2,000 tokens,
+  as many rows as one step and one validation batch read.
+
+Compiled code does not run here: torch.compile's inductor needs the GPU it compiles for. The step
+runs eagerly at the compiled step's shapes; attention and the loss allocate as their fused kernels do
+(SDPA's flash path, flex's fake kernel, the chunked loss), and what a compiled block would fuse away
+(its elementwise intermediates) is counted as eager keeps it: an upper bound there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.attention.flex_attention
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.distributed._tools.mod_tracker import ModTracker
+from torch.distributed.tensor import DTensor, Shard
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from kiln.config.run_config import RunConfig
+from kiln.data.shards import shard_split
+from kiln.errors import KilnError
+from kiln.gate.checks import oom_advice, validate_eagerly
+from kiln.io import write_json
+from kiln.model.documents import flex_on
+from kiln.plan import autofit
+from kiln.plan.memory import FIT_FRACTION, GIB, loss_rows, setting_of
+from kiln.plan.peaks import GPU
+from kiln.rehearse.live import LiveBytes, Tensor
+from kiln.train.trainer import Trainer
+
+DOCUMENT_TOKENS = 2000  # a synthetic document's length: several in each 8k row, as packed code files are
+EOS_ID = 0
+PER_ELEMENT_STATE = {"exp_avg", "exp_avg_sq", "momentum_buffer"}  # AdamW's and Muon's: a parameter's shape each
+
+
+@dataclass
+class Phase:
+    """One phase's per-rank peak (bytes), its largest tensor, and whether it fits the card."""
+
+    name: str
+    peak: int
+    largest: Tensor | None
+    usable: int
+    upper_bound: bool = False  # a compiled run's training step, counted eagerly (the module docstring)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.usable
+
+    @property
+    def verdict(self) -> str:
+        if self.fits:
+            return "fits"
+        return "over, counted eagerly: the compiled step keeps less" if self.upper_bound else "DOES NOT FIT"
+
+
+@dataclass
+class Rehearsal:
+    run: str
+    gpu: GPU
+    world: int
+    layout: str
+    phases: list[Phase] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # what fails when the job starts, not memory
+    advice: str = ""
+
+
+def synthetic_shards(out: Path, vocab: int, seq_len: int, train_rows: int, val_rows: int, seed: int) -> Path:
+    """A shard folder as the shard stage writes it, of random ids below vocab, an EOS every
+    ~DOCUMENT_TOKENS tokens."""
+    rng = np.random.default_rng(seed)
+    row_len = seq_len + 1
+    dtype = np.uint16 if vocab <= 2**16 else np.uint32
+    splits = {}
+    for split, rows in (("train", train_rows), ("val", val_rows)):
+        ids = rng.integers(1, vocab, size=rows * row_len, dtype=np.int64)
+        ids[rng.random(ids.size) < 1 / DOCUMENT_TOKENS] = EOS_ID
+        splits[split] = shard_split(ids.astype(dtype), out, split, row_len, rows, vocab)
+    write_json(
+        out / "manifest.json",
+        {
+            "seq_len": seq_len,
+            "row_len": row_len,
+            "dtype": np.dtype(dtype).name,
+            "vocab_size": vocab,
+            "padded_vocab_size": vocab,
+            "splits": splits,
+            "documents": {"eos_id": EOS_ID, "bos_id": None},
+        },
+    )
+    return out
+
+
+@contextlib.contextmanager
+def fake_world(world: int, per_node: int):
+    """This process as rank 0 of `world` ranks, per_node a node, in torch's fake process group."""
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(per_node)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def gpu_flex():
+    """The document mask through flex attention on the fake CPU tensors, backward included: flex
+    refuses a backward on the CPU (torch.nn.attention.flex_attention._validate_device: its CPU kernel
+    has none), a guard lifted here, where only the fake kernels run, which have one (the GPU's)."""
+    module = torch.nn.attention.flex_attention
+    guard, debug = module._validate_device, module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+    module._validate_device = lambda query, key, value: None
+    # With dynamo off, flex's eager path calls its op directly (its fullgraph compile would find nothing)
+    module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    try:
+        with flex_on("cpu"):
+            yield
+    finally:
+        module._validate_device, module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = guard, debug
+
+
+def as_on_gpu(run: RunConfig, vocab: int, gpu: GPU) -> RunConfig:
+    """The run's config with the choices its GPU would make resolved (bf16, auto sizes), on this CPU
+    (train.device cpu), eager (see the module docstring)."""
+    from kiln.config.models import model_config
+
+    train = run.train
+    precision = "bf16" if train.precision in ("auto", "bf16") else train.precision
+    model = model_config(run.model.as_dict(), vocab, run.shard.seq_len)
+    train, _ = autofit.resolve(
+        train.replace(precision=precision), model, train.ranks, gpu.memory_gib, cuda=True, compiled=True
+    )
+    return run.replace(train=train.replace(device="cpu", compile=False, nproc_per_node=train.nproc_per_node))
+
+
+class HostBatches:
+    """The run's own batches, read on the host as the train stage reads them (the loader hashes each
+    row with numpy), outside the fake-tensor mode."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def next(self) -> torch.Tensor:
+        with unset_fake_temporarily():
+            return self.batches.next()
+
+
+def unsharded(trainer: Trainer) -> list[str]:
+    """Parameters FSDP should have sharded and did not."""
+    if not (trainer.train.parallel == "fsdp" and (trainer.dist.world > 1 or trainer.train.fsdp_one_rank)):
+        return []
+    return [
+        f"{name}: not sharded ({type(p).__name__})"
+        for name, p in trainer.model.named_parameters()
+        if not (isinstance(p, DTensor) and any(isinstance(placement, Shard) for placement in p.placements))
+    ]
+
+
+def optimizer_state_problems(trainer: Trainer) -> list[str]:
+    """Optimizer state, made by the first step, whose shape is not its parameter's (this rank's part)."""
+    problems = []
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+    for part in trainer.optimizer.parts:
+        for p, state in part.state.items():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            for key in PER_ELEMENT_STATE & state.keys():
+                value = state[key]
+                got = value.to_local() if isinstance(value, DTensor) else value
+                if got.shape != local.shape:
+                    problems.append(
+                        f"{names.get(id(p), '?')}: optimizer {key} {tuple(got.shape)}, parameter {tuple(local.shape)}"
+                    )
+    return problems
+
+
+def rehearse(run: RunConfig, vocab: int, gpu: GPU) -> Rehearsal:
+    """Every phase's per-rank peak for `run` (its model's padded vocabulary `vocab`) on `gpu`."""
+    compiled = run.train.compile in (True, "auto")  # on a GPU
+    run = as_on_gpu(run, vocab, gpu)
+    train, seq_len = run.train, run.shard.seq_len
+    world, per_node = train.ranks, train.nproc_per_node
+    layout = f"{world} rank{'s' if world > 1 else ''}, {train.parallel}" + (
+        f" (HSDP {train.nnodes} x {per_node})" if train.parallel == "fsdp" and train.nnodes > 1 else ""
+    )
+    result = Rehearsal(run.run_name, gpu, world, layout, advice=oom_advice(train, seq_len))
+    usable = int(FIT_FRACTION * gpu.memory_gib * GIB)
+    rows_per_step = world * train.micro_batch * 2  # every rank's micro-batches of one step, twice over
+    with (
+        tempfile.TemporaryDirectory(prefix="kiln-rehearse-") as tmp,
+        fake_world(world, per_node),
+        gpu_flex(),
+        torch._dynamo.config.patch(disable=True),
+    ):
+        shards = synthetic_shards(Path(tmp), vocab, seq_len, rows_per_step, world * train.micro_batch, run.seed)
+        with FakeTensorMode(allow_non_fake_inputs=True), ModTracker() as modules, LiveBytes(modules) as live:
+            trainer = Trainer(run, shards, max_steps=2)
+            trainer.train_on(HostBatches(trainer.batches))
+            result.phases.append(Phase("build: model, parallel, optimizer", live.peak, live.largest, usable))
+            result.problems = unsharded(trainer)  # before a forward: FSDP2 leaves the root's gathered after one
+            s = setting_of(train, world=world, grad_accum=trainer.batch_split.grad_accum)
+            trainer.model.loss_rows = loss_rows(trainer.model_config, s, gpu.memory_gib)  # as the card decides
+
+            phases = (
+                ("train step: forward, backward, optimizer", trainer.train_step),
+                ("smoke gate: eager validation", lambda: validate_eagerly(trainer, 1)),
+                ("validation", lambda: trainer.validation_loss(1)),
+            )
+            for name, work in phases:
+                live.reset_peak()
+                work()
+                bound = compiled and name.startswith("train step")  # no-grad phases keep no activations
+                result.phases.append(Phase(name, live.peak, live.largest, usable, upper_bound=bound))
+            result.problems += optimizer_state_problems(trainer)
+    return result
+
+
+def check(rehearsal: Rehearsal) -> None:
+    """A KilnError naming the first phase that will not fit or not start, with the fix."""
+    if rehearsal.problems:
+        raise KilnError(f"{rehearsal.run}: will not start as set: {'; '.join(rehearsal.problems)}")
+    for phase in rehearsal.phases:
+        if not (phase.fits or phase.upper_bound):
+            largest = (
+                f"; its largest tensor {phase.largest.describe()} from {phase.largest.made_by}" if phase.largest else ""
+            )
+            raise KilnError(
+                f"{rehearsal.run}: {phase.name} will not fit on {rehearsal.gpu.fragment}: "
+                f"{phase.peak / GIB:.1f} GiB per rank > the {phase.usable / GIB:.1f} GiB a step may use{largest}. "
+                f"{rehearsal.advice}"
+            )

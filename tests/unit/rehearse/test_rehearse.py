@@ -1,0 +1,61 @@
+"""kiln rehearse (kiln.rehearse): seed 000's flagship run at its real shapes (1B Llama, 6 x 8,192-token
+rows, 4 FSDP ranks, document mask through flex) on fake tensors under a fake process group, through
+the train stage's Trainer and the smoke gate's own validation."""
+
+from pathlib import Path
+
+import pytest
+
+from kiln import config as kiln_config
+from kiln import forecast
+from kiln.config.run_config import RunConfig
+from kiln.errors import KilnError
+from kiln.main import main
+from kiln.model import documents
+from kiln.rehearse.run import check, rehearse
+
+SEED_000 = Path(__file__).resolve().parents[3] / "config" / "experiments" / "swallow-code-llama-1b.yaml"
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # flex's eager-path and the fake group's timeout notes
+
+
+def _rehearse(overrides: dict | None = None):
+    experiment = kiln_config.resolve_experiment([SEED_000], overrides or {})
+    cfg = experiment.runs[experiment.name]
+    run = RunConfig.of(cfg)
+    return rehearse(run, forecast._model(cfg, run).vocab_size, forecast._assumed_gpu(run))
+
+
+def _phase(rehearsal, start: str):
+    return next(p for p in rehearsal.phases if p.name.startswith(start))
+
+
+def test_seed_000_rehearses_on_a_cpu_and_the_smoke_gates_validation_fits(capsys):
+    assert main(["rehearse", "--configfile", str(SEED_000)]) == 0
+    printed = capsys.readouterr().out
+    assert "4 ranks, fsdp on H100" in printed and "smoke gate: eager validation" in printed
+    rehearsal = _rehearse()
+    assert rehearsal.problems == []  # every parameter sharded, every AdamW moment its shard's shape
+    gate = _phase(rehearsal, "smoke gate")
+    assert gate.fits and gate.largest.shape == (8192, 32768)  # a loss chunk's logits, not attention scores
+    build = _phase(rehearsal, "build")
+    assert 4.5 < build.peak / 2**30 < 6  # the fp32 model built whole on the device (4.9 GB), then sharded
+
+
+def test_flex_run_eagerly_in_the_smoke_gates_validation_is_named_as_not_fitting(monkeypatch):
+    """The defect of main fbcf5de put back: the smoke gate validates under a force_eager stance, which
+    turned flex's compile off; flex's eager path materialises (6, 32, 8192, 8192) fp32 scores."""
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    monkeypatch.setattr(documents, "compiled_flex", lambda: torch.compile(flex_attention))
+    rehearsal = _rehearse()
+    gate = _phase(rehearsal, "smoke gate")
+    assert not gate.fits and gate.largest.shape == (6, 32, 8192, 8192)
+    with pytest.raises(KilnError, match=r"smoke gate: eager validation will not fit on H100.*\(6, 32, 8192, 8192\)"):
+        check(rehearsal)
+
+
+def test_seed_000_on_two_nodes_rehearses_as_hsdp_at_the_micro_batch_that_keeps_its_batch():
+    rehearsal = _rehearse({"train": "{nnodes: 2, micro_batch: 3}"})
+    assert rehearsal.layout == "8 ranks, fsdp (HSDP 2 x 4)" and rehearsal.problems == []
+    check(rehearsal)
