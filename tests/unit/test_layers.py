@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("kiln.train",),  # the loop, distributed code, checkpoints
     ("kiln.gate", "kiln.eval"),  # the smoke stage's checks; a checkpoint's evaluation (both drive train's parts)
     ("kiln.forecast", "kiln.report", "kiln.stage"),  # `kiln plan`; status and reports; the stage scripts' helper
+    ("kiln.rehearse",),  # `kiln rehearse`: train's and the gate's parts on fake tensors, priced as `kiln plan` does
     ("kiln.main",),  # the `kiln` command
 ]
 
