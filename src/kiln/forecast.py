@@ -34,7 +34,7 @@ from kiln.plan.decode import Machine
 from kiln.plan.memory import fit_report, optimizer_state_bytes, setting_of
 from kiln.plan.peaks import GPU, GPUS, gpu_of
 from kiln.plan.steps import StageTimes, build_plan
-from kiln.plan.tables import render_plan
+from kiln.plan.tables import aligned, render_plan
 
 # Token counts of tiktoken's named encodings (tiktoken's own n_vocab), so a run on one of them is
 # priced without fetching its ranks file.
@@ -85,14 +85,16 @@ def data_disk(run: RunConfig, vocab: int) -> dict[str, int | None]:
     return {"raw": raw, "pretokenized": ids, "shards": ids}
 
 
-def _assumed_gpu(run: RunConfig) -> GPU:
+def assumed_gpu(run: RunConfig) -> GPU:
+    """plan.gpu's card."""
     gpu = gpu_of(run.plan.gpu)
     if gpu is None:
         raise KilnError(f"plan.gpu: {run.plan.gpu!r} is not a known GPU (known: {', '.join(g.fragment for g in GPUS)})")
     return gpu
 
 
-def _model(cfg: dict, run: RunConfig):
+def model_of(cfg: dict, run: RunConfig):
+    """The run's ModelConfig before its data exists: the tokenizer section's vocabulary, shard.seq_len."""
     uses = settings.derived(cfg, "tokenizer").get("roles", SPECIAL_TOKENS)
     return model_config(run.model.as_dict(), vocab_size=model_vocab(run.tokenizer, uses), seq_len=run.shard.seq_len)
 
@@ -144,9 +146,9 @@ def predict(cfg: dict) -> dict:
     its eval priced beside it."""
     run = RunConfig.of(cfg)
     train, expect = run.train, run.plan
-    gpu = _assumed_gpu(run)
+    gpu = assumed_gpu(run)
     peak = gpu.tflops * 1e12
-    model = _model(cfg, run)
+    model = model_of(cfg, run)
     # micro_batch / activation_checkpointing auto: what the smoke stage would pick on plan.gpu
     train, picked = autofit.resolve(train, model, train.ranks, gpu.memory_gib, cuda=True)
     batch = split_batch(train.batch_tokens, train.micro_batch, run.shard.seq_len, train.ranks)
@@ -198,11 +200,24 @@ def _override(text: str) -> dict:
     return {key: value}
 
 
-def _run(args: argparse.Namespace) -> int:
+def experiment_of(args: argparse.Namespace) -> kiln_config.Experiment:
+    """The runs --configfile and --config (add_run_arguments) mean, resolved as snakemake resolves them."""
     overrides: dict = {}
     for text in args.config or []:
         overrides |= _override(text)
-    experiment = kiln_config.resolve_experiment(args.configfile or [], overrides)
+    return kiln_config.resolve_experiment(args.configfile or [], overrides)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """--configfile and --config, as given to snakemake."""
+    parser.add_argument(
+        "--configfile", nargs="+", metavar="FILE", help="run files, as given to snakemake (none: the embedded default)"
+    )
+    parser.add_argument("--config", nargs="+", metavar="KEY=VALUE", help="overrides, as given to snakemake")
+
+
+def _run(args: argparse.Namespace) -> int:
+    experiment = experiment_of(args)
     plans = {run: predict(cfg) for run, cfg in experiment.runs.items()}
     if experiment.sweep:
         return _sweep(experiment.name, plans, args.json)
@@ -275,9 +290,8 @@ def _sweep(name: str, plans: dict[str, dict], as_json: bool) -> int:
             "yes" if total["all_fit"] else "NO",
         )
     )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print(f"# Sweep {name}: {len(plans)} arms, each priced below in full\n")
-    print("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows))
+    print("\n".join(aligned(rows)))
     print("\n(time adds the arms up as if run one after another; arms run side by side where the devices allow)\n")
     for run, plan in plans.items():
         print(_titled(render_plan(plan), plan, run) + "\n")
@@ -291,9 +305,6 @@ def register(subparsers) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--configfile", nargs="+", metavar="FILE", help="run files, as given to snakemake (none: the embedded default)"
-    )
-    parser.add_argument("--config", nargs="+", metavar="KEY=VALUE", help="overrides, as given to snakemake")
+    add_run_arguments(parser)
     parser.add_argument("--json", action="store_true", help="the plan as JSON")
     parser.set_defaults(run=_run)

@@ -46,8 +46,7 @@ def _same_batch(batch_tokens: int, micro_batch: int, seq_len: int, world: int) -
     global batch (a run moved to more nodes keeps its trajectory: seed 000's 196,608 tokens on 8
     ranks of 8,192-token rows is micro-batch 3), or nothing when there is none."""
     rows, left = divmod(batch_tokens, world * seq_len)
-    fits = [m for m in range(min(micro_batch - 1, rows), 0, -1) if not left and rows % m == 0]
-    if not fits:
+    m = next((m for m in range(min(micro_batch - 1, rows), 0, -1) if rows % m == 0), None)
+    if left or m is None:
         return ""
-    m = fits[0]
     return f"; or keep the batch with train.micro_batch: {m} ({rows // m} micro-batch{'es' if rows // m > 1 else ''} a step)"

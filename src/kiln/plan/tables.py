@@ -18,6 +18,13 @@ def format_eta(seconds: float) -> str:
     )
 
 
+def aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows of cells as terminal lines, each column as wide as its widest cell (`kiln plan`'s sweep,
+    `kiln status`, `kiln rehearse`)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
 def _size(n_bytes: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n_bytes < 1024 or unit == "TiB":

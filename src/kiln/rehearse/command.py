@@ -11,48 +11,35 @@ from __future__ import annotations
 import argparse
 import time
 
-from kiln import config as kiln_config
 from kiln import forecast
 from kiln.config.run_config import RunConfig
+from kiln.plan.memory import GIB
+from kiln.plan.tables import aligned
 
 
-def _table(rehearsal) -> str:
-    from kiln.plan.memory import GIB
-
+def render(rehearsal) -> str:
+    """A kiln.rehearse.run.Rehearsal as the terminal table the command prints."""
     rows = [("phase", "peak / rank", "largest tensor", "made by", "verdict")]
     for p in rehearsal.phases:
         largest = p.largest
-        rows.append(
-            (
-                p.name,
-                f"{p.peak / GIB:,.2f} GiB",
-                largest.describe() if largest else "",
-                largest.made_by if largest else "",
-                p.verdict,
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        described = (largest.describe(), largest.made_by) if largest else ("", "")
+        rows.append((p.name, f"{p.peak / GIB:,.2f} GiB", *described, p.verdict))
     usable = rehearsal.phases[0].usable / GIB if rehearsal.phases else 0
     head = (
         f"# Rehearsal of {rehearsal.run}: {rehearsal.layout} on {rehearsal.gpu.fragment} "
         f"({usable:.1f} of its {rehearsal.gpu.memory_gib:g} GiB a step may use), fake tensors, rank 0"
     )
-    return "\n".join([head, "", *lines])
+    return "\n".join([head, "", *aligned(rows)])
 
 
 def _run(args: argparse.Namespace) -> int:
-    from kiln.rehearse.run import check, rehearse
+    from kiln.rehearse.run import check, rehearse  # torch: imported by this command only
 
-    overrides: dict = {}
-    for text in args.config or []:
-        overrides |= forecast._override(text)
-    experiment = kiln_config.resolve_experiment(args.configfile or [], overrides)
-    for name, cfg in experiment.runs.items():
+    for cfg in forecast.experiment_of(args).runs.values():
         run = RunConfig.of(cfg)
         started = time.perf_counter()
-        rehearsal = rehearse(run, forecast._model(cfg, run).vocab_size, forecast._assumed_gpu(run))
-        print(_table(rehearsal) + f"\n\n({time.perf_counter() - started:.0f} s)\n")
+        rehearsal = rehearse(run, forecast.model_of(cfg, run).vocab_size, forecast.assumed_gpu(run))
+        print(render(rehearsal) + f"\n\n({time.perf_counter() - started:.0f} s)\n")
         check(rehearsal)
     return 0
 
@@ -64,8 +51,5 @@ def register(subparsers) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--configfile", nargs="+", metavar="FILE", help="run files, as given to snakemake (none: the embedded default)"
-    )
-    parser.add_argument("--config", nargs="+", metavar="KEY=VALUE", help="overrides, as given to snakemake")
+    forecast.add_run_arguments(parser)
     parser.set_defaults(run=_run)

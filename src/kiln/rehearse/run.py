@@ -37,6 +37,7 @@ from torch.distributed._tools.mod_tracker import ModTracker
 from torch.distributed.tensor import DTensor, Shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from kiln.config.models import model_config
 from kiln.config.run_config import RunConfig
 from kiln.data.shards import shard_split
 from kiln.errors import KilnError
@@ -47,6 +48,7 @@ from kiln.plan import autofit
 from kiln.plan.memory import FIT_FRACTION, GIB, loss_rows, setting_of
 from kiln.plan.peaks import GPU
 from kiln.rehearse.live import LiveBytes, Tensor
+from kiln.train.device import use_compile
 from kiln.train.trainer import Trainer
 
 DOCUMENT_TOKENS = 2000  # a synthetic document's length: several in each 8k row, as packed code files are
@@ -150,15 +152,13 @@ def gpu_flex():
 def as_on_gpu(run: RunConfig, vocab: int, gpu: GPU) -> RunConfig:
     """The run's config with the choices its GPU would make resolved (bf16, auto sizes), on this CPU
     (train.device cpu), eager (see the module docstring)."""
-    from kiln.config.models import model_config
-
     train = run.train
     precision = "bf16" if train.precision in ("auto", "bf16") else train.precision
     model = model_config(run.model.as_dict(), vocab, run.shard.seq_len)
     train, _ = autofit.resolve(
         train.replace(precision=precision), model, train.ranks, gpu.memory_gib, cuda=True, compiled=True
     )
-    return run.replace(train=train.replace(device="cpu", compile=False, nproc_per_node=train.nproc_per_node))
+    return run.replace(train=train.replace(device="cpu", compile=False))
 
 
 class HostBatches:
@@ -203,7 +203,7 @@ def optimizer_state_problems(trainer: Trainer) -> list[str]:
 
 def rehearse(run: RunConfig, vocab: int, gpu: GPU) -> Rehearsal:
     """Every phase's per-rank peak for `run` (its model's padded vocabulary `vocab`) on `gpu`."""
-    compiled = run.train.compile in (True, "auto")  # on a GPU
+    compiled = use_compile(run.train.compile, torch.device("cuda"))  # as the GPU decides
     run = as_on_gpu(run, vocab, gpu)
     train, seq_len = run.train, run.shard.seq_len
     world, per_node = train.ranks, train.nproc_per_node
@@ -239,6 +239,9 @@ def rehearse(run: RunConfig, vocab: int, gpu: GPU) -> Rehearsal:
                 bound = compiled and name.startswith("train step")  # no-grad phases keep no activations
                 result.phases.append(Phase(name, live.peak, live.largest, usable, upper_bound=bound))
             result.problems += optimizer_state_problems(trainer)
+    # What dynamo noted of frames it met while off (code it marked as not to trace): forgotten, so a
+    # later compile in this process (a test's, a stage's) starts as it would have without the rehearsal
+    torch._dynamo.reset()
     return result
 
 

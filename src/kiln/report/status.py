@@ -35,7 +35,7 @@ from kiln import layout as kiln_layout
 from kiln.errors import KilnError
 from kiln.io import benchmark_seconds, last_json_line
 from kiln.layout import Layout
-from kiln.plan.tables import format_eta
+from kiln.plan.tables import aligned, format_eta
 
 # Slurm states after which the job will never write its outputs.
 SLURM_FAILED = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -262,9 +262,7 @@ def render_table(run_dir: Path, stages: list[StageStatus]) -> str:
         rows.append((s.name, s.state, seconds, describe_job(s.job), describe_progress(s.progress) or s.note))
     with_slurm = any(s.job for s in stages)  # no empty column on a machine without Slurm
     rows = [r[:3] + r[3 + (not with_slurm) :] for r in rows]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [f"run {run_dir.name} ({run_dir})"]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines = [f"run {run_dir.name} ({run_dir})", *aligned(rows)]
     lines += ["", overall(run_dir, stages)]
     for s in stages:
         if s.log_tail:

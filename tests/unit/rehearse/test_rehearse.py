@@ -22,7 +22,7 @@ def _rehearse(overrides: dict | None = None):
     experiment = kiln_config.resolve_experiment([SEED_000], overrides or {})
     cfg = experiment.runs[experiment.name]
     run = RunConfig.of(cfg)
-    return rehearse(run, forecast._model(cfg, run).vocab_size, forecast._assumed_gpu(run))
+    return rehearse(run, forecast.model_of(cfg, run).vocab_size, forecast.assumed_gpu(run))
 
 
 def _phase(rehearsal, start: str):
