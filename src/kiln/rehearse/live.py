@@ -64,17 +64,12 @@ class LiveBytes(TorchDispatchMode):
     def reset_peak(self) -> None:
         self.peak, self.largest = self.live, None
 
-    def count(self, tensors) -> None:
-        """Count tensors made before this mode was entered (or outside it) that are still alive."""
-        for t in tensors:
-            self._add(t)
-
     def _where(self) -> str:
         parents = [p for p in self.modules.parents if p != "Global"]
         where = max(parents, key=len) if parents else "outside any module"
         return where + (" (backward)" if self.modules.is_bw else "")
 
-    def _add(self, t: torch.Tensor, made_by: str | None = None) -> None:
+    def _add(self, t: torch.Tensor) -> None:
         storage = t.untyped_storage()
         if storage in self._seen:
             return
@@ -82,7 +77,7 @@ class LiveBytes(TorchDispatchMode):
         nbytes = allocated(storage.nbytes())
         self.live += nbytes
         weakref.finalize(storage, self._free, nbytes)
-        self._note(Tensor(tuple(t.shape), str(t.dtype).removeprefix("torch."), nbytes, made_by or self._where()))
+        self._note(Tensor(tuple(t.shape), str(t.dtype).removeprefix("torch."), nbytes, self._where()))
 
     def _note(self, made: Tensor, transient: int = 0) -> None:
         self.peak = max(self.peak, self.live + transient)

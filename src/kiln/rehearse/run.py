@@ -81,7 +81,6 @@ class Phase:
 class Rehearsal:
     run: str
     gpu: GPU
-    world: int
     layout: str
     phases: list[Phase] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # what fails when the job starts, not memory
@@ -210,7 +209,7 @@ def rehearse(run: RunConfig, vocab: int, gpu: GPU) -> Rehearsal:
     layout = f"{world} rank{'s' if world > 1 else ''}, {train.parallel}" + (
         f" (HSDP {train.nnodes} x {per_node})" if train.parallel == "fsdp" and train.nnodes > 1 else ""
     )
-    result = Rehearsal(run.run_name, gpu, world, layout, advice=oom_advice(train, seq_len))
+    result = Rehearsal(run.run_name, gpu, layout, advice=oom_advice(train, seq_len))
     usable = int(FIT_FRACTION * gpu.memory_gib * GIB)
     rows_per_step = world * train.micro_batch * 2  # every rank's micro-batches of one step, twice over
     with (
@@ -228,16 +227,16 @@ def rehearse(run: RunConfig, vocab: int, gpu: GPU) -> Rehearsal:
             s = setting_of(train, world=world, grad_accum=trainer.batch_split.grad_accum)
             trainer.model.loss_rows = loss_rows(trainer.model_config, s, gpu.memory_gib)  # as the card decides
 
-            phases = (
-                ("train step: forward, backward, optimizer", trainer.train_step),
-                ("smoke gate: eager validation", lambda: validate_eagerly(trainer, 1)),
-                ("validation", lambda: trainer.validation_loss(1)),
+            phases = (  # (name, work, whether it keeps activations for backward)
+                ("train step: forward, backward, optimizer", trainer.train_step, True),
+                ("smoke gate: eager validation", lambda: validate_eagerly(trainer, 1), False),
+                ("validation", lambda: trainer.validation_loss(1), False),
             )
-            for name, work in phases:
+            for name, work, backward in phases:
                 live.reset_peak()
                 work()
-                bound = compiled and name.startswith("train step")  # no-grad phases keep no activations
-                result.phases.append(Phase(name, live.peak, live.largest, usable, upper_bound=bound))
+                # what a compiled block keeps for backward is less than this eager count (module docstring)
+                result.phases.append(Phase(name, live.peak, live.largest, usable, upper_bound=compiled and backward))
             result.problems += optimizer_state_problems(trainer)
     # What dynamo noted of frames it met while off (code it marked as not to trace): forgotten, so a
     # later compile in this process (a test's, a stage's) starts as it would have without the rehearsal
