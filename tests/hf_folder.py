@@ -5,6 +5,7 @@ sequence with <s> as Llama 2's does (a TemplateProcessing post-processor, single
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -81,4 +82,19 @@ def write_hf_folder(
             eos_token_id=tokenizer.token_to_id(eos),
         )
         LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def write_hf_shape(folder: Path, config: dict, eos: str) -> Path:
+    """A stock checkpoint's folder as far as a config's validation and shape read it, without its
+    weights: config.json as given, and a tokenizer of exactly config["vocab_size"] ids (a word-level
+    vocabulary, eos first), so the run's vocabulary is the checkpoint's at its real size."""
+    from transformers import PreTrainedTokenizerFast
+
+    folder = Path(folder)
+    vocab = {eos: 0, **{f"t{i}": i for i in range(1, config["vocab_size"])}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=eos))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos).save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder

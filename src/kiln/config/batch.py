@@ -22,8 +22,13 @@ class BatchSplit:
     grad_accum: int
 
     @property
+    def global_rows(self) -> int:
+        """Rows every rank's micro-batches of one optimizer step read together."""
+        return self.world * self.grad_accum * self.micro_batch
+
+    @property
     def tokens_per_step(self) -> int:
-        return self.world * self.grad_accum * self.micro_batch * self.seq_len
+        return self.global_rows * self.seq_len
 
 
 def split_batch(batch_tokens: int | None, micro_batch: int, seq_len: int, world: int) -> BatchSplit:
