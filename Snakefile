@@ -1,4 +1,5 @@
-# Kiln: download -> tokenizer -> pretokenize -> shard -> smoke -> train -> eval -> report (eval_data beside)
+# Kiln: download -> tokenizer -> pretokenize -> shard -> smoke -> train -> eval -> report (eval_data beside;
+# rehearse, from the config alone, before smoke)
 # Thin by design: the config is validated here, before any job runs; each stage is one rule in
 # workflow/rules/<stage>.smk calling one script in workflow/scripts/ (the work lives in src/kiln/).
 
@@ -38,6 +39,7 @@ include: "workflow/rules/pretokenize.smk"
 include: "workflow/rules/shard.smk"
 include: "workflow/rules/verify.smk"
 include: "workflow/rules/eval_data.smk"
+include: "workflow/rules/rehearse.smk"
 include: "workflow/rules/smoke.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/eval.smk"
@@ -45,8 +47,14 @@ include: "workflow/rules/report.smk"
 include: "workflow/rules/sweep.smk"
 
 
+# Jobs that run where snakemake runs under a cluster profile: no GPU, a CPU minute (the login node).
+localrules:
+    rehearse,
+
+
 rule all:
     input:
+        [layout.output("rehearse") for layout in LAYOUTS.values()],  # first (priority), from the config alone
         [layout.output("report") for layout in LAYOUTS.values()],
         sweep_outputs(),
     default_target: True

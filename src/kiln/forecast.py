@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Iterable
 
 from kiln import config as kiln_config
@@ -29,10 +30,12 @@ from kiln.config.special_tokens import SPECIAL_TOKENS
 from kiln.data.tokenizer import padded_vocab_size
 from kiln.errors import KilnError
 from kiln.eval import sizes
+from kiln.layout import Layout
 from kiln.plan import autofit
 from kiln.plan.decode import Machine
 from kiln.plan.memory import fit_report, optimizer_state_bytes, setting_of
-from kiln.plan.peaks import GPU, GPUS, gpu_of
+from kiln.plan.peaks import GPU, planned_gpu
+from kiln.plan.rehearsal import plan_rows
 from kiln.plan.steps import StageTimes, build_plan
 from kiln.plan.tables import aligned, render_plan
 
@@ -51,22 +54,17 @@ def model_vocab(tokenizer: TokenizerSection, uses: Iterable[str] = SPECIAL_TOKEN
     the run uses (kiln.config.settings.derived)."""
     if tokenizer.kind == "train":
         return padded_vocab_size(tokenizer.vocab_size)
-    if tokenizer.kind == "tiktoken" and tokenizer.encoding in TIKTOKEN_VOCAB:
+    if tokenizer.kind == "tiktoken" and tokenizer.path is None and tokenizer.encoding in TIKTOKEN_VOCAB:
         return padded_vocab_size(TIKTOKEN_VOCAB[tokenizer.encoding] + len(SPECIAL_TOKENS))
-    if tokenizer.kind == "file":
-        from kiln.data.tokenizer import id_space, load_tokenizer
-        from kiln.data.tokenizer_build import with_special_tokens
+    from kiln.data.tokenizer import id_space
 
-        return padded_vocab_size(id_space(with_special_tokens(load_tokenizer(tokenizer.path))))
     if tokenizer.kind == "hf":
-        from kiln.data.tokenizer import id_space
         from kiln.data.tokenizer_build import hf_tokenizer
 
         return padded_vocab_size(id_space(hf_tokenizer(tokenizer.path, uses)[0]))
-    raise KilnError(
-        f"tokenizer: cannot tell the vocabulary size of {tokenizer.as_dict()} before the tokenizer stage; "
-        f"known tiktoken encodings: {', '.join(TIKTOKEN_VOCAB)}"
-    )
+    from kiln.data.tokenizer_build import prebuilt_tokenizer  # a tokenizer.json, a .tiktoken file, an encoding
+
+    return padded_vocab_size(id_space(prebuilt_tokenizer(tokenizer)))
 
 
 def data_disk(run: RunConfig, vocab: int) -> dict[str, int | None]:
@@ -83,14 +81,6 @@ def data_disk(run: RunConfig, vocab: int) -> dict[str, int | None]:
     itemsize = 2 if vocab <= 2**16 else 4  # kiln.data.token_plan.token_dtype
     ids = None if tokens is None else tokens * itemsize
     return {"raw": raw, "pretokenized": ids, "shards": ids}
-
-
-def assumed_gpu(run: RunConfig) -> GPU:
-    """plan.gpu's card."""
-    gpu = gpu_of(run.plan.gpu)
-    if gpu is None:
-        raise KilnError(f"plan.gpu: {run.plan.gpu!r} is not a known GPU (known: {', '.join(g.fragment for g in GPUS)})")
-    return gpu
 
 
 def model_of(cfg: dict, run: RunConfig):
@@ -146,7 +136,7 @@ def predict(cfg: dict) -> dict:
     its eval priced beside it."""
     run = RunConfig.of(cfg)
     train, expect = run.train, run.plan
-    gpu = assumed_gpu(run)
+    gpu = planned_gpu(run.plan.gpu)
     peak = gpu.tflops * 1e12
     model = model_of(cfg, run)
     # micro_batch / activation_checkpointing auto: what the smoke stage would pick on plan.gpu
@@ -216,9 +206,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", nargs="+", metavar="KEY=VALUE", help="overrides, as given to snakemake")
 
 
+def rehearsed(cfg: dict) -> dict | None:
+    """The rehearse stage's figures for this config where they are in results/ (kiln.plan.rehearsal)."""
+    return plan_rows(Path(Layout(cfg).output("rehearse")), settings.tracked(cfg, "rehearse"))
+
+
 def _run(args: argparse.Namespace) -> int:
     experiment = experiment_of(args)
-    plans = {run: predict(cfg) for run, cfg in experiment.runs.items()}
+    plans = {run: predict(cfg) | {"rehearsal": rehearsed(cfg)} for run, cfg in experiment.runs.items()}
     if experiment.sweep:
         return _sweep(experiment.name, plans, args.json)
     plan = plans[experiment.name]

@@ -51,6 +51,8 @@ KEY_CHARS = 12  # hex digits of sha256, 48 bits: a collision would take millions
 EVAL_DATA, EVAL_TASK_DATA = "eval_data.json", "lm_eval_tasks"
 # The eval stage's output, which the report reads (kiln.eval.metrics.output owns what is in them).
 EVAL_METRICS, EVAL_SAMPLES = "metrics.json", "samples.json"
+# The rehearse stage's output, which smoke waits for and `kiln plan` reads (kiln.plan.rehearsal owns it).
+REHEARSAL = "rehearsal.json"
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ STAGES = (
     Stage("tokenizer", "tokenizer", ("tokenizer.json", "stats.json"), True),
     Stage("pretokenize", "tokens", (), True),
     Stage("shard", "shards", (), True),
+    # the GPU step's memory on fake tensors (kiln.rehearse): from the config alone, before the data
+    Stage("rehearse", "rehearse", (REHEARSAL,), False, needs=()),
     Stage("smoke", "smoke", ("report.json",), False),
     Stage("plan", "smoke", ("plan.json", "plan.md"), False),  # the smoke measurements priced, beside them
     # train reads the smoke report (its gate, its measurements), never the plan's prices

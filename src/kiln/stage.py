@@ -41,9 +41,20 @@ def stage_config(args: argparse.Namespace, stage: str) -> RunConfig:
     and passed down as they are."""
     if args.config:
         return RunConfig.of(settings.stage_config(kiln_config.load(args.config), stage))
-    params = json.loads(args.params)
+    return config_of(args.params, args.untracked)
+
+
+def config_of(tracked: str, untracked: str) -> RunConfig:
+    """A stage's sections from its two params (kiln.config.settings.tracked and untracked), typed."""
+    params = json.loads(tracked)
     params.pop(settings.DERIVED, None)  # not a section: stage_derived reads it
-    return RunConfig.of(settings.join(params, json.loads(args.untracked)))
+    return RunConfig.of(settings.join(params, json.loads(untracked)))
+
+
+def stage_tracked(args: argparse.Namespace, stage: str) -> str:
+    """The settings that change this stage's outputs, as the canonical JSON Snakemake compares
+    (kiln.config.settings.tracked): under Snakemake its --params, by hand from the whole config file."""
+    return settings.tracked(kiln_config.load(args.config), stage) if args.config else args.params
 
 
 def stage_derived(args: argparse.Namespace, stage: str) -> dict:

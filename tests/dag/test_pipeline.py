@@ -304,7 +304,8 @@ def test_a_time_budget_becomes_the_steps_train_runs(finished_run, tmp_path):
         "train={budget: {minutes: 0.5}, max_steps: null, precision: auto}",
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert planned_rules(result) == {"smoke", "plan", "train"}
+    # fp32 to auto: bf16 on the GPU the rehearsal takes, so it is rehearsed again too
+    assert planned_rules(result) == {"rehearse", "smoke", "plan", "train"}
     run = copy / "results" / "tiny"
     plan = json.loads((run / "smoke" / "plan.json").read_text())
     timed = plan["precision_tokens_per_s"]
@@ -511,7 +512,7 @@ def test_a_run_continues_from_a_finished_runs_weights(finished_run, tmp_path):
         " min_lr: 0.0001}",
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert planned_rules(result) == {"eval_data", "smoke", "plan", "train", "eval", "report"}
+    assert planned_rules(result) == {"eval_data", "rehearse", "smoke", "plan", "train", "eval", "report"}
     source = [
         json.loads(line) for line in (copy / "results" / "tiny" / "train" / "metrics.jsonl").read_text().splitlines()
     ]

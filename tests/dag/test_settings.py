@@ -31,8 +31,8 @@ BY_HAND = {
     "train.checkpoint_mirror": set(),
     "train.collective_timeout_s": set(),
     "train.max_resubmits": set(),
-    "train.micro_batch": set(),  # at an equal global batch
-    "train.nproc_per_node": set(),
+    "train.micro_batch": {"rehearse"},  # at an equal global batch: only the rehearsal's memory
+    "train.nproc_per_node": {"rehearse"},
     "wandb.mode": set(),
     "smoke.price_per_gpu_hour": {"plan", "report"},
     "train.samples.prompts": {"eval", "report"},
@@ -42,7 +42,8 @@ BY_HAND = {
     "train.lr": RUN_STAGES,
     "train.seed": RUN_STAGES,
     "seed": {"tokenizer", "pretokenize", "shard", "eval_data"} | RUN_STAGES,
-    "tokenizer.vocab_size": {"tokenizer", "pretokenize", "shard", "eval_data"} | RUN_STAGES,
+    "tokenizer.vocab_size": {"tokenizer", "pretokenize", "shard", "eval_data", "rehearse"} | RUN_STAGES,
+    "plan.gpu": {"rehearse"},  # the card it must fit; `kiln plan` prices it before anything runs
 }
 
 
@@ -102,7 +103,8 @@ def test_the_generated_files_are_current():
 
 def test_a_forced_stage_reruns_what_reads_it(walk):
     _, downstream = walk
-    assert downstream["download"] == set(STAGES)
+    assert downstream["download"] == set(STAGES) - {"rehearse"}  # the rehearsal reads the config alone
+    assert downstream["rehearse"] == {"rehearse"}  # smoke waits for it, but a rehearsal redone reruns no smoke
     assert downstream["plan"] == {"plan", "report"}  # train does not read the prices
     assert downstream["train"] == {"train", "eval", "report"}
     assert downstream["eval"] == {"eval", "report"}
@@ -123,7 +125,8 @@ def test_changing_a_setting_schedules_exactly_the_stages_its_tag_names(walk, pat
 def test_a_condition_makes_a_setting_rerun_its_stage():
     """The When tags, on the params the rules get: a Muon setting reruns train only under Muon, a
     cadence only under a budget, a price only under a budget in dollars, the micro-batch only when
-    it is the global batch."""
+    it is the global batch (the rehearsal's memory always), the compile decision only where the
+    rehearsal's GPU would not compile."""
     base = yaml.safe_load(TINY.read_text())
 
     def rerun(before: dict, leaf_change: dict) -> set[str]:
@@ -146,7 +149,10 @@ def test_a_condition_makes_a_setting_rerun_its_stage():
     assert rerun(dollars, {"smoke.price_per_gpu_hour": 2.0}) == {"plan", "train"}
     per_rank = copy.deepcopy(base)
     per_rank["train"]["batch_tokens"] = None
-    assert rerun(per_rank, {"train.micro_batch": 8}) == {"smoke", "train", "report"}
+    assert rerun(per_rank, {"train.micro_batch": 8}) == {"smoke", "train", "report", "rehearse"}
+    # auto and true compile alike on the GPU the rehearsal takes; false is another step
+    assert rerun(base, {"train.compile": True}) == set()
+    assert rerun(base, {"train.compile": False}) == {"rehearse"}
 
 
 def test_a_stage_gets_its_sections_whole_from_the_two_params():
@@ -203,4 +209,6 @@ def test_an_hf_tokenizer_derives_the_roles_its_run_uses_and_a_trained_one_nothin
     assert len({settings.tracked(c, "tokenizer") for c in (on, off, repo)}) == 3
     assert len({data_key(c, stage) for c in (on, off, repo) for stage in ("tokenizer", "shard")}) == 6
     assert data_key(on, "download") == data_key(off, "download")
-    assert all(settings.derived(on, stage) == {} for stage in STAGES if stage != "tokenizer")
+    # the rehearsal sizes the embedding by the same roles; no other stage derives anything
+    assert settings.derived(on, "rehearse") == settings.derived(on, "tokenizer")
+    assert all(settings.derived(on, stage) == {} for stage in STAGES if stage not in ("tokenizer", "rehearse"))

@@ -15,13 +15,26 @@ from kiln import layout, main
 from kiln.report import status
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ["download", "tokenizer", "pretokenize", "shard", "smoke", "plan", "train", "eval_data", "eval", "report"]
+STAGES = [
+    "download",
+    "tokenizer",
+    "pretokenize",
+    "shard",
+    "rehearse",
+    "smoke",
+    "plan",
+    "train",
+    "eval_data",
+    "eval",
+    "report",
+]
 # What each stage of the tiny run left under results/tiny (a subset of every folder's files).
 FILES = {
     "download": ["raw/manifest.json", "raw/stdlib/part-00000.parquet", "raw/.snakemake_timestamp"],
     "tokenizer": ["tokenizer/tokenizer.json", "tokenizer/stats.json"],
     "pretokenize": ["tokens/meta.json", "tokens/train.bin", "tokens/val.bin", "tokens/val_ids.txt"],
     "shard": ["shards/manifest.json", "shards/train-00000.bin", "shards/val-00000.bin"],
+    "rehearse": ["rehearse/rehearsal.json"],
     "eval_data": ["eval_data/eval_data.json", "eval_data/lm_eval_tasks/next_line.jsonl"],
     "smoke": ["smoke/report.json"],
     "plan": ["smoke/plan.md"],  # plan.json: written with its real keys below
@@ -152,7 +165,7 @@ def test_a_finished_run(workdir, capsys):
     code, out = kiln_status(workdir, capsys=capsys)
     assert code == 0
     assert re.search(r"^train\s+done\s+0m10s\s+step 200/200 loss 4.00 41.6k tok/s ckpt 200$", out, re.M)
-    assert out.rstrip().endswith(f"complete in 1m40s: {workdir / 'results' / 'tiny' / 'report.md'}")
+    assert out.rstrip().endswith(f"complete in 1m50s: {workdir / 'results' / 'tiny' / 'report.md'}")
     assert "slurm" not in out  # no empty Slurm column off a cluster
 
 
@@ -188,7 +201,7 @@ def test_a_scattered_stage_runs_while_its_part_jobs_do(workdir):
 
 def test_train_mid_way_with_a_torn_metrics_line(workdir, capsys):
     run = workdir / "results" / "tiny"
-    for stage in STAGES[:6]:
+    for stage in STAGES[:7]:
         finish(run, stage)
     start(workdir, "train")
     hold_lock(workdir)
@@ -200,19 +213,19 @@ def test_train_mid_way_with_a_torn_metrics_line(workdir, capsys):
     assert code == 0
     eta = status.format_eta((200 - 120) * 1024 / 41558.8)
     assert out.rstrip().endswith(f"train running: step 120/200 loss 4.80 41.6k tok/s ETA {eta} ckpt 100")
-    assert states(workdir) == dict.fromkeys(STAGES[:6], "done") | {
+    assert states(workdir) == dict.fromkeys(STAGES[:7], "done") | {
         "train": "running",
         "eval_data": "pending",
         "eval": "pending",
         "report": "pending",
     }
     report = json.loads(kiln_status(workdir, "--json", capsys=capsys)[1])
-    assert report["stages"][6]["progress"]["step"] == 120 and report["stages"][6]["progress"]["checkpoint_step"] == 100
+    assert report["stages"][7]["progress"]["step"] == 120 and report["stages"][7]["progress"]["checkpoint_step"] == 100
 
 
 def test_a_failed_stage_shows_its_log_tail(workdir, capsys):
     run = workdir / "results" / "tiny"
-    for stage in STAGES[:4]:
+    for stage in STAGES[:5]:
         finish(run, stage)
     (run / "logs").mkdir(exist_ok=True)
     (run / "logs" / "smoke.log").write_text(SMOKE_FAILURE)
@@ -227,16 +240,16 @@ def test_a_failed_stage_shows_its_log_tail(workdir, capsys):
 
 
 def test_markers_without_snakemake_are_an_interrupted_job(workdir):
-    for stage in STAGES[:6]:
+    for stage in STAGES[:7]:
         finish(workdir / "results" / "tiny", stage)
     start(workdir, "train")  # Snakemake was killed: its markers stay, its locks went with it
-    train = status.inspect_run(workdir, workdir / "results" / "tiny")[6]
+    train = status.inspect_run(workdir, workdir / "results" / "tiny")[7]
     assert train.state == "failed" and "--rerun-incomplete" in train.note
 
 
 def test_a_failure_older_than_the_running_snakemake_is_pending(workdir):
     run = workdir / "results" / "tiny"
-    for stage in STAGES[:4]:
+    for stage in STAGES[:5]:
         finish(run, stage)
     (run / "logs").mkdir(exist_ok=True)
     (run / "logs" / "smoke.log").write_text(SMOKE_FAILURE)
@@ -247,7 +260,7 @@ def test_a_failure_older_than_the_running_snakemake_is_pending(workdir):
 
 def test_slurm_job_running(workdir, capsys):
     run = workdir / "results" / "tiny"
-    for stage in STAGES[:6]:
+    for stage in STAGES[:7]:
         finish(run, stage)
     start(workdir, "train", job_id="1234")
     hold_lock(workdir)
@@ -267,7 +280,7 @@ def test_slurm_job_running(workdir, capsys):
 
 
 def test_slurm_job_gone_from_the_queue_is_asked_of_sacct(workdir, capsys):
-    for stage in STAGES[:6]:
+    for stage in STAGES[:7]:
         finish(workdir / "results" / "tiny", stage)
     start(workdir, "train", job_id="1234")
     hold_lock(workdir)
@@ -280,7 +293,7 @@ def test_slurm_job_gone_from_the_queue_is_asked_of_sacct(workdir, capsys):
 
 def test_without_squeue_or_sacct_the_state_is_unknown(workdir, capsys, monkeypatch):
     monkeypatch.setenv("PATH", str(workdir / "bin"))  # a host with no Slurm client
-    for stage in STAGES[:6]:
+    for stage in STAGES[:7]:
         finish(workdir / "results" / "tiny", stage)
     start(workdir, "train", job_id="1234")
     hold_lock(workdir)
@@ -311,7 +324,7 @@ rule train:
 def test_a_real_snakemake_job_sees_itself_running(workdir):
     """Snakemake's own markers and locks, as its persistence module writes them (not our reading of
     its source): a job that runs `kiln status` finds itself running, and done afterwards."""
-    for stage in STAGES[:6]:
+    for stage in STAGES[:7]:
         finish(workdir / "results" / "tiny", stage)
     (workdir / "Snakefile").write_text(SNAKEFILE.format(python=sys.executable))
     result = subprocess.run(
@@ -322,7 +335,7 @@ def test_a_real_snakemake_job_sees_itself_running(workdir):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads((workdir / "seen.json").read_text())
-    assert [s["state"] for s in seen["stages"]] == ["done"] * 6 + ["running", "pending", "pending", "pending"]
+    assert [s["state"] for s in seen["stages"]] == ["done"] * 7 + ["running", "pending", "pending", "pending"]
     assert states(workdir)["train"] == "done"
 
 
@@ -336,7 +349,7 @@ def test_a_run_folder_of_an_older_kiln_still_reads(tmp_path, capsys):
             (run / rel).write_text("x")
         (run / "logs").mkdir(exist_ok=True)
         (run / "logs" / f"{stage}.log").write_text("done\n")
-    assert [s.state for s in status.inspect_run(tmp_path, run)] == ["done"] * 10
+    assert [s.state for s in status.inspect_run(tmp_path, run)] == ["done"] * 11
     code, out = kiln_status(tmp_path, capsys=capsys)
     assert code == 0 and "raw/, tokenizer/, tokens/, shards/ are data stages from an older Kiln" in out
     assert f"now live in {tmp_path / 'results' / 'data'}/" in out
@@ -348,13 +361,13 @@ def test_a_sweep_lists_its_arms(workdir, capsys):
         layout.Layout(run=arm, root=workdir / "results", keys=KEYS).write()
     for stage in STAGES:
         finish(workdir / "results" / "lr-a", stage, seconds=10.0)
-    for stage in STAGES[:4]:
-        finish(workdir / "results" / "lr-b", stage)  # the data stages are the same folders as lr-a's
+    for stage in STAGES[:5]:
+        finish(workdir / "results" / "lr-b", stage)  # the data stages are lr-a's folders; the rehearsal its own
     code = main.main(["status", "results/lr", "--directory", str(workdir)])
     out = capsys.readouterr().out
     assert code == 0 and "sweep lr (" in out and "2 arms" in out
     assert re.search(r"^  lr-a  complete in \S+: .*results/lr-a/report.md$", out, re.M)
-    assert re.search(r"^  lr-b  stopped after shard; next: smoke$", out, re.M)
+    assert re.search(r"^  lr-b  stopped after rehearse; next: smoke$", out, re.M)
     assert "overlay report: not yet" in out
 
 

@@ -1,6 +1,10 @@
 """smoke stage: the gate before the full run. Launch it the way train is launched (torchrun): same
 model, batch and parallelism.
 
+First the rehearsal of the run's settings (kiln.rehearse): the rehearse rule's rehearsal.json when it
+rehearsed these settings, else rehearsed here on fake tensors (seconds of CPU); a phase that will not
+fit plan.gpu stops the stage before the probe spends the GPU's time.
+
 Runs the checks of kiln.gate.checks (preflight, causality, init loss, health, generalisation, data,
 overfit), each against its threshold in the `smoke` section, and prints them as a table. When all
 pass (or smoke.gate is false) it writes report.json: the checks and the measurements (speed, stage
@@ -14,13 +18,18 @@ from pathlib import Path
 
 import torch
 
+from kiln import config as kiln_config
+from kiln.config import settings
+from kiln.config.run_config import RunConfig
 from kiln.data.shards import check_tokenizer
 from kiln.data.tokenizer import load_tokenizer, role_id
 from kiln.errors import KilnError, RanksOutOfMemory
 from kiln.gate.checks import run_checks
+from kiln.io import read_json
 from kiln.plan.tables import checks_table
 from kiln.plan.verdict import Measurements, SmokeReport
-from kiln.stage import run_main, stage_config, stage_parser
+from kiln.rehearse.run import current_or_rehearsed
+from kiln.stage import config_of, run_main, stage_config, stage_parser
 from kiln.train.distributed import shutdown
 
 
@@ -32,8 +41,14 @@ def main() -> None:
     )
     parser.add_argument("--out", required=True, type=Path, help="output folder, e.g. results/<run>/smoke")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: torch default)")
+    parser.add_argument(
+        "--rehearsal", type=Path, help="the rehearse stage's rehearsal.json, taken if it rehearsed these settings"
+    )
+    parser.add_argument("--rehearse-params", help="with --params: the rehearse stage's params, as Snakemake gives them")
+    parser.add_argument("--rehearse-untracked", default="{}", help="with --rehearse-params: the rest of its sections")
     args = parser.parse_args()
     config = stage_config(args, "smoke")
+    rehearsed(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.tokenizer:
@@ -69,6 +84,21 @@ def main() -> None:
         )
     verdict.save(args.out / "report.json")  # last: train waits on this file
     print(f"smoke: {verdict.summary} -> {args.out}")
+
+
+def rehearsed(args) -> None:
+    """The rehearsal of this run's settings, passed (kiln.rehearse.run.current_or_rehearsed): its
+    settings from the rehearse stage's params under Snakemake, from the config file by hand."""
+    if args.config:
+        whole = kiln_config.load(args.config)
+        tracked, run = settings.tracked(whole, "rehearse"), RunConfig.of(settings.stage_config(whole, "rehearse"))
+    elif args.rehearse_params:
+        tracked, run = args.rehearse_params, config_of(args.rehearse_params, args.rehearse_untracked)
+    else:
+        return  # a smoke stage given only its own sections (its tests): nothing to rehearse from
+    # the vocabulary the tokenizer stage made, as the shards hold it (the rule predicts the same)
+    vocab = read_json(args.shards / "manifest.json")["padded_vocab_size"]
+    current_or_rehearsed(args.rehearsal, run, vocab, tracked)
 
 
 if __name__ == "__main__":

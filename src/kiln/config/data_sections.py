@@ -15,6 +15,7 @@ from kiln.config.declare import (
     PRETOKENIZE,
     RUN,
     TOKENIZER,
+    VOCABULARY,
     Number,
     Section,
     group,
@@ -227,12 +228,12 @@ class TokenizerSection(Section):
     kind: Literal["train", "file", "tiktoken", "hf"] = setting(
         "train",
         "train: a BPE trained here; file: a tokenizer.json; tiktoken: a tiktoken encoding; hf: a model folder's.",
-        TOKENIZER,
+        VOCABULARY,
     )
     heldout_docs: int = setting(200, "Documents held out of BPE training to measure bytes per token.", TOKENIZER, ge=1)
     vocab_size: int | None = optional(
         "(train) BPE vocabulary including the special tokens; the model pads it to a multiple of 64.",
-        TOKENIZER,
+        VOCABULARY,
         ge=1,
     )
     train_bytes: int | None = optional(
@@ -241,10 +242,10 @@ class TokenizerSection(Section):
     path: str | None = optional(
         """(file) A tokenizer.json. (tiktoken) A .tiktoken ranks file. (hf) A Hugging Face model folder: its
         tokenizer.json, and the eos_token its tokenizer_config.json (or special_tokens_map.json) names.""",
-        TOKENIZER,
+        VOCABULARY,
     )
     encoding: str | None = optional(
-        "(tiktoken) A tiktoken encoding name (gpt2, cl100k_base, ...) in its local cache.", TOKENIZER
+        "(tiktoken) A tiktoken encoding name (gpt2, cl100k_base, ...) in its local cache.", VOCABULARY
     )
     pattern: str | None = optional("(tiktoken) The split regex for path (default: GPT-2's).", TOKENIZER)
 
@@ -336,7 +337,7 @@ class ShardSection(Section):
     seq_len: int = setting(
         256,
         "Tokens a training sequence predicts; each stored row holds seq_len + 1 tokens.",
-        reads("also the model's context", shard=OUTPUT, report=OUTPUT),
+        reads("also the model's context", shard=OUTPUT, report=OUTPUT, rehearse=OUTPUT),
         ge=1,
     )
     rows_per_shard: int = setting(16384, "Rows per shard file.", reads(shard=OUTPUT), ge=1)

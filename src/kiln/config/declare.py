@@ -46,10 +46,12 @@ from kiln.errors import KilnError
 OUTPUT, RUN = "output", "run"
 # The stages in DAG order (kiln.layout owns where each writes); `plan` prices the smoke stage's
 # measurements (smoke/plan.json, plan.md), apart from what train reads, so a price reruns no training.
+# `rehearse` needs the config alone (kiln.rehearse: the GPU step's memory on fake tensors), so it runs
+# first, and smoke waits for it; its OUTPUT settings are those that move a phase's bytes.
 DATA_STAGES = ("download", "tokenizer", "pretokenize", "shard")
 # eval_data is eval's CPU work on the data alone (the unigram baseline, the held-out documents'
 # infilling problems and lm-eval task data, the contamination scan), run beside training.
-STAGES = (*DATA_STAGES, "smoke", "plan", "train", "eval_data", "eval", "report")
+STAGES = (*DATA_STAGES, "rehearse", "smoke", "plan", "train", "eval_data", "eval", "report")
 
 # A JSON number: an int stays an int (as jsonschema kept it), so a config's canonical JSON, and the
 # data keys and fingerprints hashed from it, do not change with the validator; a bool is not one.
@@ -77,6 +79,9 @@ MUON = When("muon", "train.optimizer is muon", lambda cfg: cfg["train"]["optimiz
 # With train.batch_tokens null the global batch is one micro-batch per rank: the ranks and the
 # micro-batch then make the step, not only how it is spread.
 PER_RANK_BATCH = When("per_rank_batch", "train.batch_tokens is null", lambda cfg: cfg["train"]["batch_tokens"] is None)
+FSDP = When("fsdp", "train.parallel is fsdp", lambda cfg: cfg["train"]["parallel"] == "fsdp")
+# The rehearsal takes a GPU's branch, where auto and true compile alike: only false is another step
+EAGER = When("eager", "train.compile is false", lambda cfg: cfg["train"]["compile"] is False)
 
 
 @dataclass(frozen=True)
@@ -101,8 +106,12 @@ def reads(note: str = "", **stages: str | When) -> Reads:
 # constant LR, so the schedule's shape and length shape train alone.
 DOWNLOAD = reads(download=OUTPUT)
 TOKENIZER = reads(tokenizer=OUTPUT)
+VOCABULARY = reads("the rehearsal's embedding rows", tokenizer=OUTPUT, rehearse=OUTPUT)
 PRETOKENIZE = reads(pretokenize=OUTPUT)
-MODEL = reads(smoke=OUTPUT, train=OUTPUT, report=OUTPUT)
+MODEL = reads(smoke=OUTPUT, train=OUTPUT, report=OUTPUT, rehearse=OUTPUT)
+# what the model computes, not what it holds: each phase keeps the same tensors (a base, an epsilon, an
+# activation of the same shape, an init, a window Kiln does not apply below its span)
+MODEL_VALUES = reads(smoke=OUTPUT, train=OUTPUT, report=OUTPUT, rehearse=RUN)
 GATE = reads(smoke=OUTPUT)
 STEP = reads(smoke=OUTPUT, train=OUTPUT, report=OUTPUT)  # the optimizer step the probe also runs
 SCHEDULE = reads(train=OUTPUT, report=OUTPUT)
@@ -113,6 +122,7 @@ RANKS = reads(
     train=PER_RANK_BATCH,
     eval=RUN,
     report=PER_RANK_BATCH,
+    rehearse=OUTPUT,
 )
 PLACEMENT = reads("where the ranks run: the data order is a function of the global row", smoke=RUN, train=RUN)
 TRAIN_RUN = reads(train=RUN)

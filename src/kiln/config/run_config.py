@@ -10,7 +10,7 @@ from pydantic import ValidationInfo, ValidatorFunctionWrapHandler, field_validat
 from pydantic_core import PydanticCustomError
 
 from kiln.config.data_sections import DownloadSection, PretokenizeSection, ShardSection, TokenizerSection
-from kiln.config.declare import MODEL, OUTPUT, RUN, TRAIN_RUN, Number, Section, optional, reads, setting
+from kiln.config.declare import MODEL, MODEL_VALUES, OUTPUT, RUN, TRAIN_RUN, Number, Section, optional, reads, setting
 from kiln.config.eval_sections import EvalSection
 from kiln.config.smoke_section import SmokeSection
 from kiln.config.train_sections import TrainSection
@@ -52,8 +52,8 @@ class ModelSection(Section):
     n_kv_head: int | None = optional("Key/value heads (llama, starcoder2; default n_head).", MODEL, ge=1)
     d_ff: int | None = optional("MLP width (default 4*d_model; llama 8/3*d_model rounded up to 256).", MODEL, ge=1)
     max_positions: int | None = optional("gpt2 learned position rows (default shard.seq_len).", MODEL, ge=1)
-    rope_theta: Number | None = optional("llama and starcoder2 RoPE base (default 10000).", MODEL, gt=0)
-    norm_eps: Number | None = optional("The norms' epsilon (default 1e-5).", MODEL, gt=0)
+    rope_theta: Number | None = optional("llama and starcoder2 RoPE base (default 10000).", MODEL_VALUES, gt=0)
+    norm_eps: Number | None = optional("The norms' epsilon (default 1e-5).", MODEL_VALUES, gt=0)
     dropout: Number | None = optional("Dropout on attention and residual outputs (default 0).", MODEL, ge=0, le=1)
     bias: bool | None = optional(
         """gpt2: biases in Linear and LayerNorm; starcoder2: in every Linear but the head (its LayerNorms
@@ -67,14 +67,14 @@ class ModelSection(Section):
     rope_scaling: RopeScalingSection | None = optional(
         """llama only: Llama 3.1's RoPE frequency scaling (Hugging Face's rope_type llama3), as a
         train.init_from.hf checkpoint trained with it has it; unset or null: plain RoPE.""",
-        MODEL,
+        MODEL_VALUES,
         nullable=True,
     )
     sliding_window: int | None = optional(
         """A source's sliding-window attention span (StarCoder2's checkpoints: 4096), as a train.init_from.hf
         checkpoint states it. Kiln computes full causal attention, the same only while shard.seq_len is at
         most this: a longer context is an error. Unset or null: no window.""",
-        MODEL,
+        MODEL_VALUES,
         nullable=True,
         ge=1,
     )
@@ -102,12 +102,12 @@ class ModelSection(Section):
     mlp_activation: Literal["silu", "relu2"] | None = optional(
         """llama only: the gated MLP's activation, down(act(gate(x)) * up(x)): silu (SwiGLU, the default) or
         relu2 (squared ReLU, modded-nanogpt's; transformers' hidden_act relu2).""",
-        MODEL,
+        MODEL_VALUES,
     )
     zero_init_projections: bool | None = optional(
         """llama only: attention's and the MLP's output projections (attn.o, mlp.down) start at zero, so each
         block starts as the identity (modded-nanogpt); default false: GPT-2's 0.02/sqrt(2 n_layer).""",
-        MODEL,
+        MODEL_VALUES,
     )
 
     @field_validator("family", mode="wrap")
@@ -142,7 +142,7 @@ class PlanSection(Section):
         "H100",
         """A GPU named in kiln.plan.peaks.GPUS (H100, H200, H200 NVL, A100, RTX 4090, RTX 3080 Ti, ...); its
         peak prices the run, its memory is what the step must fit in.""",
-        reads("`kiln plan`'s assumed device, before any stage runs"),
+        reads("`kiln plan`'s assumed device, before any stage runs; the card `kiln rehearse` fits", rehearse=OUTPUT),
     )
     mfu: Number = setting(
         0.4,
@@ -175,6 +175,7 @@ RUN_NAME = reads(
     train=OUTPUT,
     eval=OUTPUT,
     report=OUTPUT,
+    rehearse=OUTPUT,
 )
 DATA_SEED = reads(
     "the data seed (split, FIM, tokenizer sample, eval's infilling problems and task examples); also "

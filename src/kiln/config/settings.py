@@ -131,8 +131,9 @@ def derived(cfg: Mapping, stage: str) -> dict:
     (kiln.data.tokenizer_build.hf_tokenizer): "roles", the roles the run's samples use
     (pretokenize.fim.rate, pretokenize.repo_context: kiln.config.special_tokens.roles_used). A derived
     value, not a tag on those settings, so a trained BPE, which holds every role, is never rerun for
-    them, and the tokenizer's data key moves only for an hf source whose roles change."""
-    if stage != "tokenizer" or cfg["tokenizer"]["kind"] != "hf":
+    them, and the tokenizer's data key moves only for an hf source whose roles change. The rehearsal
+    reads them too: the roles appended are embedding rows."""
+    if stage not in ("tokenizer", "rehearse") or cfg["tokenizer"]["kind"] != "hf":
         return {}
     pretokenize = cfg["pretokenize"]
     return {"roles": list(roles_used(pretokenize["fim"]["rate"], pretokenize["repo_context"]))}

@@ -9,6 +9,9 @@ from pydantic_core import PydanticCustomError
 
 from kiln.config.declare import (
     BUDGETED,
+    EAGER,
+    FSDP,
+    MUON,
     MUON_STEP,
     OUTPUT,
     PER_RANK_BATCH,
@@ -141,7 +144,7 @@ class TrainSection(Section):
     parallel: Literal["ddp", "fsdp"] = setting(
         "ddp",
         "ddp replicates the model on every rank; fsdp (FSDP2) shards it, for models that do not fit.",
-        reads("DDP or FSDP, the same step", smoke=RUN, train=RUN),
+        reads("DDP or FSDP, the same step", smoke=RUN, train=RUN, rehearse=OUTPUT),
     )
     fsdp_one_rank: bool = setting(
         False,
@@ -153,7 +156,7 @@ class TrainSection(Section):
             "costs a little time; it is for checking the FSDP path on one GPU (bench/gpu_check). Off, one "
             "rank trains the plain module. No effect on several ranks."
         ),
-        reads("the FSDP step on one rank is the plain one's", smoke=RUN, train=RUN),
+        reads("the FSDP step on one rank is the plain one's", smoke=RUN, train=RUN, rehearse=FSDP),
     )
     collective_timeout_s: Number = setting(
         600,
@@ -191,6 +194,7 @@ class TrainSection(Section):
             smoke=PER_RANK_BATCH,
             train=PER_RANK_BATCH,
             report=PER_RANK_BATCH,
+            rehearse=OUTPUT,
         ),
     )
     seed: int | None = setting(
@@ -215,7 +219,7 @@ class TrainSection(Section):
             "Global batch in tokens per optimizer step; gradient accumulation is batch_tokens / (ranks x "
             "micro_batch x shard.seq_len), which must be whole. null: one micro-batch per rank."
         ),
-        STEP,
+        reads(smoke=OUTPUT, train=OUTPUT, report=OUTPUT, rehearse=OUTPUT),
         ge=1,
     )
     max_steps: int | None = setting(
@@ -296,7 +300,7 @@ class TrainSection(Section):
             "own base LR (kiln.train.optim). Muon keeps one momentum per weight where AdamW keeps two, so its"
             " matrices' optimizer state is half AdamW's."
         ),
-        STEP,
+        reads(smoke=OUTPUT, train=OUTPUT, report=OUTPUT, rehearse=OUTPUT),
     )
     muon_lr: Number = setting(
         0.02,
@@ -341,7 +345,7 @@ class TrainSection(Section):
             " (decay 0.95) of its mean square, then rescaled to the update's own norm. One rank, or DDP; not FSDP2."
             " Default false."
         ),
-        MUON_STEP,
+        reads("its normaliser's state", smoke=MUON, train=MUON, rehearse=MUON),
     )
     grad_clip: Number = setting(1.0, "Max global gradient norm; 0 turns clipping off.", STEP, ge=0)
     precision: Literal["auto", "bf16", "fp32"] = setting(
@@ -351,10 +355,12 @@ class TrainSection(Section):
             "GPU, and on a CPU whichever of the two the smoke stage timed faster (bf16 matmuls are about "
             "twice as fast on some CPUs and slower on others); smoke/plan.json records the pick."
         ),
-        reads(smoke=OUTPUT, train=OUTPUT, eval=OUTPUT, report=OUTPUT),
+        reads(smoke=OUTPUT, train=OUTPUT, eval=OUTPUT, report=OUTPUT, rehearse=OUTPUT),
     )
     compile: Literal["auto"] | bool = setting(
-        "auto", "torch.compile; auto compiles on CUDA only.", reads("the same step, fused", smoke=RUN, train=RUN)
+        "auto",
+        "torch.compile; auto compiles on CUDA only.",
+        reads("the same step, fused", smoke=RUN, train=RUN, rehearse=EAGER),
     )
     activation_checkpointing: Literal["none", "full", "selective", "auto"] = setting(
         "none",
@@ -368,7 +374,7 @@ class TrainSection(Section):
             "activation memory for ~1/6 more compute. `kiln plan` estimates each mode's memory per GPU. auto:"
             " picked with the micro-batch (train.micro_batch)."
         ),
-        reads("the same step, recomputed", smoke=RUN, train=RUN),
+        reads("the same step, recomputed", smoke=RUN, train=RUN, rehearse=OUTPUT),
     )
     log_every: int = setting(
         10, "Steps between log lines (console, metrics.jsonl, wandb) and budget re-plans.", TRAIN_RUN, ge=1

@@ -227,6 +227,12 @@ def hf_tokenizer(folder: str | Path, uses: Iterable[str] = SPECIAL_TOKENS) -> tu
     return tokenizer, roles
 
 
+def prebuilt_tokenizer(cfg: TokenizerSection) -> Tokenizer:
+    """A tokenizer the section names rather than trains (kind file or tiktoken) with every Kiln
+    special token: the tokenizer stage's, which `kiln plan` and the rehearsal size the model by."""
+    return with_special_tokens(_pretrained(cfg))
+
+
 def _pretrained(cfg: TokenizerSection) -> Tokenizer:
     if cfg.kind == "file":
         try:
@@ -276,7 +282,7 @@ def build_tokenizer(
         bos = tokenizer.kiln_bos
         source_vocab = id_space(load_tokenizer(Path(cfg.path) / "tokenizer.json"))
     else:
-        tokenizer, roles = with_special_tokens(_pretrained(cfg)), dict(KILN_ROLES)
+        tokenizer, roles = prebuilt_tokenizer(cfg), dict(KILN_ROLES)
     heldout_texts = [
         doc.text
         for doc in read_documents(raw_dir, manifest, BIG_TEXT_BYTES)

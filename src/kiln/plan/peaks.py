@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from kiln.errors import KilnError
+
 
 class GPU(NamedTuple):
     fragment: str  # a piece of the name torch.cuda.get_device_name reports
@@ -65,6 +67,14 @@ def gpu_of(device_name: str) -> GPU | None:
         if gpu.fragment in device_name:
             return gpu
     return None
+
+
+def planned_gpu(name: str) -> GPU:
+    """plan.gpu's card: the run priced and rehearsed before any GPU is taken."""
+    gpu = gpu_of(name)
+    if gpu is None:
+        raise KilnError(f"plan.gpu: {name!r} is not a known GPU (known: {', '.join(g.fragment for g in GPUS)})")
+    return gpu
 
 
 def peak_flops_of(device_name: str) -> float | None:

@@ -99,6 +99,8 @@ def render_plan(plan: dict) -> str:
         )
     if "memory" in plan:
         rows += memory_rows(plan["memory"])
+    if plan.get("rehearsal"):
+        rows.append(rehearsal_row(plan["rehearsal"]))
     return "\n".join(["# Plan for the full run", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""])
 
 
@@ -164,3 +166,16 @@ def memory_rows(memory: dict) -> list[tuple[str, str]]:
         ),
         (f"fits on {gpu}?", verdict),
     ] + ([("train.micro_batch / activation_checkpointing", memory["auto"])] if memory.get("auto") else [])
+
+
+def rehearsal_row(rehearsed: dict) -> tuple[str, str]:
+    """kiln.plan.rehearsal.plan_rows as the plan's row beside the estimate."""
+    if "stale" in rehearsed:
+        return ("memory per GPU, rehearsed", rehearsed["stale"])
+    phases = ", ".join(
+        f"{name} {p['gib']:.1f} GiB"
+        + (" (counted eagerly: an upper bound)" if p["upper_bound"] else "")
+        + ("" if p["fits"] or p["upper_bound"] else " DOES NOT FIT")
+        for name, p in rehearsed["phases"].items()
+    )
+    return ("memory per GPU, rehearsed", f"{phases} ({rehearsed['path']})")

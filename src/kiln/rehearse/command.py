@@ -13,32 +13,17 @@ import time
 
 from kiln import forecast
 from kiln.config.run_config import RunConfig
-from kiln.plan.memory import GIB
-from kiln.plan.tables import aligned
-
-
-def render(rehearsal) -> str:
-    """A kiln.rehearse.run.Rehearsal as the terminal table the command prints."""
-    rows = [("phase", "peak / rank", "largest tensor", "made by", "verdict")]
-    for p in rehearsal.phases:
-        largest = p.largest
-        described = (largest.describe(), largest.made_by) if largest else ("", "")
-        rows.append((p.name, f"{p.peak / GIB:,.2f} GiB", *described, p.verdict))
-    usable = rehearsal.phases[0].usable / GIB if rehearsal.phases else 0
-    head = (
-        f"# Rehearsal of {rehearsal.run}: {rehearsal.layout} on {rehearsal.gpu.fragment} "
-        f"({usable:.1f} of its {rehearsal.gpu.memory_gib:g} GiB a step may use), fake tensors, rank 0"
-    )
-    return "\n".join([head, "", *aligned(rows)])
+from kiln.plan.peaks import planned_gpu
+from kiln.plan.rehearsal import check, render
 
 
 def _run(args: argparse.Namespace) -> int:
-    from kiln.rehearse.run import check, rehearse  # torch: imported by this command only
+    from kiln.rehearse.run import rehearse  # torch: imported by this command only
 
     for cfg in forecast.experiment_of(args).runs.values():
         run = RunConfig.of(cfg)
         started = time.perf_counter()
-        rehearsal = rehearse(run, forecast.model_of(cfg, run).vocab_size, forecast.assumed_gpu(run))
+        rehearsal = rehearse(run, forecast.model_of(cfg, run).vocab_size, planned_gpu(run.plan.gpu))
         print(render(rehearsal) + f"\n\n({time.perf_counter() - started:.0f} s)\n")
         check(rehearsal)
     return 0

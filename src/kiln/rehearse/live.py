@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
 
 import torch
 from torch._higher_order_ops.flex_attention import flex_attention as flex_attention_hop
@@ -28,24 +27,13 @@ from torch.distributed._tools.mod_tracker import ModTracker
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from kiln.plan.rehearsal import Tensor
+
 BLOCK = 512  # bytes: the CUDA caching allocator's rounding of every block
 
 
 def allocated(nbytes: int) -> int:
     return BLOCK * math.ceil(nbytes / BLOCK)
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """One allocation: its shape, dtype, bytes and the module (or function) that made it."""
-
-    shape: tuple[int, ...]
-    dtype: str
-    nbytes: int
-    made_by: str
-
-    def describe(self) -> str:
-        return f"{tuple(self.shape)} {self.dtype}, {self.nbytes / 2**30:.2f} GiB"
 
 
 class LiveBytes(TorchDispatchMode):

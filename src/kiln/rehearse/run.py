@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,51 +40,20 @@ from kiln.config.batch import split_batch
 from kiln.config.models import model_config
 from kiln.config.run_config import RunConfig
 from kiln.data.shards import shard_split
-from kiln.errors import KilnError
 from kiln.gate.checks import oom_advice, validate_eagerly
 from kiln.io import write_json
 from kiln.model.documents import flex_on
 from kiln.plan import autofit
 from kiln.plan.memory import FIT_FRACTION, GIB, loss_rows, setting_of
-from kiln.plan.peaks import GPU
-from kiln.rehearse.live import LiveBytes, Tensor
+from kiln.plan.peaks import GPU, planned_gpu
+from kiln.plan.rehearsal import Phase, Rehearsal, check
+from kiln.rehearse.live import LiveBytes
 from kiln.train.device import use_compile
 from kiln.train.trainer import Trainer
 
 DOCUMENT_TOKENS = 2000  # a synthetic document's length: several in each 8k row, as packed code files are
 EOS_ID = 0
 PER_ELEMENT_STATE = {"exp_avg", "exp_avg_sq", "momentum_buffer"}  # AdamW's and Muon's: a parameter's shape each
-
-
-@dataclass
-class Phase:
-    """One phase's per-rank peak (bytes), its largest tensor, and whether it fits the card."""
-
-    name: str
-    peak: int
-    largest: Tensor | None
-    usable: int
-    upper_bound: bool = False  # a compiled run's training step, counted eagerly (the module docstring)
-
-    @property
-    def fits(self) -> bool:
-        return self.peak <= self.usable
-
-    @property
-    def verdict(self) -> str:
-        if self.fits:
-            return "fits"
-        return "over, counted eagerly: the compiled step keeps less" if self.upper_bound else "DOES NOT FIT"
-
-
-@dataclass
-class Rehearsal:
-    run: str
-    gpu: GPU
-    layout: str
-    phases: list[Phase] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)  # what fails when the job starts, not memory
-    advice: str = ""
 
 
 def synthetic_shards(out: Path, vocab: int, seq_len: int, train_rows: int, val_rows: int, seed: int) -> Path:
@@ -151,23 +119,34 @@ def gpu_flex():
 
 def as_on_gpu(run: RunConfig, vocab: int, gpu: GPU) -> RunConfig:
     """The run's config with the choices its GPU would make resolved (bf16, auto sizes), on this CPU
-    (train.device cpu), eager (see the module docstring), a step of at most two micro-batches a rank."""
+    (train.device cpu), eager (see the module docstring), a step of at most two micro-batches a rank
+    on the ranks it is rehearsed as (rehearsed_world)."""
     train = run.train
     precision = "bf16" if train.precision in ("auto", "bf16") else train.precision
     model = model_config(run.model.as_dict(), vocab, run.shard.seq_len)
     train, _ = autofit.resolve(
         train.replace(precision=precision), model, train.ranks, gpu.memory_gib, cuda=True, compiled=True
     )
-    return run.replace(train=train.replace(device="cpu", compile=False, batch_tokens=_two_micro_batches(train, run)))
+    step_tokens = _rehearsed_batch_tokens(train, run.shard.seq_len)
+    return run.replace(train=train.replace(device="cpu", compile=False, batch_tokens=step_tokens))
 
 
-def _two_micro_batches(train, run: RunConfig) -> int | None:
-    """train.batch_tokens, or fewer tokens where a step accumulates more than two micro-batches: the
-    first allocates the gradients, the second adds to them, and every later one repeats the second's
-    allocations (a 64-micro-batch step rehearsed whole took 71 s, with the same peak)."""
-    seq_len = run.shard.seq_len
-    split = split_batch(train.batch_tokens, train.micro_batch, seq_len, train.ranks)
-    return train.batch_tokens if split.grad_accum <= 2 else 2 * split.global_rows // split.grad_accum * seq_len
+def rehearsed_world(train) -> tuple[int, int]:
+    """(ranks, ranks a node) the rehearsal runs as. FSDP's: a rank holds its shard of the mesh. DDP's
+    ranks are replicas, each running one rank's step with its gradients as views into the all-reduce
+    buckets (kiln.train.parallel), no byte more: rehearsed as one (DDP's reducer is C++ that reads its
+    tensors' data, which fake tensors do not have)."""
+    return (train.ranks, train.nproc_per_node) if train.parallel == "fsdp" else (1, 1)
+
+
+def _rehearsed_batch_tokens(train, seq_len: int) -> int | None:
+    """train.batch_tokens as the rehearsed ranks see it: a rank's micro-batches as the run splits them,
+    but at most two: the first allocates the gradients, the second adds to them, and every later one
+    repeats the second's allocations (a 64-micro-batch step rehearsed whole took 71 s, with the same peak)."""
+    if train.batch_tokens is None:  # one micro-batch a rank
+        return None
+    accum = split_batch(train.batch_tokens, train.micro_batch, seq_len, train.ranks).grad_accum
+    return min(accum, 2) * rehearsed_world(train)[0] * train.micro_batch * seq_len
 
 
 class HostBatches:
@@ -215,8 +194,8 @@ def rehearse(run: RunConfig, vocab: int, gpu: GPU) -> Rehearsal:
     compiled = use_compile(run.train.compile, torch.device("cuda"))  # as the GPU decides
     run = as_on_gpu(run, vocab, gpu)
     train, seq_len = run.train, run.shard.seq_len
-    world, per_node = train.ranks, train.nproc_per_node
-    layout = f"{world} rank{'s' if world > 1 else ''}, {train.parallel}" + (
+    world, per_node = rehearsed_world(train)
+    layout = f"{train.ranks} rank{'s' if train.ranks > 1 else ''}, {train.parallel}" + (
         f" (HSDP {train.nnodes} x {per_node})" if train.parallel == "fsdp" and train.nnodes > 1 else ""
     )
     result = Rehearsal(run.run_name, gpu, layout, advice=oom_advice(train, seq_len))
@@ -229,11 +208,14 @@ def rehearse(run: RunConfig, vocab: int, gpu: GPU) -> Rehearsal:
         gpu_flex(),
         torch._dynamo.config.patch(disable=True),
     ):
-        shards = synthetic_shards(Path(tmp), vocab, seq_len, rows_per_step, world * train.micro_batch, run.seed)
+        # the ids' values move no byte: a fixed seed, so the run's seed is not the rehearsal's input
+        shards = synthetic_shards(Path(tmp), vocab, seq_len, rows_per_step, world * train.micro_batch, seed=0)
         with FakeTensorMode(allow_non_fake_inputs=True), ModTracker() as modules, LiveBytes(modules) as live:
             trainer = Trainer(run, shards, max_steps=2)
             trainer.train_on(HostBatches(trainer.batches))
-            result.phases.append(Phase("build: model, parallel, optimizer", live.peak, live.largest, usable))
+            result.phases.append(
+                Phase("build: model, parallel, optimizer", live.peak, live.largest, usable, batched=False)
+            )
             result.problems = unsharded(trainer)  # before a forward: FSDP2 leaves the root's gathered after one
             s = setting_of(train, world=world, grad_accum=trainer.batch_split.grad_accum)
             trainer.model.loss_rows = loss_rows(trainer.model_config, s, gpu.memory_gib)  # as the card decides
@@ -255,17 +237,14 @@ def rehearse(run: RunConfig, vocab: int, gpu: GPU) -> Rehearsal:
     return result
 
 
-def check(rehearsal: Rehearsal) -> None:
-    """A KilnError naming the first phase that will not fit or not start, with the fix."""
-    if rehearsal.problems:
-        raise KilnError(f"{rehearsal.run}: will not start as set: {'; '.join(rehearsal.problems)}")
-    for phase in rehearsal.phases:
-        if not (phase.fits or phase.upper_bound):
-            largest = (
-                f"; its largest tensor {phase.largest.describe()} from {phase.largest.made_by}" if phase.largest else ""
-            )
-            raise KilnError(
-                f"{rehearsal.run}: {phase.name} will not fit on {rehearsal.gpu.fragment}: "
-                f"{phase.peak / GIB:.1f} GiB per rank > the {phase.usable / GIB:.1f} GiB a step may use{largest}. "
-                f"{rehearsal.advice}"
-            )
+def current_or_rehearsed(path: Path | None, run: RunConfig, vocab: int, settings: str) -> Rehearsal:
+    """The rehearsal of `run` (its model's padded vocabulary `vocab`) whose rehearse settings
+    (kiln.config.settings.tracked) are `settings`: the rehearse rule's at `path` when it rehearsed
+    these (it writes only a rehearsal that passed), else rehearsed here and checked
+    (kiln.plan.rehearsal.check raises naming what does not fit)."""
+    if path is not None and path.is_file() and (found := Rehearsal.load(path)).settings == settings:
+        return found
+    rehearsal = rehearse(run, vocab, planned_gpu(run.plan.gpu))
+    check(rehearsal)
+    rehearsal.settings = settings
+    return rehearsal

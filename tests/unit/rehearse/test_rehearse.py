@@ -12,7 +12,9 @@ from kiln.config.run_config import RunConfig
 from kiln.errors import KilnError
 from kiln.main import main
 from kiln.model import documents
-from kiln.rehearse.run import check, rehearse
+from kiln.plan.peaks import planned_gpu
+from kiln.plan.rehearsal import Rehearsal, check
+from kiln.rehearse.run import rehearse
 
 SEED_000 = Path(__file__).resolve().parents[3] / "config" / "experiments" / "swallow-code-llama-1b.yaml"
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # flex's eager-path and the fake group's timeout notes
@@ -22,23 +24,21 @@ def _rehearse(overrides: dict | None = None):
     experiment = kiln_config.resolve_experiment([SEED_000], overrides or {})
     cfg = experiment.runs[experiment.name]
     run = RunConfig.of(cfg)
-    return rehearse(run, forecast.model_of(cfg, run).vocab_size, forecast.assumed_gpu(run))
+    return rehearse(run, forecast.model_of(cfg, run).vocab_size, planned_gpu(run.plan.gpu))
 
 
-def _phase(rehearsal, start: str):
-    return next(p for p in rehearsal.phases if p.name.startswith(start))
-
-
-def test_seed_000_rehearses_on_a_cpu_and_the_smoke_gates_validation_fits(capsys):
+def test_seed_000_rehearses_on_a_cpu_and_the_smoke_gates_validation_fits(capsys, tmp_path):
     assert main(["rehearse", "--configfile", str(SEED_000)]) == 0
     printed = capsys.readouterr().out
     assert "4 ranks, fsdp on H100" in printed and "smoke gate: eager validation" in printed
     rehearsal = _rehearse()
     assert rehearsal.problems == []  # every parameter sharded, every AdamW moment its shard's shape
-    gate = _phase(rehearsal, "smoke gate")
+    gate = rehearsal.phase("smoke gate")
     assert gate.fits and gate.largest.shape == (8192, 32768)  # a loss chunk's logits, not attention scores
-    build = _phase(rehearsal, "build")
+    build = rehearsal.phase("build")
     assert 4.5 < build.peak / 2**30 < 6  # the fp32 model built whole on the device (4.9 GB), then sharded
+    rehearsal.save(tmp_path / "rehearsal.json")  # what the rehearse stage writes and `kiln plan` reads
+    assert Rehearsal.load(tmp_path / "rehearsal.json") == rehearsal
 
 
 def test_flex_run_eagerly_in_the_smoke_gates_validation_is_named_as_not_fitting(monkeypatch):
@@ -49,7 +49,7 @@ def test_flex_run_eagerly_in_the_smoke_gates_validation_is_named_as_not_fitting(
 
     monkeypatch.setattr(documents, "compiled_flex", lambda: torch.compile(flex_attention))
     rehearsal = _rehearse()
-    gate = _phase(rehearsal, "smoke gate")
+    gate = rehearsal.phase("smoke gate")
     assert not gate.fits and gate.largest.shape == (6, 32, 8192, 8192)
     with pytest.raises(KilnError, match=r"smoke gate: eager validation will not fit on H100.*\(6, 32, 8192, 8192\)"):
         check(rehearsal)
