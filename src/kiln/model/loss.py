@@ -21,8 +21,17 @@ kiln.plan.memory counts the same chunk).
 `chunk_loss` is the per-chunk function; a compiled run passes it compiled (the model's chunk_loss,
 set by kiln.train.parallel.compile_blocks), which fuses the upcast, log-softmax and gather into a
 few kernels instead of the eager path's fp32 copy of each chunk's logits (docs/benchmarks.md, "The compiled loss on CPU").
-The head's weight gradient is a sum over chunks accumulated into its fp32 .grad either way: each
-chunk's bf16 product is upcast before autograd adds it.
+The head's weight gradient is a sum over the chunks' (V, C) products, which autograd adds in the dtype
+of the tensor the chunks share. Under bf16 autocast that was bf16 (issue 59, defect 7): in eager, on the
+plain rank, autocast's one cached bf16 copy of the fp32 weight; eager or compiled under FSDP2, the bf16
+weight itself (param_dtype, kiln.train.parallel). A compiled chunk given an fp32 weight casts it inside
+its graph and hands its product back in fp32. `_accumulating_head` now gives the chunks an fp32 view
+that no cache shares: each chunk casts its own bf16 copy, its product comes back upcast, and the sum
+stays fp32 until the weight's gradient takes it (fp32 .grad on the plain rank; one rounding to bf16
+under FSDP2, whose reduce-scatter and micro-batch accumulation are fp32). One chunk is one matmul,
+summing its rows in fp32 already. At 32 chunks the head's gradient erred 2.4x one chunk's against
+fp32's, now as one chunk's; the fp32 sum costs 2 bytes an element of the head at the loss's backward,
+8 under FSDP2 (docs/benchmarks.md, "The tied weight's gradient under bf16").
 """
 
 from __future__ import annotations
@@ -63,9 +72,20 @@ def lm_loss(
         # One chunk: its logits are what backward uses first, so recomputing them would free nothing
         # at the peak (the same 12 bytes a logit either way, measured) and only cost the matmul again.
         return chunk_loss(h, weight, y) / n_rows
+    head = _accumulating_head(weight, h.device.type)
     total = torch.zeros((), device=h.device, dtype=torch.float32)
     for start in range(0, n_rows, rows):
         total = total + checkpoint(
-            chunk_loss, h[start : start + rows], weight, y[start : start + rows], use_reentrant=False
+            chunk_loss, h[start : start + rows], head, y[start : start + rows], use_reentrant=False
         )
     return total / n_rows
+
+
+def _accumulating_head(weight: torch.Tensor, device_type: str) -> torch.Tensor:
+    """The (V, C) weight the chunks share, such that autograd sums their gradients in fp32: under bf16
+    autocast with gradients on, an fp32 view (a view, so autocast's cache of leaf weights skips it);
+    a bf16 weight is upcast first, an fp32 copy held until the loss's backward (V*C*4 bytes). Else the
+    weight (no autocast: the chunks' products are in the weight's own dtype, a bf16 model's included)."""
+    if not (torch.is_autocast_enabled(device_type) and torch.is_grad_enabled() and weight.requires_grad):
+        return weight
+    return weight.float().view(weight.shape)

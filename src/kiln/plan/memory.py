@@ -47,7 +47,8 @@ L layers):
   backward. A checkpointed block keeps only its input (4C, fp32) and recomputes the rest when
   backward reaches it (train.activation_checkpointing: full, every block; selective, every other).
 - the loss (kiln.model.loss): the final norm's output, and one chunk's logits at a time in backward
-  (bf16 logits, their fp32 copy, log-softmax and gradients: ~LOSS_BYTES_PER_LOGIT per logit).
+  (bf16 logits, their fp32 copy, log-softmax and gradients: ~LOSS_BYTES_PER_LOGIT per logit); over
+  several chunks under bf16, the fp32 sum of their head gradients.
 - model.document_mask's mask (kiln.model.documents), built once per forward and kept by every layer's
   attention until the last backward: dense, a (B, 1, T, T) additive mask of a bytes an entry (the CPU,
   or a GPU with attention dropout: 128 MiB a row at 8k in bf16); on a GPU, flex attention's block
@@ -193,9 +194,13 @@ def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
     if cfg.dropout > 0 and not s.compiled:
         outside += tokens * C
     rows = min(tokens, s.loss_rows or loss_chunk_rows(V))
-    # One chunk's logits and their gradients; the chunk's bf16 head copy; the gradient of the final
-    # norm's output, (B*T, C) fp32, and the slice's full-size gradient it is summed from.
-    loss_chunk = LOSS_BYTES_PER_LOGIT * rows * V + (2 * head if s.bf16 else 0) + 8 * tokens * C
+    # One chunk's logits and their gradients; the chunk's bf16 head copy; with several chunks under bf16,
+    # the fp32 sum of their head gradients, and under FSDP2 the fp32 copy of its bf16 head that the sum
+    # needs, held from the loss's forward (kiln.model.loss: 2 and 8 bytes an element more than the
+    # bf16 sum's, measured); the gradient of the final norm's output, (B*T, C) fp32, and the slice's
+    # full-size gradient it is summed from.
+    fp32_sum = (8 if fsdp else 2) * head if s.bf16 and rows < tokens else 0
+    loss_chunk = LOSS_BYTES_PER_LOGIT * rows * V + (2 * head if s.bf16 else 0) + fp32_sum + 8 * tokens * C
     mask = document_mask_bytes(cfg, s.micro_batch, s.bf16, s.cuda)  # every layer's attention keeps it
 
     states = {"weights": 4 * n // shard, "optimizer": optimizer_state_bytes(cfg, s.optimizer) // shard}

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from kiln.config.models import ModelConfig
 from kiln.model.build import build_model
-from kiln.model.loss import lm_loss
+from kiln.model.loss import chunk_loss_sum, lm_loss
 from kiln.train.cpu_memory import allocated_during
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: one thread (conftest.py)
@@ -53,6 +53,37 @@ def test_chunked_loss_under_bf16_autocast_matches_the_plain_one():
     torch.testing.assert_close(chunked[0], plain[0], rtol=1e-5, atol=1e-5)
     for a, b in zip(chunked[1:], plain[1:]):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "weight_dtype, compiled",
+    [
+        (torch.float32, False),
+        (torch.bfloat16, False),
+        pytest.param(torch.bfloat16, True, marks=pytest.mark.slow),
+    ],
+    ids=["plain-rank", "fsdp-param-dtype", "fsdp-param-dtype-compiled"],
+)
+def test_chunked_loss_sums_the_weight_gradient_in_fp32_under_bf16_autocast(weight_dtype, compiled):
+    """32 chunks' (V, C) products summed in fp32 err against the fp32 loss's gradient as one chunk's
+    single product does (measured 0.97x with an fp32 weight, 1.11x with a bf16 one: its gradient rounded
+    to bf16 once more); summed in bf16, as autocast's cached copy of an fp32 weight or FSDP2's bf16
+    weight made autograd do, 2.4x (docs/benchmarks.md, "The tied weight's gradient under bf16"). The
+    compiled chunk (a compiled run's, aot_eager here) casts inside its graph: an fp32 weight's products
+    came back fp32 there before too, a bf16 weight's did not."""
+    chunk_loss = torch.compile(chunk_loss_sum, backend="aot_eager", dynamic=False) if compiled else chunk_loss_sum
+    h, w, y = _inputs(B=1, T=512, C=32, V=256)
+    reference = _loss_and_grads(_plain, h, w, y)[2]  # fp32 throughout
+    w = w.detach().to(weight_dtype).requires_grad_()  # bf16: FSDP2's unsharded parameter under param_dtype
+
+    def error(chunk_rows):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            grad = _loss_and_grads(lambda *a: lm_loss(*a, chunk_rows=chunk_rows, chunk_loss=chunk_loss), h, w, y)[2]
+        assert grad.dtype == weight_dtype
+        return ((grad.float() - reference).norm() / reference.norm()).item()
+
+    one_chunk, chunked = error(512), error(16)
+    assert chunked < 1.3 * one_chunk, (chunked, one_chunk)
 
 
 def test_chunked_loss_never_holds_the_logits():
