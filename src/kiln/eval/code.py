@@ -46,7 +46,7 @@ from kiln.eval.humaneval_infill import (
     subset,
 )
 from kiln.eval.sizes import DECODE_BATCH, check_resolved
-from kiln.generate.decode import Agree, generate
+from kiln.generate.decode import Agree, generate, seeded
 from kiln.generate.healing import heal
 
 log = logging.getLogger("kiln.eval")
@@ -184,7 +184,7 @@ def run_humaneval(model, tokenizer, cfg, seed: int) -> tuple[dict, list[dict]]:
     """cfg: eval.humaneval. {"problems", "max_new_tokens", "pass@1" (greedy), "protocol", "reasons",
     "sampled": [score_humaneval of each sampled setting]} and a few greedy examples."""
     problems = load_problems(None if cfg.problems in (None, 164) else cfg.problems)
-    generator = torch.Generator().manual_seed(seed)  # on the CPU: the same draws on any device
+    generator = seeded(model, seed)  # on the model's device (kiln.generate.decode.seeded)
     runs, max_new = [], new_tokens(model, cfg.max_new_tokens)
     for sampling in samplings(cfg.samples):
         log.info("HumanEval: %d problems, %s", len(problems), describe(sampling))

@@ -17,7 +17,7 @@ that trained longer than planned may afford more samples, never more than its sh
 
 The price is a prediction with its assumptions named (no GPU has measured Kiln's decoding yet):
 a decode step costs what kiln.plan.decode says (the bf16 weights read at half the card's bandwidth,
-or the kernel launches of an eager step, whichever is more); a step decodes DECODE_BATCH prompts for max_new_tokens (the most a batch runs: a batch stops early
+or the launches of an eager step's counted kernels, whichever is more); a step decodes DECODE_BATCH prompts for max_new_tokens (the most a batch runs: a batch stops early
 only when every row has); prompts cost their forward FLOPs at plan.mfu; each program costs
 SANDBOX_S_PER_PROGRAM of one CPU in kiln.eval.sandbox, on SANDBOX_WORKERS at once.
 """

@@ -12,6 +12,11 @@ fits, keeping its most recent tokens (and, with `keep_first`, its first one when
 BOS every training sample started with), and max_new_tokens is capped at seq_len - 1 so that at
 least one prompt token remains.
 
+Nothing in a step waits for the device, so an eager GPU step's kernels are queued while earlier
+ones run (kiln.generate.ops counts both): the rows' stops are kept on the device and read every
+STOP_CHECK_EVERY tokens (a batch may run up to STOP_CHECK_EVERY - 1 steps past its last stop, their
+tokens dropped), and a sample is drawn on the logits' device, from a generator there (`seeded`).
+
 With `agree`, every step's chosen ids pass through it before they are used. Ranks that decode
 together under FSDP, where every forward is a collective, pass one that hands every rank rank 0's
 ids (kiln.train.distributed.same_on_every_rank): a rank that stopped a step before another would
@@ -27,6 +32,16 @@ import torch
 from kiln.model.kv_cache import KVCache
 
 Agree = Callable[[torch.Tensor], torch.Tensor]  # a step's ids (B,) -> the ids every rank uses
+# Tokens between reads of whether every row has stopped: each read makes the host wait for the
+# device; a batch stopping between two reads runs on at most this many steps less one.
+STOP_CHECK_EVERY = 16
+
+
+def seeded(model: torch.nn.Module, seed: int) -> torch.Generator:
+    """A generator on the model's device seeded with `seed`, for generate()'s sampling: the same seed
+    draws the same samples on the same kind of device. A CUDA generator (Philox) draws other numbers
+    than a CPU's (Mersenne Twister), so a GPU's samples differ from a CPU's at the same seed."""
+    return torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
 
 
 @torch.no_grad()
@@ -107,7 +122,8 @@ def _decode(
     agree: Agree | None,
     keep_first: int | None,
 ) -> list[list[int]]:
-    """max_new_tokens ids per prompt, or fewer once every row has produced a stop id."""
+    """max_new_tokens ids per prompt, or fewer once every row has produced a stop id (read every
+    STOP_CHECK_EVERY tokens: a row may run past its stop, and generate() cuts it there)."""
     device = next(model.parameters()).device
     context = model.config.seq_len
     max_new = min(max_new_tokens, context - 1)
@@ -131,9 +147,14 @@ def _decode(
         if agree is not None:  # the same ids, so the same stop, on every rank
             next_id = agree(next_id)
         new.append(next_id)
-        stopped |= torch.isin(next_id, stops)
-        if step == max_new - 1 or bool(stopped.all()):
+        if step == max_new - 1:
             break
+        if stop_ids:  # kept on the device; bool() waits for it, so only every STOP_CHECK_EVERY tokens
+            # (B, S) compared, not torch.isin: past ~15 stop ids for 16 rows isin sorts, through a
+            # unique() whose size depends on the data (a host sync)
+            stopped |= (next_id[:, None] == stops).any(dim=-1)
+            if (step + 1) % STOP_CHECK_EVERY == 0 and bool(stopped.all()):
+                break
         logits, _ = model(next_id[:, None], cache=cache)
     return torch.stack(new, dim=1).tolist()
 
@@ -151,9 +172,8 @@ def _restrict(scores: torch.Tensor, allowed: list[list[int] | None]) -> torch.Te
 def pick(
     logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float, generator: torch.Generator | None
 ) -> torch.Tensor:
-    """Next id (B,) from logits (B, V): the argmax when temperature is 0, else a sample, drawn on
-    the generator's device so that a seeded CPU generator gives the same ids whatever the model's
-    device."""
+    """Next id (B,) from logits (B, V): the argmax when temperature is 0, else a sample drawn on the
+    logits' device from `generator`, which must be there (`seeded`)."""
     if temperature == 0.0:
         return logits.argmax(dim=-1)
     logits = logits / temperature
@@ -167,8 +187,13 @@ def pick(
         sorted_probs, ranked = probs.sort(dim=-1, descending=True)
         drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p  # (B, V) by rank
         probs = probs.masked_fill(drop.scatter(-1, ranked, drop), 0.0)  # multinomial renormalises
-    on = generator.device if generator is not None else probs.device
-    return torch.multinomial(probs.to(on), 1, generator=generator).squeeze(-1).to(logits.device)
+    if generator is not None and generator.device.type != probs.device.type:
+        raise ValueError(f"a {generator.device} generator samples {probs.device} logits: make it there (seeded)")
+    # torch.multinomial's own draw of one sample (the argmax of p / Exp(1) noise, an exponential race:
+    # id i wins with probability p_i), the same ids from the same generator, without its check of the
+    # probabilities, which reads a scalar back from the device every token.
+    noise = torch.empty_like(probs).exponential_(1.0, generator=generator)  # (B, V)
+    return (probs / noise).argmax(dim=-1)
 
 
 def _until_stop(row: list[int], stop_ids: frozenset[int], keep_stop: bool) -> list[int]:

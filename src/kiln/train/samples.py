@@ -23,7 +23,7 @@ import torch
 
 from kiln.config.train_sections import TrainSection
 from kiln.data.tokenizer import load_tokenizer
-from kiln.generate.decode import Agree, describe
+from kiln.generate.decode import Agree, describe, seeded
 from kiln.generate.healing import complete
 
 log = logging.getLogger("kiln")
@@ -52,7 +52,7 @@ def make_sampler(
     log.info("samples at each validation: %s, seed %d", label, seed)
 
     def sample(model: torch.nn.Module, agree: Agree | None = None) -> list[dict]:
-        generator = torch.Generator().manual_seed(seed) if temperature > 0 else None
+        generator = seeded(model, seed) if temperature > 0 else None
         texts = complete(
             model,
             tokenizer,

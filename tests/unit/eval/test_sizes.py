@@ -52,7 +52,7 @@ def test_the_price_grows_with_the_draws_and_the_samples_are_the_most_the_share_a
     priced = {n: sizes.price(sizes.resolve(cfg, True, n), LLAMA_1B, MACHINE)["s"] for n in (0, *sizes.SAMPLE_LADDER)}
     assert priced[0] < priced[10] < priced[20] < priced[50] < priced[100] < priced[200]
     share = cfg.humaneval.samples_share
-    assert sizes.samples_within(cfg, LLAMA_1B, MACHINE, train_s=priced[200] / share) == 200
+    assert sizes.samples_within(cfg, LLAMA_1B, MACHINE, train_s=priced[200] / share * 1.01) == 200  # / x rounds
     assert sizes.samples_within(cfg, LLAMA_1B, MACHINE, train_s=priced[50] / share * 1.01) == 50
     assert sizes.samples_within(cfg, LLAMA_1B, MACHINE, train_s=priced[10] / share * 0.99) == 0
     explicit = typed_section("eval", {"humaneval": {"samples": 7}})
@@ -68,7 +68,8 @@ def test_the_eval_stage_prices_samples_against_the_train_stage_on_its_own_card()
     on_cpu = sizes.for_run(cfg, LLAMA_1B, None, summary)
     assert (on_cpu.humaneval.problems, on_cpu.humaneval.samples) == (4, 0)
     on_h100 = sizes.for_run(cfg, LLAMA_1B, "NVIDIA H100 80GB HBM3", summary)
-    assert (on_h100.humaneval.problems, on_h100.humaneval.samples) == (164, 200)
+    # n=50: the largest of SAMPLE_LADDER within the share at the counted kernels a decode step (kiln.plan.decode)
+    assert (on_h100.humaneval.problems, on_h100.humaneval.samples) == (164, 50)
     short = summary | {"steps": 50}  # a short run cannot afford the samples: greedy only
     assert sizes.for_run(cfg, LLAMA_1B, "NVIDIA H100 80GB HBM3", short).humaneval.samples == 0
     assert sizes.for_run(cfg, LLAMA_1B, "Some Future GPU", summary).humaneval.samples == 0  # not priced

@@ -7,12 +7,10 @@ the report labels them with).
 
 from __future__ import annotations
 
-import torch
-
 from kiln.config.eval_sections import EvalSection
 from kiln.eval.context import Context
 from kiln.eval.metrics.output import EvalOutput
-from kiln.generate.decode import describe
+from kiln.generate.decode import describe, seeded
 from kiln.generate.healing import complete
 
 
@@ -23,7 +21,7 @@ def measure(ctx: Context) -> EvalOutput:
 
 
 def completions(model, tokenizer, cfg: EvalSection, seed: int) -> list[dict]:
-    generator = torch.Generator().manual_seed(seed)
+    generator = seeded(model, seed)
     out = [{"prompt": prompt} for prompt in cfg.prompts]
     for name, temperature in (("greedy", 0.0), ("sampled", cfg.temperature)):
         texts = complete(
