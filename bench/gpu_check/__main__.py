@@ -1,7 +1,8 @@
-"""The GPU check: the CUDA paths no CPU test reaches, on one H100/H200 in 8 minutes (enforced), as
-one table. Run the folder, from the repository root:
+"""The GPU check: the CUDA paths no CPU test reaches, on one H100/H200 in 9 minutes (enforced), as
+one table. Run the folder, from the repository root of a clone (bench/common.py puts its src/ on
+sys.path: no PYTHONPATH, no install):
 
-    python bench/gpu_check                   # one GPU: the budgets sum to 425 s; 2+ GPUs: 465 s
+    python bench/gpu_check                   # one GPU: the budgets sum to 493 s; 2+ GPUs: 533 s
     python bench/gpu_check --only flash,eval --budget-scale 2
     python bench/gpu_check --cpu-dry-run     # no GPU: what runs on the CPU, tiny shapes (CI: tests/bench/test_gpu_check.py)
     python bench/gpu_check --list-wheels     # what a node needs beside its torch (image), and how to carry it
@@ -12,7 +13,8 @@ DEADLINE_S: a check is given at most what is left of it, and one that cannot sta
 rows, saying so. A hang, a crash or an OOM ends that check alone, as a FAIL with the reason (over
 budget: with the last thing the check noted it was doing), and everything the check started is
 ended with it, torchrun's ranks included, which sit in sessions of their own (procs), so the next
-check starts on a free GPU. Checks that time steps take as many as their budget leaves room for. A
+check starts on a free GPU. A check yields each row as its part ends, kept at once: a check stopped
+short keeps the rows it finished, and only the row it was at and those after it read why. Checks that time steps take as many as their budget leaves room for. A
 check's output goes to <out>/<check>.log; stdout gets one table, check | result | figure | expected,
 with a row for every part whatever happened (stderr gets each check's rows as it ends, in case this
 run is killed), and the exit status is 1 when any result is FAIL. A result is pass, FAIL, "measured"
@@ -21,9 +23,10 @@ run is killed), and the exit status is 1 when any result is FAIL. A result is pa
 check runs its CPU-capable part at tiny shapes: it FAILs if that part breaks, else reads "skipped: no
 CUDA" with what the CPU part measured.
 
-The folder: checks (every check and the CHECKS table), llama (issue 13's llama3.2-1b checks), ranks
-(the two-rank check and its torchrun worker), fsdp_one_rank (FSDP2 and DCP on one GPU), shared (the checks' context and helpers), procs (each
-check in a process of its own, and everything it started ended).
+The folder: checks (every check and the CHECKS table), benches (the bench scripts' rows), llama
+(issue 13's llama3.2-1b checks), ranks (the two-rank check and its torchrun worker), fsdp_one_rank
+(FSDP2 and DCP on one GPU), seed_000 (seed 000's path at its shapes), shared (the checks' context
+and helpers), procs (each check in a process of its own, and everything it started ended).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterable
 
 if __package__ in (None, ""):  # `python bench/gpu_check` puts this folder first on sys.path: put bench/ there
     sys.path[0] = str(Path(__file__).resolve().parents[1])  # instead, as for every bench script (gpu_check.*)
@@ -43,7 +47,7 @@ import torch
 
 from gpu_check import image
 from gpu_check.checks import CHECKS, DEADLINE_S, ENVIRONMENT_S, MIN_START_S, Check
-from gpu_check.procs import run_isolated
+from gpu_check.procs import Outcome, run_isolated
 from gpu_check.shared import NO_CUDA, Ctx
 from kiln.train.launch import rank_environment
 
@@ -62,17 +66,16 @@ def environment() -> dict:
     }
 
 
-def isolated(check: Check | None, ctx: Ctx, out: Path, budget_s: float) -> tuple[object, str | None]:
-    """(what the check returned, None) or (None, why it has none): the check (None: the environment
-    probe) in a process of its own under `budget_s`, everything it started ended after it
-    (procs)."""
+def isolated(check: Check | None, ctx: Ctx, out: Path, budget_s: float) -> Outcome:
+    """The check's rows as it yields them (None: the environment probe, one item) from a process of
+    its own under `budget_s`, everything it started ended after it (procs)."""
     slug = check.slug if check else "environment"
 
-    def run() -> object:
+    def run() -> Iterable:
         ctx.work.mkdir(parents=True, exist_ok=True)
-        return check.run(ctx) if check else environment()
+        return check.run(ctx) if check else [environment()]
 
-    return run_isolated(run, out / f"{slug}.json", out / f"{slug}.log", budget_s, ctx.work / Ctx.PROGRESS)
+    return run_isolated(run, out / f"{slug}.jsonl", out / f"{slug}.log", budget_s, ctx.work / Ctx.PROGRESS)
 
 
 def _interrupted(signum: int, frame) -> None:
@@ -86,17 +89,19 @@ def run_checks(chosen: list[Check], dry: bool, out: Path, deadline_s: float, sca
     env, why = None, f"not started: the {deadline_s:.0f} s deadline"
     try:
         if deadline - time.monotonic() >= MIN_START_S:
-            env, why = isolated(None, Ctx(dry, out), out, min(ENVIRONMENT_S, deadline - time.monotonic()))
+            probe = isolated(None, Ctx(dry, out), out, min(ENVIRONMENT_S, deadline - time.monotonic()))
+            env, why = (probe.items[0] if probe.items else None), probe.why  # interrupted: no env, and why
     except KeyboardInterrupt as exc:
         why = f"interrupted ({exc or 'SIGINT'})"
     table, stop = [], None
     for check in chosen:
         start = time.perf_counter()
         try:
-            rows = _check_rows(check, env, why, stop, dry, out, deadline, deadline_s, scale)
-        except KeyboardInterrupt as exc:  # SIGTERM too (_interrupted); a running check and all it started are ended
-            stop = f"interrupted ({exc or 'SIGINT'})"
-            rows = [("FAIL", stop)] * len(check.rows)
+            rows, stopped = _check_rows(check, env, why, stop, dry, out, deadline, deadline_s, scale)
+        except KeyboardInterrupt as exc:  # SIGTERM too (_interrupted), outside a check's run
+            stopped = f"interrupted ({exc or 'SIGINT'})"
+            rows = [("FAIL", stopped)] * len(check.rows)
+        stop = stop or stopped
         table += [
             (name, result, figure, expected)
             for name, (result, figure), expected in zip(check.rows, rows, check.expected)
@@ -120,24 +125,37 @@ def _check_rows(
     deadline: float,
     deadline_s: float,
     scale: float,
-) -> list[tuple[str, str]]:
-    """One check's (result, figure) rows: run, or why not."""
+) -> tuple[list[tuple[str, str]], str | None]:
+    """One check's (result, figure) rows: run, or why not; and why the run stops here (SIGTERM or
+    SIGINT during the check), else None."""
     left = deadline - time.monotonic()
     if env is None:
-        return [("FAIL", f"not run: the environment probe: {why}")] * len(check.rows)
+        return [("FAIL", f"not run: the environment probe: {why}")] * len(check.rows), None
     if stop:
-        return [("FAIL", f"not run: {stop}")] * len(check.rows)
+        return [("FAIL", f"not run: {stop}")] * len(check.rows), None
     if not (env["cuda"] or dry):
-        return [(NO_CUDA, "")] * len(check.rows)
+        return [(NO_CUDA, "")] * len(check.rows), None
     if not dry and env["gpus"] < check.gpus:
-        return [(f"skipped: {env['gpus']} GPU, needs {check.gpus}", "")] * len(check.rows)
+        return [(f"skipped: {env['gpus']} GPU, needs {check.gpus}", "")] * len(check.rows), None
     if left < MIN_START_S:
         return [("FAIL", f"not started: {max(left, 0):.0f} s left of the {deadline_s:.0f} s deadline")] * len(
             check.rows
-        )
+        ), None
     budget = min(check.budget_s * scale, left)
-    rows, why_check = isolated(check, Ctx(dry, out / check.slug, deadline=time.monotonic() + budget), out, budget)
-    return rows or [("FAIL", why_check)] * len(check.rows)
+    done = isolated(check, Ctx(dry, out / check.slug, deadline=time.monotonic() + budget), out, budget)
+    return _kept(check, done), done.why if done.interrupted else None
+
+
+def _kept(check: Check, done: Outcome) -> list[tuple[str, str]]:
+    """The rows the check finished, then for the one it was at the reason it stopped, and for those
+    after it that they were not reached."""
+    rows = [tuple(row) for row in done.items[: len(check.rows)]]
+    if len(rows) == len(check.rows):
+        return rows
+    at = check.rows[len(rows)]
+    missing = [("FAIL", done.why or "the check returned without this row")]
+    missing += [("FAIL", f"not reached: the check stopped at {at!r}")] * (len(check.rows) - len(rows) - 1)
+    return rows + missing
 
 
 def main() -> None:

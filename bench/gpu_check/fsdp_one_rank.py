@@ -8,9 +8,10 @@ check runs FSDP2 only where there are 2 GPUs, and eager.
 The two-rank check's 4 x 512 llama at seq 256 on learnable words, bf16, through kiln.train.trainer.run
 as the train stage runs it, three times: the plain rank, eager (the reference, no compile to pay);
 the mode, compiled, checkpointing half-way; the mode again, resumed from that checkpoint (the second
-compile hits inductor's cache). Judged: the mode's losses within 2% of the plain rank's (bf16
-parameters gathered by FSDP2 against autocast's casts, compiled against eager), and the resumed run
-trains only the second half, its losses within 0.5% of the uninterrupted run's there. With
+compile hits inductor's cache). Judged in two rows, each yielded as its part ends: the mode's
+losses within 2% of the plain rank's (bf16 parameters gathered by FSDP2 against autocast's casts,
+compiled against eager); the resumed run trains only the second half, its losses within 0.5% of the
+uninterrupted run's there. With
 --cpu-dry-run: gloo, tiny shapes, compile_blocks with the aot_eager backend.
 """
 
@@ -21,6 +22,7 @@ import functools
 import json
 import shutil
 from pathlib import Path
+from typing import Iterator
 from unittest import mock
 
 import torch
@@ -67,12 +69,14 @@ def _worst(ours: list[float], theirs: list[float]) -> float:
     return max(abs(a - b) / abs(b) for a, b in zip(ours, theirs, strict=True))
 
 
-def check_fsdp_one_rank(ctx: Ctx) -> list[tuple[str, str]]:
-    """Row: FSDP2 on one rank (checks.CHECKS)."""
+def check_fsdp_one_rank(ctx: Ctx) -> Iterator[tuple[str, str]]:
+    """Rows: FSDP2 on one rank against the plain rank, then its DCP resume (checks.CHECKS), each
+    yielded as it is known."""
     _, seq, _, _, _ = SHAPES[ctx.dry]
     steps, half = STEPS[ctx.dry], STEPS[ctx.dry] // 2
     shards = word_shards(ctx.folder("shards"), seq, rows=64 if ctx.dry else 256)
     plain, whole, resumed = ctx.work / "plain", ctx.work / "fsdp", ctx.work / "fsdp-resumed"
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU, gloo"
     with contextlib.ExitStack() as stack:
         if ctx.dry:  # inductor's C++ build takes ~20 s on 2 cores; dynamo and AOT autograd still trace
             aot_eager = functools.partial(parallel.compile_blocks, backend="aot_eager")
@@ -82,21 +86,23 @@ def check_fsdp_one_rank(ctx: Ctx) -> list[tuple[str, str]]:
         ctx.note("FSDP2 on one rank, compiled, a sharded checkpoint half-way")
         config = RunConfig.of(sections(ctx.dry, one_rank=True))
         run(config, shards, whole, callbacks=default_callbacks())
+        ours, theirs = _losses(whole), _losses(plain)
+        vs_plain = _worst(ours, theirs)
+        yield ctx.verdict(
+            vs_plain <= LOSS_MATCH,
+            f"{steps} steps compiled on {device}, loss {ours[0]:.3f} -> {ours[-1]:.3f}, within {vs_plain:.2%} of "
+            "the plain rank's",
+        )
         mid = whole / "checkpoints" / f"step-{half:07d}"
         shutil.copytree(mid, resumed / "checkpoints" / mid.name)  # the run stopped there; its rerun finds it
         (resumed / "checkpoints" / "LATEST").write_text(mid.name + "\n")
         ctx.note("FSDP2 on one rank, resumed from its DCP shards")
         run(config, shards, resumed, callbacks=default_callbacks())
-    ours, theirs, again = _losses(whole), _losses(plain), _losses(resumed)
+    again = _losses(resumed)
     sharded = (mid / "shards" / ".metadata").exists()
-    vs_plain = _worst(ours, theirs)
     vs_whole = _worst(again, ours[half:]) if len(again) == steps - half else float("inf")
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU, gloo"
-    return [
-        ctx.verdict(
-            sharded and vs_plain <= LOSS_MATCH and vs_whole <= RESUME_MATCH,
-            f"{steps} steps compiled on {device}, loss {ours[0]:.3f} -> {ours[-1]:.3f}, within {vs_plain:.2%} of "
-            f"the plain rank's; step {half}'s {'DCP shards' if sharded else 'checkpoint (NOT sharded)'} resumed: "
-            f"{len(again)} steps within {vs_whole:.3%} of the run's own",
-        )
-    ]
+    yield ctx.verdict(
+        sharded and vs_whole <= RESUME_MATCH,
+        f"step {half}'s {'DCP shards' if sharded else 'checkpoint (NOT sharded)'} resumed: "
+        f"{len(again)} steps within {vs_whole:.3%} of the run's own",
+    )

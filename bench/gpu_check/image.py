@@ -70,6 +70,6 @@ def carry_commands() -> str:
             f"pip download --no-deps --only-binary=:all: -d kiln-wheels {pins}",
             "# on the node, from the repository root (the wheels folder carried beside it):",
             f"pip install --no-index --no-deps --find-links kiln-wheels {' '.join(wanted)}",
-            "PYTHONPATH=src python bench/gpu_check",
+            "python bench/gpu_check  # this clone's src/ on its own (bench/common.py): no PYTHONPATH, no install",
         ]
     )

@@ -13,6 +13,10 @@ descendant of this process that was not there before the check, found by walking
 can neither fork nor exit, so none escapes between two scans), rescanned until no new one appears,
 then killed (SIGKILL) and reaped. A check that ended by itself gets the same sweep, so a rank it
 leaked is not left holding the GPU either.
+
+What a check yields (its table rows, each the moment it is known) is written to its result file as
+it comes, so a check stopped over budget, crashed or interrupted keeps the rows it finished
+(Outcome.items) and loses only the one it was at and those after it.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ import signal
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
@@ -96,49 +101,72 @@ def end_all(spare: set[int], sessions: set[int] = frozenset(), unreaped: set[int
     return sorted(stopped)
 
 
-def _child(run: Callable[[], object], result: Path, log: Path) -> None:
-    """In the forked process: a session of its own, output to `log`, run()'s value as JSON in
-    `result` (or {"error": ...})."""
+@dataclass
+class Outcome:
+    """What a run_isolated call left: the items run() yielded, each kept as it came, and why it
+    stopped short of its end (None: it returned)."""
+
+    items: list = field(default_factory=list)
+    why: str | None = None
+    interrupted: bool = False  # this process got SIGINT or SIGTERM while the check ran
+
+
+def _child(run: Callable[[], Iterable], result: Path, log: Path) -> None:
+    """In the forked process: a session of its own, output to `log`, each item run() yields as a JSON
+    line of `result` the moment it comes (a later item's hang or crash does not lose it), then
+    {"done": true}, or {"error": ...} if run() raised."""
     os.setsid()
     with open(log, "w") as f:
         os.dup2(f.fileno(), 1)
         os.dup2(f.fileno(), 2)
     sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", closefd=False), write_through=True)
     sys.stderr = sys.stdout
-    try:
-        result.write_text(json.dumps(run()))
-    except BaseException as exc:  # noqa: BLE001 -- reported as the check's FAIL
-        traceback.print_exc()
-        first_line = (str(exc).splitlines() or [""])[0][:160]
-        result.write_text(json.dumps({"error": f"{type(exc).__name__}: {first_line}"}))
+    with open(result, "w", buffering=1) as out:  # line-buffered: each line is the file's as it is written
+        try:
+            for item in run():
+                out.write(json.dumps({"item": item}) + "\n")
+            out.write(json.dumps({"done": True}) + "\n")
+        except BaseException as exc:  # noqa: BLE001 -- reported as the check's FAIL
+            traceback.print_exc()
+            first_line = (str(exc).splitlines() or [""])[0][:160]
+            out.write(json.dumps({"error": f"{type(exc).__name__}: {first_line}"}) + "\n")
 
 
 def run_isolated(
-    run: Callable[[], object], result: Path, log: Path, budget_s: float, progress: Path | None = None
-) -> tuple[object, str | None]:
-    """(what run() returned, None) or (None, why it has nothing): run() in a forked process given
-    `budget_s` seconds, then everything it started ended (module docstring). `progress`, if the
-    check wrote it, is a file of "<seconds in>\\t<what it was doing>" lines: the last one goes into
-    the reason of a check over budget."""
+    run: Callable[[], Iterable], result: Path, log: Path, budget_s: float, progress: Path | None = None
+) -> Outcome:
+    """run() in a forked process given `budget_s` seconds, then everything it started ended (module
+    docstring): what it yielded up to its end, or up to its overrun, crash or interruption, with why.
+    `progress`, if the check wrote it, is a file of "<seconds in>\\t<what it was doing>" lines: the
+    last one goes into the reason of a check over budget."""
     become_subreaper()
     result.unlink(missing_ok=True)
     before = descendants(os.getpid())  # e.g. multiprocessing's helpers: not the check's to end
     start = time.monotonic()
     proc = multiprocessing.get_context("fork").Process(target=_child, args=(run, result, log))
     proc.start()
+    interrupted = None
     try:
         proc.join(max(budget_s, 0.0))
+    except KeyboardInterrupt as exc:  # SIGTERM too (__main__): the items so far are kept all the same
+        interrupted = f"interrupted ({exc or 'SIGINT'})"
     finally:
         over = proc.is_alive()  # over budget, or this process interrupted
         end_all(before, {proc.pid}, {proc.pid})  # the check if still running, and whatever it left behind
         proc.join()
+    lines = [json.loads(line) for line in result.read_text().splitlines()] if result.exists() else []
+    items = [line["item"] for line in lines if "item" in line]
+    errors = [line["error"] for line in lines if "error" in line]
+    if interrupted:
+        return Outcome(items, interrupted, interrupted=True)
     if over:
         last = progress.read_text().splitlines()[-1:] if progress and progress.exists() else []
         at = "; last: {1} (at {0} s)".format(*last[0].split("\t", 1)) if last and "\t" in last[0] else ""
-        return None, f"over its {budget_s:.0f} s budget after {time.monotonic() - start:.0f} s{at} (log: {log})"
-    if not result.exists():
-        return None, f"crashed, exit code {proc.exitcode} (log: {log})"
-    data = json.loads(result.read_text())
-    if isinstance(data, dict) and "error" in data:
-        return None, f"{data['error']} (log: {log})"
-    return data, None
+        return Outcome(
+            items, f"over its {budget_s:.0f} s budget after {time.monotonic() - start:.0f} s{at} (log: {log})"
+        )
+    if errors:
+        return Outcome(items, f"{errors[0]} (log: {log})")
+    if not any("done" in line for line in lines):
+        return Outcome(items, f"crashed, exit code {proc.exitcode} (log: {log})")
+    return Outcome(items)

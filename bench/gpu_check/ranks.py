@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+import common  # bench/ is on sys.path (`python bench/gpu_check`, or the ranks' PYTHONPATH): src/ with it
 import torch
 import torch.distributed as dist
 
@@ -73,12 +74,12 @@ def check_two_ranks(ctx: Ctx) -> list[tuple[str, str]]:
         {"nproc_per_node": RANKS, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": ""},
         ["-m", "gpu_check.ranks", str(plan)],  # torchrun's --module: each rank runs `python -m gpu_check.ranks`
     )
-    bench = str(Path(__file__).resolve().parents[1])  # where gpu_check.ranks is found, whatever the cwd
+    bench = str(Path(__file__).resolve().parents[1])  # where gpu_check.ranks is found, whatever the cwd; Kiln: src/
     env = dict(
         os.environ,
         OMP_NUM_THREADS="1",
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        PYTHONPATH=os.pathsep.join(p for p in (bench, os.environ.get("PYTHONPATH")) if p),
+        PYTHONPATH=os.pathsep.join(p for p in (bench, common.SRC, os.environ.get("PYTHONPATH")) if p),
     )
     ctx.note("torchrun: 2 ranks")
     start = time.perf_counter()

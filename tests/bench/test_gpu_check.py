@@ -1,8 +1,10 @@
 """bench/gpu_check, the GPU check no CPU machine can pass, does not rot: its --cpu-dry-run runs
 every check's CPU-capable part at tiny shapes (CUDA hidden) and prints the table a GPU run prints,
-each row skipped for want of CUDA, none failed. Its process handling holds on the CPU as on the GPU
-machine: a check over budget is ended with everything it started, a torchrun-style rank in a session
-of its own included, and the run's deadline still leaves a row, with the reason, for every check."""
+each row skipped for want of CUDA, none failed, from a clone with no Kiln installed and no
+PYTHONPATH. Its process handling holds on the CPU as on the GPU machine: a check over budget is
+ended with everything it started, a torchrun-style rank in a session of its own included, the rows
+it finished before are kept, and the run's deadline still leaves a row, with the reason, for every
+check."""
 
 from __future__ import annotations
 
@@ -30,8 +32,8 @@ ROWS = [
     "flash SDPA",
     "fused AdamW",
     "torch.compile gpt2-124m",
-    "MFU gpt2-124m seq 1024",
     "host run-ahead, stop flag read",
+    "MFU gpt2-124m seq 1024",
     "bench/train_throughput.py gpt2-124m",
     "chunked loss memory, flagship logits",
     "MFU llama3.2-1b seq 8192",
@@ -41,7 +43,11 @@ ROWS = [
     "eval on GPU vs CPU",
     "tiny pipeline, train.device=cuda",
     "bench/generate.py",
-    "FSDP2 on one rank, NCCL, compiled, DCP resume",
+    "FSDP2 on one rank, NCCL, compiled",
+    "FSDP2 on one rank, DCP resume",
+    "seed 000's path: 1B, flex document mask, compiled, FSDP2 one rank, Muon",
+    "seed 000's path: the smoke gate's eager validation",
+    "seed 000's path: the in-loop decode",
     "two-rank smoke, NCCL",
     "DDP 2 ranks, NCCL",
     "FSDP 2 ranks, NCCL",
@@ -57,7 +63,8 @@ def _table(stdout: str) -> list[list[str]]:
 def node_image(folder: Path) -> Path:
     """The python of a venv that holds what a GPU node holds (bench/gpu_check/image.py): torch's
     distribution and what it requires, NODE_WHEELS and what they require (this environment's files,
-    linked), and Kiln from src/. A module of anything else is absent there, as on the node."""
+    linked), and no Kiln: a clone's bench finds its src/ itself (bench/common.py). A module of
+    anything else is absent there, as on the node."""
     sys.path.insert(0, str(REPO / "bench"))
     try:
         from gpu_check import image
@@ -70,18 +77,22 @@ def node_image(folder: Path) -> Path:
         for top in {Path(f).parts[0] for f in dist.files or [] if not str(f).startswith("..")}:
             if not (site / top).exists():
                 (site / top).symlink_to(Path(dist.locate_file(top)).resolve())
-    (site / "kiln.pth").write_text(str(REPO / "src") + "\n")
     return folder / "bin" / "python"
 
 
 def test_a_node_with_torch_and_the_listed_wheels_only_runs_every_row_but_the_pipeline(tmp_path):
-    """The whole dry run in a venv of only torch, NODE_WHEELS and what they require (node_image), as a
-    GPU node runs it: every row is printed and none fails; each check's CPU part ran and gave its
-    figure; the pipeline's row, which runs every stage, says what the node lacks (the next test runs
-    it where the packages are). `--list-wheels` names what to carry."""
+    """The whole dry run as the docs write it, `python bench/gpu_check` from the clone's root, in a
+    venv of only torch, NODE_WHEELS and what they require (node_image) and no PYTHONPATH, as a GPU
+    node runs it: Kiln is this clone's src/ (nothing else there has it), every row is printed and
+    none fails; each check's CPU part ran and gave its figure; the pipeline's row, which runs every
+    stage, says what the node lacks (the next test runs it where the packages are). `--list-wheels`
+    names what to carry."""
     python = node_image(tmp_path / "node")
-    command = [str(python), str(REPO / "bench" / "gpu_check"), *DRY_RUN, "--out", str(tmp_path / "out")]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=HANG_S)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    bare = subprocess.run([str(python), "-c", "import kiln"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert "No module named 'kiln'" in bare.stderr  # the node has no Kiln but the clone's
+    command = [str(python), "bench/gpu_check", *DRY_RUN, "--out", str(tmp_path / "out")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=HANG_S, env=env, cwd=REPO)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = _table(done.stdout)
     assert [r[0] for r in rows] == ROWS
@@ -104,7 +115,13 @@ def test_a_node_with_torch_and_the_listed_wheels_only_runs_every_row_but_the_pip
     assert "ranks' weights equal" in figures["DDP 2 ranks, NCCL"]
     assert "of DDP's" in figures["FSDP 2 ranks, NCCL"]
     # train.fsdp_one_rank on gloo: fully_shard over one rank, compiled (aot_eager), its DCP shards resumed
-    assert "DCP shards resumed: 2 steps" in figures["FSDP2 on one rank, NCCL, compiled, DCP resume"]
+    assert "of the plain rank's" in figures["FSDP2 on one rank, NCCL, compiled"]
+    assert "DCP shards resumed: 2 steps" in figures["FSDP2 on one rank, DCP resume"]
+    # seed 000's config from its file, its 1B model on meta, then the tiny twin through the same functions
+    seed = [figures[row] for row in ROWS if row.startswith("seed 000's path")]
+    assert "1.04B parameters, vocab 32,768, seq 8,192, flex on CUDA: True" in seed[0], seed[0]
+    assert "parameters sharded (DTensor), document mask: dense, optimizer muon" in seed[0], seed[0]
+    assert "held-out loss" in seed[1] and "2 prompts x 4 new tokens" in seed[2] and "lengths [4]" in seed[2]
     assert (tmp_path / "out" / "snapshot" / "smoke" / "trace.json").exists()  # the smoke probe traced its step
     wheels = subprocess.run([*GPU_CHECK, "--list-wheels"], capture_output=True, text=True, timeout=60)
     assert wheels.returncode == 0, wheels.stderr
@@ -151,17 +168,18 @@ DRIVER = textwrap.dedent("""
     LAUNCHER = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-S', '-c', %r, sys.argv[1]], "
                 "start_new_session=True); time.sleep(120)") % RANK
 
-    def check():
+    def check():  # two rows, the first as soon as the rank is up
         subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, str(work / "rank.pid")])
         while not (work / "rank.pid").exists():
             time.sleep(0.05)
         (work / "progress.tsv").write_text("1\\tthe rank is up\\n")
+        yield ["pass", "the rank is up"]
         if hang:
             time.sleep(120)
-        return [["pass", "returned, its rank still running"]]
+        yield ["pass", "returned, its rank still running"]
 
-    data, why = run_isolated(check, work / "r.json", work / "r.log", 6 if hang else 60, work / "progress.tsv")
-    print(json.dumps({"data": data, "why": why}))
+    done = run_isolated(check, work / "r.jsonl", work / "r.log", 6 if hang else 60, work / "progress.tsv")
+    print(json.dumps({"rows": done.items, "why": done.why}))
 """)
 
 
@@ -178,7 +196,8 @@ def _running(pid: int) -> bool:
 def test_a_check_is_ended_with_a_rank_it_started_in_a_session_of_its_own(tmp_path, mode):
     """Over budget ("hang") or done ("return"), the check's rank is gone afterwards: killing the
     check's process group (the old way) leaves it running, holding the next check's GPU. The reason
-    of a check over budget quotes its last progress note."""
+    of a check over budget quotes its last progress note, and the row it finished before its overrun
+    is kept (rows came back only with a check's end before: its overrun lost every row)."""
     done = subprocess.run(
         [sys.executable, "-c", DRIVER, str(REPO / "bench"), str(tmp_path), mode],
         capture_output=True,
@@ -193,23 +212,37 @@ def test_a_check_is_ended_with_a_rank_it_started_in_a_session_of_its_own(tmp_pat
         if _running(rank):
             os.kill(rank, signal.SIGKILL)
     result = json.loads(done.stdout.splitlines()[-1])
+    up = ["pass", "the rank is up"]
     if mode == "hang":
-        assert result["data"] is None and "over its 6 s budget" in result["why"] and "the rank is up" in result["why"]
+        assert result["rows"] == [up] and "over its 6 s budget" in result["why"] and "the rank is up" in result["why"]
     else:
-        assert result["data"] == [["pass", "returned, its rank still running"]] and result["why"] is None
+        assert result["rows"] == [up, ["pass", "returned, its rank still running"]] and result["why"] is None
 
 
-def test_the_budgets_sum_well_under_the_deadline_and_eight_minutes(monkeypatch):
-    """The GPU run must end within a device session's 8 minutes with numbers in every row: the
-    per-check budgets (the environment probe's included) fit inside the enforced deadline, with and
-    without the two-rank check, and the deadline leaves the interpreter's start-up its margin."""
+def test_the_budgets_sum_under_the_deadline_and_nine_minutes(monkeypatch):
+    """The GPU run must end within a device command's 10 minutes with numbers in every row: the
+    per-check budgets (the environment probe's included) fit inside the enforced deadline, 9 minutes,
+    with and without the two-rank check, and the deadline leaves the interpreter's start-up and the
+    table their minute."""
     monkeypatch.syspath_prepend(str(REPO / "bench"))  # as `python bench/gpu_check` has it
     from gpu_check import checks
 
     one_gpu = checks.ENVIRONMENT_S + sum(c.budget_s for c in checks.CHECKS if c.gpus == 1)
     every = one_gpu + sum(c.budget_s for c in checks.CHECKS if c.gpus > 1)
-    assert one_gpu <= 440 and every <= checks.DEADLINE_S <= 480
+    assert one_gpu <= 500 and every <= checks.DEADLINE_S <= 540
     assert [row for c in checks.CHECKS for row in c.rows] == ROWS
+
+
+def test_the_train_bench_mark_passes_what_the_h200_measured_and_fails_what_it_is_there_to_catch(monkeypatch):
+    """The gpt2-bench row's pass mark against nanoGPT's loop compiled whole (docs/benchmarks.md, "Loss
+    chunks on the H200", gpt2-124m at 16 x 1024): Kiln's step, the loss whole as it now runs there,
+    measured 418,388 tokens/s against the loop's 491,792, so a mark of 1.0x failed by design; the
+    chunked loss's slowdown the row is there to catch read 148,707. The mark passes the first with a
+    tenth to spare and fails the second."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from gpu_check import benches
+
+    assert 148_707 / 491_792 < benches.COMPILED_LOOP_MARK <= 0.9 * 418_388 / 491_792
 
 
 def _processes_naming(text: str) -> list[int]:
@@ -243,8 +276,30 @@ def test_a_run_stopped_while_torchrun_ranks_train_ends_them_and_still_prints_the
         assert run.returncode == 1, stdout + stderr
         rows = _table(stdout)
         assert [r[0] for r in rows] == ROWS[-3:]
-        assert all(r[1:3] == ["FAIL", "interrupted (SIGTERM)"] for r in rows), rows
+        assert rows[0][1:3] == ["FAIL", "interrupted (SIGTERM)"], rows
+        assert all(r[1:3] == ["FAIL", "not reached: the check stopped at 'two-rank smoke, NCCL'"] for r in rows[1:])
         assert _processes_naming(str(tmp_path)) == []
     finally:
         for pid in _processes_naming(str(tmp_path)):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_row_is_written_as_its_part_ends_and_a_stop_in_the_next_part_keeps_it(tmp_path):
+    """fsdp-one-rank's first row (the mode against the plain rank) is in the check's rows file while
+    its second part (the resume) still runs, and the run stopped then (SIGTERM, a device session
+    ending) prints that row as the check measured it; only the row it was at reads why it has no
+    figure. Before, a check's rows came back with its end alone: both read "interrupted"."""
+    command = [*GPU_CHECK, *DRY_RUN, "--out", str(tmp_path), "--only", "fsdp-one-rank"]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rows_file, give_up = tmp_path / "fsdp-one-rank.jsonl", time.monotonic() + HANG_S
+    while '"item"' not in (rows_file.read_text() if rows_file.exists() else "") and run.poll() is None:
+        assert time.monotonic() < give_up, "the first row never came"
+        time.sleep(0.1)
+    assert run.poll() is None, "the check ended before its first row was read: " + run.communicate()[0]
+    run.send_signal(signal.SIGTERM)  # the resume's run, a whole train run, is under way
+    stdout, stderr = run.communicate(timeout=60)
+    assert run.returncode == 1, stdout + stderr
+    first, second = _table(stdout)
+    assert first[:2] == ["FSDP2 on one rank, NCCL, compiled", "skipped: no CUDA"], first
+    assert first[2].startswith("CPU part: ") and "of the plain rank's" in first[2]
+    assert second[:3] == ["FSDP2 on one rank, DCP resume", "FAIL", "interrupted (SIGTERM)"], second
