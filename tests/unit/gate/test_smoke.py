@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from seccomp import SYS_UNSHARE, refuse_unshare
 from synthetic import REPO, SEQ_LEN, smoke_sections, write_shards
 
 import kiln.train.trainer as trainer_module
@@ -211,7 +212,9 @@ WHERE_REFUSED = (
 )
 
 
-def _run_script(shards: Path, out: Path, sections: dict, refused: bool = False) -> subprocess.CompletedProcess:
+def _run_script(
+    shards: Path, out: Path, sections: dict, refused: bool = False, preexec_fn=None
+) -> subprocess.CompletedProcess:
     path = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
     return subprocess.run(
@@ -231,6 +234,7 @@ def _run_script(shards: Path, out: Path, sections: dict, refused: bool = False) 
         text=True,
         env=env,
         timeout=300,
+        preexec_fn=preexec_fn,
     )
 
 
@@ -288,6 +292,19 @@ def test_script_with_the_in_loop_eval_stops_before_its_probe_where_the_sandbox_i
     proc = _run_script(shards, tmp_path / "smoke", _in_loop(smoke_sections()), refused=True)
     assert proc.returncode == 1 and refusal in proc.stderr
     assert not (tmp_path / "smoke").exists()  # run_checks never started: no model, no probe step
+
+
+@pytest.mark.skipif(SYS_UNSHARE is None, reason="unshare's syscall number on this machine is not known here")
+def test_script_with_the_in_loop_eval_under_dockers_seccomp_profile_stops_naming_eval_in_loop(shards, tmp_path):
+    """The real probe, where the kernel refuses unshare as Docker's default seccomp profile does
+    (tests/seccomp.py): the stage stops before its probe with the train stage's error, not a traceback
+    (as root, the probe's program, run as uid 65534 without the view, may not reach the interpreter)."""
+    proc = _run_script(shards, tmp_path / "smoke", _in_loop(smoke_sections()), preexec_fn=refuse_unshare)
+    assert proc.returncode == 1, proc.stderr
+    refused = "eval.in_loop: the sandbox cannot confine generated programs on this machine (the host's, under "
+    refused += "file permissions only (namespaces unavailable: [Errno 1] unshare: Operation not permitted)"
+    assert refused in proc.stderr and "seccomp=unconfined" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "smoke").exists()
 
 
 def test_script_with_the_in_loop_eval_off_asks_nothing_of_the_sandbox(shards, tmp_path):
