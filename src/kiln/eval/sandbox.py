@@ -76,6 +76,10 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 class SandboxError(RuntimeError):
     """The sandbox failed, not the program: no result of this machine could be trusted."""
 
+    def __init__(self, message: str, notes: dict[str, str] | None = None):
+        super().__init__(message)
+        self.notes = notes or {}  # the launcher's account of the layers (protections()), where it gave one
+
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
@@ -126,7 +130,15 @@ def unconfined() -> str | None:
 
 @functools.cache
 def _probe() -> dict[str, str]:
-    outcome, notes = _run("", Limits())
+    try:
+        outcome, notes = _run("", Limits())
+    except SandboxError as error:
+        # As root without namespaces (Docker's default seccomp profile refuses unshare), the program runs
+        # as uid 65534 in the host's tree, where it may not reach the interpreter (pyenv's, under /root):
+        # no program runs, and none would be confined; the layers' account says why.
+        if error.notes.get("filesystem", _VIEW) == _VIEW:
+            raise
+        return error.notes | {"filesystem": f"{error.notes['filesystem']}; {error}"}
     if not outcome.passed:
         raise SandboxError(f"an empty program fails in the sandbox: {outcome.reason}\n{outcome.stderr}")
     return notes
@@ -163,7 +175,7 @@ def _run(source: str, limits: Limits) -> tuple[Outcome, dict[str, str]]:
         raise SandboxError(f"the sandbox's launcher failed (exit status {launcher.returncode}):\n{tail}")
     result = json.loads(report)
     if "error" in result:
-        raise SandboxError(f"the sandbox could not start the program's interpreter: {result['error']}")
+        raise SandboxError(f"the sandbox could not start the program's interpreter: {result['error']}", result["notes"])
     reason = _reason(result, tail, limits)
     return Outcome(reason == "passed", reason, wall_s, tail), result["notes"]
 

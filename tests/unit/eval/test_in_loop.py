@@ -65,6 +65,22 @@ def test_the_in_loop_eval_logs_pass_at_1_at_its_steps_and_leaves_the_weights_alo
     assert trained.keys() == plain.keys() and all(trained[k].equal(plain[k]) for k in trained)
 
 
+def test_where_the_sandbox_is_refused_the_in_loop_eval_stops_before_the_first_step_naming_itself(tmp_path, monkeypatch):
+    """Docker's default seccomp profile and Ubuntu 24.04's AppArmor restriction refuse the namespaces: the
+    error names eval.in_loop, how to allow them and how to turn the eval off (not the eval stage's
+    settings, which leave it on), before the tokenizer or the problems are read."""
+    refused = {"filesystem": "the host's, under file permissions only (namespaces unavailable: [Errno 1] EPERM)"}
+    monkeypatch.setattr(sandbox, "protections", lambda: refused)
+    sections = train_sections()
+    sections["eval"]["in_loop"] = {"every": sections["train"]["eval_every"]}
+    with pytest.raises(KilnError) as refusal:
+        HumanEvalInLoop(tmp_path / "unread-tokenizer.json", RunConfig.of(sections).eval)
+    message = str(refusal.value)
+    assert message.startswith("eval.in_loop: the sandbox cannot confine") and "EPERM" in message
+    assert "kernel.apparmor_restrict_unprivileged_userns=0" in message and "seccomp=unconfined" in message
+    assert message.endswith("set eval.in_loop.every to 0.")
+
+
 def test_the_in_loop_every_must_be_a_multiple_of_the_validations():
     # as the user types it: snakemake --config eval='{in_loop: {every: 150}}' on the default (eval_every 100)
     with pytest.raises(KilnError, match=r"eval.in_loop.every: 150 must be a multiple of train.eval_every=100"):

