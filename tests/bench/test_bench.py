@@ -70,6 +70,11 @@ PRINTS = {
     ],
     "near_dup.py": ["| near-dup | documents/s | seconds | peak RSS MiB |", "Kiln / datasketch: "],
     "optimizer.py": ["| optimizer | lr (AdamW) | muon_lr |"],
+    "rehearse_calibration.py": [
+        "| config | ranks | micro-batch x seq | precision | rehearsed MiB | measured MiB |",
+        "| default | 1 | 1 x 512 | fp32 |",
+        "| tiny | 2 | 2 x 64 | bf16 |",
+    ],
     "resume_memory.py": ["| rank | RSS growth |", "| 1 |"],
     "shard_verify.py": ["verify pass (sha256 + ids, one read)", "| loader | open s | first batch s |"],
     "stage_times.py": ["| stage | wall s | CPU s | max RSS MiB |", "| report | not run |", "| **total** |"],

@@ -4,7 +4,10 @@ and the largest tensor with the module that made it.
 A TorchDispatchMode above torch's FakeTensorMode sees every op's outputs: a tensor with storage not
 seen before is an allocation of its storage's bytes, rounded up to the 512-byte blocks of CUDA's
 caching allocator, freed when the storage's last reference goes (a weakref finalizer), as the
-allocator frees a block back to its pool. Views share their base's storage and cost nothing.
+allocator frees a block back to its pool. Views share their base's storage and cost nothing. A
+DTensor (FSDP2's parameters, gradients and optimizer state) costs its local shard, not its global
+size; a storage resized in place (FSDP2 frees a block's gathered parameters so and gathers them into
+it again) costs its new size from then on.
 Fragmentation, the CUDA context and NCCL's buffers are not counted: kiln.plan.memory.FIT_FRACTION
 leaves them their share of the card.
 
@@ -24,7 +27,7 @@ import weakref
 import torch
 from torch._higher_order_ops.flex_attention import flex_attention as flex_attention_hop
 from torch.distributed._tools.mod_tracker import ModTracker
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 from kiln.plan.rehearsal import Tensor
@@ -47,7 +50,26 @@ class LiveBytes(TorchDispatchMode):
         self.modules = modules
         self.live = self.peak = 0
         self.largest: Tensor | None = None
-        self._seen: weakref.WeakSet = weakref.WeakSet()
+        self._counted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> [bytes counted]
+        self._resize = None  # torch's UntypedStorage.resize_, while this mode is entered
+
+    def __enter__(self):
+        # FSDP2 frees a block's gathered parameters by resizing their storage to 0 bytes and gathers
+        # into the same storage resized back (torch.distributed.fsdp._fully_shard._fsdp_param's
+        # free_storage / alloc_storage): a storage method, not an op this mode sees
+        self._resize = resize = torch.UntypedStorage.resize_
+
+        def counted_resize(storage, nbytes):
+            out = resize(storage, nbytes)
+            self._resized(storage)
+            return out
+
+        torch.UntypedStorage.resize_ = counted_resize
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._resize
+        return super().__exit__(*exc)
 
     def reset_peak(self) -> None:
         self.peak, self.largest = self.live, None
@@ -58,22 +80,38 @@ class LiveBytes(TorchDispatchMode):
         return where + (" (backward)" if self.modules.is_bw else "")
 
     def _add(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        if storage in self._seen:
+        if is_traceable_wrapper_subclass(t):  # a DTensor (FSDP2's parameters, gradients, optimizer state):
+            # its own storage has its global size; this rank holds its local shard, an inner tensor
+            names, _ = t.__tensor_flatten__()  # DTensor's: its local tensor, and its device mesh
+            for inner in (getattr(t, name) for name in names):
+                if isinstance(inner, torch.Tensor):
+                    self._add(inner)
             return
-        self._seen.add(storage)
+        storage = t.untyped_storage()
+        if storage in self._counted:
+            return
         nbytes = allocated(storage.nbytes())
+        self._counted[storage] = counted = [nbytes]
         self.live += nbytes
-        weakref.finalize(storage, self._free, nbytes)
+        weakref.finalize(storage, self._free, counted)
         self._note(Tensor(tuple(t.shape), str(t.dtype).removeprefix("torch."), nbytes, self._where()))
+
+    def _resized(self, storage) -> None:
+        counted = self._counted.get(storage)
+        if counted is None:  # made before this mode: not counted, nor its resizes
+            return
+        nbytes = allocated(storage.nbytes())
+        self.live += nbytes - counted[0]
+        counted[0] = nbytes
+        self.peak = max(self.peak, self.live)
 
     def _note(self, made: Tensor, transient: int = 0) -> None:
         self.peak = max(self.peak, self.live + transient)
         if self.largest is None or made.nbytes > self.largest.nbytes:
             self.largest = made
 
-    def _free(self, nbytes: int) -> None:
-        self.live -= nbytes
+    def _free(self, counted: list[int]) -> None:
+        self.live -= counted[0]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, TypeVar
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
 
 T = TypeVar("T")
@@ -38,13 +39,28 @@ def allocated_during(fn: Callable[[], T]) -> tuple[T, Allocated]:
 
 
 def tensor_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind `tensors` (a tied weight, or views, counted once)."""
+    """Bytes of the distinct storages behind `tensors` (a tied weight, or views, counted once; of a
+    DTensor, this rank's local shard)."""
     seen: dict[int, int] = {}
     for t in tensors:
+        if isinstance(t, DTensor):
+            t = t.to_local()
         if torch.is_tensor(t) and t.device.type == "cpu":
             storage = t.untyped_storage()
             seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
+
+
+def steady_step_bytes(trainer) -> int:
+    """Bytes at the peak of a kiln.train.trainer.Trainer's train step after its first, on this CPU: the
+    weights, buffers and optimizer state alive before it (the first step makes the state) plus the
+    profiler's peak during it (as bench/memory_estimate.py measures, buffers added; kiln.rehearse's
+    calibration, bench/rehearse_calibration.py)."""
+    trainer.train_step()
+    model, state = trainer.model, trainer.optimizer.state.values()
+    resident = tensor_bytes([*model.parameters(), *model.buffers(), *(t for s in state for t in s.values())])
+    _, step = allocated_during(trainer.train_step)
+    return resident + step.peak
 
 
 @dataclass(frozen=True)
