@@ -74,7 +74,13 @@ class ModelSection(Section):
         """A source's sliding-window attention span (StarCoder2's checkpoints: 4096), as a train.init_from.hf
         checkpoint states it. Kiln computes full causal attention, the same only while shard.seq_len is at
         most this: a longer context is an error. Unset or null: no window.""",
-        MODEL_VALUES,
+        reads(
+            "Kiln's attention is causal over the whole row, the same within the span: only the export carries it",
+            smoke=RUN,
+            train=OUTPUT,
+            report=OUTPUT,
+            rehearse=RUN,
+        ),
         nullable=True,
         ge=1,
     )
