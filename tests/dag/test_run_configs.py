@@ -273,6 +273,7 @@ def test_a_sweep_builds_its_data_once_and_each_arm_gets_its_values(tmp_path, nam
         "pretokenize": 1,
         "shard": 1,
         "eval_data": arms,
+        "rehearse": arms,  # each arm's rehearsal, from its config alone
         "smoke": arms,
         "train": arms,
         "eval": arms,
@@ -280,7 +281,7 @@ def test_a_sweep_builds_its_data_once_and_each_arm_gets_its_values(tmp_path, nam
         "plan": arms,
         "sweep_report": 1,
         "all": 1,
-        "total": 6 * arms + 8,
+        "total": 7 * arms + 8,
     }
     trains = {params["run_name"]: params for params, _ in train_jobs(result)}
     assert sorted(trains) == sorted(experiment.runs)
