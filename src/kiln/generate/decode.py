@@ -132,9 +132,8 @@ def _decode(
     idx = torch.zeros(len(prompts), width, dtype=torch.long)  # pad id 0: masked out, any id would do
     for b, p in enumerate(prompts):
         idx[b, width - len(p) :] = torch.tensor(p)
-    pad = torch.tensor([width - len(p) for p in prompts], device=device)
     # The last new token is never fed back, so the cache needs one slot fewer than the full rows.
-    cache = KVCache.for_model(model, pad, width + max_new - 1)
+    cache = KVCache.for_model(model, [width - len(p) for p in prompts], width + max_new - 1)
     stops = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
     stopped = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     logits, _ = model(idx.to(device), cache=cache)  # (B, 1, V)

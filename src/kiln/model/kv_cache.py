@@ -21,10 +21,12 @@ import torch
 
 
 class KVCache:
-    def __init__(self, n_layer: int, pad: torch.Tensor, max_len: int):
-        """pad (B,) long: left-padding slots of each row, on the model's device. max_len: slots."""
-        self.n_layer, self.pad, self.max_len = n_layer, pad, max_len
-        self.padded = bool(pad.any())
+    def __init__(self, n_layer: int, pads: list[int], max_len: int, device: torch.device | str = "cpu"):
+        """pads: left-padding slots of each row, known on the host (so no device read tells whether
+        any row is padded). max_len: slots. device: the model's."""
+        self.n_layer, self.max_len = n_layer, max_len
+        self.pad = torch.tensor(pads, dtype=torch.long, device=device)  # (B,)
+        self.padded = any(pads)
         self.k: torch.Tensor | None = None  # (L, B, K, S, D), allocated by the first update (its dtype)
         self.v: torch.Tensor | None = None
         self.length = 0  # slots filled by finished forwards
@@ -32,12 +34,12 @@ class KVCache:
         self.is_causal = False
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, pad: torch.Tensor, max_len: int) -> KVCache:
-        """A cache for max_len slots, which must fit the model's context: positions past the
-        training seq_len have no learned row (GPT) or RoPE table entry (Llama)."""
+    def for_model(cls, model: torch.nn.Module, pads: list[int], max_len: int) -> KVCache:
+        """A cache for max_len slots on the model's device, which must fit the model's context:
+        positions past the training seq_len have no learned row (GPT) or RoPE table entry (Llama)."""
         if max_len > model.config.seq_len:
             raise ValueError(f"a cache of {max_len} slots exceeds the model's {model.config.seq_len} positions")
-        return cls(model.config.n_layer, pad, max_len)
+        return cls(model.config.n_layer, pads, max_len, next(model.parameters()).device)
 
     def begin(self, T: int) -> torch.Tensor:
         """Set the attention mask for the next T tokens; their positions (B, T)."""

@@ -48,7 +48,7 @@ class Phase:
     largest: Tensor | None
     usable: int
     upper_bound: bool = False  # a compiled run's training step, counted eagerly (kiln.rehearse.run)
-    batched: bool = True  # holds a micro-batch's tensors (a smaller one helps); the build holds the model alone
+    advice: str | None = None  # what helps where it does not fit; None: a training batch's (Rehearsal.advice)
 
     @property
     def fits(self) -> bool:
@@ -124,7 +124,7 @@ def check(rehearsal: Rehearsal) -> None:
             raise KilnError(
                 f"{rehearsal.run}: {phase.name} will not fit on {rehearsal.gpu.fragment}: "
                 f"{phase.peak / GIB:.1f} GiB per rank > the {phase.usable / GIB:.1f} GiB a step may use{largest}. "
-                + (rehearsal.advice if phase.batched else UNBATCHED_ADVICE)
+                + (rehearsal.advice if phase.advice is None else phase.advice)
             )
 
 

@@ -2,8 +2,9 @@
 
 The train stage's own objects do the work: a Trainer (kiln.train.trainer) built from the run's
 config, its model made and readied by kiln.train.parallel (DDP, or FSDP2 / HSDP on the mesh of
-nnodes x nproc_per_node), its optimizer, its train_step, its validation, and the smoke gate's eager
-validation (kiln.gate.checks.validate_eagerly). Around them:
+nnodes x nproc_per_node; DDP's replicas as one rank), its optimizer, its train_step (the second: the
+first makes the optimizer's state), its validation, the smoke gate's eager validation
+(kiln.gate.checks.validate_eagerly) and, with eval.in_loop on, its decode (Trainer.sample). Around them:
 - torch's fake process group of the run's world size, as this process's rank 0 (torchtitan's
   COMM_MODE=fake_backend dry run): collectives return at once, shapes as the real ones;
 - FakeTensorMode: tensors carry shape, dtype and device, no memory;
@@ -26,12 +27,13 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.attention.flex_attention
-from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode, unset_fake_temporarily
 from torch.distributed._tools.mod_tracker import ModTracker
 from torch.distributed.tensor import DTensor, Shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -41,12 +43,13 @@ from kiln.config.models import model_config
 from kiln.config.run_config import RunConfig
 from kiln.data.shards import shard_split
 from kiln.gate.checks import oom_advice, validate_eagerly
+from kiln.generate.decode import generate
 from kiln.io import write_json
 from kiln.model.documents import flex_on
 from kiln.plan import autofit
 from kiln.plan.memory import FIT_FRACTION, GIB, loss_rows, setting_of
 from kiln.plan.peaks import GPU, planned_gpu
-from kiln.plan.rehearsal import Phase, Rehearsal, check
+from kiln.plan.rehearsal import UNBATCHED_ADVICE, Phase, Rehearsal, check
 from kiln.rehearse.live import LiveBytes
 from kiln.train.device import use_compile
 from kiln.train.trainer import Trainer
@@ -214,27 +217,52 @@ def rehearse(run: RunConfig, vocab: int, gpu: GPU) -> Rehearsal:
             trainer = Trainer(run, shards, max_steps=2)
             trainer.train_on(HostBatches(trainer.batches))
             result.phases.append(
-                Phase("build: model, parallel, optimizer", live.peak, live.largest, usable, batched=False)
+                Phase("build: model, parallel, optimizer", live.peak, live.largest, usable, advice=UNBATCHED_ADVICE)
             )
             result.problems = unsharded(trainer)  # before a forward: FSDP2 leaves the root's gathered after one
             s = setting_of(train, world=world, grad_accum=trainer.batch_split.grad_accum)
             trainer.model.loss_rows = loss_rows(trainer.model_config, s, gpu.memory_gib)  # as the card decides
 
-            phases = (  # (name, work, whether it keeps activations for backward)
-                ("train step: forward, backward, optimizer", lambda: steady_step(trainer, live), True),
-                ("smoke gate: eager validation", lambda: validate_eagerly(trainer, 1), False),
-                ("validation", lambda: trainer.validation_loss(1), False),
-            )
-            for name, work, backward in phases:
+            phases = (  # (name, work, whether it keeps activations for backward, what helps if over)
+                ("train step: forward, backward, optimizer", lambda: steady_step(trainer, live), True, None),
+                ("smoke gate: eager validation", lambda: validate_eagerly(trainer, 1), False, None),
+                ("validation", lambda: trainer.validation_loss(1), False, None),
+            ) + ((in_loop_decode(trainer),) if run.eval.in_loop.every else ())
+            for name, work, backward, advice in phases:
                 live.reset_peak()
                 work()
                 # what a compiled block keeps for backward is less than this eager count (module docstring)
-                result.phases.append(Phase(name, live.peak, live.largest, usable, upper_bound=compiled and backward))
+                upper = compiled and backward
+                result.phases.append(Phase(name, live.peak, live.largest, usable, upper_bound=upper, advice=advice))
             result.problems += optimizer_state_problems(trainer)
     # What dynamo noted of frames it met while off (code it marked as not to trace): forgotten, so a
     # later compile in this process (a test's, a stage's) starts as it would have without the rehearsal
     torch._dynamo.reset()
     return result
+
+
+def in_loop_decode(trainer: Trainer) -> tuple[str, Callable[[], None], bool, str]:
+    """eval.in_loop's decode as a phase: the train stage's own sampling (Trainer.sample: every rank,
+    eager, the model as it trains) of a decode batch of the longest prompts the decode takes, a row
+    of the context less the one new token (kiln.generate.decode crops prompts so): their prefill and
+    a key/value cache of the whole context, the most any HumanEval prompt can cost. The decode ends
+    where it reads the new ids back to the host, which a fake tensor cannot answer: by then every
+    byte it holds has been allocated."""
+    from kiln.eval.sizes import DECODE_BATCH  # HumanEval's package: imported only with the in-loop eval on
+
+    context = trainer.model_config.seq_len
+    longest = [[EOS_ID + 1] * (context - 1)] * DECODE_BATCH
+
+    def decode(model, agree=None) -> list[dict]:
+        with contextlib.suppress(DataDependentOutputException):  # reading the ids back
+            generate(model, longest, 1, stop_ids=frozenset({EOS_ID}), batch_size=DECODE_BATCH, agree=agree)
+        return []
+
+    name = f"in-loop decode: {DECODE_BATCH} prompts of {context - 1:,} tokens"
+    advice = (
+        "The in-loop eval's decode at the whole context: turn it off (eval.in_loop.every: 0) or a shorter shard.seq_len"
+    )
+    return name, lambda: trainer.sample(decode), False, advice
 
 
 def steady_step(trainer: Trainer, live: LiveBytes) -> None:

@@ -63,7 +63,7 @@ def test_cached_logits_match_the_full_forward(cfg):
     model = _model(cfg, std=None)
     [ids] = _prompts([20])
     full, _ = model(torch.tensor([ids]))  # (1, 20, V)
-    cache = KVCache.for_model(model, torch.zeros(1, dtype=torch.long), 20)
+    cache = KVCache.for_model(model, [0], 20)
     bounds = [0, 6, 11, *range(12, 21)]
     for start, end in zip(bounds, bounds[1:]):
         logits, _ = model(torch.tensor([ids[start:end]]), cache=cache)
@@ -81,7 +81,7 @@ def test_left_padding_does_not_change_a_rows_logits(cfg):
     idx = torch.zeros(len(prompts), width, dtype=torch.long)
     for b, p in enumerate(prompts):
         idx[b, width - len(p) :] = torch.tensor(p)
-    cache = KVCache.for_model(model, torch.tensor([width - n for n in LENGTHS]), width + 4)
+    cache = KVCache.for_model(model, [width - n for n in LENGTHS], width + 4)
     batched = [model(idx, cache=cache)[0][:, 0]]
     for t in range(4):
         batched.append(model(torch.tensor([s[t] for s in steps])[:, None], cache=cache)[0][:, 0])

@@ -88,7 +88,7 @@ def test_cached_decoding_matches_the_full_forward(option):
     model = _trained_looking(dataclasses.replace(BASE, **ON[option]))
     ids = _ids(1, 12)
     full, _ = model(ids)
-    cache = KVCache.for_model(model, torch.zeros(1, dtype=torch.long), 12)
+    cache = KVCache.for_model(model, [0], 12)
     for start, end in [(0, 5), (5, 6), (6, 12)]:
         logits, _ = model(ids[:, start:end], cache=cache)
         torch.testing.assert_close(logits[0, 0], full[0, end - 1], rtol=0, atol=1e-5)

@@ -39,6 +39,10 @@ def test_seed_000_rehearses_on_a_cpu_and_the_smoke_gates_validation_fits(capsys,
     # the fp32 model built whole on the device (1.04B parameters, 3.88 GiB), then sharded block by block:
     # less than the whole model and this rank's shards of it (0.97 GiB) at once
     assert 3.88 < build.peak / 2**30 < 3.88 + 0.97
+    # eval.in_loop's decode (Trainer.sample) of 16 prompts of the whole context: its key cache (or its
+    # value cache), (layers, batch, key/value heads, slots, head dim) in bf16, is its largest tensor
+    decode = rehearsal.phase("in-loop decode")
+    assert decode.fits and decode.largest.shape == (16, 16, 8, 8191, 64) and decode.largest.dtype == "bfloat16"
     rehearsal.save(tmp_path / "rehearsal.json")  # what the rehearse stage writes and `kiln plan` reads
     assert Rehearsal.load(tmp_path / "rehearsal.json") == rehearsal
 

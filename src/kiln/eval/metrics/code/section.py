@@ -7,7 +7,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from kiln.config.declare import EVAL, RUN, Number, Section, group, reads, setting
+from kiln.config.declare import EVAL, OUTPUT, RUN, Number, Section, group, reads, setting
 
 InfillKind = Literal["single_line", "multi_line", "random_span"]
 FimMode = Literal["psm", "spm"]  # as kiln.data.fim lays a FIM example out
@@ -103,9 +103,11 @@ IN_LOOP = reads("logged beside the loss; the weights and the data order do not c
 # result is only a line of smoke's report, and rerunning smoke's GPU probe for a new `every` would buy
 # nothing (turned on after smoke ran, the train stage's own refusal still comes before its first step).
 IN_LOOP_EVERY = reads(
-    "logged beside the loss; the weights and the data order do not change; smoke probes the sandbox when on",
+    "logged beside the loss; the weights and the data order do not change; smoke probes the sandbox when on;"
+    " the rehearsal adds the decode's phase",
     smoke=RUN,
     train=RUN,
+    rehearse=OUTPUT,
 )
 
 
