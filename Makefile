@@ -23,8 +23,7 @@ test-fast: $(STAMP)
 	pytest -q tests/unit -m "not slow and not process"
 
 # Every test, in four lanes at once, each given its folders (collecting only those: ~13 s of CPU a lane
-# collecting the whole tree): the Snakemake DAG runs (tests/dag) and the GPU check's dry runs
-# (tests/bench/test_gpu_check.py, ~3 minutes, moved there from the rest's lane), the stage tags' runs
+# collecting the whole tree): the Snakemake DAG runs (tests/dag), the stage tags' runs
 # (tests/dag/test_tags.py), the Slurm cluster's (tests/slurm: they mostly wait on the scheduler and the
 # executor plugin's status polling) followed by the process tests (tests/process: torchrun's ranks, the
 # stage scripts), and the rest (tests/unit, tests/bench). The lanes are balanced by their measured
@@ -37,13 +36,13 @@ test-fast: $(STAMP)
 # Spinning 1,000 rounds instead of 300,000 before sleeping: four 2-thread tiny training loops at once
 # took 8.4 s instead of 44.7 s here, one alone 1.1 s instead of 0.9 (docs/testing.md).
 test: export GOMP_SPINCOUNT := 1000
-LANE_dag := tests/dag --ignore=tests/dag/test_tags.py tests/bench/test_gpu_check.py
+LANE_dag := tests/dag --ignore=tests/dag/test_tags.py
 LANE_tags := tests/dag/test_tags.py
 LANE_slurm := tests/slurm tests/process
 LANES := dag tags slurm  # beside them, the rest: every other folder
 test: $(STAMP)
 	@$(foreach lane,$(LANES),pytest -q $(LANE_$(lane)) > .pytest-$(lane).log 2>&1 & echo $$! > .pytest-$(lane).pid;) \
-	pytest -q --ignore=tests/dag --ignore=tests/slurm --ignore=tests/process --ignore=tests/bench/test_gpu_check.py; code=$$?; \
+	pytest -q --ignore=tests/dag --ignore=tests/slurm --ignore=tests/process; code=$$?; \
 	for lane in $(LANES); do \
 		wait $$(cat .pytest-$$lane.pid); lane_code=$$?; rm -f .pytest-$$lane.pid; \
 		echo "=== the $$lane lane (run beside the above; log: .pytest-$$lane.log) ==="; \
