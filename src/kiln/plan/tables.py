@@ -174,8 +174,8 @@ def rehearsal_row(rehearsed: dict) -> tuple[str, str]:
         return ("memory per GPU, rehearsed", rehearsed["stale"])
     phases = ", ".join(
         f"{name} {p['gib']:.1f} GiB"
-        + (" (counted eagerly: an upper bound)" if p["upper_bound"] else "")
-        + ("" if p["fits"] or p["upper_bound"] else " DOES NOT FIT")
+        + (" (compiled, estimated)" if p["compiled"] else "")
+        + ("" if p["fits"] else " DOES NOT FIT")
         for name, p in rehearsed["phases"].items()
     )
     return ("memory per GPU, rehearsed", f"{phases} ({rehearsed['path']})")

@@ -65,3 +65,15 @@ def test_seed_000_on_two_nodes_rehearses_as_hsdp_at_the_micro_batch_that_keeps_i
     rehearsal = _rehearse({"train": "{nnodes: 2, micro_batch: 3}"})
     assert rehearsal.layout == "8 ranks, fsdp (HSDP 2 x 4)" and rehearsal.problems == []
     check(rehearsal)
+
+
+def test_a_compiled_train_step_is_judged_by_its_eager_count_less_what_compiling_saves():
+    """The compiled step runs eagerly here; it is judged by the eager count less kiln.plan.memory's
+    eager-to-compiled difference at the step (36 GiB at seed 000's 6 x 8,192 a rank, the difference
+    the calibration checked on the H200). Twice the micro-batch, with the batch twice too, does not fit."""
+    step = _rehearse().phase("train step")
+    assert step.peak > 72 * 2**30 > step.compiled > 50 * 2**30 and step.fits
+    doubled = _rehearse({"train": "{micro_batch: 12, batch_tokens: 393216}"})
+    assert not doubled.phase("train step").fits
+    with pytest.raises(KilnError, match=r"train step: forward, backward, optimizer will not fit on H100: 10\d\.\d GiB"):
+        check(doubled)
