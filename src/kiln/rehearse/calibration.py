@@ -14,15 +14,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mod_tracker import ModTracker
-
 from kiln import config as kiln_config
 from kiln import forecast
 from kiln.config.run_config import RunConfig
-from kiln.rehearse.live import LiveBytes
-from kiln.rehearse.run import HostBatches, fake_world, steady_step, synthetic_shards
+from kiln.rehearse.run import counted, fake_world, steady_step, synthetic_shards
 from kiln.train.cpu_memory import steady_step_bytes
 from kiln.train.trainer import Trainer
 
@@ -51,12 +46,8 @@ def cpu_run(configfiles: list[str], micro: int, precision: str, ranks: int) -> t
 def step_peak(run: RunConfig, shards: Path) -> int:
     """Live bytes at the peak of the run's second train step on this rank, as the rehearsal counts
     them (LiveBytes on fake tensors), its batches read from `shards`."""
-    with torch._dynamo.config.patch(disable=True):
-        with FakeTensorMode(allow_non_fake_inputs=True), ModTracker() as modules, LiveBytes(modules) as live:
-            trainer = Trainer(run, shards, max_steps=2)
-            trainer.train_on(HostBatches(trainer.batches))
-            steady_step(trainer, live)
-    torch._dynamo.reset()  # as kiln.rehearse.run.rehearse: dynamo's notes of frames met while off, forgotten
+    with counted(run, shards) as (trainer, live):
+        steady_step(trainer, live)
     return live.peak
 
 

@@ -30,7 +30,7 @@ import os
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -208,17 +208,10 @@ def rehearse(run: RunConfig, vocab: int, gpu: GPU) -> Rehearsal:
     usable = int(FIT_FRACTION * gpu.memory_gib * GIB)
     # every rank's micro-batches of one step (the loader wants whole global batches), twice over
     rows_per_step = split_batch(train.batch_tokens, train.micro_batch, seq_len, world).global_rows * 2
-    with (
-        tempfile.TemporaryDirectory(prefix="kiln-rehearse-") as tmp,
-        fake_world(world, per_node),
-        gpu_flex(),
-        torch._dynamo.config.patch(disable=True),
-    ):
+    with tempfile.TemporaryDirectory(prefix="kiln-rehearse-") as tmp, fake_world(world, per_node), gpu_flex():
         # the ids' values move no byte: a fixed seed, so the run's seed is not the rehearsal's input
         shards = synthetic_shards(Path(tmp), vocab, seq_len, rows_per_step, world * train.micro_batch, seed=0)
-        with FakeTensorMode(allow_non_fake_inputs=True), ModTracker() as modules, LiveBytes(modules) as live:
-            trainer = Trainer(run, shards, max_steps=2)
-            trainer.train_on(HostBatches(trainer.batches))
+        with counted(run, shards) as (trainer, live):
             result.phases.append(
                 Phase("build: model, parallel, optimizer", live.peak, live.largest, usable, advice=UNBATCHED_ADVICE)
             )
@@ -239,10 +232,28 @@ def rehearse(run: RunConfig, vocab: int, gpu: GPU) -> Rehearsal:
                     phase.compiled = live.peak - compiling_saves(trainer, s)
                 result.phases.append(phase)
             result.problems += optimizer_state_problems(trainer)
-    # What dynamo noted of frames it met while off (code it marked as not to trace): forgotten, so a
-    # later compile in this process (a test's, a stage's) starts as it would have without the rehearsal
-    torch._dynamo.reset()
     return result
+
+
+@contextlib.contextmanager
+def counted(run: RunConfig, shards: Path) -> Iterator[tuple[Trainer, LiveBytes]]:
+    """The train stage's Trainer for `run` built on fake tensors, its batches read from `shards` on
+    the host, with LiveBytes counting from its build on; dynamo off throughout (compiled code does not
+    run here: module docstring)."""
+    try:
+        with (
+            torch._dynamo.config.patch(disable=True),
+            FakeTensorMode(allow_non_fake_inputs=True),
+            ModTracker() as modules,
+            LiveBytes(modules) as live,
+        ):
+            trainer = Trainer(run, shards, max_steps=2)
+            trainer.train_on(HostBatches(trainer.batches))
+            yield trainer, live
+    finally:
+        # What dynamo noted of frames it met while off (code it marked as not to trace): forgotten, so
+        # a later compile in this process (a test's, a stage's) starts as it would have without this
+        torch._dynamo.reset()
 
 
 def in_loop_decode(trainer: Trainer) -> tuple[str, Callable[[], None], bool, str]:
