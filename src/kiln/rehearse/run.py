@@ -15,6 +15,9 @@ first makes the optimizer's state), its validation, the smoke gate's eager valid
 - a shard folder of random ids at the run's vocabulary and context, documents of about 2,000 tokens,
   as many rows as one step and one validation batch read.
 
+After them, a checkpoint save and a resume load in the run's checkpoint format, and whether a sharded
+checkpoint's plan covers every shard of every rank (kiln.rehearse.checkpoint).
+
 Compiled code does not run here: torch.compile's inductor needs the GPU it compiles for. The step
 runs eagerly at the compiled step's shapes; attention and the loss allocate as their fused kernels do
 (SDPA's flash path, flex's fake kernel, the chunked loss), and what a compiled block would fuse away
@@ -53,6 +56,7 @@ from kiln.plan import autofit
 from kiln.plan.memory import FIT_FRACTION, GIB, Setting, estimate, loss_rows, setting_of
 from kiln.plan.peaks import GPU, planned_gpu
 from kiln.plan.rehearsal import UNBATCHED_ADVICE, Phase, Rehearsal, check
+from kiln.rehearse.checkpoint import CheckpointPhases
 from kiln.rehearse.live import LiveBytes
 from kiln.train.device import use_compile
 from kiln.train.trainer import Trainer
@@ -218,12 +222,14 @@ def rehearse(run: RunConfig, vocab: int, gpu: GPU) -> Rehearsal:
             result.problems = unsharded(trainer)  # before a forward: FSDP2 leaves the root's gathered after one
             s = setting_of(train, world=world, grad_accum=trainer.batch_split.grad_accum)
             trainer.model.loss_rows = loss_rows(trainer.model_config, s, gpu.memory_gib)  # as the card decides
+            checkpointing = CheckpointPhases(trainer)
 
             phases = (  # (name, work, whether it keeps activations for backward, what helps if over)
                 ("train step: forward, backward, optimizer", lambda: steady_step(trainer, live), True, None),
                 ("smoke gate: eager validation", lambda: validate_eagerly(trainer, 1), False, None),
                 ("validation", lambda: trainer.validation_loss(1), False, None),
             ) + ((in_loop_decode(trainer),) if run.eval.in_loop.every else ())
+            phases += checkpointing.phases
             for name, work, backward, advice in phases:
                 live.reset_peak()
                 work()
@@ -231,7 +237,7 @@ def rehearse(run: RunConfig, vocab: int, gpu: GPU) -> Rehearsal:
                 if compiled and backward:  # what compiled blocks and loss keep for backward is less
                     phase.compiled = live.peak - compiling_saves(trainer, s)
                 result.phases.append(phase)
-            result.problems += optimizer_state_problems(trainer)
+            result.problems += optimizer_state_problems(trainer) + checkpointing.problems
     return result
 
 
