@@ -31,6 +31,7 @@ def test_seed_000_rehearses_on_a_cpu_and_the_smoke_gates_validation_fits(capsys,
     assert main(["rehearse", "--configfile", str(SEED_000)]) == 0
     printed = capsys.readouterr().out
     assert "4 ranks, fsdp on H100" in printed and "smoke gate: eager validation" in printed
+    assert "checkpoint save (sharded, DCP)" in printed and "resume load (sharded, DCP)" in printed
     rehearsal = _rehearse()
     assert rehearsal.problems == []  # every parameter sharded, every AdamW moment its shard's shape
     gate = rehearsal.phase("smoke gate")
@@ -43,6 +44,12 @@ def test_seed_000_rehearses_on_a_cpu_and_the_smoke_gates_validation_fits(capsys,
     # value cache), (layers, batch, key/value heads, slots, head dim) in bf16, is its largest tensor
     decode = rehearsal.phase("in-loop decode")
     assert decode.fits and decode.largest.shape == (16, 16, 8, 8191, 64) and decode.largest.dtype == "bfloat16"
+    # a sharded checkpoint (DCP): the save gathers nothing, its bytes go to the host (rank 0's quarter of
+    # the weights and of AdamW's two moments, 2.91 GiB, live); the resume makes the optimizer's state
+    # anew as a resuming job does, beside zero gradients: four quarters of the fp32 model (3.88 GiB)
+    save, load = rehearsal.phase("checkpoint save (sharded, DCP)"), rehearsal.phase("resume load (sharded, DCP)")
+    assert save.largest is None and 2.91 < save.peak / 2**30 < 3.1
+    assert 3.88 < load.peak / 2**30 < 3.89 and load.fits
     rehearsal.save(tmp_path / "rehearsal.json")  # what the rehearse stage writes and `kiln plan` reads
     assert Rehearsal.load(tmp_path / "rehearsal.json") == rehearsal
 
@@ -63,7 +70,9 @@ def test_flex_run_eagerly_in_the_smoke_gates_validation_is_named_as_not_fitting(
 
 def test_seed_000_on_two_nodes_rehearses_as_hsdp_at_the_micro_batch_that_keeps_its_batch():
     rehearsal = _rehearse({"train": "{nnodes: 2, micro_batch: 3}"})
+    # problems: every rank's DCP save plan too, each node's ranks writing every shard once
     assert rehearsal.layout == "8 ranks, fsdp (HSDP 2 x 4)" and rehearsal.problems == []
+    assert rehearsal.phase("resume load (sharded, DCP)").fits
     check(rehearsal)
 
 
