@@ -52,6 +52,7 @@ from kiln.plan import autofit
 from kiln.plan.memory import FIT_FRACTION, GIB, Setting, estimate, loss_rows, setting_of
 from kiln.plan.peaks import GPU, planned_gpu
 from kiln.plan.rehearsal import UNBATCHED_ADVICE, Phase, Rehearsal, check
+from kiln.rehearse.eval_stage import eval_phases
 from kiln.rehearse.live import LiveBytes, counting
 from kiln.train.device import use_compile
 from kiln.train.trainer import Trainer
@@ -231,6 +232,7 @@ def rehearse(run: RunConfig, vocab: int, gpu: GPU) -> Rehearsal:
                     phase.compiled = live.peak - compiling_saves(trainer, s)
                 result.phases.append(phase)
             result.problems += optimizer_state_problems(trainer)
+        result.phases += eval_phases(run, trainer.model_config, usable)  # its own process: kiln.rehearse.eval_stage
     return result
 
 
