@@ -21,6 +21,8 @@ runs eagerly at the compiled step's shapes; attention and the loss allocate as t
 (its elementwise intermediates) is counted as eager keeps it. A compiled run's train step is judged
 by that count less the difference of kiln.plan.memory's eager and compiled estimates at the step
 (compiling_saves), which the calibration checked against the H200's compiled peak.
+
+Then the eval stage's batches, its model whole on one card in a count of its own (kiln.rehearse.eval_stage).
 """
 
 from __future__ import annotations

@@ -11,9 +11,11 @@ from kiln import config as kiln_config
 from kiln import forecast
 from kiln.config.models import model_config
 from kiln.config.run_config import RunConfig
+from kiln.errors import KilnError
 from kiln.eval import code, infill, lm_tasks
 from kiln.plan.memory import FIT_FRACTION, GIB
 from kiln.plan.peaks import planned_gpu
+from kiln.plan.rehearsal import Rehearsal, check
 from kiln.rehearse.eval_stage import EOS_ID, eval_phases, stage_batches
 from kiln.rehearse.run import as_on_gpu, gpu_flex
 
@@ -103,3 +105,21 @@ def test_lm_evals_phase_scores_the_adapters_batch(monkeypatch):
     after = _eval_phases([TINY])["lm-eval"].peak
     _, model = _run_and_model([TINY])
     assert after - before >= lm_tasks.BATCH // 2 * model.seq_len * model.vocab_size * 4  # the added rows' logits
+
+
+def test_an_eval_batch_over_its_card_names_what_turns_it_off_not_a_training_micro_batch():
+    run, model = _run_and_model([TINY])
+    with gpu_flex():
+        phases = eval_phases(run, model, usable=2**20)  # 1 MiB: none fits
+    turn_off = {
+        "held-out loss": r"kiln\.eval\.perplexity\.BATCH",
+        "infilling": r"eval\.infill_docs: 0",
+        "lm-eval": r"eval\.lm_eval\.tasks: \[\]",
+        "HumanEval and HumanEval-Infilling decode": r"eval\.humaneval\.problems: 0 and eval\.humaneval_infill\.problems: 0",
+    }
+    assert [p.name.split(",")[0].removeprefix("eval: ") for p in phases] == list(turn_off)
+    for phase, helps in zip(phases, turn_off.values()):
+        rehearsal = Rehearsal(run.run_name, planned_gpu(run.plan.gpu), "1 rank", [phase], advice="train.micro_batch")
+        with pytest.raises(KilnError, match=rf"eval: .* will not fit .*{helps}") as raised:
+            check(rehearsal)
+        assert "train.micro_batch" not in str(raised.value)
