@@ -21,6 +21,10 @@ the new tokens; the harness cuts a row to the context):
   the whole context (HumanEval, or HumanEval-Infilling for a run that trains with FIM, at the larger
   max_new_tokens of those on). Token ids stand in for prompts: the tokenizer is not made yet.
 
+Not rehearsed: eval.prompts' completions (a few prompts in one batch), and lm-eval's generate_until
+(kiln_heldout_next_line; it needs the tokenizer: lm_tasks.BATCH prompts through kiln.generate.decode
+beside lm-eval's model, by a reading about the lm-eval phase's bytes, not counted).
+
 A decode is stopped when its prefill returns (prefill_only); the held-out loss and lm-eval's scoring
 end where they read the device from the host (the loss's and the scores' item()), which a fake
 tensor cannot answer: by then every tensor they hold is made.
