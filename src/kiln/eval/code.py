@@ -143,22 +143,38 @@ def _stop_ids(tokenizer) -> frozenset[int]:
     return frozenset(tokenizer.get_added_tokens_decoder())
 
 
+def decode_batches(
+    model, prompts: list[list[int]], max_new: int, sampling: Sampling = GREEDY, generator=None, **options
+) -> list[list[int]]:
+    """New ids after each prompt's ids, DECODE_BATCH prompts at a time: every code benchmark's work on
+    the model's device (kiln.rehearse.eval_stage rehearses it at the longest prompts). options:
+    kiln.generate.decode.generate's."""
+    return generate(
+        model,
+        prompts,
+        max_new,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        generator=generator,
+        batch_size=DECODE_BATCH,
+        **options,
+    )
+
+
 def complete(
     model, tokenizer, prompts: list[str], max_new: int, sampling: Sampling, generator, agree: Agree | None = None
 ) -> list[str]:
     """Each prompt's completion (token healing, as kiln.generate.healing.complete), DECODE_BATCH at a
     time; with `agree`, every rank decodes rank 0's tokens (kiln.generate.decode: training's ranks)."""
     healed = [heal(tokenizer, with_bos(tokenizer, tokenizer.encode(p, add_special_tokens=False).ids)) for p in prompts]
-    rows = generate(
+    rows = decode_batches(
         model,
         [ids for ids, _, _ in healed],
         max_new,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
+        sampling,
+        generator,
         stop_ids=_stop_ids(tokenizer),
         vocab_size=tokenizer.get_vocab_size(),
-        generator=generator,
-        batch_size=DECODE_BATCH,
         first_allowed=[allowed for _, allowed, _ in healed],
         keep_first=bos_id(tokenizer),
         agree=agree,
@@ -246,13 +262,8 @@ def run_humaneval_infill(model, tokenizer, cfg, not_run: str | None = None) -> t
         for mode in cfg.modes:
             log.info("HumanEval-Infilling %s %s: %d of %d tasks", kind, mode, len(tasks), len(made))
             prompts = [fim_ids(tokenizer, t, mode, budget) for t in tasks]
-            rows = generate(
-                model,
-                prompts,
-                max_new,
-                stop_ids=_stop_ids(tokenizer),
-                vocab_size=tokenizer.get_vocab_size(),
-                batch_size=DECODE_BATCH,
+            rows = decode_batches(
+                model, prompts, max_new, stop_ids=_stop_ids(tokenizer), vocab_size=tokenizer.get_vocab_size()
             )
             middles = [tokenizer.decode(row, skip_special_tokens=False) for row in rows]
             out["kinds"].setdefault(kind, {})[mode] = score_infill(tasks, middles) | {"made": len(made)}

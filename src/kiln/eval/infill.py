@@ -105,6 +105,14 @@ def _prompt(problem: InfillProblem, tokenizer, layout: str, budget: int) -> list
     return with_bos(tokenizer, body + [tid(MIDDLE)])
 
 
+def write_middles(
+    model, prompts: list[list[int]], stop_ids: frozenset[int], vocab_size: int | None = None
+) -> list[list[int]]:
+    """Each FIM prompt's middle, greedily, at most MAX_MIDDLE_TOKENS, BATCH prompts at a time: the
+    infilling's work on the model's device (kiln.rehearse.eval_stage rehearses it at the longest prompts)."""
+    return generate(model, prompts, MAX_MIDDLE_TOKENS, stop_ids=stop_ids, vocab_size=vocab_size, batch_size=BATCH)
+
+
 @torch.no_grad()
 def run_infill(model, tokenizer, problems: list[InfillProblem]) -> dict:
     """Scores by "<span>/<layout>" and overall, plus every completion."""
@@ -113,9 +121,7 @@ def run_infill(model, tokenizer, problems: list[InfillProblem]) -> dict:
     prompts = [
         _prompt(problem, tokenizer, layout, model.config.seq_len - MAX_MIDDLE_TOKENS) for problem, layout in cases
     ]
-    outs = generate(
-        model, prompts, MAX_MIDDLE_TOKENS, stop_ids=stop, vocab_size=tokenizer.get_vocab_size(), batch_size=BATCH
-    )
+    outs = write_middles(model, prompts, stop, tokenizer.get_vocab_size())
     examples = []
     for (problem, layout), out in zip(cases, outs):
         completion = tokenizer.decode(out, skip_special_tokens=False)

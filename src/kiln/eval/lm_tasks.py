@@ -45,6 +45,9 @@ def current_names(tasks: Sequence[str]) -> list[str]:
 
 
 CONTEXT_LINES = 24
+# Requests the "kiln" adapter scores (or decodes) together: each a row of up to the model's context
+# (kiln.eval.harness; kiln.rehearse.eval_stage rehearses a batch of whole-context rows)
+BATCH = 8
 
 
 def _next_line_example(doc: Document, seed: int, tokenizer: Tokenizer) -> dict | None:
@@ -109,7 +112,12 @@ def local_task_texts(data_dir: Path) -> dict[str, list[str]]:
 
 
 def run_lm_eval(
-    model: str, model_args: dict, tasks: list[str], include_path: Path, limit: int | None = None, batch_size: int = 8
+    model: str,
+    model_args: dict,
+    tasks: list[str],
+    include_path: Path,
+    limit: int | None = None,
+    batch_size: int = BATCH,
 ) -> dict:
     """lm_eval.simple_evaluate on `tasks` (local ones found through include_path); returns
     {task: {metric: value}} with lm-eval's metric names (e.g. 'bits_per_byte,none'). lm-eval's own

@@ -21,11 +21,14 @@ so the stance a caller set is the one flex sees (kiln.model.documents.compiled_f
 
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
+from typing import Iterator
 
 import torch
 from torch._higher_order_ops.flex_attention import flex_attention as flex_attention_hop
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mod_tracker import ModTracker
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
@@ -127,3 +130,21 @@ class LiveBytes(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 self._add(t)
         return out
+
+
+@contextlib.contextmanager
+def counting() -> Iterator[LiveBytes]:
+    """LiveBytes counting what is made from here on, on fake tensors, with dynamo off (compiled code
+    does not run in a rehearsal: kiln.rehearse.run's docstring) and reset after: what dynamo noted of
+    frames it met while off (code it marked as not to trace) is forgotten, so a later compile in this
+    process (a test's, a stage's) starts as it would have without this."""
+    try:
+        with (
+            torch._dynamo.config.patch(disable=True),
+            FakeTensorMode(allow_non_fake_inputs=True),
+            ModTracker() as modules,
+            LiveBytes(modules) as live,
+        ):
+            yield live
+    finally:
+        torch._dynamo.reset()

@@ -24,6 +24,8 @@ runs eagerly at the compiled step's shapes; attention and the loss allocate as t
 (its elementwise intermediates) is counted as eager keeps it. A compiled run's train step is judged
 by that count less the difference of kiln.plan.memory's eager and compiled estimates at the step
 (compiling_saves), which the calibration checked against the H200's compiled peak.
+
+Then the eval stage's batches, its model whole on one card in a count of its own (kiln.rehearse.eval_stage).
 """
 
 from __future__ import annotations
@@ -39,8 +41,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.attention.flex_attention
-from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode, unset_fake_temporarily
-from torch.distributed._tools.mod_tracker import ModTracker
+from torch._subclasses.fake_tensor import DataDependentOutputException, unset_fake_temporarily
 from torch.distributed.tensor import DTensor, Shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -57,7 +58,8 @@ from kiln.plan.memory import FIT_FRACTION, GIB, Setting, estimate, loss_rows, se
 from kiln.plan.peaks import GPU, planned_gpu
 from kiln.plan.rehearsal import UNBATCHED_ADVICE, Phase, Rehearsal, check
 from kiln.rehearse.checkpoint import CheckpointPhases
-from kiln.rehearse.live import LiveBytes
+from kiln.rehearse.eval_stage import eval_phases
+from kiln.rehearse.live import LiveBytes, counting
 from kiln.train.device import use_compile
 from kiln.train.trainer import Trainer
 
@@ -238,28 +240,18 @@ def rehearse(run: RunConfig, vocab: int, gpu: GPU) -> Rehearsal:
                     phase.compiled = live.peak - compiling_saves(trainer, s)
                 result.phases.append(phase)
             result.problems += optimizer_state_problems(trainer) + checkpointing.problems
+        result.phases += eval_phases(run, trainer.model_config, usable)  # its own process: kiln.rehearse.eval_stage
     return result
 
 
 @contextlib.contextmanager
 def counted(run: RunConfig, shards: Path) -> Iterator[tuple[Trainer, LiveBytes]]:
     """The train stage's Trainer for `run` built on fake tensors, its batches read from `shards` on
-    the host, with LiveBytes counting from its build on; dynamo off throughout (compiled code does not
-    run here: module docstring)."""
-    try:
-        with (
-            torch._dynamo.config.patch(disable=True),
-            FakeTensorMode(allow_non_fake_inputs=True),
-            ModTracker() as modules,
-            LiveBytes(modules) as live,
-        ):
-            trainer = Trainer(run, shards, max_steps=2)
-            trainer.train_on(HostBatches(trainer.batches))
-            yield trainer, live
-    finally:
-        # What dynamo noted of frames it met while off (code it marked as not to trace): forgotten, so
-        # a later compile in this process (a test's, a stage's) starts as it would have without this
-        torch._dynamo.reset()
+    the host, with LiveBytes counting from its build on (kiln.rehearse.live.counting: dynamo off)."""
+    with counting() as live:
+        trainer = Trainer(run, shards, max_steps=2)
+        trainer.train_on(HostBatches(trainer.batches))
+        yield trainer, live
 
 
 def in_loop_decode(trainer: Trainer) -> tuple[str, Callable[[], None], bool, str]:

@@ -69,4 +69,5 @@ def test_a_shipped_config_rehearses_on_its_gpu(path, tmp_path, monkeypatch, caps
     printed = capsys.readouterr().out
     for run in runs:
         assert f"# Rehearsal of {run}:" in printed
+    assert printed.count("eval: held-out loss") == len(runs)  # each run's eval stage too (kiln.rehearse.eval_stage)
     assert "DOES NOT FIT" not in printed
