@@ -7,7 +7,7 @@ tests/bench/test_bench.py runs, and --rounds for the scripts that take turns tim
 Every bench script imports common before Kiln, so `python bench/X.py` from a fresh clone imports the
 clone's src/kiln without PYTHONPATH or an install, ahead of an installed Kiln (the bench measures the
 code beside it; tests/bench/test_gpu_check.py runs the GPU check where no Kiln is installed), and
-behind PYTHONPATH's entries, which still pick another checkout's (bench/resume_memory.py).
+behind PYTHONPATH's entries, which still pick another checkout's (to measure an older tree's code).
 """
 
 from __future__ import annotations

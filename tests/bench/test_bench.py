@@ -55,7 +55,6 @@ PRINTS = {
         "| pretokenize on | MiB | peak RSS MiB, stage process |",
         "| one 1 MiB document + 20 small |",
     ],
-    "eval_memory.py": ["| part | implementation | split | tokens | peak RSS (MB) |", "| contamination | old |"],
     "generate.py": ["| loop | new tokens/s | seconds | same output as baseline |", "cached batched / uncached"],
     "memory_estimate.py": [
         "| model | tokens | V | precision | AC | measured MiB |",
@@ -75,8 +74,6 @@ PRINTS = {
         "| default | 1 | 1 x 512 | fp32 |",
         "| tiny | 2 | 2 x 64 | bf16 |",
     ],
-    "resume_memory.py": ["| rank | RSS growth |", "| 1 |"],
-    "shard_verify.py": ["verify pass (sha256 + ids, one read)", "| loader | open s | first batch s |"],
     "stage_times.py": ["| stage | wall s | CPU s | max RSS MiB |", "| report | not run |", "| **total** |"],
     "sweep.py": ["| job | s |", "| download (once) |", "| **sweep wall time** (snakemake start to end) |"],
     "train_throughput.py": ["| loop | tokens/s (median) | min-max | TFLOP/s | MFU |", "ours: "],

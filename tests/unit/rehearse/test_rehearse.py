@@ -2,6 +2,7 @@
 rows, 4 FSDP ranks, document mask through flex) on fake tensors under a fake process group, through
 the train stage's Trainer and the smoke gate's own validation."""
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -27,12 +28,18 @@ def _rehearse(overrides: dict | None = None):
     return rehearse(run, forecast.model_of(cfg, run).vocab_size, planned_gpu(run.plan.gpu))
 
 
+@functools.cache
+def _seed_000() -> Rehearsal:
+    """Seed 000 as it ships, rehearsed once for the tests that read it (seconds of CPU each time)."""
+    return _rehearse()
+
+
 def test_seed_000_rehearses_on_a_cpu_and_the_smoke_gates_validation_fits(capsys, tmp_path):
     assert main(["rehearse", "--configfile", str(SEED_000)]) == 0
     printed = capsys.readouterr().out
     assert "4 ranks, fsdp on H100" in printed and "smoke gate: eager validation" in printed
     assert "checkpoint save (sharded, DCP)" in printed and "resume load (sharded, DCP)" in printed
-    rehearsal = _rehearse()
+    rehearsal = _seed_000()
     assert rehearsal.problems == []  # every parameter sharded, every AdamW moment its shard's shape
     gate = rehearsal.phase("smoke gate")
     assert gate.fits and gate.largest.shape == (8192, 32768)  # a loss chunk's logits, not attention scores
@@ -80,7 +87,7 @@ def test_a_compiled_train_step_is_judged_by_its_eager_count_less_what_compiling_
     """The compiled step runs eagerly here; it is judged by the eager count less kiln.plan.memory's
     eager-to-compiled difference at the step (36 GiB at seed 000's 6 x 8,192 a rank, the difference
     the calibration checked on the H200). Twice the micro-batch, with the batch twice too, does not fit."""
-    step = _rehearse().phase("train step")
+    step = _seed_000().phase("train step")
     assert step.peak > 72 * 2**30 > step.compiled > 50 * 2**30 and step.fits
     doubled = _rehearse({"train": "{micro_batch: 12, batch_tokens: 393216}"})
     assert not doubled.phase("train step").fits
