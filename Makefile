@@ -35,7 +35,12 @@ test-fast: $(STAMP)
 # torch's OpenMP threads then spin-wait for each other at every op for cores another lane holds.
 # Spinning 1,000 rounds instead of 300,000 before sleeping: four 2-thread tiny training loops at once
 # took 8.4 s instead of 44.7 s here, one alone 1.1 s instead of 0.9 (docs/testing.md).
+# And one OpenMP thread a process: the lanes' tests and jobs are tiny, and four lanes of 2-thread
+# processes on 2 cores pay for threads they cannot run at once (two lanes of unit tests: 162-184 s of
+# machine CPU with torch's 2 threads, 127-131 s with 1; docs/benchmarks.md). The smoke and train
+# stages still take their rule's threads (torch.set_num_threads), so those paths run as users run them.
 test: export GOMP_SPINCOUNT := 1000
+test: export OMP_NUM_THREADS := 1
 LANE_dag := tests/dag --ignore=tests/dag/test_tags.py
 LANE_tags := tests/dag/test_tags.py
 LANE_slurm := tests/slurm tests/process
