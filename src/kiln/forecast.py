@@ -24,6 +24,7 @@ from kiln import config as kiln_config
 from kiln.config import settings
 from kiln.config.batch import split_batch
 from kiln.config.data_sections import TokenizerSection
+from kiln.config.eval_switches import fim_trained
 from kiln.config.models import model_config
 from kiln.config.run_config import RunConfig
 from kiln.config.special_tokens import SPECIAL_TOKENS
@@ -92,10 +93,11 @@ def model_of(cfg: dict, run: RunConfig):
 def eval_price(run: RunConfig, model, gpu: GPU, train_s: float) -> dict:
     """The eval's sizes as a GPU resolves them and their price (kiln.eval.sizes): {"sizes", "s", "share"
     of the train stage's time, benchmarks' parts}. A run trained without FIM from random weights is
-    priced without infilling, which its eval does not run (kiln.eval.infill.not_run_reason)."""
+    priced without infilling, which its eval does not run (kiln.eval.infill.not_run_reason; from the
+    config alone, as the rehearsal decides it: kiln.config.eval_switches.fim_trained)."""
     machine = Machine.of(gpu, run.plan.mfu)
     priced = run.eval
-    no_fim = run.pretokenize.fim.rate == 0 and run.train.init_from is None
+    no_fim = not fim_trained(run.as_dict())
     if no_fim:
         priced = priced.replace(humaneval_infill=priced.humaneval_infill.replace(problems=0))
     samples = sizes.samples_within(priced, model, machine, train_s)

@@ -122,20 +122,22 @@ def test_changing_a_setting_schedules_exactly_the_stages_its_tag_names(walk, pat
         assert expected == BY_HAND[path]
 
 
+def rerun(before: dict, leaf_change: dict) -> set[str]:
+    """The stages whose params (kiln.config.settings.tracked) change when `leaf_change` ({dotted path:
+    value}) is made to the run file `before`."""
+    after = copy.deepcopy(before)
+    for path, value in leaf_change.items():
+        settings._put(after, path, value)
+    a, b = kiln_config.validate(before), kiln_config.validate(after)
+    return {stage for stage in STAGES if settings.tracked(a, stage) != settings.tracked(b, stage)}
+
+
 def test_a_condition_makes_a_setting_rerun_its_stage():
     """The When tags, on the params the rules get: a Muon setting reruns train only under Muon, a
     cadence only under a budget, a price only under a budget in dollars, the micro-batch only when
     it is the global batch (the rehearsal's memory always), the compile decision only where the
     rehearsal's GPU would not compile."""
     base = yaml.safe_load(TINY.read_text())
-
-    def rerun(before: dict, leaf_change: dict) -> set[str]:
-        after = copy.deepcopy(before)
-        for path, value in leaf_change.items():
-            settings._put(after, path, value)
-        a, b = kiln_config.validate(before), kiln_config.validate(after)
-        return {stage for stage in STAGES if settings.tracked(a, stage) != settings.tracked(b, stage)}
-
     muon = copy.deepcopy(base)
     muon["train"]["optimizer"] = "muon"
     assert rerun(base, {"train.muon_lr": 0.03}) == set()
@@ -159,6 +161,7 @@ def test_a_stage_gets_its_sections_whole_from_the_two_params():
     cfg = kiln_config.resolve([TINY])
     for stage in STAGES:
         tracked = json.loads(settings.tracked(cfg, stage))
+        tracked.pop(settings.DERIVED, None)  # not a section (the rehearsal's eval batches): kiln.stage.config_of
         rest = json.loads(str(settings.untracked(cfg, stage)))
         assert settings.join(tracked, rest) == {name: cfg[name] for name in settings.sections(stage)}
     assert "log_every" not in json.loads(settings.tracked(cfg, "train"))["train"]
@@ -209,6 +212,36 @@ def test_an_hf_tokenizer_derives_the_roles_its_run_uses_and_a_trained_one_nothin
     assert len({settings.tracked(c, "tokenizer") for c in (on, off, repo)}) == 3
     assert len({data_key(c, stage) for c in (on, off, repo) for stage in ("tokenizer", "shard")}) == 6
     assert data_key(on, "download") == data_key(off, "download")
-    # the rehearsal sizes the embedding by the same roles; no other stage derives anything
-    assert settings.derived(on, "rehearse") == settings.derived(on, "tokenizer")
+    # the rehearsal sizes the embedding by the same roles (and rehearses the eval batches on, whatever
+    # the tokenizer: test_the_rehearsal_derives_the_eval_batches_on); no other stage derives anything
+    assert settings.derived(on, "rehearse")["roles"] == settings.derived(on, "tokenizer")["roles"]
+    assert "roles" not in settings.derived(trained, "rehearse")
     assert all(settings.derived(on, stage) == {} for stage in STAGES if stage not in ("tokenizer", "rehearse"))
+
+
+def test_the_rehearsal_derives_the_eval_batches_on_and_reruns_when_one_is_switched():
+    """The eval stage's batches the whole config turns on (kiln.config.eval_switches), in the rehearse
+    stage's params for every config: a batch turned on or off reruns the rehearsal (and what the setting
+    tags), a batch resized does not. Infilling follows pretokenize.fim.rate and train.init_from, which the
+    rehearse stage does not read (tests/dag/test_rehearse_rule.py runs the rule)."""
+    base = yaml.safe_load(TINY.read_text())
+    tiny = kiln_config.validate(base)
+    every = ["held_out", "infilling", "lm_eval", "humaneval", "humaneval_infill"]
+    assert settings.derived(tiny, "rehearse") == {"eval_batches_on": every}
+    assert json.loads(settings.tracked(tiny, "rehearse"))[settings.DERIVED] == {"eval_batches_on": every}
+    assert rerun(base, {"eval.lm_eval.tasks": []}) == {"eval_data", "eval", "rehearse"}
+    assert rerun(base, {"eval.humaneval.problems": 0}) == {"eval", "rehearse"}
+    assert rerun(base, {"eval.humaneval.problems": 2}) == {"eval"}
+    assert rerun(base, {"eval.infill_docs": 0}) == {"eval_data", "rehearse"}  # eval reads what eval_data made
+    assert rerun(base, {"eval.infill_docs": 5}) == {"eval_data"}
+    assert "rehearse" in rerun(base, {"pretokenize.fim.rate": 0})
+    assert "rehearse" not in rerun(base, {"pretokenize.fim.rate": 0.4})
+    prose = copy.deepcopy(base)
+    prose["pretokenize"]["fim"] = {"rate": 0}
+    assert settings.derived(kiln_config.validate(prose), "rehearse") == {
+        "eval_batches_on": ["held_out", "lm_eval", "humaneval"]
+    }
+    # from a checkpoint, which may have seen FIM: the eval stage measures infilling (kiln.eval.infill.not_run_reason)
+    assert "rehearse" in rerun(
+        prose, {"train.init_from": {"checkpoint": "results/prose/train/checkpoints/step-0000100"}}
+    )

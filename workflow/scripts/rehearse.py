@@ -23,10 +23,12 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path, help="output rehearsal.json")
     args = parser.parse_args()
     run = stage_config(args, "rehearse").replace(run_name=args.run)
-    # an hf tokenizer's vocabulary holds the roles the run appends (kiln.config.settings.derived)
-    roles = stage_derived(args, "rehearse").get("roles", SPECIAL_TOKENS)
+    # what the whole config implies (kiln.config.settings.derived): an hf tokenizer's vocabulary holds the
+    # roles the run appends; the eval batches on (this stage does not read pretokenize, which decides infilling)
+    implied = stage_derived(args, "rehearse")
+    vocab = model_vocab(run.tokenizer, implied.get("roles", SPECIAL_TOKENS))
     started = time.perf_counter()
-    rehearsal = rehearse(run, model_vocab(run.tokenizer, roles), planned_gpu(run.plan.gpu))
+    rehearsal = rehearse(run, vocab, planned_gpu(run.plan.gpu), implied["eval_batches_on"])
     print(render(rehearsal) + f"\n\n({time.perf_counter() - started:.0f} s)", flush=True)
     check(rehearsal)
     rehearsal.settings = stage_tracked(args, "rehearse")  # what `kiln plan` shows it beside

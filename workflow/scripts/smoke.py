@@ -30,7 +30,7 @@ from kiln.io import read_json
 from kiln.plan.tables import checks_table
 from kiln.plan.verdict import Check, Measurements, SmokeReport
 from kiln.rehearse.run import current_or_rehearsed
-from kiln.stage import config_of, run_main, stage_config, stage_parser
+from kiln.stage import config_of, derived_of, run_main, stage_config, stage_parser
 from kiln.train.distributed import shutdown
 
 
@@ -112,7 +112,8 @@ def rehearsed(args) -> None:
         return  # a smoke stage given only its own sections (its tests): nothing to rehearse from
     # the vocabulary the tokenizer stage made, as the shards hold it (the rule predicts the same)
     vocab = read_json(args.shards / "manifest.json")["padded_vocab_size"]
-    current_or_rehearsed(args.rehearsal, run, vocab, tracked)
+    # the eval batches on, as the rehearse stage's tracked params carry them (kiln.config.settings.derived)
+    current_or_rehearsed(args.rehearsal, run, vocab, tracked, derived_of(tracked)["eval_batches_on"])
 
 
 if __name__ == "__main__":

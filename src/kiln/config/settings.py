@@ -7,7 +7,8 @@ every field of the section models names the stages that read it, each OUTPUT, RU
                         (snakemake.persistence skips such params), passed to the script all the same;
   trajectory            the train leaves a checkpoint's fingerprint holds (kiln.train.fingerprint);
   derived               what a stage reads that the config implies rather than sets (the roles an hf
-                        tokenizer must hold), tracked and keyed with the stage where it applies;
+                        tokenizer must hold, the eval batches the rehearsal rehearses), tracked and
+                        keyed with the stage where it applies;
   data_key              the content key of a shared data folder (kiln.layout);
   markdown_table        docs/settings.md (`python -m kiln.config settings`; a test keeps it current).
 
@@ -25,6 +26,7 @@ import typing
 from typing import Mapping
 
 from kiln.config.declare import DATA_STAGES, OUTPUT, RUN, STAGES, Reads, When
+from kiln.config.eval_switches import eval_batches_on
 from kiln.config.run_config import DEFAULT_SEED, REQUIRED
 from kiln.config.schema import leaves as schema_leaves
 from kiln.config.special_tokens import roles_used
@@ -125,18 +127,28 @@ def _canonical(value) -> str:
 
 
 def derived(cfg: Mapping, stage: str) -> dict:
-    """What `stage` reads that the config implies rather than sets, as JSON; empty for every stage and
-    config but one, so their params and data keys are what they were. The tokenizer stage of an hf
-    source appends a token for each role the run uses that the source lacks, and only for those
-    (kiln.data.tokenizer_build.hf_tokenizer): "roles", the roles the run's samples use
-    (pretokenize.fim.rate, pretokenize.repo_context: kiln.config.special_tokens.roles_used). A derived
-    value, not a tag on those settings, so a trained BPE, which holds every role, is never rerun for
-    them, and the tokenizer's data key moves only for an hf source whose roles change. The rehearsal
-    reads them too: the roles appended are embedding rows."""
-    if stage not in ("tokenizer", "rehearse") or cfg["tokenizer"]["kind"] != "hf":
-        return {}
-    pretokenize = cfg["pretokenize"]
-    return {"roles": list(roles_used(pretokenize["fim"]["rate"], pretokenize["repo_context"]))}
+    """What `stage` reads that the config implies rather than sets, as JSON; empty for every stage but
+    the tokenizer and the rehearsal, so their params and data keys are what they were.
+
+    "roles", for an hf source only: the tokenizer stage of an hf source appends a token for each role
+    the run uses that the source lacks, and only for those (kiln.data.tokenizer_build.hf_tokenizer),
+    the roles the run's samples use (pretokenize.fim.rate, pretokenize.repo_context:
+    kiln.config.special_tokens.roles_used). A derived value, not a tag on those settings, so a trained
+    BPE, which holds every role, is never rerun for them, and the tokenizer's data key moves only for an
+    hf source whose roles change. The rehearsal reads them too: the roles appended are embedding rows.
+
+    "eval_batches_on", the rehearsal's always: the eval stage's batches the config turns on
+    (kiln.config.eval_switches), each a phase of the rehearsal. Derived, not tags on the settings that
+    switch them (eval.lm_eval.tasks, eval.infill_docs, eval.humaneval.problems, ...), so a batch turned
+    on or off reruns the rehearsal and a change of its size (1 problem or 2) does not; and the rehearse
+    stage, which does not read the pretokenize section, learns from it whether the run trains with FIM."""
+    implied: dict = {}
+    if stage in ("tokenizer", "rehearse") and cfg["tokenizer"]["kind"] == "hf":
+        pretokenize = cfg["pretokenize"]
+        implied["roles"] = list(roles_used(pretokenize["fim"]["rate"], pretokenize["repo_context"]))
+    if stage == "rehearse":
+        implied["eval_batches_on"] = eval_batches_on(cfg)
+    return implied
 
 
 def tracked(cfg: Mapping, stage: str) -> str:
@@ -221,6 +233,10 @@ def markdown_table() -> str:
         "With `tokenizer.kind: hf`, `pretokenize.fim.rate` (0 or above) and `pretokenize.repo_context` also rerun",
         "the tokenizer: they decide which special tokens the source's tokenizer gets appended (the roles the run",
         "uses, derived from them: kiln.config.settings.derived).",
+        "A setting that turns one of the eval stage's batches on or off also reruns the rehearsal, which rehearses",
+        "each batch on (`eval.infill_docs`, `eval.lm_eval.tasks`, `eval.humaneval.problems` and",
+        "`eval.humaneval_infill.problems` set to 0 or [] or from it; `pretokenize.fim.rate` to or from 0 and",
+        "`train.init_from` set or unset, which decide whether the run may infill: kiln.config.eval_switches).",
     ]
     section = None
     for path, leaf in schema_leaves().items():

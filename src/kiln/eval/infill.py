@@ -61,7 +61,9 @@ def not_run_reason(meta: dict, tokenizer, init_from: InitFrom | None) -> str | N
     whose train split (the token folder's meta.json `fim_modes`, what pretokenize actually wrote)
     holds no FIM-transformed document, e.g. pretokenize.fim.rate 0 for prose, and that started from
     random weights (train.init_from's source may have seen FIM: then it is measured), or one whose
-    tokenizer has no FIM tokens. A token folder older than `fim_modes` cannot say: measured."""
+    tokenizer has no FIM tokens. A token folder older than `fim_modes` cannot say: measured. Before
+    any data, the rehearsal asks the config alone (kiln.config.eval_switches.fim_trained), which says
+    "may infill" wherever this can say "measured" but for such an older folder."""
     if any(role_id(tokenizer, role) is None for role in (PREFIX, SUFFIX, MIDDLE)):  # the run's token for each
         return "the tokenizer has no FIM tokens"
     modes = meta.get("fim_modes")

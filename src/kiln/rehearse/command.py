@@ -12,6 +12,7 @@ import argparse
 import time
 
 from kiln import forecast
+from kiln.config import settings
 from kiln.config.run_config import RunConfig
 from kiln.plan.peaks import planned_gpu
 from kiln.plan.rehearsal import check, render
@@ -23,7 +24,8 @@ def _run(args: argparse.Namespace) -> int:
     for cfg in forecast.experiment_of(args).runs.values():
         run = RunConfig.of(cfg)
         started = time.perf_counter()
-        rehearsal = rehearse(run, forecast.model_of(cfg, run).vocab_size, planned_gpu(run.plan.gpu))
+        batches_on = settings.derived(cfg, "rehearse")["eval_batches_on"]  # as the rehearse rule's params carry it
+        rehearsal = rehearse(run, forecast.model_of(cfg, run).vocab_size, planned_gpu(run.plan.gpu), batches_on)
         print(render(rehearsal) + f"\n\n({time.perf_counter() - started:.0f} s)\n")
         check(rehearsal)
     return 0

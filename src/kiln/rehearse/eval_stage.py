@@ -4,8 +4,9 @@ On a GPU the stage holds the whole model on one card (no process group, no FSDP)
 kiln.model.build.load_model reads it, and runs every metric inside train.precision's bf16 autocast
 (kiln.train.device.eval_autocast), whose cache keeps a bf16 copy of each weight it has cast until
 the region ends or kiln.eval.context.release_cast_weights drops them, where the stage does. Its
-batches, each a phase, in the suite's order, each through the function the stage calls with the
-batch it calls it with, at the longest input it lets in (generate crops a prompt to the context less
+batches, each a phase, in the suite's order, those the config turns on
+(kiln.config.eval_switches.eval_batches_on decides, from the whole config; the rule's params carry
+its answer), each through the function the stage calls with the batch it calls it with, at the longest input it lets in (generate crops a prompt to the context less
 the new tokens; the harness cuts a row to the context):
 
 - held-out loss: kiln.eval.perplexity.batches_loss of perplexity.BATCH rows of the context, the
@@ -39,11 +40,12 @@ training's tensors are on that card.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException
 
+from kiln.config.eval_switches import HUMANEVAL, HUMANEVAL_INFILL, INFILLING, LM_EVAL
 from kiln.config.models import ModelConfig
 from kiln.config.run_config import RunConfig
 from kiln.eval import code, infill, lm_tasks, perplexity
@@ -60,15 +62,16 @@ CARD = "a card with more memory (plan.gpu)"
 Batch = tuple[str, Callable[[torch.nn.Module], None], str]
 
 
-def eval_phases(run: RunConfig, model: ModelConfig, usable: int) -> list[Phase]:
+def eval_phases(run: RunConfig, model: ModelConfig, usable: int, batches_on: Sequence[str]) -> list[Phase]:
     """The eval stage's phases for `run` (train.precision resolved as on its GPU:
-    kiln.rehearse.run.as_on_gpu) and its model's config, each peak the card's whole use: the model, its
+    kiln.rehearse.run.as_on_gpu) and its model's config, one for each of `batches_on` (the run's
+    config's kiln.config.eval_switches.eval_batches_on), each peak the card's whole use: the model, its
     cast weights and the batch. Run inside kiln.rehearse.run.gpu_flex (the document mask as a GPU runs it)."""
     cast = autocast(CPU, use_bf16(run.train.precision, CPU))  # eval_autocast's GPU branch
     phases = []
     with counting() as live, cast():
         final = eval_model(model)
-        for name, work, advice in stage_batches(run, model, cast):
+        for name, work, advice in stage_batches(run, batches_on, model, cast):
             live.reset_peak()
             work(final)
             phases.append(Phase(f"eval: {name}", live.peak, live.largest, usable, advice=advice))
@@ -113,16 +116,12 @@ def prefilled(work: Callable, model: torch.nn.Module, *args, **kwargs) -> None:
         until_read(work, model, *args, **kwargs)
 
 
-def fim_trained(run: RunConfig) -> bool:
-    """Whether the eval stage may infill: kiln.eval.infill.not_run_reason's answer from the config
-    alone (a run from a checkpoint is measured; a tokenizer without FIM tokens is known only later)."""
-    return run.pretokenize.fim.rate > 0 or run.train.init_from is not None
-
-
-def stage_batches(run: RunConfig, model: ModelConfig, cast) -> Iterator[Batch]:
-    """The batches the eval stage runs for `run`, those its config turns on, in the suite's order;
-    `cast`: its autocast. Each drops the cast weights where the stage does (release_cast_weights)."""
-    context, ev = model.seq_len, run.eval
+def stage_batches(run: RunConfig, batches_on: Sequence[str], model: ModelConfig, cast) -> Iterator[Batch]:
+    """The eval stage's batches named in `batches_on` (kiln.config.eval_switches: those `run`'s config
+    turns on; nothing else decides), in the suite's order; `cast`: its autocast. Each drops the cast
+    weights where the stage does (release_cast_weights). The code evals' decode is one batch for
+    HumanEval and HumanEval-Infilling, at the larger of their max_new_tokens (run.eval) of those on."""
+    context = model.seq_len
     longest = [TOKEN] * context  # cropped by each function as the stage's own prompts would be
     stop = frozenset({EOS_ID})
 
@@ -139,13 +138,13 @@ def stage_batches(run: RunConfig, model: ModelConfig, cast) -> Iterator[Batch]:
         held_out,
         f"The held-out loss's batch (kiln.eval.perplexity.BATCH rows of the context): a smaller BATCH, or {CARD}",
     )
-    if fim_trained(run) and ev.infill_docs:
+    if INFILLING in batches_on:
         yield (
             f"infilling, {infill.BATCH} prompts + {infill.MAX_MIDDLE_TOKENS} new",
             lambda final: prefilled(infill.write_middles, final, [longest] * infill.BATCH, stop),
             f"eval.infill_docs: 0 turns the held-out infilling off; or a smaller kiln.eval.infill.BATCH, or {CARD}",
         )
-    if ev.lm_eval.tasks:
+    if LM_EVAL in batches_on:
 
         def lm_eval(final) -> None:
             from kiln.rehearse.lm_eval_batch import ModelGiven  # lm-eval's package: only where a run asks for it
@@ -164,11 +163,11 @@ def stage_batches(run: RunConfig, model: ModelConfig, cast) -> Iterator[Batch]:
         )
     code_evals = [
         (name, section.max_new_tokens)
-        for name, section, on in (
-            ("HumanEval", ev.humaneval, ev.humaneval.problems != 0),
-            ("HumanEval-Infilling", ev.humaneval_infill, fim_trained(run) and ev.humaneval_infill.problems != 0),
+        for key, name, section in (
+            (HUMANEVAL, "HumanEval", run.eval.humaneval),
+            (HUMANEVAL_INFILL, "HumanEval-Infilling", run.eval.humaneval_infill),
         )
-        if on
+        if key in batches_on
     ]
     if code_evals:
         new = max(wanted for _, wanted in code_evals)  # the prompt cropped to leave them: a cache of the context

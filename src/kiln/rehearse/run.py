@@ -35,7 +35,7 @@ import os
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -201,8 +201,11 @@ def optimizer_state_problems(trainer: Trainer) -> list[str]:
     return problems
 
 
-def rehearse(run: RunConfig, vocab: int, gpu: GPU) -> Rehearsal:
-    """Every phase's per-rank peak for `run` (its model's padded vocabulary `vocab`) on `gpu`."""
+def rehearse(run: RunConfig, vocab: int, gpu: GPU, eval_batches_on: Sequence[str]) -> Rehearsal:
+    """Every phase's per-rank peak for `run` (its model's padded vocabulary `vocab`) on `gpu`; of the
+    eval stage's batches, those named in `eval_batches_on` (the whole config's
+    kiln.config.eval_switches.eval_batches_on, which the rule gets in its params:
+    kiln.config.settings.derived)."""
     compiled = use_compile(run.train.compile, torch.device("cuda"))  # as the GPU decides
     run = as_on_gpu(run, vocab, gpu)
     train, seq_len = run.train, run.shard.seq_len
@@ -240,7 +243,8 @@ def rehearse(run: RunConfig, vocab: int, gpu: GPU) -> Rehearsal:
                     phase.compiled = live.peak - compiling_saves(trainer, s)
                 result.phases.append(phase)
             result.problems += optimizer_state_problems(trainer) + checkpointing.problems
-        result.phases += eval_phases(run, trainer.model_config, usable)  # its own process: kiln.rehearse.eval_stage
+        # the eval stage's batches, in a process of its own: kiln.rehearse.eval_stage
+        result.phases += eval_phases(run, trainer.model_config, usable, eval_batches_on)
     return result
 
 
@@ -298,14 +302,16 @@ def steady_step(trainer: Trainer, live: LiveBytes) -> None:
     trainer.train_step()
 
 
-def current_or_rehearsed(path: Path | None, run: RunConfig, vocab: int, settings: str) -> Rehearsal:
-    """The rehearsal of `run` (its model's padded vocabulary `vocab`) whose rehearse settings
-    (kiln.config.settings.tracked) are `settings`: the rehearse rule's at `path` when it rehearsed
-    these (it writes only a rehearsal that passed), else rehearsed here and checked
-    (kiln.plan.rehearsal.check raises naming what does not fit)."""
+def current_or_rehearsed(
+    path: Path | None, run: RunConfig, vocab: int, settings: str, eval_batches_on: Sequence[str]
+) -> Rehearsal:
+    """The rehearsal of `run` (its model's padded vocabulary `vocab`, its eval batches `eval_batches_on`)
+    whose rehearse settings (kiln.config.settings.tracked, the eval batches among what they derive) are
+    `settings`: the rehearse rule's at `path` when it rehearsed these (it writes only a rehearsal that
+    passed), else rehearsed here and checked (kiln.plan.rehearsal.check raises naming what does not fit)."""
     if path is not None and path.is_file() and (found := Rehearsal.load(path)).settings == settings:
         return found
-    rehearsal = rehearse(run, vocab, planned_gpu(run.plan.gpu))
+    rehearsal = rehearse(run, vocab, planned_gpu(run.plan.gpu), eval_batches_on)
     check(rehearsal)
     rehearsal.settings = settings
     return rehearsal

@@ -3,12 +3,14 @@ under bf16 autocast, each batch through the function the stage calls, on fake te
 each batch the run's config turns on."""
 
 import contextlib
+import json
 from pathlib import Path
 
 import pytest
 
 from kiln import config as kiln_config
 from kiln import forecast
+from kiln.config import settings
 from kiln.config.models import model_config
 from kiln.config.run_config import RunConfig
 from kiln.errors import KilnError
@@ -27,32 +29,34 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # the fake group
 
 
 def _run_and_model(files: list[Path], overrides: dict | None = None):
-    """The run as the rehearsal resolves it for its GPU, and the model the train stage would save."""
+    """The run as the rehearsal resolves it for its GPU, the model the train stage would save, and the
+    eval batches its config turns on as the rehearse rule's params carry them."""
     experiment = kiln_config.resolve_experiment(files, overrides or {})
     cfg = experiment.runs[experiment.name]
     run = RunConfig.of(cfg)
     vocab = forecast.model_of(cfg, run).vocab_size
     run = as_on_gpu(run, vocab, planned_gpu(run.plan.gpu))
-    return run, model_config(run.model.as_dict(), vocab, run.shard.seq_len, EOS_ID)
+    batches_on = json.loads(settings.tracked(cfg, "rehearse"))[settings.DERIVED]["eval_batches_on"]
+    return run, model_config(run.model.as_dict(), vocab, run.shard.seq_len, EOS_ID), batches_on
 
 
 def _eval_phases(files: list[Path], overrides: dict | None = None) -> dict:
-    run, model = _run_and_model(files, overrides)
+    run, model, batches_on = _run_and_model(files, overrides)
     usable = int(FIT_FRACTION * planned_gpu(run.plan.gpu).memory_gib * GIB)
     with gpu_flex():
-        return {p.name.split(",")[0].removeprefix("eval: "): p for p in eval_phases(run, model, usable)}
+        return {p.name.split(",")[0].removeprefix("eval: "): p for p in eval_phases(run, model, usable, batches_on)}
 
 
 def _names(files: list[Path], overrides: dict | None = None) -> list[str]:
     """The eval stage's batches a config turns on, by name (nothing run: stage_batches yields the work)."""
-    run, model = _run_and_model(files, overrides)
-    return [name.split(",")[0] for name, _, _ in stage_batches(run, model, contextlib.nullcontext)]
+    run, model, batches_on = _run_and_model(files, overrides)
+    return [name.split(",")[0] for name, _, _ in stage_batches(run, batches_on, model, contextlib.nullcontext)]
 
 
 def test_seed_000s_eval_stage_holds_the_whole_model_on_one_card_beside_each_batch():
     phases = _eval_phases([SEED_000])
     assert list(phases) == ["held-out loss", "infilling", "lm-eval", "HumanEval and HumanEval-Infilling decode"]
-    _, model = _run_and_model([SEED_000])
+    _, model, _ = _run_and_model([SEED_000])
     weights = (
         model.num_params(non_embedding=False) * 4 / GIB
     )  # 1.04B parameters in fp32, as load_model reads them: 3.88 GiB
@@ -83,6 +87,9 @@ def test_only_the_batches_a_config_turns_on_are_rehearsed():
     assert _names([SEED_000], {"eval": "{infill_docs: 0, lm_eval: {tasks: []}}"}) == ["held-out loss", both]
     # prose trained without FIM (pretokenize.fim.rate 0): the stage infills nothing, HumanEval still runs
     assert _names([PROSE]) == ["held-out loss", "lm-eval", "HumanEval decode"]
+    # from a checkpoint, which may have seen FIM: the stage measures infilling (kiln.eval.infill.not_run_reason)
+    continued = {"train": "{init_from: {checkpoint: results/prose/train/checkpoints/step-0000100}}"}
+    assert _names([PROSE], continued) == ["held-out loss", "infilling", "lm-eval", both]
 
 
 @pytest.mark.parametrize(
@@ -94,7 +101,7 @@ def test_a_decode_phase_runs_the_stages_decode_at_the_stages_batch(monkeypatch, 
     before = _eval_phases([TINY])[phase].peak
     monkeypatch.setattr(module, batch, 2 * getattr(module, batch))
     after = _eval_phases([TINY])[phase].peak
-    _, model = _run_and_model([TINY])
+    _, model, _ = _run_and_model([TINY])
     row_cache = 2 * model.n_layer * model.n_kv_head * (model.seq_len - 1) * model.head_dim * 4  # keys, values; fp32
     assert after - before >= getattr(module, batch) // 2 * row_cache
 
@@ -103,14 +110,14 @@ def test_lm_evals_phase_scores_the_adapters_batch(monkeypatch):
     before = _eval_phases([TINY])["lm-eval"].peak
     monkeypatch.setattr(lm_tasks, "BATCH", 2 * lm_tasks.BATCH)
     after = _eval_phases([TINY])["lm-eval"].peak
-    _, model = _run_and_model([TINY])
+    _, model, _ = _run_and_model([TINY])
     assert after - before >= lm_tasks.BATCH // 2 * model.seq_len * model.vocab_size * 4  # the added rows' logits
 
 
 def test_an_eval_batch_over_its_card_names_what_turns_it_off_not_a_training_micro_batch():
-    run, model = _run_and_model([TINY])
+    run, model, batches_on = _run_and_model([TINY])
     with gpu_flex():
-        phases = eval_phases(run, model, usable=2**20)  # 1 MiB: none fits
+        phases = eval_phases(run, model, 2**20, batches_on)  # 1 MiB: none fits
     turn_off = {
         "held-out loss": r"kiln\.eval\.perplexity\.BATCH",
         "infilling": r"eval\.infill_docs: 0",

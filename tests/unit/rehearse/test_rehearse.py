@@ -9,6 +9,7 @@ import pytest
 
 from kiln import config as kiln_config
 from kiln import forecast
+from kiln.config import settings
 from kiln.config.run_config import RunConfig
 from kiln.errors import KilnError
 from kiln.main import main
@@ -25,7 +26,8 @@ def _rehearse(overrides: dict | None = None):
     experiment = kiln_config.resolve_experiment([SEED_000], overrides or {})
     cfg = experiment.runs[experiment.name]
     run = RunConfig.of(cfg)
-    return rehearse(run, forecast.model_of(cfg, run).vocab_size, planned_gpu(run.plan.gpu))
+    batches_on = settings.derived(cfg, "rehearse")["eval_batches_on"]
+    return rehearse(run, forecast.model_of(cfg, run).vocab_size, planned_gpu(run.plan.gpu), batches_on)
 
 
 @functools.cache
