@@ -2,8 +2,9 @@
 model, batch and parallelism.
 
 First the rehearsal of the run's settings (kiln.rehearse): the rehearse rule's rehearsal.json when it
-rehearsed these settings, else rehearsed here on fake tensors (seconds of CPU); a phase that will not
-fit plan.gpu stops the stage before the probe spends the GPU's time.
+rehearsed these settings, else the train side's phases rehearsed here on fake tensors (seconds of CPU;
+the eval stage's batches are the rule's); a phase that will not fit plan.gpu stops the stage before
+the probe spends the GPU's time.
 
 Runs the checks of kiln.gate.checks (preflight, causality, init loss, health, generalisation, data,
 overfit), each against its threshold in the `smoke` section, and prints them as a table; with
@@ -30,7 +31,7 @@ from kiln.io import read_json
 from kiln.plan.tables import checks_table
 from kiln.plan.verdict import Check, Measurements, SmokeReport
 from kiln.rehearse.run import current_or_rehearsed
-from kiln.stage import config_of, derived_of, run_main, stage_config, stage_parser
+from kiln.stage import config_of, run_main, stage_config, stage_parser
 from kiln.train.distributed import shutdown
 
 
@@ -112,8 +113,7 @@ def rehearsed(args) -> None:
         return  # a smoke stage given only its own sections (its tests): nothing to rehearse from
     # the vocabulary the tokenizer stage made, as the shards hold it (the rule predicts the same)
     vocab = read_json(args.shards / "manifest.json")["padded_vocab_size"]
-    # the eval batches on, as the rehearse stage's tracked params carry them (kiln.config.settings.derived)
-    current_or_rehearsed(args.rehearsal, run, vocab, tracked, derived_of(tracked)["eval_batches_on"])
+    current_or_rehearsed(args.rehearsal, run, vocab, tracked)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,6 @@ from kiln.plan.memory import FIT_FRACTION, GIB, Setting, estimate, loss_rows, se
 from kiln.plan.peaks import GPU, planned_gpu
 from kiln.plan.rehearsal import UNBATCHED_ADVICE, Phase, Rehearsal, check
 from kiln.rehearse.checkpoint import CheckpointPhases
-from kiln.rehearse.eval_stage import eval_phases
 from kiln.rehearse.live import LiveBytes, counting
 from kiln.train.device import use_compile
 from kiln.train.trainer import Trainer
@@ -243,8 +242,11 @@ def rehearse(run: RunConfig, vocab: int, gpu: GPU, eval_batches_on: Sequence[str
                     phase.compiled = live.peak - compiling_saves(trainer, s)
                 result.phases.append(phase)
             result.problems += optimizer_state_problems(trainer) + checkpointing.problems
-        # the eval stage's batches, in a process of its own: kiln.rehearse.eval_stage
-        result.phases += eval_phases(run, trainer.model_config, usable, eval_batches_on)
+        if eval_batches_on:  # the eval stage's batches, in a process of its own
+            # imported here: the eval packages (HumanEval's among them), which the train side does not import
+            from kiln.rehearse.eval_stage import eval_phases
+
+            result.phases += eval_phases(run, trainer.model_config, usable, eval_batches_on)
     return result
 
 
@@ -302,16 +304,16 @@ def steady_step(trainer: Trainer, live: LiveBytes) -> None:
     trainer.train_step()
 
 
-def current_or_rehearsed(
-    path: Path | None, run: RunConfig, vocab: int, settings: str, eval_batches_on: Sequence[str]
-) -> Rehearsal:
-    """The rehearsal of `run` (its model's padded vocabulary `vocab`, its eval batches `eval_batches_on`)
-    whose rehearse settings (kiln.config.settings.tracked, the eval batches among what they derive) are
-    `settings`: the rehearse rule's at `path` when it rehearsed these (it writes only a rehearsal that
-    passed), else rehearsed here and checked (kiln.plan.rehearsal.check raises naming what does not fit)."""
+def current_or_rehearsed(path: Path | None, run: RunConfig, vocab: int, settings: str) -> Rehearsal:
+    """The smoke stage's rehearsal of `run` (its model's padded vocabulary `vocab`) whose rehearse
+    settings (kiln.config.settings.tracked, the eval batches among what they derive) are `settings`: the
+    rehearse rule's at `path` when it rehearsed these (it writes only a rehearsal that passed), else the
+    train side's phases rehearsed here and checked (kiln.plan.rehearsal.check raises naming what does
+    not fit). Not the eval stage's batches: those are the rule's, on the login node; the smoke stage
+    runs where the train stage does, which imports no eval package (tests/unit/test_train_imports.py)."""
     if path is not None and path.is_file() and (found := Rehearsal.load(path)).settings == settings:
         return found
-    rehearsal = rehearse(run, vocab, planned_gpu(run.plan.gpu), eval_batches_on)
+    rehearsal = rehearse(run, vocab, planned_gpu(run.plan.gpu), eval_batches_on=())
     check(rehearsal)
     rehearsal.settings = settings
     return rehearsal
