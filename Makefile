@@ -22,12 +22,14 @@ run: $(STAMP)
 test-fast: $(STAMP)
 	pytest -q tests/unit -m "not slow and not process"
 
-# Every test, in four lanes at once, each given its folders (collecting only those: ~13 s of CPU a lane
+# Every test, in five lanes at once, each given its folders (collecting only those: ~13 s of CPU a lane
 # collecting the whole tree): the Snakemake DAG runs (tests/dag), the stage tags' runs
 # (tests/dag/test_tags.py), the Slurm cluster's (tests/slurm: they mostly wait on the scheduler and the
 # executor plugin's status polling) followed by the process tests (tests/process: torchrun's ranks, the
-# stage scripts), and the rest (tests/unit, tests/bench). The lanes are balanced by their measured
-# times under load (docs/benchmarks.md, "The test suite's lanes"): the longest lane is the suite's time.
+# stage scripts), the bench scripts' quick runs and the GPU check's dry runs (tests/bench), and the rest
+# (tests/unit). The lanes are balanced by their measured times under load (docs/benchmarks.md, "The
+# test suite's lanes"): the longest lane is the suite's time, and with one thread a process (below) a
+# lane left running alone holds one core of the two.
 # Each lane's output is printed after the rest's; the target fails if any lane did. Plain `pytest`
 # runs the same tests one after the other (tests/conftest.py marks each test by its folder, so `-m dag`
 # and the like pick them too).
@@ -44,10 +46,11 @@ test: export OMP_NUM_THREADS := 1
 LANE_dag := tests/dag --ignore=tests/dag/test_tags.py
 LANE_tags := tests/dag/test_tags.py
 LANE_slurm := tests/slurm tests/process
-LANES := dag tags slurm  # beside them, the rest: every other folder
+LANE_bench := tests/bench
+LANES := dag tags slurm bench  # beside them, the rest: every other folder
 test: $(STAMP)
 	@$(foreach lane,$(LANES),pytest -q $(LANE_$(lane)) > .pytest-$(lane).log 2>&1 & echo $$! > .pytest-$(lane).pid;) \
-	pytest -q --ignore=tests/dag --ignore=tests/slurm --ignore=tests/process; code=$$?; \
+	pytest -q --ignore=tests/dag --ignore=tests/slurm --ignore=tests/process --ignore=tests/bench; code=$$?; \
 	for lane in $(LANES); do \
 		wait $$(cat .pytest-$$lane.pid); lane_code=$$?; rm -f .pytest-$$lane.pid; \
 		echo "=== the $$lane lane (run beside the above; log: .pytest-$$lane.log) ==="; \
