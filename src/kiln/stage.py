@@ -62,13 +62,7 @@ def stage_derived(args: argparse.Namespace, stage: str) -> dict:
     under Snakemake from its tracked params, by hand from the whole config file."""
     if args.config:
         return settings.derived(kiln_config.load(args.config), stage)
-    return derived_of(args.params)
-
-
-def derived_of(tracked: str) -> dict:
-    """What a stage's tracked params (kiln.config.settings.tracked) carry under DERIVED: what it reads
-    that the config implies rather than sets."""
-    return json.loads(tracked).get(settings.DERIVED, {})
+    return json.loads(args.params).get(settings.DERIVED, {})
 
 
 def run_main(main: Callable[[], None]) -> None:

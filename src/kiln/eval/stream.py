@@ -7,7 +7,8 @@ piece at a time, and the pieces are read with plain reads into fresh arrays rath
 memory map: the pages of a mapped file, once touched, stay resident in the process (RssFile) for as
 long as the map is open, so one pass over a memory-mapped 40 GB split shows 40 GB resident, which
 Slurm's per-process RSS accounting and Snakemake's benchmark both count (bench/eval_memory.py
-measured the difference: docs/benchmarks.md, "Eval memory at 1x and 4x the train tokens"). Read pages go to the kernel's page cache, which the process does not hold.
+measured the difference: docs/benchmarks.md, "Eval memory at 1x and 4x the train tokens"). Read
+pages go to the kernel's page cache, which the process does not hold.
 """
 
 from __future__ import annotations
