@@ -17,9 +17,10 @@ L layers):
   accumulates into the buckets it already has: nothing more.
 - under train.optimizer muon, the blocks' matrices (L x layer_params' matmul weights) keep one
   momentum, 4 bytes, instead of AdamW's 8; the rest keeps AdamW's (kiln.train.optim). On several
-  ranks each matrix's Newton-Schulz runs on one rank (kiln.train.muon) and the bf16 results are in
-  flight together during the optimizer step: under DDP every matrix's (2 bytes each), under FSDP the
-  owned matrices whole, their updates and the rows coming back (~6 bytes each / W). One rank updates
+  ranks each matrix's Newton-Schulz runs on one rank (kiln.train.muon) and the results, in the step's
+  precision (a = 2 bytes in bf16, 4 in fp32), are in flight together during the optimizer step: under
+  DDP every matrix's (a bytes each), under FSDP the owned matrices whole, their updates and the rows
+  coming back (~3a bytes each / W). One rank updates
   one matrix at a time: its few temporaries are not counted.
 - activations, what autograd keeps from the forward pass for backward, per layer per token, counted
   tensor by tensor from the models (tests/unit/plan/test_memory.py checks the totals against torch's CPU
@@ -241,7 +242,8 @@ def estimate(cfg: ModelConfig, s: Setting) -> Estimate:
         acts, copies, grads = acts - kept[i], copies - kept_casts[i], grads + grad(per_layer)
     muon = 0
     if s.optimizer == "muon" and s.world > 1:  # the Newton-Schulz results in flight (module docstring)
-        muon = 6 * L * mat // shard if fsdp else 2 * L * mat
+        a = 2 if s.bf16 else 4
+        muon = 3 * a * L * mat // shard if fsdp else a * L * mat
     candidates["optimizer step"] = {"gradients": grad(n), "Muon results": muon}
     peak_at = max(candidates, key=lambda k: sum(candidates[k].values()))
     parts = {**states, "DDP buckets": buckets, "FSDP gathers": fsdp_buffers, **candidates[peak_at]}

@@ -39,10 +39,17 @@ a Kiln step needs that torch's step lacks. kiln.train.optim decides which parame
    that every neuron moves alike without the step's size changing. It runs where the whole matrix is
    (one rank; under DDP on every rank alike after the broadcast, so every rank's state is the same);
    FSDP2's row blocks are refused.
+5. The iteration's precision is the run's (kiln.train.optim takes it from the trainer's precision
+   decision). torch's Muon always iterates in bf16; so does this one, and sends bf16, where the step
+   runs under bf16 autocast (a GPU; a CPU with fast bf16). Where the run's precision is fp32 (a CPU
+   without AVX-512 BF16 or AMX, where a bf16 matmul is emulated) the updates, the iteration and
+   what travels are fp32: on such a 2-core CPU one iteration on a (4, 128, 512) stack took 62.6 ms
+   in bf16 and 1.9 ms in fp32, and Muon's bf16 iteration had halved the default's train step.
+   Under DDP or FSDP2 in fp32 the transfers and the results held in flight double (kiln.plan.memory).
 
 The arithmetic is torch's own (its Newton-Schulz, batched over a stack with the same operations in the
-same order, its learning-rate adjustment, the same lerp forms), so on a CPU an unflagged step equals
-torch.optim.Muon's bit for bit, and so do DDP's and FSDP's on the same gradients
+same order, its learning-rate adjustment, the same lerp forms), so on a CPU an unflagged step in bf16
+equals torch.optim.Muon's bit for bit, and so do DDP's and FSDP's on the same gradients
 (tests/unit/train/test_optimizers.py). A GPU's batched matmul may take other kernels than its single
 one, so a stack's results there can differ from torch's in rounding. State and hyperparameters are torch.optim.Muon's
 ("momentum_buffer" per parameter), so checkpoints hold what torch's Muon would.
@@ -72,11 +79,15 @@ STACK_ELEMENTS = 1 << 22
 
 class Muon(torch.optim.Muon):
     """torch.optim.Muon that honours `found_inf` (a device tensor, nonzero: apply nothing) and
-    orthogonalises each matrix, whole, on one rank; with normuon, NorMuon's normalisation after it."""
+    orthogonalises each matrix, whole, on one rank; with normuon, NorMuon's normalisation after it.
+    `dtype` is the Newton-Schulz iteration's and the updates' in flight: bf16 as torch's (and the
+    step's precision on a GPU), or fp32 where the run's precision is (a CPU without fast bf16, where a
+    bf16 iteration is ~30x slower: module docstring, 5)."""
 
-    def __init__(self, params, normuon: bool = False, **kwargs):
+    def __init__(self, params, normuon: bool = False, dtype: torch.dtype = torch.bfloat16, **kwargs):
         super().__init__(params, **kwargs)
         self.normuon = normuon
+        self.dtype = dtype
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -97,7 +108,7 @@ class Muon(torch.optim.Muon):
                 state = self.state[param] if self.normuon else None
                 batches.setdefault(key, []).append(_Matrix(param, grad, buf, group, state))
         for batch in batches.values():
-            _step(batch, _Ranks.of(batch[0].param), skip)
+            _step(batch, _Ranks.of(batch[0].param), skip, self.dtype)
         return loss
 
 
@@ -169,10 +180,10 @@ def _rows(m: int, world: int, rank: int) -> int:
     return max(0, min(size, m - rank * size))
 
 
-def _step(batch: list[_Matrix], ranks: _Ranks, skip: Tensor | None) -> None:
+def _step(batch: list[_Matrix], ranks: _Ranks, skip: Tensor | None, dtype: torch.dtype) -> None:
     if ranks.world == 1:  # same-shaped matrices together: their updates and results are the temporaries
         for stack in _stacks(batch):
-            updates = torch.stack([_momentum(m, skip, True) for m in stack])  # (n, rows, cols), bf16
+            updates = torch.stack([_momentum(m, skip, True, dtype) for m in stack])  # (n, rows, cols)
             for m, ortho in zip(stack, _stacked_newton_schulz(updates, stack[0].group)):
                 _apply(m, ortho, skip)
         return
@@ -180,27 +191,31 @@ def _step(batch: list[_Matrix], ranks: _Ranks, skip: Tensor | None) -> None:
     if ranks.sharded and batch[0].normuon is not None:
         raise NotImplementedError("train.normuon: NorMuon needs whole matrices; FSDP2 shards them (train.parallel ddp)")
     keep = [ranks.sharded or o == ranks.rank for o in owner]
-    updates = [_momentum(m, skip, k) for m, k in zip(batch, keep)]
+    updates = [_momentum(m, skip, k, dtype) for m, k in zip(batch, keep)]
     if ranks.sharded:
-        orthos = _sharded(batch, updates, owner, ranks)
+        orthos = _sharded(batch, updates, owner, ranks, dtype)
     else:
-        orthos = _replicated(batch, updates, owner, ranks)
+        orthos = _replicated(batch, updates, owner, ranks, dtype)
     for m, ortho in zip(batch, orthos):
         _apply(m, ortho, skip)
 
 
-def _momentum(m: _Matrix, skip: Tensor | None, keep: bool) -> Tensor | None:
-    """Commits the new momentum (on local data); returns the Nesterov update in bf16 if `keep`."""
+def _momentum(m: _Matrix, skip: Tensor | None, keep: bool, dtype: torch.dtype) -> Tensor | None:
+    """Commits the new momentum (on local data); returns the Nesterov update in `dtype` if `keep`."""
     momentum = m.group["momentum"]
     g, b = _local(m.grad), _local(m.buf)
     new_buf = b.lerp(g, 1 - momentum)
-    update = (g.lerp(new_buf, momentum) if m.group["nesterov"] else new_buf).bfloat16() if keep else None
+    update = (g.lerp(new_buf, momentum) if m.group["nesterov"] else new_buf).to(dtype) if keep else None
     b.copy_(new_buf if skip is None else torch.where(skip, b, new_buf))  # on the device: no host sync
     return update
 
 
 def _newton_schulz(update: Tensor, group: dict) -> Tensor:
-    return _zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
+    """One matrix's iteration in its update's dtype: torch's own function in bf16 (which casts to bf16
+    whatever it is given), the stacked one's arithmetic on a stack of one in fp32."""
+    if update.dtype == torch.bfloat16:
+        return _zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
+    return _stacked_newton_schulz(update[None], group)[0]
 
 
 def _stacks(batch: list[_Matrix]) -> list[list[_Matrix]]:
@@ -218,10 +233,11 @@ def _stacks(batch: list[_Matrix]) -> list[list[_Matrix]]:
 def _stacked_newton_schulz(updates: Tensor, group: dict) -> Tensor:
     """torch's _zeropower_via_newtonschulz (which takes one 2-D matrix) on each matrix of a stack (n, rows,
     cols), batched: the same operations in the same order (the norm per matrix, then ns_steps of the Gram
-    matrix, its update and the product), so each result has torch's bits on a CPU
-    (tests/unit/train/test_optimizers.py; so too with oneDNN capped at AVX2 or AVX-512, and off)."""
+    matrix, its update and the product), so each result has torch's bits on a CPU in bf16
+    (tests/unit/train/test_optimizers.py; so too with oneDNN capped at AVX2 or AVX-512, and off). In the
+    updates' dtype: bf16, or fp32 where the run's precision is fp32."""
     a, b, c = group["ns_coefficients"]
-    ortho = updates.bfloat16()
+    ortho = updates
     tall = ortho.size(-2) > ortho.size(-1)
     if tall:
         ortho = ortho.mT
@@ -256,7 +272,9 @@ def _apply(m: _Matrix, ortho: Tensor, skip: Tensor | None) -> None:
     p.copy_(new_p if skip is None else torch.where(skip, p, new_p))
 
 
-def _replicated(batch: list[_Matrix], updates: list, owner: list[int], ranks: _Ranks) -> list[Tensor]:
+def _replicated(
+    batch: list[_Matrix], updates: list, owner: list[int], ranks: _Ranks, dtype: torch.dtype
+) -> list[Tensor]:
     """Every rank holds every matrix: each orthogonalises its own and broadcasts the result. Issued
     in index order on every rank; the owner's iteration runs while others' broadcasts are in flight."""
     orthos, works = [], []
@@ -264,7 +282,7 @@ def _replicated(batch: list[_Matrix], updates: list, owner: list[int], ranks: _R
         if o == ranks.rank:
             ortho = _newton_schulz(update, m.group).contiguous()  # tall matrices come back transposed
         else:
-            ortho = torch.empty(m.param.shape, dtype=torch.bfloat16, device=m.param.device)
+            ortho = torch.empty(m.param.shape, dtype=dtype, device=m.param.device)
         works.append(broadcast_async(ortho, src=o, group=ranks.group))
         orthos.append(ortho)
     for work in works:
@@ -272,7 +290,7 @@ def _replicated(batch: list[_Matrix], updates: list, owner: list[int], ranks: _R
     return orthos
 
 
-def _sharded(batch: list[_Matrix], updates: list, owner: list[int], ranks: _Ranks) -> list[Tensor]:
+def _sharded(batch: list[_Matrix], updates: list, owner: list[int], ranks: _Ranks, dtype: torch.dtype) -> list[Tensor]:
     """Each rank holds a block of rows of every matrix: all_to_all sends the blocks of each round's
     matrices to their owners, each owner orthogonalises its matrix, and a second all_to_all sends
     each rank back its rows. Split sizes are computed alike on every rank from the shapes alone."""
@@ -286,7 +304,7 @@ def _sharded(batch: list[_Matrix], updates: list, owner: list[int], ranks: _Rank
         return 0 if i is None else _rows(shapes[i][0], world, rank) * shapes[i][1]
 
     def empty(n: int) -> Tensor:
-        return torch.empty(n, dtype=torch.bfloat16, device=device)
+        return torch.empty(n, dtype=dtype, device=device)
 
     gathers = []
     for held in rounds(owner, world):  # all issued now: in flight while earlier rounds iterate

@@ -48,9 +48,10 @@ def hidden_matrices(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.blocks.parameters() if p.requires_grad and p.dim() == 2]
 
 
-def build_optimizer(model: torch.nn.Module, train: TrainSection, device_type: str) -> Optimizers:
+def build_optimizer(model: torch.nn.Module, train: TrainSection, device_type: str, bf16: bool) -> Optimizers:
     """train.optimizer's optimizers for `model` (before or after kiln.train.parallel readied it),
-    as one Optimizers."""
+    as one Optimizers. bf16: the step's precision (kiln.train.device.use_bf16), which Muon's
+    Newton-Schulz iteration follows (kiln.train.muon, 5)."""
     if train.optimizer == "adamw":
         return Optimizers([build_adamw(model, train, device_type)], train.lr)
     if train.optimizer != "muon":
@@ -64,6 +65,7 @@ def build_optimizer(model: torch.nn.Module, train: TrainSection, device_type: st
         nesterov=True,
         adjust_lr_fn=train.muon_adjust_lr,
         normuon=bool(train.normuon),
+        dtype=torch.bfloat16 if bf16 else torch.float32,
     )
     taken = {id(p) for p in hidden}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in taken]

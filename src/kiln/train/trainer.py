@@ -138,7 +138,7 @@ class Trainer:
             bf16=self.bf16,
             shard_one_rank=train.fsdp_one_rank,
         )
-        self.optimizer = build_optimizer(self.model, train, self.dist.device.type)  # AdamW, or Muon + AdamW
+        self.optimizer = build_optimizer(self.model, train, self.dist.device.type, self.bf16)  # AdamW, or Muon + AdamW
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.batches = TrainBatches(
             self.rows, train.micro_batch, self.seed, self.dist.rank, self.dist.world, self.batch_split.grad_accum

@@ -34,9 +34,11 @@ def _backward(m, x) -> None:
 
 def test_the_setting_reaches_muon_and_is_off_by_default():
     m, _ = _llama_and_batch()
-    assert build_optimizer(m, TrainSection.of(train_sections(**MUON)["train"]), "cpu").parts[0].normuon is False
+    assert (
+        build_optimizer(m, TrainSection.of(train_sections(**MUON)["train"]), "cpu", bf16=True).parts[0].normuon is False
+    )
     on = TrainSection.of(train_sections(**MUON, normuon=True)["train"])
-    assert build_optimizer(m, on, "cpu").parts[0].normuon is True
+    assert build_optimizer(m, on, "cpu", bf16=True).parts[0].normuon is True
 
 
 def test_a_normuon_update_has_muons_norm_and_even_rows():

@@ -74,7 +74,7 @@ def _named(model: torch.nn.Module, params) -> set[str]:
 )
 def test_muon_takes_the_blocks_matrices_and_adamw_everything_else(model, expected):
     m = build_model(model_config(model, 64, 8))
-    opt = build_optimizer(m, _section(**MUON), "cpu")
+    opt = build_optimizer(m, _section(**MUON), "cpu", bf16=True)
     muon, adamw = opt.parts
     assert isinstance(muon, Muon) and isinstance(adamw, torch.optim.AdamW)
     assert _named(m, hidden_matrices(m)) == _named(m, muon.param_groups[0]["params"]) == expected
@@ -84,7 +84,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_everything_else(model, expecte
     assert m.config.n_layer * layer_params(m.config)[0] == sum(
         p.numel() for p in hidden_matrices(m)
     )  # the estimator's count
-    (only,) = build_optimizer(m, _section(), "cpu").parts  # adamw: one AdamW over everything, as before
+    (only,) = build_optimizer(m, _section(), "cpu", bf16=True).parts  # adamw: one AdamW over everything, as before
     assert isinstance(only, torch.optim.AdamW) and len(only.param_groups) == 2
 
 
@@ -134,6 +134,26 @@ def test_muon_orthogonalises_same_shaped_matrices_in_stacks_with_torchs_bits(mon
         assert sorted(stacks) == sorted((shapes.count(s), *s) for s in set(shapes))
 
 
+def test_an_fp32_runs_muon_iterates_in_fp32(monkeypatch):
+    # a run whose precision is fp32 (a CPU without fast bf16): the updates and Newton-Schulz in fp32, near
+    # the bf16 iteration's result and not it (tests/muon_worker.py: DDP's and FSDP2's, against torch's)
+    m, x = _llama_and_grads()
+    in_bf16 = copy.deepcopy(m)
+    stacks = []
+    real = kiln_muon._stacked_newton_schulz
+    monkeypatch.setattr(kiln_muon, "_stacked_newton_schulz", lambda u, g: stacks.append(u.dtype) or real(u, g))
+    (ours, _), (theirs, _) = (
+        build_optimizer(mm, _section(**MUON), "cpu", bf16=b).parts for mm, b in ((m, False), (in_bf16, True))
+    )
+    _backward(m, x), _backward(in_bf16, x)
+    ours.step()
+    assert ours.dtype == torch.float32 and set(stacks) == {torch.float32}
+    theirs.step()
+    fp32, bf16 = hidden_matrices(m), hidden_matrices(in_bf16)
+    assert all(p.dtype == torch.float32 for p in fp32)
+    assert all(torch.allclose(p, q, atol=1e-2) and not torch.equal(p, q) for p, q in zip(fp32, bf16))
+
+
 def _snapshot(m, opt) -> list[torch.Tensor]:
     states = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
     return [t.clone() for t in [*m.parameters(), *states]]
@@ -141,7 +161,7 @@ def _snapshot(m, opt) -> list[torch.Tensor]:
 
 def test_a_flagged_step_leaves_muon_and_adamw_state_and_weights_bitwise_unchanged():
     m, x = _llama_and_grads()
-    opt = build_optimizer(m, _section(**MUON), "cpu")
+    opt = build_optimizer(m, _section(**MUON), "cpu", bf16=True)
     for _ in range(2):
         _backward(m, x)
         opt.found_inf = torch.zeros(())
@@ -176,7 +196,7 @@ def test_the_schedule_scales_each_optimizer_from_its_own_base_lr(shards):
 
 def test_the_optimizers_state_dict_is_torchs_form_and_round_trips():
     m, x = _llama_and_grads()
-    opt = build_optimizer(m, _section(**MUON), "cpu")
+    opt = build_optimizer(m, _section(**MUON), "cpu", bf16=True)
     for _ in range(2):
         _backward(m, x)
         opt.step()
@@ -184,13 +204,13 @@ def test_the_optimizers_state_dict_is_torchs_form_and_round_trips():
     n = len(list(m.parameters()))
     assert sorted(i for g in saved["param_groups"] for i in g["params"]) == list(range(n)) == sorted(saved["state"])
     other, _ = _llama_and_grads(seed=1)
-    again = build_optimizer(other, _section(**MUON), "cpu")
+    again = build_optimizer(other, _section(**MUON), "cpu", bf16=True)
     again.load_state_dict(copy.deepcopy(saved))
     theirs = dict(zip([name for name, _ in other.named_parameters()], other.parameters()))
     for name, p in m.named_parameters():
         mine, loaded = opt.state[p], again.state[theirs[name]]
         assert mine.keys() == loaded.keys() and all(torch.equal(mine[k], loaded[k]) for k in mine), name
-    (only,) = (adamw := build_optimizer(m, _section(), "cpu")).parts
+    (only,) = (adamw := build_optimizer(m, _section(), "cpu", bf16=True)).parts
     assert adamw.state_dict() == only.state_dict()  # AdamW alone: the dict a lone AdamW gave
 
 
@@ -333,11 +353,12 @@ def launched(tmp_path_factory):
     return base, json.loads((base / "checks.json").read_text()), reference
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
 @pytest.mark.parametrize("layout", ["ddp", "fsdp"])
 @pytest.mark.process
-def test_a_two_rank_muon_step_is_torch_muon_on_the_whole_matrices_sharing_newton_schulz(launched, layout):
+def test_a_two_rank_muon_step_is_torch_muon_on_the_whole_matrices_sharing_newton_schulz(launched, layout, precision):
     _, checks, _ = launched
-    check = checks[layout]
+    check = checks[f"{layout} {precision}"]
     per_rank = check.pop("newton_schulz_per_rank")
     assert checks["world"] == 2
     assert check == {
@@ -345,6 +366,8 @@ def test_a_two_rank_muon_step_is_torch_muon_on_the_whole_matrices_sharing_newton
         "momentum_same": True,
         "flagged_step_unchanged": True,
         "matrices": 7,
+        # what travelled to each owner and what it iterated in: the step's precision
+        "newton_schulz_dtypes": ["torch.bfloat16" if precision == "bf16" else "torch.float32"],
         **({"sharded": True, "uneven": True} if layout == "fsdp" else {}),
     }
     # each matrix orthogonalised on one rank a step, each rank doing its share (owners: 3 and 4)
