@@ -16,6 +16,7 @@ from kiln.config.train_sections import TrainSection
 from kiln.data.sources import raw_part_count
 from kiln.layout import STAGE_OF_JOB, ScatterPlan
 from kiln.plan.steps import StageTimes, steps_within
+from kiln.train.device import cpu_bf16_emulated
 from kiln.train.schedule import Replanned
 
 
@@ -310,7 +311,10 @@ def test_a_time_budget_becomes_the_steps_train_runs(finished_run, tmp_path):
     run = copy / "results" / "tiny"
     plan = json.loads((run / "smoke" / "plan.json").read_text())
     timed = plan["precision_tokens_per_s"]
-    assert set(timed) == {"bf16", "fp32"} and plan["precision"] == max(timed, key=timed.get)
+    if cpu_bf16_emulated():  # this machine's branch: its flags decide, nothing is timed
+        assert plan["precision"] == "fp32" and timed == {} and "nor AMX" in plan["precision_why"]
+    else:
+        assert set(timed) == {"bf16", "fp32"} and plan["precision"] == max(timed, key=timed.get)
     assert plan["budget"] == {"minutes": 0.5} and plan["budget_s"] == pytest.approx(30)
     steps = plan["max_steps"]
     assert steps == steps_within(30, StageTimes(**plan["stage_times"]), eval_every=50, checkpoint_every=100) > 5

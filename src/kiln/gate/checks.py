@@ -19,8 +19,8 @@ check the model before any long run. The checks, each against a threshold in the
   overfit         a fresh model memorises a handful of rows (FIM rows first) within a step budget:
                   lr 0, a broken schedule or broken data fail here
 
-Before the probe, train.precision auto on a CPU is settled by timing a few steps in bf16 and in
-fp32 (pick_precision). The probe's steady-state figures (kiln.gate.probe: warm-up and compile
+Before the probe, train.precision auto on a CPU is settled from its flags where they are certain (no
+AVX-512 BF16 or AMX: fp32), else by timing a few steps in fp32 and in bf16 (pick_precision). The probe's steady-state figures (kiln.gate.probe: warm-up and compile
 steps left out, the median of a few spans) feed the plan (kiln.plan.steps.build_plan), and with the
 stage's start-up, one validation and one checkpoint, timed here too (StageTimes), they turn a
 train.budget into steps (kiln.plan.steps.budget_steps). The stage script turns what run_checks finds
@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from dataclasses import asdict
@@ -228,7 +229,7 @@ def run_checks(config: RunConfig, shard_dir: Path, out_dir: Path, marker_id: int
         # it: an lr that diverges is caught here, not hours into the run.
         probe_train = train.replace(schedule="constant", warmup_steps=min(train.warmup_steps, smoke.steps // 3))
         started = time.perf_counter()
-        precision, candidates = pick_precision(config, probe_train, shard_dir, smoke)
+        precision, candidates, precision_why = pick_precision(config, probe_train, shard_dir, smoke)
         extra_s += time.perf_counter() - started
         probe_train = probe_train.replace(precision=precision)
         train = train.replace(precision=precision)  # the overfit check's too
@@ -360,6 +361,7 @@ def run_checks(config: RunConfig, shard_dir: Path, out_dir: Path, marker_id: int
         world=trainer.dist.world,
         precision=precision,
         precision_tokens_per_s=candidates,
+        precision_why=precision_why,
         activation_checkpointing=probe_train.activation_checkpointing,
         host_mb_per_rank=host_mb,
         attention_kernel=kernel_name(
@@ -404,28 +406,61 @@ def launch_start() -> float:
     return float(os.environ.get(LAUNCH_START_ENV) or PROCESS_START)
 
 
+CLEARLY_SLOWER = 2.0  # auto's second candidate is dropped once its steps' median is this much the first's
+
+
 def pick_precision(
     config: RunConfig, probe_train: TrainSection, shard_dir: Path, smoke: SmokeSection
-) -> tuple[str, dict[str, float]]:
-    """train.precision, or for auto: bf16 on a GPU that has it, and on a CPU the faster of bf16 and
-    fp32 over smoke.precision_steps timed steps each (after smoke.warmup_steps), with the tokens/s
-    of each (the mean over ranks, so every rank picks alike)."""
+) -> tuple[str, dict[str, float], str]:
+    """train.precision, or for auto its pick, the tokens/s of each candidate timed, and why, in words.
+    auto: bf16 on a GPU that has it; fp32 on a CPU whose flags say bf16 is emulated there
+    (device.cpu_bf16_emulated: timing it would cost minutes at ~34x fp32's step); elsewhere on a CPU
+    the faster of fp32 and bf16 over smoke.precision_steps timed steps each (after
+    smoke.warmup_steps), bf16 dropped as soon as its steps so far are CLEARLY_SLOWER than fp32's. Each
+    step's time is the slowest rank's, so every rank picks alike."""
     if probe_train.precision != "auto":
-        return probe_train.precision, {}
+        return probe_train.precision, {}, "train.precision"
     dev = device.select_device(probe_train.device)
     if dev.type == "cuda":
-        return ("bf16" if device.use_bf16("bf16", dev) else "fp32"), {}
-    rates = {}
-    for candidate in ("bf16", "fp32"):
+        bf16 = device.use_bf16("bf16", dev)
+        return ("bf16" if bf16 else "fp32"), {}, "a GPU " + ("with bf16" if bf16 else "without bf16")
+    if device.cpu_bf16_emulated():
+        why = "this CPU has neither AVX-512 BF16 nor AMX, so bf16 matmuls would be emulated"
+        log.info("precision auto: fp32 (%s)", why)
+        return "fp32", {}, why
+    rates: dict[str, float] = {}
+    fp32_step_s = None
+    for candidate in ("fp32", "bf16"):
         steps = smoke.warmup_steps + smoke.precision_steps
         trainer = Trainer(config.replace(train=probe_train.replace(precision=candidate)), shard_dir, max_steps=steps)
-        _, _, measured = probe(trainer, steps, smoke.warmup_steps)
-        rates[candidate] = mean_across_ranks(torch.tensor(measured.tokens_per_s), trainer.dist.world).item()
+        give_up = None if fp32_step_s is None else CLEARLY_SLOWER * fp32_step_s
+        step_s, finished = _median_step_s(trainer, smoke.warmup_steps, smoke.precision_steps, give_up)
+        rates[candidate] = trainer.batch_split.tokens_per_step / step_s
+        fp32_step_s = fp32_step_s or step_s
         del trainer
         _free_memory()
     pick = max(rates, key=rates.get)
-    log.info("precision auto: %s (%s)", pick, ", ".join(f"{k} {v:,.0f} tokens/s" for k, v in rates.items()))
-    return pick, rates
+    why = "the faster here" if finished else f"bf16 dropped after its first steps, over {CLEARLY_SLOWER:g}x fp32's time"
+    log.info("precision auto: %s (%s; %s)", pick, why, ", ".join(f"{k} {v:,.0f} tokens/s" for k, v in rates.items()))
+    return pick, rates, why
+
+
+def _median_step_s(trainer: Trainer, warmup: int, steps: int, give_up_s: float | None) -> tuple[float, bool]:
+    """The median seconds of `steps` train steps after `warmup` (the slowest rank's each), and whether
+    they all ran: they stop once the median so far exceeds give_up_s. Each step is synced and its
+    stop agreed on every rank (max_across_ranks), so the ranks run the same steps."""
+    times: list[float] = []
+    for i in range(warmup + steps):
+        started = time.perf_counter()
+        trainer.train_step()
+        sync(trainer.dist.device)
+        elapsed = max_across_ranks(torch.tensor(time.perf_counter() - started), trainer.dist.world).item()
+        if i < warmup:
+            continue
+        times.append(elapsed)
+        if give_up_s is not None and statistics.median(times) > give_up_s and len(times) < steps:
+            return statistics.median(times), False
+    return statistics.median(times), True
 
 
 def _time_checkpoint(trainer: Trainer, train: TrainSection, out_dir: Path) -> tuple[float, int]:

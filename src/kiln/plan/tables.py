@@ -81,11 +81,13 @@ def render_plan(plan: dict) -> str:
                 f"{t['checkpoint_s']:.1f} s: the stage should take {plan['stage_s']:,.0f} s",
             )
         )
-    if plan.get("precision_tokens_per_s"):
-        timed = ", ".join(f"{k} {v:,.0f}" for k, v in plan["precision_tokens_per_s"].items())
-        rows.append(("precision", f"{plan['precision']} (auto: the faster here; tokens/s timed {timed})"))
-    elif "precision" in plan:
-        rows.append(("precision", plan["precision"]))
+    if "precision" in plan:  # auto's pick says how it was made (an older plan: the candidates timed, if any)
+        timed = ", ".join(f"{k} {v:,.0f}" for k, v in plan.get("precision_tokens_per_s", {}).items())
+        why = plan.get("precision_why") or ("the faster here" if timed else "train.precision")
+        said = why + (f"; tokens/s timed {timed}" if timed else "")
+        rows.append(
+            ("precision", plan["precision"] if why == "train.precision" else f"{plan['precision']} (auto: {said})")
+        )
     if "eval" in plan:
         rows.append(("eval (predicted)", eval_text(plan["eval"])))
     if "in_loop_eval" in plan:

@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import platform
 import warnings
 from dataclasses import replace
 
@@ -92,14 +93,28 @@ def tune_cpu_allocator() -> bool:
 
 
 def use_bf16(precision: str, device: torch.device) -> bool:
-    """bf16 autocast for train.precision on this device. "auto" reaches here as bf16 (the smoke
-    stage resolves it on a CPU, where either may be faster; on a GPU it is bf16)."""
+    """bf16 for train.precision on this device: the step's autocast, Muon's Newton-Schulz
+    (kiln.train.optim), FSDP2's parameter dtype, the in-loop decode (Trainer.sample) and, on a GPU, the
+    eval stage's autocast all follow this one answer. "auto" reaches here as bf16 (the smoke stage
+    resolves it on a CPU, where either may be faster, and train runs its pick; on a GPU it is bf16)."""
     if precision not in ("bf16", "auto"):
         return False
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         log.warning("bf16 not supported on %s: training in fp32", torch.cuda.get_device_name(device))
         return False
     return True
+
+
+def cpu_bf16_emulated() -> bool:
+    """Whether this CPU certainly lacks bf16 matmul instructions: an x86 CPU with neither AVX-512 BF16
+    nor AMX, where oneDNN converts bf16 to fp32 around every matmul (a bf16 matmul ~34x slower than an
+    fp32 one on a 2-core AVX2 machine, docs/benchmarks.md). False where the flags are there, or on
+    another architecture (Arm's BF16 extension, which torch does not report here): whether bf16 is
+    faster there, for this model, is for the smoke stage to time."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    flags = (getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return not any(flag is None or flag() for flag in flags)  # a torch without the probes: not certain
 
 
 def autocast(device: torch.device, bf16: bool):

@@ -446,11 +446,12 @@ class Trainer:
     def sample(self, sampler: Sampler | None) -> list[dict]:
         """Completions of the sampler's prompts by the model as it is now, on every rank (an FSDP
         forward is collective), each rank decoding rank 0's tokens, so all stop at the same step.
-        Eager, so a compiled model is not recompiled for the decoding shapes."""
+        Eager, so a compiled model is not recompiled for the decoding shapes, under the step's autocast
+        (the run's precision: bf16 on a GPU, as the eval stage decodes there)."""
         if sampler is None:
             return []
         self.model.eval()
-        with torch.compiler.set_stance("force_eager"):
+        with torch.compiler.set_stance("force_eager"), self.autocast():
             rows = sampler(self.model, agree=functools.partial(same_on_every_rank, world=self.dist.world))
         self.model.train()
         return rows

@@ -21,7 +21,7 @@ from kiln.plan.verdict import Measurements, Probe
 
 ROOT = Path(__file__).resolve().parents[3]
 ONLY_FORECAST = {"memory", "predicted_from", "eval"}  # what it assumed, the memory estimate, the eval priced
-ONLY_SMOKE = {"precision", "precision_tokens_per_s", "activation_checkpointing"}  # what the probe ran
+ONLY_SMOKE = {"precision", "precision_tokens_per_s", "precision_why", "activation_checkpointing"}  # what the probe ran
 
 
 def config(train: dict) -> dict:
