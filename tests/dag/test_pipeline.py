@@ -171,7 +171,7 @@ def test_model_beats_the_unigram_baseline(finished_run):
         "Samples during training",
         "### Per source",
         "### Checkpoints kept",
-        "Reference: val loss 5 (a round figure",
+        "Reference, measured elsewhere: val loss 5 (a round figure",
         "## Cleaning (download)",
         "## Decontamination against the held-out split (pretokenize)",
     ):

@@ -157,6 +157,15 @@ def test_a_condition_makes_a_setting_rerun_its_stage():
     assert rerun(base, {"train.compile": False}) == {"rehearse"}
 
 
+def test_where_and_when_a_reference_was_measured_rerun_the_report_alone():
+    """eval.reference is one leaf, report=OUTPUT: its measured_on and date, like its figure, are in
+    the report rule's params and no other stage's (the walk above dry-runs the leaf set to null)."""
+    base = yaml.safe_load(TINY.read_text())
+    assert rerun(base, {"eval.reference.measured_on": "another machine"}) == {"report"}
+    assert rerun(base, {"eval.reference.date": "2027-01-01"}) == {"report"}
+    assert rerun(base, {"eval.reference.val_loss": 4.5}) == {"report"}
+
+
 def test_a_stage_gets_its_sections_whole_from_the_two_params():
     cfg = kiln_config.resolve([TINY])
     for stage in STAGES:

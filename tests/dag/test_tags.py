@@ -81,7 +81,9 @@ LEAN = {
     "train.precision": {"train.precision": "bf16"},  # auto times both, and may pick fp32 here
     "eval.lm_eval.limit": {"eval.lm_eval.limit": 1},
     "eval.lm_eval.max_docs": {"eval.lm_eval.max_docs": 1},
-    "eval.reference": {"eval.reference": {"val_loss": 4.0, "source": "a round figure"}},
+    "eval.reference": {
+        "eval.reference": {"val_loss": 4.0, "source": "a round figure", "measured_on": "nowhere", "date": "2026-12"}
+    },
     "eval.infill_docs": {"eval.infill_docs": 1},
     "eval.in_loop.every": {"eval.in_loop.every": 6},  # tags.yaml's eval_every
     # the finished run's own checkpoint: an export's tokenizer file is not the shards' (hf needs its own)

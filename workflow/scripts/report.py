@@ -53,7 +53,6 @@ def main() -> None:
             data["metrics"],
             tmp,
             ev["unigram_val_loss"],
-            run.eval.reference,
             bits_per_nat=ev["val_bits_per_byte"] / ev["val_loss"],
             cooldown_from=data["train"].get("cooldown_from"),
         )

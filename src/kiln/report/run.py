@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -13,7 +12,6 @@ from kiln.config.run_config import RunConfig
 from kiln.config.train_sections import Budget
 from kiln.eval.metrics import registry
 from kiln.eval.metrics.code.section import IN_LOOP_PASS_AT_1
-from kiln.eval.metrics.heldout.section import Reference
 from kiln.plan.steps import budget_text
 from kiln.plan.tables import checks_table, format_eta
 from kiln.plan.verdict import SmokeReport
@@ -38,18 +36,18 @@ def plot_loss(records: list[dict], png: Path, *args, **kwargs) -> None:
 def loss_figure(
     records: list[dict],
     unigram: float | None = None,
-    reference: Reference | None = None,
     bits_per_nat: float | None = None,
     cooldown_from: int | None = None,
 ) -> Figure:
     """The loss curves, with the in-loop eval's HumanEval pass@1 (eval.in_loop, where the records have
     it), the learning rate, throughput and MFU (TFLOP/s where no peak is known, as on a CPU) of the
-    same log steps beneath; reference lines for the unigram baseline and for a
-    published figure (eval.reference). With bits_per_nat (the val split's bits per byte for one nat
-    per token) a right-hand axis reads the curves in bits per byte. A dotted line through every panel
-    marks where wsd's cooldown began (cooldown_from). The legends sit inside their axes, in small
-    type, the reference's source wrapped: at the default's 7-inch width a long label outside the
-    axes was cut at the figure's edge."""
+    same log steps beneath; a line for the unigram baseline, measured on this run's val batches.
+    eval.reference is not drawn: a line through the run's curve reads as a difference, and the figure
+    was measured on another machine or data (the report gives it in words, with where and when). With
+    bits_per_nat (the val split's bits per byte for one nat per token) a right-hand axis reads the
+    curves in bits per byte. A dotted line through every panel marks where wsd's cooldown began
+    (cooldown_from). The legends sit inside their axes, in small type: at the default's 7-inch width a
+    long label outside the axes was cut at the figure's edge."""
     coded = [r for r in records if IN_LOOP_PASS_AT_1 in r]  # eval.in_loop's validations
     fig, (ax, *panels) = plt.subplots(
         4 + bool(coded),
@@ -93,12 +91,6 @@ def loss_figure(
         ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="val loss", lw=1.2)
     if unigram is not None:
         ax.axhline(unigram, color="grey", ls="--", lw=1, label="unigram baseline (val)")
-    if reference is not None and (nats := reference_loss(reference, bits_per_nat)) is not None:
-        figure = (
-            f"{reference.val_loss:g}" if reference.val_loss is not None else f"{reference.bits_per_byte:g} bits/byte"
-        )
-        label = textwrap.fill(f"reference {figure} ({reference.source})", 48)
-        ax.axhline(nats, color="tab:orange", ls=":", lw=1.2, label=label)
     if bits_per_nat:
         right = ax.secondary_yaxis("right", functions=(lambda n: n * bits_per_nat, lambda b: b / bits_per_nat))
         right.set_ylabel("bits per byte (val)")
@@ -180,14 +172,6 @@ def metric_parts(part: str, data: dict) -> list[str]:
         if render_part is not None:
             lines += render_part(data["eval"], data)
     return lines
-
-
-def reference_loss(reference: Reference, bits_per_nat: float | None) -> float | None:
-    """eval.reference in nats/token: its val_loss, or its bits_per_byte over the val split's bits
-    per byte for one nat per token (None when that is unknown)."""
-    if reference.val_loss is not None:
-        return reference.val_loss
-    return reference.bits_per_byte / bits_per_nat if bits_per_nat else None
 
 
 def _config_summary(cfg: RunConfig, train_result: dict) -> list[str]:

@@ -145,6 +145,12 @@ def _error(cfg: dict) -> str:
             lambda c: c["train"].update(collective_timeout_s="10m"),
             "train.collective_timeout_s: Input should be a valid integer (got '10m')",
         ),
+        (lambda c: c["eval"]["reference"].pop("date"), "eval.reference.date: Field required"),
+        (
+            lambda c: c["eval"]["reference"].update(measured_on=2),
+            "eval.reference.measured_on: Input should be a valid string (got 2)",
+        ),
+        (lambda c: c["eval"]["reference"].update(date="Dec 2026"), "eval.reference.date: String should match pattern"),
         (lambda c: c["download"]["sources"].append(dict(c["download"]["sources"][0])), "names must be unique"),
         (
             lambda c: c["download"]["sources"].append({"name": "x", "kind": "local"}),
@@ -155,6 +161,11 @@ def _error(cfg: dict) -> str:
 def test_bad_config_names_the_key(tiny, mutate, expected):
     mutate(tiny)
     assert expected in _error(tiny)
+
+
+def test_a_references_unquoted_yaml_date_is_kept_as_the_text_written(tiny):
+    """YAML reads `date: 2026-12-06` as a date; the validated config (JSON, the rule params) holds its text."""
+    assert kiln_config.validate(tiny)["eval"]["reference"]["date"] == "2026-12-06"
 
 
 def test_warmup_from_source_is_refused_for_a_hf_folder(tiny, tmp_path):
