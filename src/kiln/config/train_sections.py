@@ -351,9 +351,11 @@ class TrainSection(Section):
     precision: Literal["auto", "bf16", "fp32"] = setting(
         "bf16",
         (
-            "bf16 autocast over fp32 master weights, where the device supports it; fp32; or auto: bf16 on a "
-            "GPU, and on a CPU whichever of the two the smoke stage timed faster (bf16 matmuls are about "
-            "twice as fast on some CPUs and slower on others); smoke/plan.json records the pick."
+            "The step's precision, which its autocast, Muon's Newton-Schulz, FSDP2's parameters and the "
+            "in-loop decode all follow: bf16 autocast over fp32 master weights, where the device supports it; "
+            "fp32; or auto: bf16 on a GPU; fp32 on a CPU without bf16 instructions (x86 without AVX-512 BF16 "
+            "or AMX, where bf16 matmuls are emulated, ~30x slower); elsewhere whichever of the two the smoke "
+            "stage timed faster. smoke/plan.json records the pick and why."
         ),
         reads(smoke=OUTPUT, train=OUTPUT, eval=OUTPUT, report=OUTPUT, rehearse=OUTPUT),
     )
