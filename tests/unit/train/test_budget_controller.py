@@ -26,7 +26,8 @@ SCHEDULE = dict(lr=8e-3, min_lr=2e-4, warmup_steps=50, kind="wsd", decay_fractio
 @dataclass
 class Stage:
     """One simulated train stage: start-up, steps, a validation every 100 and a checkpoint every 200
-    steps (and both at the last), the export and the exit. Costs scale with the step time's slowdown."""
+    steps (and both at the last), the export and the exit. Costs scale with the step time's slowdown;
+    the first validation also compiles its graph (compile_s, once)."""
 
     budget_s: float = 420.0
     startup_s: float = 12.0
@@ -35,6 +36,7 @@ class Stage:
     validation_s: float = 0.6
     checkpoint_s: float = 0.3
     final_s: float = 0.3
+    compile_s: float = 0.0  # the first validation's extra seconds: its graph compiled (train.compile)
     exit_s: float = 2.0  # what bench/budget.py measured on the 2-core VM
     log_every: int = 10
     cap: int | None = None
@@ -87,7 +89,8 @@ class Stage:
             if log:
                 pure = 0.0
                 if step % 100 == 0 or step == final:
-                    self.t += self.validation_s * self.slowdown(self.t)
+                    self.t += self.validation_s * self.slowdown(self.t) + self.compile_s
+                    self.compile_s = 0.0
             if step % 200 == 0 or step == final:
                 self.t += self.checkpoint_s * self.slowdown(self.t)
         # the exit, one thread's work, slows at most ~2x (the hogged quick bench: 2.2 -> 4.6 s)
@@ -139,6 +142,36 @@ def test_noisy_steps_still_end_between_98_and_100_percent():
     stage = Stage(noise=0.3)
     _, end, _ = stage.run()
     assert 0.98 * stage.budget_s <= end <= stage.budget_s
+
+
+COMPILED = {  # the first validation compiling its graph (train.compile), 6 s once
+    "issue 60's run: 1.5 s steps, a 1.5 s validation": dict(step_s=1.5, probe_step_s=1.5, validation_s=1.5),
+    "the default's 0.12 s steps": dict(),
+}
+
+
+@pytest.mark.parametrize("case", COMPILED)
+def test_the_first_validations_compile_is_not_kept_in_hand_for_the_end(case):
+    """The largest overhead around a window was the end's validation and checkpoint; the first
+    validation's compile made it 6 s too large for the rest of the run, kept in hand and predicted
+    both: issue 60's run predicted 407 s at its last decision and ended at 401 of 420 (95.5%; here
+    407.6 and 401.9, and 96.5% at the default's speed). The compile left out, a step of 1.5 s (0.4% of
+    the budget) still ends at 98-100%, where the last decision predicted."""
+    stage = Stage(compile_s=6.0, **COMPILED[case])
+    _, end, _ = stage.run()
+    assert 0.98 * stage.budget_s <= end <= stage.budget_s
+    assert end == pytest.approx(stage.decisions[-1]["predicted_s"], abs=0.5)
+
+
+@pytest.mark.parametrize("second", [390.0, 400.0, 403.0, 406.0, 410.0, 415.0])
+def test_a_halving_in_the_last_slow_steps_ends_at_most_a_step_past_the_budget(second):
+    """With 1.5 s steps what follows the last decision (a step and the end) is more than the budget's
+    last 1 - AIM and sets the aim alone. The last decision cannot drop the step after it, so a halving
+    that begins just after the decision before it slows two steps and the end against the one step
+    kept in hand: up to a step past (421 s at 403 and 406 s here; module docstring)."""
+    stage = Stage(step_s=1.5, probe_step_s=1.5, validation_s=1.5, slowdown=hog_at(second))
+    _, end, _ = stage.run()
+    assert end <= stage.budget_s + stage.step_s
 
 
 def bursty_hog(second: float, seed: int, block_s: float = 3.0):
