@@ -3,7 +3,7 @@ started half-way through it: where each ends against its budget, and the steps t
 against those the re-planning trained.
 
     python bench/budget.py            # the embedded default (7-minute budget), quiet then hogged: ~20 min on 2 cores
-    python bench/budget.py --quick    # a slice of the standard library, a tiny model, a 30-s budget, quiet arm: ~45 s
+    python bench/budget.py --quick    # a slice of the standard library, a tiny model, a 1-minute budget, quiet arm: ~75 s
     python bench/budget.py --config 'train={budget: {minutes: 3}}'   # any --config override
 
 Both arms are one run (run name budget-bench, or budget-bench-quick; the default's data folders are
@@ -47,7 +47,7 @@ QUICK = [
     "shard={seq_len: 64}",
     "model={n_layer: 2, n_head: 2, d_model: 64}",
     "smoke={steps: 12, min_loss_drop: 0.05, overfit: {rows: 4, max_steps: 150, max_loss: 1.5}}",
-    "train={budget: {minutes: 0.5}, micro_batch: 16, batch_tokens: 1024, precision: fp32, compile: false, "
+    "train={budget: {minutes: 1}, micro_batch: 16, batch_tokens: 1024, precision: fp32, compile: false, "
     "warmup_steps: 2, log_every: 10, eval_every: 100, eval_batches: 4, checkpoint_every: 200, "
     "samples: {prompts: ['import json\\n'], max_new_tokens: 8}}",
     "wandb={mode: disabled}",
@@ -126,7 +126,7 @@ def train_arm(args, paths: Layout, hog: bool) -> dict:
 
 
 def main() -> None:
-    parser = common.parser(__doc__, quick="a slice of the stdlib, a tiny model, a 30-s budget, the quiet arm only")
+    parser = common.parser(__doc__, quick="a slice of the stdlib, a tiny model, a 1-minute budget, the quiet arm only")
     parser.add_argument("--configfile", type=Path, default=ROOT / "config" / "config.yaml")
     parser.add_argument("--config", nargs="*", default=[], help="--config overrides (after --quick's)")
     parser.add_argument("--run-name", default=None)
@@ -137,7 +137,7 @@ def main() -> None:
     args.config = (QUICK if args.quick else []) + args.config
     overrides = dict(text.split("=", 1) for text in args.config) | {"run_name": args.run_name}
     paths = Layout(kiln_config.resolve([args.configfile], overrides))  # relative to ROOT, as Snakemake's targets
-    hog = not (args.no_hog or args.quick)  # at 30 s a hog's figure means nothing; --quick checks the bench runs
+    hog = not (args.no_hog or args.quick)  # at 1 minute a hog's figure means nothing; --quick checks the bench runs
     rows = [train_arm(args, paths, hog=False)] + ([train_arm(args, paths, hog=True)] if hog else [])
     print(
         "\n| arm | budget s | stage s (launcher) | of budget | train's own s | steps planned (smoke) | "
