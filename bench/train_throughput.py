@@ -204,7 +204,13 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
 def main() -> None:
     parser = common.parser(__doc__, rounds=25, rounds_help="timed rounds per loop, alternating")
     add_shape_arguments(parser)
-    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument(
+        "--precision",
+        choices=["bf16", "fp32"],
+        default="fp32" if device.cpu_bf16_emulated() else "bf16",
+        help="both loops' (default: fp32 on a CPU without bf16 instructions, where train.precision auto "
+        "trains in fp32; else bf16)",
+    )
     parser.add_argument(
         "--compile",
         choices=["auto", "true", "false"],
