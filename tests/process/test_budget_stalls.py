@@ -42,6 +42,9 @@ def test_a_stall_costs_its_seconds_and_leaves_the_schedule_its_shape(tmp_path):
     assert after["spent_s"] - before["spent_s"] >= STALL_S  # the stalled window is this decision's
     bought = STALL_S / before["per_step_s"]  # the steps the stall's seconds would have bought
     assert before["max_steps"] - after["max_steps"] <= 2 * bought, (before, after)
-    assert after["cooldown_from"] > after["step"] and after["cooldown_from"] >= 0.69 * after["max_steps"]
+    # the cooldown begins at 70% of the run it plans, and not at once unless that point is behind: on a
+    # slow machine the stall's seconds are a large share of the budget's steps and can take the plan
+    # there at this very decision (a 2-core AVX2 machine under the suite's lanes: 100 of ~143)
+    assert after["cooldown_from"] >= max(after["step"], 0.69 * after["max_steps"]), (before, after)
     speeds = stalled["window_tokens_per_s"]
     assert speeds["below_half"] >= 1 and speeds["slowest"] < 0.2 * speeds["median"]
