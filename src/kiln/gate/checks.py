@@ -20,8 +20,9 @@ check the model before any long run. The checks, each against a threshold in the
                   lr 0, a broken schedule or broken data fail here
 
 Before the probe, train.precision auto on a CPU is settled from its flags where they are certain (no
-AVX-512 BF16 or AMX: fp32), else by timing a few steps in fp32 and in bf16 (pick_precision). The probe's steady-state figures (kiln.gate.probe: warm-up and compile
-steps left out, the median of a few spans) feed the plan (kiln.plan.steps.build_plan), and with the
+AVX-512 BF16 or AMX: fp32), else by timing a few steps in fp32 and in bf16 (pick_precision). The
+probe's steady-state figures (kiln.gate.probe: warm-up and compile steps left out, the median of a
+few spans) feed the plan (kiln.plan.steps.build_plan), and with the
 stage's start-up, one validation and one checkpoint, timed here too (StageTimes), they turn a
 train.budget into steps (kiln.plan.steps.budget_steps). The stage script turns what run_checks finds
 into the gate's verdict (kiln.plan.verdict.SmokeReport), which train and the report read.
@@ -412,14 +413,15 @@ CLEARLY_SLOWER = 2.0  # auto's second candidate is dropped once its steps' media
 def pick_precision(
     config: RunConfig, probe_train: TrainSection, shard_dir: Path, smoke: SmokeSection
 ) -> tuple[str, dict[str, float], str]:
-    """train.precision, or for auto its pick, the tokens/s of each candidate timed, and why, in words.
+    """train.precision, or for auto its pick, the tokens/s of each candidate timed, and why, in words
+    ("" for a precision the config names).
     auto: bf16 on a GPU that has it; fp32 on a CPU whose flags say bf16 is emulated there
     (device.cpu_bf16_emulated: timing it would cost minutes at ~34x fp32's step); elsewhere on a CPU
     the faster of fp32 and bf16 over smoke.precision_steps timed steps each (after
     smoke.warmup_steps), bf16 dropped as soon as its steps so far are CLEARLY_SLOWER than fp32's. Each
     step's time is the slowest rank's, so every rank picks alike."""
     if probe_train.precision != "auto":
-        return probe_train.precision, {}, "train.precision"
+        return probe_train.precision, {}, ""
     dev = device.select_device(probe_train.device)
     if dev.type == "cuda":
         bf16 = device.use_bf16("bf16", dev)

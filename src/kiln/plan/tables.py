@@ -83,11 +83,9 @@ def render_plan(plan: dict) -> str:
         )
     if "precision" in plan:  # auto's pick says how it was made (an older plan: the candidates timed, if any)
         timed = ", ".join(f"{k} {v:,.0f}" for k, v in plan.get("precision_tokens_per_s", {}).items())
-        why = plan.get("precision_why") or ("the faster here" if timed else "train.precision")
+        why = plan.get("precision_why") or ("the faster here" if timed else "")
         said = why + (f"; tokens/s timed {timed}" if timed else "")
-        rows.append(
-            ("precision", plan["precision"] if why == "train.precision" else f"{plan['precision']} (auto: {said})")
-        )
+        rows.append(("precision", f"{plan['precision']} (auto: {said})" if why else plan["precision"]))
     if "eval" in plan:
         rows.append(("eval (predicted)", eval_text(plan["eval"])))
     if "in_loop_eval" in plan:

@@ -81,7 +81,9 @@ class Measurements:
     times: StageTimes  # what train spends besides steps, for a budget's step count
     precision: str  # what the probe ran: train.precision, or auto's pick
     precision_tokens_per_s: dict[str, float] = field(default_factory=dict)  # auto's candidates, timed
-    precision_why: str = ""  # how it was picked, in words (kiln.gate.checks.pick_precision; "": an older report)
+    precision_why: str = (
+        ""  # how auto picked it, in words (kiln.gate.checks.pick_precision; "": named, or an older report)
+    )
     checkpoint_written_bytes: int = 0  # on disk, the checkpoint timed for times.checkpoint_s (0: an older report)
     activation_checkpointing: str = "none"  # what the probe ran: train's, or auto's pick (an older report: none)
     host_mb_per_rank: float = 0.0  # the most host memory a rank held, compile workers' included (0: an older report)
